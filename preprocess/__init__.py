@@ -1,0 +1,1 @@
+"""Writing side of streamds: tools that produce the JSONL corpora streamds reads."""

@@ -1,0 +1,224 @@
+"""Codecs: which decoder a file needs, and a decoded byte stream over a raw file.
+
+The codec comes from the file name (`.zst`, `.gz`, `.bz2`, `.xz`, otherwise plain). Decoders
+read the raw file in large blocks. Two error kinds leave this module, so callers can tell them
+apart: `TransientReadError` (the storage failed; retry) and `CorruptShardError` (the bytes are
+damaged; retrying will not help).
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+from typing import BinaryIO
+
+from .errors import CorruptShardError, MissingCodecError
+
+__all__ = [
+    "CODEC_SUFFIXES",
+    "READ_SIZE",
+    "TransientReadError",
+    "codec_of",
+    "decode",
+    "require_codec",
+]
+
+READ_SIZE = 1 << 20  # raw bytes per read from storage
+
+# suffix -> (codec name, module that decodes it, pip package that provides the module)
+CODEC_SUFFIXES: dict[str, tuple[str, str, str]] = {
+    ".zst": ("zst", "zstandard", "zstandard"),
+    ".zstd": ("zst", "zstandard", "zstandard"),
+    ".gz": ("gz", "gzip", "the Python zlib module (rebuild Python with zlib)"),
+    ".bz2": ("bz2", "bz2", "the Python bz2 module (rebuild Python with libbz2)"),
+    ".xz": ("xz", "lzma", "the Python lzma module (rebuild Python with liblzma)"),
+}
+
+# errors that mean "this file is not there / not allowed", not a transient storage failure
+_PERMANENT_OS_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
+
+
+class TransientReadError(OSError):
+    """The storage under a shard failed mid-read (Drive's Errno 5, a reset connection)."""
+
+
+def codec_of(name: str) -> str | None:
+    """The codec of a file name: "zst", "gz", "bz2", "xz", or None for plain bytes."""
+    for suffix, (codec, _, _) in CODEC_SUFFIXES.items():
+        if name.endswith(suffix):
+            return codec
+    return None
+
+
+def require_codec(codec: str | None, url: str) -> None:
+    """Fail with the package to install when the decoder of `codec` cannot be imported.
+
+    Without this check fsspec would hand compressed bytes to the JSON parser.
+    """
+    if codec is None:
+        return
+    for codec_name, module, package in CODEC_SUFFIXES.values():
+        if codec_name != codec:
+            continue
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise MissingCodecError(
+                f"{url}: reading .{codec} files needs {package!r}; install it with "
+                f"`pip install {package}` or decompress the file first"
+            ) from err
+        return
+
+
+class _Stream(io.RawIOBase):
+    """A readable stream defined by `read(size)`; gives `readinto` for io.BufferedReader."""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+class _MarkTransient(_Stream):
+    """Wraps a raw storage file so its OSErrors surface as `TransientReadError`."""
+
+    def __init__(self, raw: BinaryIO, url: str) -> None:
+        self._raw = raw
+        self._url = url
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self._raw.read(size)
+        except _PERMANENT_OS_ERRORS:
+            raise
+        except OSError as err:
+            raise TransientReadError(f"{self._url}: read failed: {err}") from err
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class _ZstdFrames(_Stream):
+    """Decodes consecutive zstd frames (skippable ones included) and detects truncation.
+
+    `zstandard`'s stream reader returns a short stream for a truncated frame without an error;
+    this reader raises `CorruptShardError` instead.
+    """
+
+    def __init__(self, raw: BinaryIO, url: str) -> None:
+        import zstandard
+
+        self._raw = raw
+        self._url = url
+        self._dctx = zstandard.ZstdDecompressor()
+        self._error = zstandard.ZstdError
+        self._frame = self._dctx.decompressobj()
+        self._frame_started = False
+        self._pending = b""  # decoded bytes, returned from self._pos on
+        self._pos = 0
+        self._compressed_read = 0
+
+    def _decode_more(self) -> bool:
+        compressed = self._raw.read(READ_SIZE)
+        if not compressed:
+            if self._frame_started and not self._frame.eof:
+                raise CorruptShardError(
+                    f"{self._url}: truncated zstd frame at compressed offset "
+                    f"{self._compressed_read}; the file was cut short: copy or convert it again",
+                    url=self._url,
+                    offset=self._compressed_read,
+                )
+            return False
+        self._compressed_read += len(compressed)
+        out = []
+        while compressed:
+            try:
+                out.append(self._frame.decompress(compressed))
+            except self._error as err:
+                raise CorruptShardError(
+                    f"{self._url}: corrupt zstd data before compressed offset "
+                    f"{self._compressed_read}: {err}; copy or convert the file again",
+                    url=self._url,
+                    offset=self._compressed_read,
+                ) from err
+            self._frame_started = True
+            if not self._frame.eof:
+                break
+            compressed = self._frame.unused_data
+            self._frame = self._dctx.decompressobj()
+            self._frame_started = False
+        self._pending = self._pending[self._pos :] + b"".join(out)
+        self._pos = 0
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        want = READ_SIZE if size is None or size < 0 else size
+        while len(self._pending) - self._pos < want and self._decode_more():
+            pass
+        data = self._pending[self._pos : self._pos + want]
+        self._pos += len(data)
+        return data
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class _StdlibDecoded(_Stream):
+    """A gzip / bz2 / lzma decoder whose format errors become `CorruptShardError`."""
+
+    def __init__(self, raw: BinaryIO, codec: str, url: str) -> None:
+        self._url = url
+        self._codec = codec
+        self._decoded = 0
+        if codec == "gz":
+            import gzip
+
+            self._file: BinaryIO = gzip.GzipFile(fileobj=raw, mode="rb")
+        elif codec == "bz2":
+            import bz2
+
+            self._file = bz2.BZ2File(raw, mode="rb")
+        else:
+            import lzma
+
+            self._file = lzma.LZMAFile(raw, mode="rb")
+        self._raw = raw
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            data = self._file.read(READ_SIZE if size is None or size < 0 else size)
+        except TransientReadError:
+            raise
+        except Exception as err:  # zlib.error, EOFError, LZMAError, OSError: all damage
+            raise CorruptShardError(
+                f"{self._url}: corrupt or truncated .{self._codec} data after decoded offset "
+                f"{self._decoded}: {err}; copy or convert the file again",
+                url=self._url,
+                offset=self._decoded,
+            ) from err
+        self._decoded += len(data)
+        return data
+
+    def close(self) -> None:
+        self._file.close()
+        self._raw.close()
+        super().close()
+
+
+def decode(raw: BinaryIO, codec: str | None, url: str) -> BinaryIO:
+    """A stream of the decoded bytes of `raw` from its current position.
+
+    Reads of the returned stream raise `TransientReadError` when storage fails and
+    `CorruptShardError` when the data is damaged.
+    """
+    marked = _MarkTransient(raw, url)
+    if codec is None:
+        return marked  # type: ignore[return-value]
+    if codec == "zst":
+        return _ZstdFrames(marked, url)  # type: ignore[return-value]
+    return _StdlibDecoded(marked, codec, url)  # type: ignore[return-value]

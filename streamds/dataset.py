@@ -1,0 +1,233 @@
+"""`StreamingJsonl`: the public IterableDataset, a picklable description of a pipeline.
+
+Nothing opens in the constructor beyond listing the source; each iterator (one per DataLoader
+worker) detects its world, plans its blocks and builds its own pipeline.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import orjson
+from torch.utils.data import IterableDataset
+
+from .errors import StateMismatchError
+from .parse import ON_ERROR
+from .plan import DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE, assign, epoch_order, make_blocks
+from .read import RetryPolicy
+from .seeds import derive_seed
+from .shards import Shard, resolve_shards
+from .shuffle import ShuffleBuffer
+from .stream import RecordStream
+from .transform import Step, compose
+from .world import World, detect_world
+
+__all__ = ["StreamingJsonl"]
+
+STATE_FORMAT = "streamds.state/1"
+
+
+def _check_int(name: str, value: Any, minimum: int, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}; {fix}")
+
+
+class StreamingJsonl(IterableDataset):
+    """Stream JSON-lines records from files, directories, globs or fsspec URLs.
+
+    Each epoch yields every record of the corpus exactly once across all DataLoader workers
+    and distributed ranks. With ``shuffle=False`` and one reader, records come in file order.
+
+    Example::
+
+        ds = StreamingJsonl("data/train-*.jsonl.zst", shuffle=True, seed=0)
+        ds = ds.map(lambda r: {"text": r["article_text"]})
+        loader = DataLoader(ds, batch_size=32, num_workers=4)
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike | Sequence[str | os.PathLike],
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        buffer_size: int = 1000,
+        transform: Callable[[Any], Any] | None = None,
+        on_error: str = "raise",
+        rank: int | None = None,
+        world_size: int | None = None,
+        storage_options: dict[str, Any] | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+    ) -> None:
+        super().__init__()
+        if not isinstance(shuffle, bool):
+            raise ValueError(f"shuffle must be True or False, got {shuffle!r}")
+        _check_int("seed", seed, 0, "pass a non-negative integer seed")
+        _check_int("buffer_size", buffer_size, 1, "use shuffle=False to disable shuffling")
+        _check_int("block_size", block_size, MIN_BLOCK_SIZE, "blocks are at least 64 KiB")
+        if transform is not None and not callable(transform):
+            raise ValueError(f"transform must be callable or None, got {transform!r}")
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        if world_size is not None:
+            _check_int("world_size", world_size, 1, "the number of distributed processes")
+        if rank is not None:
+            _check_int("rank", rank, 0, "this process's index among world_size processes")
+            if world_size is not None and rank >= world_size:
+                raise ValueError(
+                    f"rank must be < world_size={world_size}, got {rank}; ranks count from 0"
+                )
+        if storage_options is not None and not isinstance(storage_options, dict):
+            raise ValueError(f"storage_options must be a dict, got {storage_options!r}")
+        self.shuffle = shuffle
+        self.seed = seed
+        self.buffer_size = buffer_size
+        self.on_error = on_error
+        self.block_size = block_size
+        self.rank = rank
+        self.world_size = world_size
+        self.retry = RetryPolicy()
+        self.epoch = 0
+        self._steps: tuple[Step, ...] = (("map", transform),) if transform is not None else ()
+        self._shards: list[Shard] = resolve_shards(source, storage_options)
+        self._fingerprint = self._make_fingerprint()
+        self._pending_state: dict[str, Any] | None = None
+        self._active: RecordStream | ShuffleBuffer | None = None
+        self._active_world: World | None = None
+
+    # -- description ---------------------------------------------------------------------
+
+    @property
+    def shards(self) -> list[Shard]:
+        return list(self._shards)
+
+    def __repr__(self) -> str:
+        return (
+            f"StreamingJsonl({len(self._shards)} shards, shuffle={self.shuffle}, seed={self.seed}, "
+            f"epoch={self.epoch}, steps={len(self._steps)})"
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_active"] = None  # a live pipeline stays in the process that made it
+        state["_active_world"] = None
+        return state
+
+    def _make_fingerprint(self) -> str:
+        described = [
+            [s.url, s.size, s.format, s.codec, len(s.frames or ())] for s in self._shards
+        ]
+        layout = [described, self.block_size, self.shuffle, self.seed, self.buffer_size]
+        return hashlib.blake2b(orjson.dumps(layout), digest_size=12).hexdigest()
+
+    def _with_step(self, step: Step) -> StreamingJsonl:
+        clone = copy.copy(self)
+        clone._steps = (*self._steps, step)
+        clone._active = None
+        return clone
+
+    def map(self, fn: Callable[[Any], Any]) -> StreamingJsonl:
+        """A new dataset whose records are `fn(record)`; None drops the record."""
+        if not callable(fn):
+            raise ValueError(f"map needs a callable, got {fn!r}")
+        return self._with_step(("map", fn))
+
+    def filter(self, predicate: Callable[[Any], bool]) -> StreamingJsonl:
+        """A new dataset keeping the records for which `predicate(record)` is true."""
+        if not callable(predicate):
+            raise ValueError(f"filter needs a callable, got {predicate!r}")
+        return self._with_step(("filter", predicate))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch: it seeds the block order and the shuffle buffer."""
+        _check_int("epoch", epoch, 0, "epochs count from 0")
+        self.epoch = epoch
+
+    # -- iteration -----------------------------------------------------------------------
+
+    def _build(self, world: World, epoch: int) -> RecordStream | ShuffleBuffer:
+        shards = self._shards
+        # -> Block(shard, start, end) list: the corpus cut into line-aligned units
+        blocks = make_blocks(shards, self.block_size)
+        # -> block ids in this epoch's order (shuffled by seed and epoch when asked)
+        order = epoch_order(len(blocks), seed=self.seed, epoch=epoch, shuffle=self.shuffle)
+        # -> the block ids this reader (rank x worker) owns
+        work = assign(order, world)
+        # -> parsed, transformed records of those blocks, each with its position
+        records = RecordStream(
+            shards, blocks, work, on_error=self.on_error, apply=compose(self._steps),
+            retry=self.retry,
+        )
+        if not self.shuffle:
+            return records
+        # -> the same records through a seeded shuffle buffer
+        rng_seed = derive_seed("buffer", self.seed, epoch, world.rank, world.worker)
+        return ShuffleBuffer(records, size=self.buffer_size, rng_seed=rng_seed)
+
+    def __iter__(self) -> Iterator[Any]:
+        world = detect_world(self.rank, self.world_size)
+        state, self._pending_state = self._pending_state, None
+        epoch = self.epoch if state is None else state["epoch"]
+        if state is not None:
+            self._check_world(state, world)
+        pipeline = self._build(world, epoch)
+        pipeline.reset(None if state is None else state["stream"])
+        self._active, self._active_world, self._active_epoch = pipeline, world, epoch
+        return iter(pipeline)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """This process's counts of lines without a record (bad, blank, dropped, ...)."""
+        return {} if self._active is None else self._active.counts
+
+    # -- state ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position of this process's iterator, for torchdata's StatefulDataLoader.
+
+        Holds positions and generator state, never records: O(buffer_size) integers.
+        """
+        if self._active is None:
+            if self._pending_state is not None:
+                return copy.deepcopy(self._pending_state)
+            world, stream, epoch = None, None, self.epoch
+        else:
+            world, stream, epoch = self._active_world, self._active.get_state(), self._active_epoch
+        return {
+            "format": STATE_FORMAT,
+            "fingerprint": self._fingerprint,
+            "epoch": epoch,
+            "world": None if world is None else [world.rank, world.world_size, world.worker,
+                                                 world.num_workers],
+            "stream": stream,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state` at the next `iter()`; refuses a state of another dataset."""
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise StateMismatchError(
+                f"not a streamds state (format {STATE_FORMAT!r} expected); pass the dict that "
+                "state_dict() returned"
+            )
+        if state["fingerprint"] != self._fingerprint:
+            raise StateMismatchError(
+                "the state was taken from a dataset with other files, seed, shuffle, "
+                "buffer_size or block_size; build the dataset with the same arguments"
+            )
+        self._pending_state = copy.deepcopy(state)
+        self.epoch = state["epoch"]
+
+    @staticmethod
+    def _check_world(state: dict[str, Any], world: World) -> None:
+        saved = state["world"]
+        current = [world.rank, world.world_size, world.worker, world.num_workers]
+        if saved is not None and state["stream"] is not None and saved != current:
+            raise StateMismatchError(
+                f"the state was taken by reader (rank, world_size, worker, num_workers)="
+                f"{tuple(saved)} but is loaded by {tuple(current)}; resume with the same "
+                "world, or merge the states of all readers with streamds.merge_states()"
+            )

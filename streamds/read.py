@@ -1,0 +1,286 @@
+"""Read: decode a block and split it into raw lines, each with the offset where it begins.
+
+The seam is an `Opener`: "give me the decoded bytes of this shard from offset N". Everything
+else here (line alignment at block edges, bulk splitting, retries that reopen at the first
+unread line) is tested against it with fakes.
+
+A block [start, end) owns the lines that begin inside it: reading starts at the first line
+beginning at or after `start` and stops after the line that crosses `end`.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import tarfile
+import time
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from dataclasses import dataclass
+from itertools import accumulate
+from operator import add
+from typing import BinaryIO
+
+from .codecs import READ_SIZE, TransientReadError, decode
+from .errors import CorruptShardError
+from .plan import Block
+from .shards import Shard
+
+__all__ = [
+    "LineChunk",
+    "Opener",
+    "RetryPolicy",
+    "count_lines_before",
+    "open_decoded_at",
+    "read_lines",
+]
+
+log = logging.getLogger(__name__)
+
+Opener = Callable[[Shard, int], BinaryIO]
+
+# member suffixes that hold records in a tar shard
+_TAR_JSON = (".json",)
+_TAR_JSONL = (".jsonl", ".ndjson")
+_PERMANENT = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
+
+
+@dataclass(frozen=True)
+class LineChunk:
+    """Consecutive raw lines of one block.
+
+    `offsets[i]` is where `lines[i]` begins in the shard's decoded bytes (for tar shards: the
+    record's ordinal); `offsets[-1]` is where the line after the chunk begins. `labels` names
+    tar members, for error messages.
+    """
+
+    block: int
+    offsets: list[int]
+    lines: list[bytes]
+    labels: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how patiently a failed read is retried (exponential backoff)."""
+
+    attempts: int = 6
+    backoff: float = 0.5  # seconds before the first retry, doubled after each failure
+    max_backoff: float = 20.0
+
+    def delay(self, failure: int) -> float:
+        return min(self.max_backoff, self.backoff * 2 ** (failure - 1))
+
+
+def _skip(stream: BinaryIO, count: int, url: str) -> None:
+    while count > 0:
+        data = stream.read(min(count, READ_SIZE))
+        if not data:
+            raise CorruptShardError(
+                f"{url}: decoded data ends before offset {count}; the shard changed or is "
+                "truncated",
+                url=url,
+                offset=count,
+            )
+        count -= len(data)
+
+
+def open_decoded_at(shard: Shard, offset: int) -> BinaryIO:
+    """The shard's decoded bytes from `offset` on.
+
+    Plain files seek; seekable zstd files seek to the frame holding `offset` and decode from
+    there; other compressed files decode from the start and discard `offset` bytes.
+    """
+    raw = shard.open_raw()
+    try:
+        if shard.codec is None:
+            raw.seek(offset)
+            return decode(raw, None, shard.url)
+        skip = offset
+        if shard.frames:
+            starts = [frame.decompressed_offset for frame in shard.frames]
+            frame = shard.frames[max(0, bisect_right(starts, offset) - 1)]
+            raw.seek(frame.compressed_offset)
+            skip = offset - frame.decompressed_offset
+        stream = decode(raw, shard.codec, shard.url)
+        _skip(stream, skip, shard.url)
+        return stream
+    except BaseException:
+        raw.close()
+        raise
+
+
+class _Cursor:
+    """Where the next unread line of a block begins (None: not yet aligned to a line)."""
+
+    def __init__(self, next_line: int | None) -> None:
+        self.next_line = next_line
+
+
+def _align(stream: BinaryIO, start: int, end: int | None, read_size: int) -> tuple[int, bytes]:
+    """Skip through the first newline at or after `start - 1` (the stream is there).
+
+    Returns where the first owned line begins and the bytes already read past it; the
+    position is at or beyond `end` when no line begins inside the block.
+    """
+    pos = start - 1
+    while True:
+        data = stream.read(read_size)
+        if not data:
+            return pos, b""
+        newline = data.find(b"\n")
+        if newline >= 0:
+            return pos + newline + 1, data[newline + 1 :]
+        pos += len(data)
+        if end is not None and pos >= end:
+            return pos, b""
+
+
+def _line_chunks(
+    opener: Opener, shard: Shard, block: Block, block_id: int, cursor: _Cursor, read_size: int
+) -> Iterator[LineChunk]:
+    end = block.end
+    if cursor.next_line is None and block.start > 0:
+        stream = opener(shard, block.start - 1)
+        pos, tail = _align(stream, block.start, end, read_size)
+    else:
+        pos = block.start if cursor.next_line is None else cursor.next_line
+        stream, tail = opener(shard, pos), b""
+    cursor.next_line = pos
+    with closing(stream):
+        pending = [tail] if tail else []  # bytes from `pos` on that hold no full line yet
+        while end is None or pos < end:
+            data = stream.read(read_size)
+            at_eof = not data
+            if not at_eof and data.find(b"\n") < 0:
+                pending.append(data)
+                continue
+            pending.append(data)
+            lines = b"".join(pending).split(b"\n")
+            tail = lines.pop()
+            if at_eof and tail:  # a final line without a newline is a record
+                lines.append(tail)
+            if not lines:
+                return
+            pending = [] if at_eof or not tail else [tail]
+            offsets = list(accumulate(map((1).__add__, map(len, lines)), add, initial=pos))
+            if at_eof and tail:
+                offsets[-1] -= 1  # no newline after the last line
+            if end is not None and offsets[-1] > end:
+                owned = bisect_left(offsets, end, hi=len(lines))
+                if owned < len(lines):
+                    cursor.next_line = offsets[owned]
+                    if owned:
+                        yield LineChunk(block_id, offsets[: owned + 1], lines[:owned])
+                    return
+            pos = cursor.next_line = offsets[-1]
+            yield LineChunk(block_id, offsets, lines)
+            if at_eof:
+                return
+
+
+def _tar_chunks(
+    opener: Opener, shard: Shard, block_id: int, cursor: _Cursor, read_size: int
+) -> Iterator[LineChunk]:
+    """Records of a tar shard: one per `.json` member, one per line of `.jsonl` members.
+
+    Offsets are record ordinals, so a resume skips that many records.
+    """
+    first = cursor.next_line or 0
+    cursor.next_line = first
+    ordinal = 0
+    stream = io.BufferedReader(opener(shard, 0), buffer_size=read_size)  # type: ignore[arg-type]
+    with closing(stream), tarfile.open(fileobj=stream, mode="r|") as tar:
+        for member in tar:
+            if not member.isfile():
+                continue
+            if member.name.endswith(_TAR_JSON):
+                count = 1
+            elif member.name.endswith(_TAR_JSONL):
+                count = -1
+            else:
+                continue
+            if count == 1 and ordinal < first:
+                ordinal += 1
+                continue
+            extracted = tar.extractfile(member)
+            data = extracted.read() if extracted is not None else b""
+            records = [data] if count == 1 else data.split(b"\n")
+            if count == -1 and records and not records[-1]:
+                records.pop()
+            skip = max(0, first - ordinal)
+            ordinal += len(records)
+            records = records[skip:]
+            if not records:
+                continue
+            begin = ordinal - len(records)
+            cursor.next_line = ordinal
+            yield LineChunk(
+                block_id,
+                list(range(begin, ordinal + 1)),
+                records,
+                [f"member {member.name}"] * len(records),
+            )
+
+
+def read_lines(
+    shard: Shard,
+    block: Block,
+    block_id: int,
+    *,
+    resume_at: int | None = None,
+    opener: Opener = open_decoded_at,
+    retry: RetryPolicy = RetryPolicy(),
+    read_size: int = READ_SIZE,
+) -> Iterator[LineChunk]:
+    """Chunks of the raw lines `block` owns, from `resume_at` (a line start) when given.
+
+    Memory is one read of `read_size` bytes plus the longest line. A transient storage error
+    is retried per `retry`, reopening at the first line not yet handed out, so nothing is lost
+    or repeated; damaged data raises `CorruptShardError` at once.
+    """
+    cursor = _Cursor(resume_at)
+    failures = 0
+    while True:
+        try:
+            if shard.format == "tar":
+                chunks = _tar_chunks(opener, shard, block_id, cursor, read_size)
+            else:
+                chunks = _line_chunks(opener, shard, block, block_id, cursor, read_size)
+            for chunk in chunks:
+                failures = 0
+                yield chunk
+            return
+        except (CorruptShardError, *_PERMANENT):
+            raise
+        except OSError as err:
+            failures += 1
+            if failures >= retry.attempts:
+                raise TransientReadError(
+                    f"{shard.url}: reading failed {failures} times in a row at decoded offset "
+                    f"{cursor.next_line}: {err}; check the storage or raise the retry limit"
+                ) from err
+            delay = retry.delay(failures)
+            log.warning(
+                "%s: read failed at offset %s (%s); retry %d in %.1fs",
+                shard.url, cursor.next_line, err, failures, delay,
+            )
+            time.sleep(delay)
+
+
+def count_lines_before(shard: Shard, offset: int, opener: Opener = open_decoded_at) -> int:
+    """Newlines in the shard's decoded bytes before `offset` (for 1-based line numbers).
+
+    Reads the shard from its start, so it is only called on the error path.
+    """
+    newlines = 0
+    with closing(opener(shard, 0)) as stream:
+        remaining = offset
+        while remaining > 0:
+            data = stream.read(min(READ_SIZE, remaining))
+            if not data:
+                break
+            newlines += data.count(b"\n")
+            remaining -= len(data)
+    return newlines

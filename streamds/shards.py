@@ -1,0 +1,167 @@
+"""Sources -> shards: resolve a path, list, directory, glob or fsspec URL to sorted files.
+
+A `Shard` is one file with what planning needs to know about it: its size, its format
+(JSON lines or a tar of JSON members), its codec and, for seekable zstd files, its frames.
+Resolving lists and stats files but keeps nothing open, so shards pickle into workers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+import fsspec
+from fsspec.core import url_to_fs
+
+from .codecs import codec_of, require_codec
+from .seekable import Frame, read_seek_table
+
+__all__ = ["Shard", "natural_key", "resolve_shards"]
+
+Source = str | os.PathLike | Sequence[str | os.PathLike]
+
+# record-bearing names in a directory listing (after any codec suffix is removed)
+_RECORD_SUFFIXES = (".jsonl", ".json", ".ndjson", ".tar")
+_TAR_SUFFIXES = (".tar", ".tgz")
+_SKIPPED_NAMES = ("manifest.json",)
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+def has_magic(path: str) -> bool:
+    """Whether `path` is a glob pattern."""
+    return _GLOB_CHARS.search(path) is not None
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One file of the corpus."""
+
+    url: str  # how the user and error messages name it
+    path: str  # the path within `fs`
+    size: int | None  # stored bytes; None when the storage does not say (some HTTP servers)
+    format: str  # "jsonl" or "tar"
+    codec: str | None  # "zst", "gz", "bz2", "xz" or None
+    frames: tuple[Frame, ...] | None = None  # seekable zstd frames, when the file has a seek table
+    fs: fsspec.AbstractFileSystem = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+
+    @property
+    def decoded_size(self) -> int | None:
+        """Decoded bytes when known without reading: plain files and seekable zstd files."""
+        if self.codec is None:
+            return self.size
+        if self.frames is not None:
+            return sum(frame.decompressed_size for frame in self.frames)
+        return None
+
+    def open_raw(self) -> BinaryIO:
+        """The stored bytes, unbuffered by fsspec's read-ahead beyond its default block."""
+        return self.fs.open(self.path, mode="rb")
+
+
+def natural_key(text: str) -> tuple[Any, ...]:
+    """Sort key putting `part-2` before `part-10`."""
+    return tuple(int(piece) if piece.isdigit() else piece for piece in re.split(r"(\d+)", text))
+
+
+def _strip_codec(name: str) -> str:
+    codec = codec_of(name)
+    return name.rsplit(".", 1)[0] if codec is not None else name
+
+
+def _format_of(name: str) -> str:
+    base = _strip_codec(name)
+    return "tar" if base.endswith(_TAR_SUFFIXES) or name.endswith(".tgz") else "jsonl"
+
+
+def _codec_of_name(name: str) -> str | None:
+    return "gz" if name.endswith(".tgz") else codec_of(name)
+
+
+def _is_record_file(path: str) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    if name.startswith((".", "_")) or name in _SKIPPED_NAMES or name.endswith(".tmp"):
+        return False
+    return _strip_codec(name).endswith(_RECORD_SUFFIXES) or name.endswith(".tgz")
+
+
+def _url_of(fs: fsspec.AbstractFileSystem, path: str, given: str) -> str:
+    if given and not has_magic(given) and "::" in given:
+        return given  # chained URL named by the user: keep their spelling
+    protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
+    return path if protocol in ("file", "local") else fs.unstrip_protocol(path)
+
+
+def _list_files(item: str, storage_options: dict[str, Any]) -> tuple[Any, list[dict]]:
+    """The file infos one source item names: a glob, a directory (recursive) or a file."""
+    fs, path = url_to_fs(item, **storage_options)
+    if has_magic(path):
+        infos = [i for i in fs.glob(path, detail=True).values() if i.get("type") != "directory"]
+        if not infos:
+            raise FileNotFoundError(f"no files match the pattern {item!r}; check the glob")
+        return fs, infos
+    try:
+        info = fs.info(path)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"source {item!r} does not exist; check the path or URL") from err
+    if info.get("type") != "directory":
+        return fs, [info]
+    infos = [i for i in fs.find(path, detail=True).values() if _is_record_file(i["name"])]
+    if not infos:
+        raise FileNotFoundError(
+            f"directory {item!r} has no JSONL files (looked for .jsonl, .json, .ndjson and .tar, "
+            "plain or with .zst/.gz/.bz2/.xz, at any depth); name files explicitly or with a glob"
+        )
+    return fs, infos
+
+
+def _frames_of(fs: fsspec.AbstractFileSystem, path: str, size: int | None, url: str):
+    if size is None:
+        return None
+    with fs.open(path, mode="rb") as raw:
+        frames = read_seek_table(raw, size, name=url)
+    return tuple(frames) if frames is not None else None
+
+
+def _shard_of(fs: fsspec.AbstractFileSystem, info: dict, given: str) -> Shard:
+    path = info["name"]
+    url = _url_of(fs, path, given)
+    codec = _codec_of_name(path)
+    require_codec(codec, url)
+    fmt = _format_of(path)
+    size = info.get("size")
+    frames = _frames_of(fs, path, size, url) if codec == "zst" and fmt == "jsonl" else None
+    return Shard(url=url, path=path, size=size, format=fmt, codec=codec, frames=frames, fs=fs)
+
+
+def resolve_shards(
+    source: Source, storage_options: dict[str, Any] | None = None
+) -> list[Shard]:
+    """All files `source` names, in natural order of their URLs.
+
+    `source` is a path, a directory (searched recursively for JSONL-like files), a glob, an
+    fsspec URL (chained URLs such as ``simplecache::https://...`` too) or a list of these.
+    Raises FileNotFoundError naming the item that matched nothing.
+    """
+    items: Iterable[str | os.PathLike]
+    items = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+    if not items:
+        raise ValueError("source is an empty list; pass at least one path, glob or URL")
+    options = dict(storage_options or {})
+    shards: list[Shard] = []
+    for item in items:
+        given = os.fspath(item)
+        fs, infos = _list_files(given, options)
+        shards.extend(_shard_of(fs, info, given) for info in infos)
+    shards.sort(key=lambda shard: natural_key(shard.url))
+    seen: set[str] = set()
+    for shard in shards:
+        if shard.url in seen:
+            raise ValueError(
+                f"source names {shard.url!r} more than once; list each file once so every "
+                "record is read exactly once"
+            )
+        seen.add(shard.url)
+    return shards

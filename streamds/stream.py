@@ -1,0 +1,195 @@
+"""The record stream: blocks -> lines -> parsed -> transformed -> one record at a time.
+
+`RecordStream` is the stage that knows each record's position (block id, offset), so its
+state is exact at every record: where the next unread line begins, plus the counts of bad and
+dropped lines passed so far. `fetch(positions)` re-reads records at given positions, which the
+shuffle buffer uses to rebuild itself on resume.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from .errors import CorruptShardError, StateMismatchError
+from .parse import Marker, parse_chunk
+from .plan import Block
+from .read import LineChunk, Opener, RetryPolicy, count_lines_before, open_decoded_at, read_lines
+from .shards import Shard
+from .transform import transform_items
+
+__all__ = ["Position", "RecordStream"]
+
+log = logging.getLogger(__name__)
+
+Position = tuple[int, int]  # (block id, offset of the record's line in the shard's decoded bytes)
+
+COUNTERS = ("bad", "blank", "dropped", "corrupt_blocks")
+
+
+class RecordStream:
+    """Records of the blocks in `work`, in that order.
+
+    State: ``{"next_block": k, "offset": o | None, "counts": {...}}``: the k-th block of
+    `work` resumes at the line beginning at offset o (None: from the block's start).
+    """
+
+    NEXT_BLOCK = "next_block"
+    OFFSET = "offset"
+    COUNTS = "counts"
+
+    def __init__(
+        self,
+        shards: Sequence[Shard],
+        blocks: Sequence[Block],
+        work: Sequence[int],
+        *,
+        on_error: str = "raise",
+        apply: Callable[[Any], Any] | None = None,
+        opener: Opener = open_decoded_at,
+        retry: RetryPolicy = RetryPolicy(),  # noqa: B008 - frozen
+    ) -> None:
+        self._shards = shards
+        self._blocks = blocks
+        self._work = list(work)
+        self._on_error = on_error
+        self._apply = apply
+        self._opener = opener
+        self._retry = retry
+        self.reset()
+
+    # -- state ---------------------------------------------------------------------------
+
+    def reset(self, state: dict[str, Any] | None = None) -> None:
+        """Start over, or continue from a `get_state()` result."""
+        self._counts: Counter[str] = Counter({name: 0 for name in COUNTERS})
+        self._next_block = 0
+        self._resume_at: int | None = None
+        self._offsets: list[int] = []  # offsets of the chunk being emitted
+        self._index = 0  # items of that chunk already passed downstream
+        if state is not None:
+            self._next_block = state[self.NEXT_BLOCK]
+            self._resume_at = state[self.OFFSET]
+            self._counts.update({name: state[self.COUNTS][name] for name in COUNTERS})
+
+    def get_state(self) -> dict[str, Any]:
+        if self._offsets:  # inside a chunk: resume at its first unpassed line
+            block, offset = self._next_block, self._offsets[self._index]
+        else:
+            block, offset = self._next_block, self._resume_at
+        return {self.NEXT_BLOCK: block, self.OFFSET: offset, self.COUNTS: dict(self._counts)}
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Lines passed so far that yielded no record, by reason."""
+        return dict(self._counts)
+
+    @property
+    def position(self) -> Position:
+        """Position of the record last yielded."""
+        return self._work[self._next_block], self._offsets[self._index - 1]
+
+    # -- reading -------------------------------------------------------------------------
+
+    def _locate(self, chunk: LineChunk, shard: Shard) -> Callable[[int], str]:
+        def locate(index: int) -> str:
+            if chunk.labels is not None:
+                return f"{chunk.labels[index]} (record {chunk.offsets[index] + 1})"
+            offset = chunk.offsets[index]
+            line = count_lines_before(shard, offset, self._opener) + 1
+            return f"line {line} (byte offset {offset})"
+
+        return locate
+
+    def _items(self, chunk: LineChunk, shard: Shard) -> list[Any]:
+        locate = self._locate(chunk, shard)
+        items = parse_chunk(chunk, on_error=self._on_error, url=shard.url, locate=locate)
+        return items if self._apply is None else transform_items(self._apply, items)
+
+    def _chunks(self) -> Iterator[list[Any]]:
+        """Item lists of the remaining blocks; sets the chunk's offsets for `get_state`."""
+        while self._next_block < len(self._work):
+            block_id = self._work[self._next_block]
+            block = self._blocks[block_id]
+            shard = self._shards[block.shard]
+            chunks = read_lines(
+                shard, block, block_id, resume_at=self._resume_at,
+                opener=self._opener, retry=self._retry,
+            )
+            try:
+                for chunk in chunks:
+                    items = self._items(chunk, shard)
+                    self._offsets, self._index = chunk.offsets, 0
+                    yield items
+                    self._resume_at = chunk.offsets[-1]
+                    self._offsets = []
+            except CorruptShardError as err:
+                if self._on_error == "raise":
+                    raise
+                self._counts["corrupt_blocks"] += 1
+                log.warning("skipping the rest of a damaged block: %s", err)
+            self._next_block += 1
+            self._resume_at = None
+            self._offsets = []
+
+    def __iter__(self) -> Iterator[Any]:
+        counts = self._counts
+        for items in self._chunks():
+            for index, item in enumerate(items, 1):
+                self._index = index
+                if item.__class__ is Marker:
+                    counts[item.kind] += 1
+                    continue
+                yield item
+
+    def with_positions(self) -> Iterator[tuple[Position, Any]]:
+        """Like iterating, but each record comes with its position."""
+        for record in self:
+            yield self.position, record
+
+    # -- random access -------------------------------------------------------------------
+
+    def fetch(self, positions: Sequence[Position]) -> list[Any]:
+        """The records at `positions`, re-read in one forward pass per block.
+
+        Raises StateMismatchError when a position no longer holds a record (the data or the
+        transform changed since the positions were taken).
+        """
+        wanted: dict[int, set[int]] = defaultdict(set)
+        for block_id, offset in positions:
+            wanted[block_id].add(offset)
+        found: dict[Position, Any] = {}
+        for block_id, offsets in wanted.items():
+            block = self._blocks[block_id]
+            shard = self._shards[block.shard]
+            remaining = set(offsets)
+            chunks = read_lines(
+                shard, block, block_id, resume_at=min(offsets),
+                opener=self._opener, retry=self._retry,
+            )
+            for chunk in chunks:
+                keep = [i for i, offset in enumerate(chunk.offsets[:-1]) if offset in remaining]
+                if not keep:
+                    continue
+                picked = LineChunk(
+                    block_id,
+                    [chunk.offsets[i] for i in keep] + [chunk.offsets[-1]],
+                    [chunk.lines[i] for i in keep],
+                    None if chunk.labels is None else [chunk.labels[i] for i in keep],
+                )
+                items = self._items(picked, shard)
+                for offset, item in zip(picked.offsets[:-1], items, strict=True):
+                    found[(block_id, offset)] = item
+                    remaining.discard(offset)
+                if not remaining:
+                    break
+        missing = [p for p in positions if p not in found or found[p].__class__ is Marker]
+        if missing:
+            raise StateMismatchError(
+                f"{len(missing)} buffered record(s) could not be re-read, first at block "
+                f"{missing[0][0]} offset {missing[0][1]}; the data or the transform changed "
+                "since the state was taken (transforms must be deterministic)"
+            )
+        return [found[p] for p in positions]
