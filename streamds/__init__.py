@@ -7,6 +7,7 @@ across workers and ranks, shuffles through a buffer and resumes exactly.
 
 from .dataset import StreamingJsonl
 from .errors import CorruptRecordError, CorruptShardError, MissingCodecError, StateMismatchError
+from .resume import merge_states
 from .world import World, detect_world
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "StreamingJsonl",
     "World",
     "detect_world",
+    "merge_states",
 ]
 
 __version__ = "0.1.0"

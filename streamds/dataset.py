@@ -17,18 +17,17 @@ from torch.utils.data import IterableDataset
 
 from .errors import StateMismatchError
 from .parse import ON_ERROR
-from .plan import DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE, assign, epoch_order, make_blocks
+from .plan import DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE, make_blocks
 from .read import RetryPolicy
+from .resume import MERGED_FORMAT, STATE_FORMAT, reader_work, share_of
 from .seeds import derive_seed
 from .shards import Shard, resolve_shards
 from .shuffle import ShuffleBuffer
-from .stream import RecordStream
+from .stream import Position, RecordStream, WorkItem
 from .transform import Step, compose
 from .world import World, detect_world
 
 __all__ = ["StreamingJsonl"]
-
-STATE_FORMAT = "streamds.state/1"
 
 
 def _check_int(name: str, value: Any, minimum: int, fix: str) -> None:
@@ -62,6 +61,7 @@ class StreamingJsonl(IterableDataset):
         world_size: int | None = None,
         storage_options: dict[str, Any] | None = None,
         block_size: int = DEFAULT_BLOCK_SIZE,
+        resume_from: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(shuffle, bool):
@@ -95,6 +95,8 @@ class StreamingJsonl(IterableDataset):
         self._steps: tuple[Step, ...] = (("map", transform),) if transform is not None else ()
         self._shards: list[Shard] = resolve_shards(source, storage_options)
         self._fingerprint = self._make_fingerprint()
+        self._num_blocks = len(make_blocks(self._shards, self.block_size))
+        self._resume_from = self._check_merged(resume_from)
         self._pending_state: dict[str, Any] | None = None
         self._active: RecordStream | ShuffleBuffer | None = None
         self._active_world: World | None = None
@@ -149,17 +151,20 @@ class StreamingJsonl(IterableDataset):
 
     # -- iteration -----------------------------------------------------------------------
 
-    def _build(self, world: World, epoch: int) -> RecordStream | ShuffleBuffer:
-        shards = self._shards
+    def _plan(self, explicit_work: list[WorkItem] | None) -> dict[str, Any]:
+        """What a reader's work derives from; explicit after an elastic resume."""
+        work = None if explicit_work is None else [list(item) for item in explicit_work]
+        return {"blocks": self._num_blocks, "seed": self.seed, "shuffle": self.shuffle,
+                "work": work}
+
+    def _build(
+        self, world: World, epoch: int, work: list[WorkItem]
+    ) -> RecordStream | ShuffleBuffer:
         # -> Block(shard, start, end) list: the corpus cut into line-aligned units
-        blocks = make_blocks(shards, self.block_size)
-        # -> block ids in this epoch's order (shuffled by seed and epoch when asked)
-        order = epoch_order(len(blocks), seed=self.seed, epoch=epoch, shuffle=self.shuffle)
-        # -> the block ids this reader (rank x worker) owns
-        work = assign(order, world)
-        # -> parsed, transformed records of those blocks, each with its position
+        blocks = make_blocks(self._shards, self.block_size)
+        # -> parsed, transformed records of this reader's blocks, each with its position
         records = RecordStream(
-            shards, blocks, work, on_error=self.on_error, apply=compose(self._steps),
+            self._shards, blocks, work, on_error=self.on_error, apply=compose(self._steps),
             retry=self.retry,
         )
         if not self.shuffle:
@@ -168,15 +173,37 @@ class StreamingJsonl(IterableDataset):
         rng_seed = derive_seed("buffer", self.seed, epoch, world.rank, world.worker)
         return ShuffleBuffer(records, size=self.buffer_size, rng_seed=rng_seed)
 
-    def __iter__(self) -> Iterator[Any]:
-        world = detect_world(self.rank, self.world_size)
+    def _start(
+        self, world: World
+    ) -> tuple[int, dict | None, list[WorkItem] | None, list[Position], dict | None]:
+        """(epoch, stream state, explicit work, records to prefill, counts carried over)."""
         state, self._pending_state = self._pending_state, None
-        epoch = self.epoch if state is None else state["epoch"]
         if state is not None:
             self._check_world(state, world)
-        pipeline = self._build(world, epoch)
-        pipeline.reset(None if state is None else state["stream"])
+            work = state["plan"]["work"]
+            explicit = None if work is None else [(b, s) for b, s in work]
+            return state["epoch"], state["stream"], explicit, [], None
+        merged = self._resume_from
+        if merged is not None and merged["epoch"] == self.epoch:
+            work, pending, counts = share_of(merged, world)
+            return self.epoch, None, work, pending, counts
+        return self.epoch, None, None, [], None
+
+    def __iter__(self) -> Iterator[Any]:
+        world = detect_world(self.rank, self.world_size)
+        epoch, stream_state, explicit, pending, carried = self._start(world)
+        plan = self._plan(explicit)
+        # -> the (block id, start) items this reader (rank x worker) owns this epoch
+        work = reader_work(plan, epoch, world)
+        pipeline = self._build(world, epoch, work)
+        pipeline.reset(stream_state)
+        if carried:
+            pipeline.add_counts(carried)
+        if pending:  # records that sat in a shuffle buffer when the old world stopped
+            assert isinstance(pipeline, ShuffleBuffer), "pending records need shuffle=True"
+            pipeline.prefill(pending)
         self._active, self._active_world, self._active_epoch = pipeline, world, epoch
+        self._active_plan = plan
         return iter(pipeline)
 
     @property
@@ -194,15 +221,17 @@ class StreamingJsonl(IterableDataset):
         if self._active is None:
             if self._pending_state is not None:
                 return copy.deepcopy(self._pending_state)
-            world, stream, epoch = None, None, self.epoch
+            world, stream, epoch = detect_world(self.rank, self.world_size), None, self.epoch
+            plan = self._plan(None)
         else:
             world, stream, epoch = self._active_world, self._active.get_state(), self._active_epoch
+            plan = self._active_plan
         return {
             "format": STATE_FORMAT,
             "fingerprint": self._fingerprint,
             "epoch": epoch,
-            "world": None if world is None else [world.rank, world.world_size, world.worker,
-                                                 world.num_workers],
+            "world": [world.rank, world.world_size, world.worker, world.num_workers],
+            "plan": plan,
             "stream": stream,
         }
 
@@ -220,6 +249,22 @@ class StreamingJsonl(IterableDataset):
             )
         self._pending_state = copy.deepcopy(state)
         self.epoch = state["epoch"]
+
+    def _check_merged(self, merged: dict[str, Any] | None) -> dict[str, Any] | None:
+        if merged is None:
+            return None
+        if not isinstance(merged, dict) or merged.get("format") != MERGED_FORMAT:
+            raise ValueError(
+                "resume_from must be the dict streamds.merge_states() returns; to resume with "
+                "the same world, use load_state_dict() instead"
+            )
+        if merged["fingerprint"] != self._fingerprint:
+            raise StateMismatchError(
+                "resume_from was merged from a dataset with other files, seed, shuffle, "
+                "buffer_size or block_size; build the dataset with the same arguments"
+            )
+        self.epoch = merged["epoch"]
+        return copy.deepcopy(merged)
 
     @staticmethod
     def _check_world(state: dict[str, Any], world: World) -> None:

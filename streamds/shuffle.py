@@ -64,6 +64,14 @@ class ShuffleBuffer:
     def counts(self) -> dict[str, int]:
         return self._source.counts
 
+    def add_counts(self, counts: dict[str, int]) -> None:
+        self._source.add_counts(counts)
+
+    def prefill(self, positions: list[Position]) -> None:
+        """Put the records at `positions` into the buffer (from another world's buffers)."""
+        self._records.extend(self._source.fetch(positions))
+        self._positions.extend(positions)
+
     def __iter__(self) -> Iterator[Any]:
         records, positions, size = self._records, self._positions, self._size
         randrange = self._rng.randrange

@@ -20,11 +20,12 @@ from .read import LineChunk, Opener, RetryPolicy, count_lines_before, open_decod
 from .shards import Shard
 from .transform import transform_items
 
-__all__ = ["Position", "RecordStream"]
+__all__ = ["Position", "RecordStream", "WorkItem"]
 
 log = logging.getLogger(__name__)
 
 Position = tuple[int, int]  # (block id, offset of the record's line in the shard's decoded bytes)
+WorkItem = tuple[int, int | None]  # (block id, offset to start at; None: the block's start)
 
 COUNTERS = ("bad", "blank", "dropped", "corrupt_blocks")
 
@@ -32,8 +33,8 @@ COUNTERS = ("bad", "blank", "dropped", "corrupt_blocks")
 class RecordStream:
     """Records of the blocks in `work`, in that order.
 
-    State: ``{"next_block": k, "offset": o | None, "counts": {...}}``: the k-th block of
-    `work` resumes at the line beginning at offset o (None: from the block's start).
+    State: ``{"next_block": k, "offset": o | None, "counts": {...}}``: the k-th item of
+    `work` resumes at the line beginning at offset o (None: where the item starts).
     """
 
     NEXT_BLOCK = "next_block"
@@ -44,7 +45,7 @@ class RecordStream:
         self,
         shards: Sequence[Shard],
         blocks: Sequence[Block],
-        work: Sequence[int],
+        work: Sequence[WorkItem],
         *,
         on_error: str = "raise",
         apply: Callable[[Any], Any] | None = None,
@@ -75,21 +76,34 @@ class RecordStream:
             self._counts.update({name: state[self.COUNTS][name] for name in COUNTERS})
 
     def get_state(self) -> dict[str, Any]:
-        if self._offsets:  # inside a chunk: resume at its first unpassed line
-            block, offset = self._next_block, self._offsets[self._index]
-        else:
-            block, offset = self._next_block, self._resume_at
-        return {self.NEXT_BLOCK: block, self.OFFSET: offset, self.COUNTS: dict(self._counts)}
+        offset = self._offsets[self._index] if self._offsets else self._resume_at
+        return {
+            self.NEXT_BLOCK: self._next_block,
+            self.OFFSET: offset,
+            self.COUNTS: dict(self._counts),
+        }
+
+    def remaining_work(self, state: dict[str, Any]) -> list[WorkItem]:
+        """The work items a state of this stream has not finished, partial one first."""
+        k, offset = state[self.NEXT_BLOCK], state[self.OFFSET]
+        if k >= len(self._work):
+            return []
+        block_id, start = self._work[k]
+        return [(block_id, start if offset is None else offset), *self._work[k + 1 :]]
 
     @property
     def counts(self) -> dict[str, int]:
         """Lines passed so far that yielded no record, by reason."""
         return dict(self._counts)
 
+    def add_counts(self, counts: dict[str, int]) -> None:
+        """Carry over counts from an earlier run (an elastic resume)."""
+        self._counts.update(counts)
+
     @property
     def position(self) -> Position:
         """Position of the record last yielded."""
-        return self._work[self._next_block], self._offsets[self._index - 1]
+        return self._work[self._next_block][0], self._offsets[self._index - 1]
 
     # -- reading -------------------------------------------------------------------------
 
@@ -111,11 +125,12 @@ class RecordStream:
     def _chunks(self) -> Iterator[list[Any]]:
         """Item lists of the remaining blocks; sets the chunk's offsets for `get_state`."""
         while self._next_block < len(self._work):
-            block_id = self._work[self._next_block]
+            block_id, start = self._work[self._next_block]
             block = self._blocks[block_id]
             shard = self._shards[block.shard]
             chunks = read_lines(
-                shard, block, block_id, resume_at=self._resume_at,
+                shard, block, block_id,
+                resume_at=start if self._resume_at is None else self._resume_at,
                 opener=self._opener, retry=self._retry,
             )
             try:
