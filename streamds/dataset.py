@@ -15,7 +15,9 @@ from typing import Any
 import orjson
 from torch.utils.data import IterableDataset
 
+from .balance import EVEN_RANKS, quotas
 from .errors import StateMismatchError
+from .index import count_block_records, count_from
 from .parse import ON_ERROR
 from .plan import DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE, make_blocks
 from .read import RetryPolicy
@@ -62,6 +64,7 @@ class StreamingJsonl(IterableDataset):
         storage_options: dict[str, Any] | None = None,
         block_size: int = DEFAULT_BLOCK_SIZE,
         resume_from: dict[str, Any] | None = None,
+        even_ranks: str | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(shuffle, bool):
@@ -81,6 +84,11 @@ class StreamingJsonl(IterableDataset):
                 raise ValueError(
                     f"rank must be < world_size={world_size}, got {rank}; ranks count from 0"
                 )
+        if even_ranks not in EVEN_RANKS:
+            raise ValueError(
+                f"even_ranks must be one of {EVEN_RANKS}, got {even_ranks!r}; 'drop' trims "
+                "every rank to the smallest, 'pad' repeats records up to the largest"
+            )
         if storage_options is not None and not isinstance(storage_options, dict):
             raise ValueError(f"storage_options must be a dict, got {storage_options!r}")
         self.shuffle = shuffle
@@ -90,6 +98,7 @@ class StreamingJsonl(IterableDataset):
         self.block_size = block_size
         self.rank = rank
         self.world_size = world_size
+        self.even_ranks = even_ranks
         self.retry = RetryPolicy()
         self.epoch = 0
         self._steps: tuple[Step, ...] = (("map", transform),) if transform is not None else ()
@@ -97,6 +106,12 @@ class StreamingJsonl(IterableDataset):
         self._fingerprint = self._make_fingerprint()
         self._num_blocks = len(make_blocks(self._shards, self.block_size))
         self._resume_from = self._check_merged(resume_from)
+        # records per block, counted once here so every worker shares them (even ranks only)
+        self._block_counts: list[int] | None = None
+        if even_ranks is not None:
+            self._block_counts = count_block_records(
+                self._shards, make_blocks(self._shards, block_size)
+            )
         self._pending_state: dict[str, Any] | None = None
         self._active: RecordStream | ShuffleBuffer | None = None
         self._active_world: World | None = None
@@ -157,15 +172,49 @@ class StreamingJsonl(IterableDataset):
         return {"blocks": self._num_blocks, "seed": self.seed, "shuffle": self.shuffle,
                 "work": work}
 
+    def _reader_records(self, work: list[WorkItem], blocks: list) -> int:
+        assert self._block_counts is not None
+        return sum(
+            self._block_counts[block_id] if start is None else
+            count_from(self._shards[blocks[block_id].shard], blocks[block_id], block_id, start)
+            for block_id, start in work
+        )
+
+    def _quota(
+        self, world: World, epoch: int, explicit: list[WorkItem] | None, blocks: list
+    ) -> tuple[int | None, list[WorkItem]]:
+        """(records this reader yields, work to repeat when short) under even_ranks."""
+        if self.even_ranks is None:
+            return None, []
+        merged = self._resume_from if explicit is not None else None
+        counts = []
+        for rank in range(world.world_size):
+            for worker in range(world.num_workers):
+                other = World(rank, world.world_size, worker, world.num_workers)
+                if merged is not None:
+                    work, pending, _ = share_of(merged, other)
+                    counts.append(self._reader_records(work, blocks) + len(pending))
+                else:
+                    work = reader_work(self._plan(explicit), epoch, other)
+                    counts.append(self._reader_records(work, blocks))
+        quota = quotas(counts, world.world_size, self.even_ranks)[world.reader]
+        own = reader_work(self._plan(explicit), epoch, world)
+        everything = reader_work(self._plan(None), epoch, World())
+        return quota, own or everything
+
     def _build(
-        self, world: World, epoch: int, work: list[WorkItem]
+        self, world: World, epoch: int, work: list[WorkItem], explicit: list[WorkItem] | None,
+        prefilled: int,
     ) -> RecordStream | ShuffleBuffer:
         # -> Block(shard, start, end) list: the corpus cut into line-aligned units
         blocks = make_blocks(self._shards, self.block_size)
+        # -> how many records this reader yields when ranks must be even, and what it repeats
+        quota, pad_work = self._quota(world, epoch, explicit, blocks)
+        limit = None if quota is None else max(0, quota - prefilled)
         # -> parsed, transformed records of this reader's blocks, each with its position
         records = RecordStream(
             self._shards, blocks, work, on_error=self.on_error, apply=compose(self._steps),
-            retry=self.retry,
+            retry=self.retry, limit=limit, pad_work=pad_work,
         )
         if not self.shuffle:
             return records
@@ -195,7 +244,7 @@ class StreamingJsonl(IterableDataset):
         plan = self._plan(explicit)
         # -> the (block id, start) items this reader (rank x worker) owns this epoch
         work = reader_work(plan, epoch, world)
-        pipeline = self._build(world, epoch, work)
+        pipeline = self._build(world, epoch, work, explicit, len(pending))
         pipeline.reset(stream_state)
         if carried:
             pipeline.add_counts(carried)

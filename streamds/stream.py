@@ -33,12 +33,16 @@ COUNTERS = ("bad", "blank", "dropped", "corrupt_blocks")
 class RecordStream:
     """Records of the blocks in `work`, in that order.
 
-    State: ``{"next_block": k, "offset": o | None, "counts": {...}}``: the k-th item of
-    `work` resumes at the line beginning at offset o (None: where the item starts).
+    With a `limit`, it yields exactly `limit` records: it stops early, or after `work` it
+    cycles through `pad_work` again (even ranks).
+
+    State: ``{"next_block": k, "offset": o | None, "emitted": n, "counts": {...}}``: the k-th
+    work item resumes at the line beginning at offset o (None: where the item starts).
     """
 
     NEXT_BLOCK = "next_block"
     OFFSET = "offset"
+    EMITTED = "emitted"
     COUNTS = "counts"
 
     def __init__(
@@ -51,10 +55,14 @@ class RecordStream:
         apply: Callable[[Any], Any] | None = None,
         opener: Opener = open_decoded_at,
         retry: RetryPolicy = RetryPolicy(),  # noqa: B008 - frozen
+        limit: int | None = None,
+        pad_work: Sequence[WorkItem] = (),
     ) -> None:
         self._shards = shards
         self._blocks = blocks
         self._work = list(work)
+        self._limit = limit
+        self._pad_work = list(pad_work)
         self._on_error = on_error
         self._apply = apply
         self._opener = opener
@@ -70,9 +78,11 @@ class RecordStream:
         self._resume_at: int | None = None
         self._offsets: list[int] = []  # offsets of the chunk being emitted
         self._index = 0  # items of that chunk already passed downstream
+        self._emitted = 0  # records yielded (tracked only under a limit)
         if state is not None:
             self._next_block = state[self.NEXT_BLOCK]
             self._resume_at = state[self.OFFSET]
+            self._emitted = state[self.EMITTED]
             self._counts.update({name: state[self.COUNTS][name] for name in COUNTERS})
 
     def get_state(self) -> dict[str, Any]:
@@ -80,6 +90,7 @@ class RecordStream:
         return {
             self.NEXT_BLOCK: self._next_block,
             self.OFFSET: offset,
+            self.EMITTED: self._emitted,
             self.COUNTS: dict(self._counts),
         }
 
@@ -103,7 +114,28 @@ class RecordStream:
     @property
     def position(self) -> Position:
         """Position of the record last yielded."""
-        return self._work[self._next_block][0], self._offsets[self._index - 1]
+        return self._item(self._next_block)[0], self._offsets[self._index - 1]
+
+    def _item(self, k: int) -> WorkItem:
+        """The k-th work item; past the end of `work`, `pad_work` over and over."""
+        if k < len(self._work):
+            return self._work[k]
+        return self._pad_work[(k - len(self._work)) % len(self._pad_work)]
+
+    def _has_item(self, k: int) -> bool:
+        if k < len(self._work):
+            return True
+        if self._limit is None or not self._pad_work or self._emitted >= self._limit:
+            return False
+        into_pad = k - len(self._work)
+        if into_pad % len(self._pad_work) == 0:  # a new pass over pad_work begins
+            if into_pad and self._emitted == self._cycle_start:
+                raise ValueError(
+                    "even_ranks could not fill this reader's quota: a whole pass over its "
+                    "records yielded none (does a filter drop every record?)"
+                )
+            self._cycle_start = self._emitted
+        return True
 
     # -- reading -------------------------------------------------------------------------
 
@@ -124,8 +156,9 @@ class RecordStream:
 
     def _chunks(self) -> Iterator[list[Any]]:
         """Item lists of the remaining blocks; sets the chunk's offsets for `get_state`."""
-        while self._next_block < len(self._work):
-            block_id, start = self._work[self._next_block]
+        self._cycle_start = -1
+        while self._has_item(self._next_block):
+            block_id, start = self._item(self._next_block)
             block = self._blocks[block_id]
             shard = self._shards[block.shard]
             chunks = read_lines(
@@ -150,6 +183,9 @@ class RecordStream:
             self._offsets = []
 
     def __iter__(self) -> Iterator[Any]:
+        if self._limit is not None:
+            yield from self._limited()
+            return
         counts = self._counts
         for items in self._chunks():
             for index, item in enumerate(items, 1):
@@ -158,6 +194,21 @@ class RecordStream:
                     counts[item.kind] += 1
                     continue
                 yield item
+
+    def _limited(self) -> Iterator[Any]:
+        counts, limit = self._counts, self._limit
+        if self._emitted >= limit:
+            return
+        for items in self._chunks():
+            for index, item in enumerate(items, 1):
+                self._index = index
+                if item.__class__ is Marker:
+                    counts[item.kind] += 1
+                    continue
+                self._emitted += 1
+                yield item
+                if self._emitted >= limit:
+                    return
 
     def with_positions(self) -> Iterator[tuple[Position, Any]]:
         """Like iterating, but each record comes with its position."""
