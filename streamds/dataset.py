@@ -25,6 +25,7 @@ from .resume import MERGED_FORMAT, STATE_FORMAT, reader_work, share_of
 from .seeds import derive_seed
 from .shards import Shard, resolve_shards
 from .shuffle import ShuffleBuffer
+from .skip import batches_per_reader, reader_state_after
 from .stream import Position, RecordStream, WorkItem
 from .transform import Step, compose
 from .world import World, detect_world
@@ -109,10 +110,9 @@ class StreamingJsonl(IterableDataset):
         # records per block, counted once here so every worker shares them (even ranks only)
         self._block_counts: list[int] | None = None
         if even_ranks is not None:
-            self._block_counts = count_block_records(
-                self._shards, make_blocks(self._shards, block_size)
-            )
+            self._block_counts = count_block_records(self._shards, self._blocks())
         self._pending_state: dict[str, Any] | None = None
+        self._worker_states: dict[int, dict[str, Any]] = {}  # from resume_after_batches
         self._active: RecordStream | ShuffleBuffer | None = None
         self._active_world: World | None = None
 
@@ -158,6 +158,66 @@ class StreamingJsonl(IterableDataset):
         if not callable(predicate):
             raise ValueError(f"filter needs a callable, got {predicate!r}")
         return self._with_step(("filter", predicate))
+
+    def resume_after_batches(
+        self, consumed: int, *, batch_size: int, num_workers: int, drop_last: bool = False
+    ) -> StreamingJsonl:
+        """A copy that continues this epoch after a plain DataLoader yielded `consumed` batches.
+
+        Pass the `batch_size`, `num_workers` and `drop_last` of that DataLoader and use the same
+        again. Computed from record counts per block (one counting pass over the data, kept
+        for later calls), never by reading and discarding records; the resumed loader yields
+        exactly what the interrupted one would have, in the same order. Exact only when
+        every line yields a record (no dropping filter, no skipped bad lines); otherwise use
+        torchdata's StatefulDataLoader with `state_dict()`.
+
+        Example::
+
+            loader = DataLoader(ds.resume_after_batches(step, batch_size=32, num_workers=4),
+                                batch_size=32, num_workers=4)
+        """
+        _check_int("consumed", consumed, 0, "pass the number of batches the loader yielded")
+        _check_int("batch_size", batch_size, 1, "pass the DataLoader's batch_size")
+        _check_int("num_workers", num_workers, 0, "pass the DataLoader's num_workers")
+        if self.even_ranks is not None or self._resume_from is not None:
+            raise ValueError(
+                "resume_after_batches does not combine with even_ranks or resume_from; use "
+                "torchdata's StatefulDataLoader and state_dict() for those"
+            )
+        if self._block_counts is None:
+            self._block_counts = count_block_records(self._shards, self._blocks())
+        counts, blocks = self._block_counts, self._blocks()
+        here = detect_world(self.rank, self.world_size)
+        readers = max(1, num_workers)
+        works = [
+            reader_work(self._plan(None), self.epoch,
+                        World(here.rank, here.world_size, worker, readers))
+            for worker in range(readers)
+        ]
+        records = [sum(counts[block] for block, _ in work) for work in works]
+        taken, next_worker = batches_per_reader(
+            records, consumed, batch_size=batch_size, drop_last=drop_last
+        )
+        clone = copy.copy(self)
+        clone._worker_states = {}
+        for worker in range(readers):
+            old = (worker + next_worker) % readers  # the next worker in line becomes worker 0
+            stream = reader_state_after(
+                min(taken[old] * batch_size, records[old]),
+                work=works[old], counts=[counts[block] for block, _ in works[old]],
+                shards=self._shards, blocks=blocks, shuffle=self.shuffle,
+                buffer_size=self.buffer_size,
+                rng_seed_parts=("buffer", self.seed, self.epoch, here.rank, old),
+            )
+            clone._worker_states[worker] = {
+                "format": STATE_FORMAT, "fingerprint": self._fingerprint, "epoch": self.epoch,
+                "world": [here.rank, here.world_size, worker, readers],
+                "plan": self._plan(works[old]), "stream": stream,
+            }
+        return clone
+
+    def _blocks(self) -> list:
+        return make_blocks(self._shards, self.block_size)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: it seeds the block order and the shuffle buffer."""
@@ -227,6 +287,9 @@ class StreamingJsonl(IterableDataset):
     ) -> tuple[int, dict | None, list[WorkItem] | None, list[Position], dict | None]:
         """(epoch, stream state, explicit work, records to prefill, counts carried over)."""
         state, self._pending_state = self._pending_state, None
+        if state is None and world.worker in self._worker_states:
+            state = self._worker_states[world.worker]
+            state = state if state["epoch"] == self.epoch else None
         if state is not None:
             self._check_world(state, world)
             work = state["plan"]["work"]
