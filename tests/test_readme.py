@@ -1,0 +1,30 @@
+"""The README's self-contained examples (python blocks that start with an import) run as shown."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+BLOCKS = [
+    block
+    for block in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    if block.startswith(("import ", "from "))
+]
+
+
+def test_readme_has_a_runnable_resume_example():
+    assert any("load_state_dict" in block for block in BLOCKS)
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
+def test_readme_block_runs(block: str, tmp_path: Path):
+    script = tmp_path / "example.py"
+    script.write_text(block)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
