@@ -15,6 +15,7 @@ from typing import Any
 
 from .errors import StateMismatchError
 from .plan import assign, epoch_order
+from .shuffle import unpack_positions
 from .stream import COUNTERS, Position, RecordStream, WorkItem
 from .world import World
 
@@ -74,7 +75,7 @@ def _unfinished(state: dict[str, Any]) -> tuple[list[WorkItem], list[Position], 
     if k < len(work):
         block, start = work[k]
         remaining = [(block, start if offset is None else offset), *work[k + 1 :]]
-    pending = [(block, offset) for block, offset in stream["positions"]] if shuffled else []
+    pending = unpack_positions(stream["positions"]) if shuffled else []
     return remaining, pending, Counter(source[RecordStream.COUNTS])
 
 

@@ -9,18 +9,37 @@ records): on resume the records are re-read from their positions.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+import zlib
+from array import array
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .stream import Position, RecordStream
 
-__all__ = ["ShuffleBuffer"]
+__all__ = ["ShuffleBuffer", "pack_positions", "unpack_positions"]
+
+
+def pack_positions(positions: Sequence[Position]) -> bytes:
+    """Positions as compressed 32-bit block ids then 64-bit offsets (a few bytes each)."""
+    blocks = array("I", (block for block, _ in positions))
+    offsets = array("Q", (offset for _, offset in positions))
+    return zlib.compress(blocks.tobytes() + offsets.tobytes(), 6)
+
+
+def unpack_positions(packed: bytes) -> list[Position]:
+    raw = zlib.decompress(packed)
+    count = len(raw) // 12
+    blocks, offsets = array("I"), array("Q")
+    blocks.frombytes(raw[: 4 * count])
+    offsets.frombytes(raw[4 * count :])
+    return list(zip(blocks, offsets, strict=True))
 
 
 class ShuffleBuffer:
     """Records of `source` in an order drawn from `rng_seed`.
 
-    State: ``{"source": ..., "positions": [[block, offset], ...], "rng": ..., "draining": bool}``.
+    State: ``{"source": ..., "positions": packed, "rng": ..., "draining": bool}``, where
+    `positions` is `pack_positions` of the buffered records' (block, offset) in slot order.
     """
 
     SOURCE = "source"
@@ -45,7 +64,7 @@ class ShuffleBuffer:
             self._source.reset()
             return
         self._source.reset(state[self.SOURCE])
-        self._positions = [(block, offset) for block, offset in state[self.POSITIONS]]
+        self._positions = unpack_positions(state[self.POSITIONS])
         self._records = self._source.fetch(self._positions)
         version, internal, gauss = state[self.RNG]
         self._rng.setstate((version, tuple(internal), gauss))
@@ -55,7 +74,7 @@ class ShuffleBuffer:
         version, internal, gauss = self._rng.getstate()
         return {
             self.SOURCE: self._source.get_state(),
-            self.POSITIONS: [list(position) for position in self._positions],
+            self.POSITIONS: pack_positions(self._positions),
             self.RNG: [version, list(internal), gauss],
             self.DRAINING: self._draining,
         }

@@ -20,7 +20,7 @@ from .plan import Block
 from .read import read_lines
 from .seeds import derive_seed
 from .shards import Shard
-from .shuffle import ShuffleBuffer
+from .shuffle import ShuffleBuffer, pack_positions, unpack_positions
 from .stream import COUNTERS, Position, RecordStream, WorkItem
 
 __all__ = ["batches_per_reader", "reader_state_after"]
@@ -120,11 +120,11 @@ def reader_state_after(
     for _, _ in zip(range(yielded), replay, strict=False):
         pass
     state = replay.get_state()
-    buffered = [number for _, number in state[ShuffleBuffer.POSITIONS]]
+    buffered = [number for _, number in unpack_positions(state[ShuffleBuffer.POSITIONS])]
     located = _positions_of(buffered, work, counts, shards, blocks)
-    state[ShuffleBuffer.POSITIONS] = [
-        [work[located[n][0]][0], located[n][1]] for n in buffered
-    ]
+    state[ShuffleBuffer.POSITIONS] = pack_positions(
+        [(work[located[n][0]][0], located[n][1]) for n in buffered]
+    )
     state[ShuffleBuffer.SOURCE] = _source_state(numbers.next, work, counts, shards, blocks, zeros)
     return state
 
