@@ -8,6 +8,7 @@ Resolving lists and stats files but keeps nothing open, so shards pickle into wo
 from __future__ import annotations
 
 import os
+import pickle
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,31 @@ def has_magic(path: str) -> bool:
     return _GLOB_CHARS.search(path) is not None
 
 
+# Filesystems rebuilt in this process after a fork: fsspec's async ones (HTTP, S3) hold an
+# event loop that must not cross a fork, and DataLoader workers are forked by default.
+_REBUILT: dict[int, fsspec.AbstractFileSystem] = {}
+_forked = False
+
+
+def _after_fork() -> None:
+    global _forked
+    _forked = True
+    _REBUILT.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def _process_fs(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
+    """`fs`, or in a forked child an equivalent instance made in this process."""
+    if not _forked:
+        return fs
+    rebuilt = _REBUILT.get(id(fs))
+    if rebuilt is None:
+        rebuilt = _REBUILT[id(fs)] = pickle.loads(pickle.dumps(fs))
+    return rebuilt
+
+
 @dataclass(frozen=True)
 class Shard:
     """One file of the corpus."""
@@ -58,7 +84,7 @@ class Shard:
 
     def open_raw(self) -> BinaryIO:
         """The stored bytes, unbuffered by fsspec's read-ahead beyond its default block."""
-        return self.fs.open(self.path, mode="rb")
+        return _process_fs(self.fs).open(self.path, mode="rb")
 
 
 def natural_key(text: str) -> tuple[Any, ...]:
