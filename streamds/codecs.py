@@ -24,6 +24,7 @@ __all__ = [
 ]
 
 READ_SIZE = 1 << 20  # raw bytes per read from storage
+_MIN_FEED = 1 << 8  # compressed bytes a zstd decoding step takes at least
 
 # suffix -> (codec name, module that decodes it, pip package that provides the module)
 CODEC_SUFFIXES: dict[str, tuple[str, str, str]] = {
@@ -106,10 +107,14 @@ class _ZstdFrames(_Stream):
     """Decodes consecutive zstd frames (skippable ones included) and detects truncation.
 
     `zstandard`'s stream reader returns a short stream for a truncated frame without an error;
-    this reader raises `CorruptShardError` instead.
+    this reader raises `CorruptShardError` instead. Memory stays near READ_SIZE however well
+    the data compresses: a step decodes at most to the end of one frame, from as much input as
+    gave about READ_SIZE decoded bytes at the last ratio seen (a step that decoded nothing, a
+    block still incomplete, keeps the input size: growing it there could swallow thousands of
+    highly compressed blocks at once).
     """
 
-    def __init__(self, raw: BinaryIO, url: str) -> None:
+    def __init__(self, raw: BinaryIO, url: str, start: int = 0) -> None:
         import zstandard
 
         self._raw = raw
@@ -120,45 +125,59 @@ class _ZstdFrames(_Stream):
         self._frame_started = False
         self._pending = b""  # decoded bytes, returned from self._pos on
         self._pos = 0
-        self._compressed_read = 0
+        self._input = b""  # compressed bytes read, decoded up to self._input_pos
+        self._input_pos = 0
+        self._feed = _MIN_FEED  # compressed bytes to decode at the next step
+        self._compressed_read = start  # file offset just past the compressed bytes read
+        self._frame_ended = False  # the last step finished a frame
 
     def _decode_more(self) -> bool:
-        compressed = self._raw.read(READ_SIZE)
-        if not compressed:
-            if self._frame_started and not self._frame.eof:
-                raise CorruptShardError(
-                    f"{self._url}: truncated zstd frame at compressed offset "
-                    f"{self._compressed_read}; the file was cut short: copy or convert it again",
-                    url=self._url,
-                    offset=self._compressed_read,
-                )
-            return False
-        self._compressed_read += len(compressed)
-        out = []
-        while compressed:
-            try:
-                out.append(self._frame.decompress(compressed))
-            except self._error as err:
-                raise CorruptShardError(
-                    f"{self._url}: corrupt zstd data before compressed offset "
-                    f"{self._compressed_read}: {err}; copy or convert the file again",
-                    url=self._url,
-                    offset=self._compressed_read,
-                ) from err
-            self._frame_started = True
-            if not self._frame.eof:
-                break
-            compressed = self._frame.unused_data
+        if self._input_pos == len(self._input):
+            self._input, self._input_pos = self._raw.read(READ_SIZE), 0
+            if not self._input:
+                if self._frame_started and not self._frame.eof:
+                    raise CorruptShardError(
+                        f"{self._url}: truncated zstd frame at compressed offset "
+                        f"{self._compressed_read}; the file was cut short: copy or convert it "
+                        "again",
+                        url=self._url,
+                        offset=self._compressed_read,
+                    )
+                return False
+            self._compressed_read += len(self._input)
+        piece = self._input[self._input_pos : self._input_pos + self._feed]
+        self._input_pos += len(piece)
+        try:
+            out = self._frame.decompress(piece)
+        except self._error as err:
+            offset = self._compressed_read - len(self._input) + self._input_pos
+            raise CorruptShardError(
+                f"{self._url}: corrupt zstd data before compressed offset {offset}: {err}; "
+                "copy or convert the file again",
+                url=self._url,
+                offset=offset,
+            ) from err
+        self._frame_started = True
+        self._frame_ended = self._frame.eof
+        if self._frame.eof:  # the rest of `piece` belongs to the next frame
+            self._input_pos -= len(self._frame.unused_data)
             self._frame = self._dctx.decompressobj()
             self._frame_started = False
-        self._pending = self._pending[self._pos :] + b"".join(out)
+        if out:  # next step: about READ_SIZE decoded bytes at this step's ratio
+            self._feed = min(READ_SIZE, max(_MIN_FEED, len(piece) * READ_SIZE // len(out)))
+        self._pending = self._pending[self._pos :] + out
         self._pos = 0
         return True
 
     def read(self, size: int = -1) -> bytes:
+        """Up to `size` decoded bytes; fewer at the end of a frame, so a reader that stops at
+        a frame boundary never decodes (or trips over) the frames after it."""
         want = READ_SIZE if size is None or size < 0 else size
-        while len(self._pending) - self._pos < want and self._decode_more():
-            pass
+        while len(self._pending) - self._pos < want:
+            if self._frame_ended and len(self._pending) > self._pos:
+                break
+            if not self._decode_more():
+                break
         data = self._pending[self._pos : self._pos + want]
         self._pos += len(data)
         return data
@@ -210,8 +229,8 @@ class _StdlibDecoded(_Stream):
         super().close()
 
 
-def decode(raw: BinaryIO, codec: str | None, url: str) -> BinaryIO:
-    """A stream of the decoded bytes of `raw` from its current position.
+def decode(raw: BinaryIO, codec: str | None, url: str, *, start: int = 0) -> BinaryIO:
+    """A stream of the decoded bytes of `raw` from its current position, `start`.
 
     Reads of the returned stream raise `TransientReadError` when storage fails and
     `CorruptShardError` when the data is damaged.
@@ -220,5 +239,5 @@ def decode(raw: BinaryIO, codec: str | None, url: str) -> BinaryIO:
     if codec is None:
         return marked  # type: ignore[return-value]
     if codec == "zst":
-        return _ZstdFrames(marked, url)  # type: ignore[return-value]
+        return _ZstdFrames(marked, url, start)  # type: ignore[return-value]
     return _StdlibDecoded(marked, codec, url)  # type: ignore[return-value]

@@ -20,8 +20,8 @@ from .errors import StateMismatchError
 from .index import count_block_records, count_from
 from .parse import ON_ERROR
 from .plan import DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE, make_blocks
-from .read import RetryPolicy
 from .resume import MERGED_FORMAT, STATE_FORMAT, reader_work, share_of
+from .retry import RetryPolicy
 from .seeds import derive_seed
 from .shards import Shard, resolve_shards
 from .shuffle import ShuffleBuffer
@@ -103,7 +103,7 @@ class StreamingJsonl(IterableDataset):
         self.retry = RetryPolicy()
         self.epoch = 0
         self._steps: tuple[Step, ...] = (("map", transform),) if transform is not None else ()
-        self._shards: list[Shard] = resolve_shards(source, storage_options)
+        self._shards: list[Shard] = resolve_shards(source, storage_options, on_error=on_error)
         self._fingerprint = self._make_fingerprint()
         self._num_blocks = len(make_blocks(self._shards, self.block_size))
         self._resume_from = self._check_merged(resume_from)
@@ -286,7 +286,7 @@ class StreamingJsonl(IterableDataset):
         self, world: World
     ) -> tuple[int, dict | None, list[WorkItem] | None, list[Position], dict | None]:
         """(epoch, stream state, explicit work, records to prefill, counts carried over)."""
-        state, self._pending_state = self._pending_state, None
+        state = self._pending_state
         if state is None and world.worker in self._worker_states:
             state = self._worker_states[world.worker]
             state = state if state["epoch"] == self.epoch else None
@@ -301,8 +301,8 @@ class StreamingJsonl(IterableDataset):
             return self.epoch, None, work, pending, counts
         return self.epoch, None, None, [], None
 
-    def __iter__(self) -> Iterator[Any]:
-        world = detect_world(self.rank, self.world_size)
+    def _prepare(self, world: World) -> tuple[RecordStream | ShuffleBuffer, int, dict]:
+        """This reader's pipeline, positioned where it starts: (pipeline, epoch, plan)."""
         epoch, stream_state, explicit, pending, carried = self._start(world)
         plan = self._plan(explicit)
         # -> the (block id, start) items this reader (rank x worker) owns this epoch
@@ -314,6 +314,12 @@ class StreamingJsonl(IterableDataset):
         if pending:  # records that sat in a shuffle buffer when the old world stopped
             assert isinstance(pipeline, ShuffleBuffer), "pending records need shuffle=True"
             pipeline.prefill(pending)
+        return pipeline, epoch, plan
+
+    def __iter__(self) -> Iterator[Any]:
+        world = detect_world(self.rank, self.world_size)
+        pipeline, epoch, plan = self._prepare(world)
+        self._pending_state = None  # a loaded state is used once
         self._active, self._active_world, self._active_epoch = pipeline, world, epoch
         self._active_plan = plan
         return iter(pipeline)
@@ -333,8 +339,9 @@ class StreamingJsonl(IterableDataset):
         if self._active is None:
             if self._pending_state is not None:
                 return copy.deepcopy(self._pending_state)
-            world, stream, epoch = detect_world(self.rank, self.world_size), None, self.epoch
-            plan = self._plan(None)
+            world = detect_world(self.rank, self.world_size)
+            pipeline, epoch, plan = self._prepare(world)  # where an iterator would start
+            stream = pipeline.get_state()
         else:
             world, stream, epoch = self._active_world, self._active.get_state(), self._active_epoch
             plan = self._active_plan

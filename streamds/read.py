@@ -25,6 +25,7 @@ from typing import BinaryIO
 from .codecs import READ_SIZE, TransientReadError, decode
 from .errors import CorruptShardError
 from .plan import Block
+from .retry import DEFAULT_RETRY, RetryPolicy, is_transient
 from .shards import Shard
 
 __all__ = [
@@ -43,7 +44,6 @@ Opener = Callable[[Shard, int], BinaryIO]
 # member suffixes that hold records in a tar shard
 _TAR_JSON = (".json",)
 _TAR_JSONL = (".jsonl", ".ndjson")
-_PERMANENT = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 
 
 @dataclass(frozen=True)
@@ -59,18 +59,6 @@ class LineChunk:
     offsets: list[int]
     lines: list[bytes]
     labels: list[str] | None = None
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How often and how patiently a failed read is retried (exponential backoff)."""
-
-    attempts: int = 6
-    backoff: float = 0.5  # seconds before the first retry, doubled after each failure
-    max_backoff: float = 20.0
-
-    def delay(self, failure: int) -> float:
-        return min(self.max_backoff, self.backoff * 2 ** (failure - 1))
 
 
 def _skip(stream: BinaryIO, count: int, url: str) -> None:
@@ -103,7 +91,7 @@ def open_decoded_at(shard: Shard, offset: int) -> BinaryIO:
             frame = shard.frames[max(0, bisect_right(starts, offset) - 1)]
             raw.seek(frame.compressed_offset)
             skip = offset - frame.decompressed_offset
-        stream = decode(raw, shard.codec, shard.url)
+        stream = decode(raw, shard.codec, shard.url, start=raw.tell())
         _skip(stream, skip, shard.url)
         return stream
     except BaseException:
@@ -180,6 +168,30 @@ def _line_chunks(
                 return
 
 
+def _tar_members(tar: tarfile.TarFile, url: str) -> Iterator[tarfile.TarInfo]:
+    """The members of a tar opened in stream mode, without keeping them in `tar.members`.
+
+    `TarFile` iteration ends silently at a header that is cut short or damaged, which would
+    drop the rest of the shard; here only the end-of-archive block ends it, anything else
+    raises `CorruptShardError`.
+    """
+    member = tar.next()  # the first member, read when the archive was opened
+    while member is not None:
+        yield member
+        tar.fileobj.seek(tar.offset)  # past the member's data: reads forward in stream mode
+        try:
+            member = tarfile.TarInfo.fromtarfile(tar)
+        except tarfile.EOFHeaderError:
+            return
+        except tarfile.HeaderError as err:
+            raise CorruptShardError(
+                f"{url}: truncated or damaged tar header at byte {tar.offset}: {err}; copy or "
+                "convert the file again",
+                url=url,
+                offset=tar.offset,
+            ) from err
+
+
 def _tar_chunks(
     opener: Opener, shard: Shard, block_id: int, cursor: _Cursor, read_size: int
 ) -> Iterator[LineChunk]:
@@ -187,12 +199,26 @@ def _tar_chunks(
 
     Offsets are record ordinals, so a resume skips that many records.
     """
+    try:
+        yield from _tar_records(opener, shard, block_id, cursor, read_size)
+    except tarfile.TarError as err:  # a member's data cut short, an unreadable first header
+        raise CorruptShardError(
+            f"{shard.url}: truncated or damaged tar data after record {cursor.next_line}: "
+            f"{err}; copy or convert the file again",
+            url=shard.url,
+            offset=cursor.next_line or 0,
+        ) from err
+
+
+def _tar_records(
+    opener: Opener, shard: Shard, block_id: int, cursor: _Cursor, read_size: int
+) -> Iterator[LineChunk]:
     first = cursor.next_line or 0
     cursor.next_line = first
     ordinal = 0
     stream = io.BufferedReader(opener(shard, 0), buffer_size=read_size)  # type: ignore[arg-type]
     with closing(stream), tarfile.open(fileobj=stream, mode="r|") as tar:
-        for member in tar:
+        for member in _tar_members(tar, shard.url):
             if not member.isfile():
                 continue
             if member.name.endswith(_TAR_JSON):
@@ -231,7 +257,7 @@ def read_lines(
     *,
     resume_at: int | None = None,
     opener: Opener = open_decoded_at,
-    retry: RetryPolicy = RetryPolicy(),
+    retry: RetryPolicy = DEFAULT_RETRY,
     read_size: int = READ_SIZE,
 ) -> Iterator[LineChunk]:
     """Chunks of the raw lines `block` owns, from `resume_at` (a line start) when given.
@@ -252,14 +278,15 @@ def read_lines(
                 failures = 0
                 yield chunk
             return
-        except (CorruptShardError, *_PERMANENT):
-            raise
         except OSError as err:
+            if not is_transient(err):
+                raise
             failures += 1
             if failures >= retry.attempts:
+                at = block.start if cursor.next_line is None else cursor.next_line
                 raise TransientReadError(
                     f"{shard.url}: reading failed {failures} times in a row at decoded offset "
-                    f"{cursor.next_line}: {err}; check the storage or raise the retry limit"
+                    f"{at}: {err}; check the storage or raise the retry limit"
                 ) from err
             delay = retry.delay(failures)
             log.warning(

@@ -7,6 +7,8 @@ Resolving lists and stats files but keeps nothing open, so shards pickle into wo
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import pickle
 import re
@@ -18,9 +20,14 @@ import fsspec
 from fsspec.core import url_to_fs
 
 from .codecs import codec_of, require_codec
-from .seekable import Frame, read_seek_table
+from .errors import CorruptShardError
+from .manifest import MANIFEST_NAME, parse_manifest
+from .retry import DEFAULT_RETRY, retrying
+from .seekable import Frame, SeekTableError, read_seek_table
 
 __all__ = ["Shard", "natural_key", "resolve_shards"]
+
+log = logging.getLogger(__name__)
 
 Source = str | os.PathLike | Sequence[str | os.PathLike]
 
@@ -123,7 +130,7 @@ def _url_of(fs: fsspec.AbstractFileSystem, path: str, given: str) -> str:
 def _list_files(item: str, storage_options: dict[str, Any]) -> tuple[Any, list[dict]]:
     """The file infos one source item names: a glob, a directory (recursive) or a file."""
     fs, path = url_to_fs(item, **storage_options)
-    if has_magic(path):
+    if has_magic(path) and not fs.exists(path):  # an existing "train[1].jsonl" is a file
         infos = [i for i in fs.glob(path, detail=True).values() if i.get("type") != "directory"]
         if not infos:
             raise FileNotFoundError(f"no files match the pattern {item!r}; check the glob")
@@ -143,27 +150,78 @@ def _list_files(item: str, storage_options: dict[str, Any]) -> tuple[Any, list[d
     return fs, infos
 
 
-def _frames_of(fs: fsspec.AbstractFileSystem, path: str, size: int | None, url: str):
+def _read_frames(fs: fsspec.AbstractFileSystem, path: str, size: int, url: str):
+    with fs.open(path, mode="rb") as raw:
+        return read_seek_table(raw, size, name=url)
+
+
+def _frames_of(
+    fs: fsspec.AbstractFileSystem, path: str, size: int | None, url: str, on_error: str
+) -> tuple[Frame, ...] | None:
+    """The seek table of a .zst file (None: a foreign .zst). Transient errors are retried.
+
+    A damaged table raises CorruptShardError, or under on_error="skip" the file is read
+    as a plain zstd stream (whole-file block) instead.
+    """
     if size is None:
         return None
-    with fs.open(path, mode="rb") as raw:
-        frames = read_seek_table(raw, size, name=url)
+    try:
+        frames = retrying(
+            lambda: _read_frames(fs, path, size, url), DEFAULT_RETRY, f"{url}: seek table"
+        )
+    except SeekTableError as err:
+        if on_error == "skip":
+            log.warning("%s; reading it as a plain zstd stream", err)
+            return None
+        raise CorruptShardError(
+            f"{url}: damaged seek table ({err}); convert the file again, or pass "
+            "on_error='skip' to read it as a plain zstd stream",
+            url=url,
+            offset=size,
+        ) from err
     return tuple(frames) if frames is not None else None
 
 
-def _shard_of(fs: fsspec.AbstractFileSystem, info: dict, given: str) -> Shard:
+def _manifest_frames(fs: fsspec.AbstractFileSystem, infos: list[dict]) -> dict[str, Any]:
+    """path -> (bytes, frames) from the manifest.json beside .zst files, where there is one.
+
+    Saves opening every shard for its seek table. A missing or unreadable manifest is
+    skipped (the seek tables are read instead); so is an entry whose size is not the file's.
+    """
+    known: dict[str, Any] = {}
+    parents = {info["name"].rsplit("/", 1)[0] for info in infos if info["name"].endswith(".zst")}
+    for parent in sorted(parents):
+        try:
+            manifest = parse_manifest(fs.cat_file(f"{parent}/{MANIFEST_NAME}"), name=parent)
+        except Exception:  # optional: any failure falls back to reading the seek tables
+            continue
+        if manifest.shard_format == "jsonl.zst":
+            for entry in manifest.shards:
+                known[f"{parent}/{entry.name}"] = (entry.bytes, entry.seek_frames())
+    return known
+
+
+def _shard_of(
+    fs: fsspec.AbstractFileSystem, info: dict, given: str, known: dict, on_error: str
+) -> Shard:
     path = info["name"]
     url = _url_of(fs, path, given)
     codec = _codec_of_name(path)
     require_codec(codec, url)
     fmt = _format_of(path)
     size = info.get("size")
-    frames = _frames_of(fs, path, size, url) if codec == "zst" and fmt == "jsonl" else None
+    frames = None
+    if codec == "zst" and fmt == "jsonl":
+        listed = known.get(path)
+        if listed is not None and listed[0] == size:
+            frames = listed[1]
+        else:
+            frames = _frames_of(fs, path, size, url, on_error)
     return Shard(url=url, path=path, size=size, format=fmt, codec=codec, frames=frames, fs=fs)
 
 
 def resolve_shards(
-    source: Source, storage_options: dict[str, Any] | None = None
+    source: Source, storage_options: dict[str, Any] | None = None, *, on_error: str = "raise"
 ) -> list[Shard]:
     """All files `source` names, in natural order of their URLs.
 
@@ -179,8 +237,9 @@ def resolve_shards(
     shards: list[Shard] = []
     for item in items:
         given = os.fspath(item)
-        fs, infos = _list_files(given, options)
-        shards.extend(_shard_of(fs, info, given) for info in infos)
+        fs, infos = retrying(functools.partial(_list_files, given, options), DEFAULT_RETRY, given)
+        known = _manifest_frames(fs, infos)
+        shards.extend(_shard_of(fs, info, given, known, on_error) for info in infos)
     shards.sort(key=lambda shard: natural_key(shard.url))
     seen: set[str] = set()
     for shard in shards:

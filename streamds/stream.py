@@ -16,7 +16,8 @@ from typing import Any
 from .errors import CorruptShardError, StateMismatchError
 from .parse import Marker, parse_chunk
 from .plan import Block
-from .read import LineChunk, Opener, RetryPolicy, count_lines_before, open_decoded_at, read_lines
+from .read import LineChunk, Opener, count_lines_before, open_decoded_at, read_lines
+from .retry import DEFAULT_RETRY, RetryPolicy
 from .shards import Shard
 from .transform import transform_items
 
@@ -54,7 +55,7 @@ class RecordStream:
         on_error: str = "raise",
         apply: Callable[[Any], Any] | None = None,
         opener: Opener = open_decoded_at,
-        retry: RetryPolicy = RetryPolicy(),  # noqa: B008 - frozen
+        retry: RetryPolicy = DEFAULT_RETRY,
         limit: int | None = None,
         pad_work: Sequence[WorkItem] = (),
     ) -> None:

@@ -112,5 +112,5 @@ def test_http_list_of_urls_matches_local_reading(served):
 
 def test_http_missing_file_names_the_url(served):
     base, _ = served
-    with pytest.raises(FileNotFoundError, match="nothere.jsonl"):
+    with pytest.raises(FileNotFoundError, match=r"nothere\.jsonl"):
         StreamingJsonl(f"{base}/nothere.jsonl")

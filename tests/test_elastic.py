@@ -1,0 +1,222 @@
+"""Elastic resume (DESIGN.md guarantee 4): finish an epoch under another world, exactly once.
+
+A run of 2 ranks x 2 DataLoader workers (ranks simulated with rank= / world_size= in this
+process) is stopped part-way; the StatefulDataLoader states of both ranks are merged with
+`streamds.merge_states` and the epoch is finished under other worlds. What was consumed plus
+what the new world yields must be the corpus, every record once.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from resume_contract import ids, run_test_save_load_state, write_mixed
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from streamds import StateMismatchError, StreamingJsonl, merge_states
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
+]
+
+BATCH = 8
+
+
+def keep(record: dict[str, Any]) -> bool:
+    return record["id"] % 7 != 3
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[int]]:
+    directory = tmp_path_factory.mktemp("elastic") / "corpus"
+    every = write_mixed(directory)
+    return str(directory), [i for i in every if i % 7 != 3]
+
+
+def dataset(path: str, shuffle: bool, *, seed: int = 11, **world: Any) -> StreamingJsonl:
+    return StreamingJsonl(path, shuffle=shuffle, seed=seed, buffer_size=16, **world).filter(keep)
+
+
+def stop_part_way(
+    path: str,
+    shuffle: bool,
+    world_size: int,
+    num_workers: int,
+    batches: Sequence[int],
+    **options: Any,
+) -> tuple[list[int], list[Any]]:
+    """Each rank consumes `batches[rank]` batches; returns (ids consumed, checkpointed states)."""
+    consumed: list[int] = []
+    states = []
+    for rank in range(world_size):
+        data = dataset(path, shuffle, rank=rank, world_size=world_size, **options)
+        loader = StatefulDataLoader(data, batch_size=BATCH, num_workers=num_workers, collate_fn=ids)
+        iterator = iter(loader)
+        for _ in range(batches[rank]):
+            consumed.extend(next(iterator))
+        states.append(pickle.loads(pickle.dumps(loader.state_dict())))
+        del iterator, loader
+    return consumed, states
+
+
+def finish(path: str, shuffle: bool, merged: dict[str, Any], world_size: int, workers: int):
+    """Everything every rank of the new world yields for the rest of the epoch."""
+    out: list[int] = []
+    for rank in range(world_size):
+        data = dataset(path, shuffle, rank=rank, world_size=world_size, resume_from=merged)
+        loader = DataLoader(data, batch_size=BATCH, num_workers=workers, collate_fn=ids)
+        out.extend(i for batch in loader for i in batch)
+    return out
+
+
+def assert_exactly_once(parts: Sequence[list[int]], expected: list[int]) -> None:
+    seen = Counter(i for part in parts for i in part)
+    repeated = sorted(i for i, n in seen.items() if n > 1)
+    missing = sorted(set(expected) - set(seen))
+    unknown = sorted(set(seen) - set(expected))
+    assert not repeated and not missing and not unknown, (
+        f"repeated {repeated[:10]} ({len(repeated)}), missing {missing[:10]} ({len(missing)}), "
+        f"not in the corpus {unknown[:10]}"
+    )
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["ordered", "shuffled"])
+def stopped(request: pytest.FixtureRequest, source: tuple[str, list[int]]):
+    """The 2 x 2 run stopped part-way: (shuffle, ids consumed, merged state)."""
+    path, expected = source
+    consumed, states = stop_part_way(path, request.param, 2, 2, batches=[3, 7])
+    assert 0 < len(consumed) < len(expected)
+    return request.param, consumed, merge_states(states)
+
+
+@pytest.mark.parametrize(("world_size", "workers"), [(3, 3), (1, 0), (4, 1)])
+def test_finish_under_another_world(
+    source: tuple[str, list[int]],
+    stopped: tuple[bool, list[int], dict],
+    world_size: int,
+    workers: int,
+) -> None:
+    path, expected = source
+    shuffle, consumed, merged = stopped
+    rest = finish(path, shuffle, merged, world_size, workers)
+    assert_exactly_once([consumed, rest], expected)
+
+
+def test_merged_state_survives_a_checkpoint(
+    source: tuple[str, list[int]], stopped: tuple[bool, list[int], dict]
+) -> None:
+    path, expected = source
+    shuffle, consumed, merged = stopped
+    rest = finish(path, shuffle, pickle.loads(pickle.dumps(merged)), 2, 1)
+    assert_exactly_once([consumed, rest], expected)
+
+
+def test_merge_a_merge_resumed_run(
+    source: tuple[str, list[int]], stopped: tuple[bool, list[int], dict]
+) -> None:
+    """2 x 2 -> merged -> 3 x 1, stopped again (one rank before its first batch) -> 2 x 2."""
+    path, expected = source
+    shuffle, consumed, merged = stopped
+    second: list[int] = []
+    states = []
+    for rank, batches in enumerate([2, 0, 4]):
+        data = dataset(path, shuffle, rank=rank, world_size=3, resume_from=merged)
+        loader = StatefulDataLoader(data, batch_size=BATCH, num_workers=1, collate_fn=ids)
+        iterator = iter(loader)
+        for _ in range(batches):
+            second.extend(next(iterator))
+        states.append(pickle.loads(pickle.dumps(loader.state_dict())))
+        del iterator, loader
+    remerged = merge_states(states)
+    rest = finish(path, shuffle, remerged, 2, 2)
+    assert second and rest
+    assert_exactly_once([consumed, second, rest], expected)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_exact_resume_after_an_elastic_resume(
+    source: tuple[str, list[int]], stopped: tuple[bool, list[int], dict], workers: int
+) -> None:
+    """Preempted again in the new world: the same-world state continues exactly."""
+    path, _ = source
+    shuffle, _, merged = stopped
+
+    def make() -> StatefulDataLoader:
+        data = dataset(path, shuffle, rank=1, world_size=3, resume_from=merged)
+        return StatefulDataLoader(data, batch_size=BATCH, num_workers=workers, collate_fn=ids)
+
+    reference = list(make())
+    cuts = range(len(reference) + 1) if workers == 0 else [1, len(reference) // 2]
+    run_test_save_load_state(make, cuts, expected=reference)
+
+
+def test_merge_dataset_states_of_a_resumed_run_with_an_idle_rank(
+    source: tuple[str, list[int]],
+) -> None:
+    path, expected = source
+    consumed: list[int] = []
+    states = []
+    for rank in range(2):  # the first run: dataset states, no loader
+        data = dataset(path, False, rank=rank, world_size=2)
+        iterator = iter(data)
+        consumed.extend(next(iterator)["id"] for _ in range(10))
+        states.append(data.state_dict())
+    merged = merge_states(states)
+    states = []
+    for rank in range(2):  # the resumed run: rank 1 checkpoints before reading anything
+        data = dataset(path, False, rank=rank, world_size=2, resume_from=merged)
+        if rank == 0:
+            iterator = iter(data)
+            consumed.extend(next(iterator)["id"] for _ in range(10))
+        states.append(data.state_dict())
+    rest = [record["id"] for record in dataset(path, False, resume_from=merge_states(states))]
+    assert_exactly_once([consumed, rest], expected)
+
+
+def test_states_before_the_first_batch_merge_to_the_whole_epoch(
+    source: tuple[str, list[int]],
+) -> None:
+    path, expected = source
+    consumed, states = stop_part_way(path, True, 2, 2, batches=[0, 0])
+    assert consumed == []
+    assert_exactly_once([finish(path, True, merge_states(states), 3, 0)], expected)
+
+
+def test_states_after_the_last_batch_merge_to_nothing_left(
+    source: tuple[str, list[int]],
+) -> None:
+    path, expected = source
+    consumed: list[int] = []
+    states = []
+    for rank in range(2):
+        data = dataset(path, True, rank=rank, world_size=2)
+        loader = StatefulDataLoader(data, batch_size=BATCH, num_workers=2, collate_fn=ids)
+        consumed.extend(i for batch in loader for i in batch)
+        states.append(loader.state_dict())
+    assert_exactly_once([consumed], expected)
+    assert finish(path, True, merge_states(states), 3, 1) == []
+
+
+def test_merge_refuses_a_missing_rank(source: tuple[str, list[int]]) -> None:
+    path, _ = source
+    _, states = stop_part_way(path, False, 3, 2, batches=[1, 1, 1])
+    with pytest.raises(ValueError, match=r"missing \(rank, worker\): \[\(1, 0\), \(1, 1\)\]"):
+        merge_states([states[0], states[2]])
+    with pytest.raises(ValueError, match=r"repeated"):
+        merge_states([states[0], states[1], states[2], states[1]])
+    with pytest.raises(ValueError, match="no streamds reader state"):
+        merge_states([{"not": "a state"}])
+
+
+def test_merge_refuses_states_of_different_runs(source: tuple[str, list[int]]) -> None:
+    path, _ = source
+    _, first = stop_part_way(path, True, 2, 0, batches=[1, 1])
+    _, other_seed = stop_part_way(path, True, 2, 0, batches=[1, 1], seed=12)
+    with pytest.raises(StateMismatchError, match="different datasets or epochs"):
+        merge_states([first[0], other_seed[1]])

@@ -1,0 +1,442 @@
+"""Exact resume (DESIGN.md guarantee 3): a state taken after any item continues exactly.
+
+Every test runs `resume_contract.run_test_save_load_state`: the stages on their own (every
+record of tiny corpora), then the whole dataset under torchdata's StatefulDataLoader with 0-3
+workers (every batch boundary of a small corpus of every shard format; random cuts of a larger
+one). Then the refusals: a state of another dataset or another world, and what a state costs.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import corpus
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from resume_contract import ids, records, run_test_save_load_state, write_mixed
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from streamds import StateMismatchError, StreamingJsonl
+from streamds.plan import make_blocks
+from streamds.shards import resolve_shards
+from streamds.shuffle import ShuffleBuffer
+from streamds.stream import RecordStream
+from streamds.transform import compose
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
+]
+
+# shard writers by suffix; each takes (path, decoded JSONL bytes)
+FORMATS: dict[str, Callable[[Path, bytes], Path]] = {
+    "plain.jsonl": corpus.write_plain,
+    "seekable.jsonl.zst": lambda path, data: corpus.write_seekable_zst(path, data, frame_size=8192),
+    "foreign.jsonl.zst": corpus.write_foreign_zst,
+    "gzip.jsonl.gz": corpus.write_gz,
+    "json-members.tar": corpus.write_tar_json,
+    "jsonl-members.tar": corpus.write_tar_jsonl,
+}
+
+
+def keep(record: dict[str, Any]) -> bool:
+    return record["id"] % 5 != 1
+
+
+def slim(record: dict[str, Any]) -> dict[str, Any]:
+    return {"id": record["id"], "length": len(record["text"])}
+
+
+# -- stages on their own: a cut at every record ----------------------------------------------
+
+
+def write_tiny(directory: Path, suffix: str, *, defects: bool) -> list[Path]:
+    """Three shards of one format, 9-12 records each; with a blank and a malformed line."""
+    directory.mkdir()
+    paths = []
+    for shard, count in enumerate((12, 9, 11)):
+        data = corpus.jsonl(records(count, 100 * shard))
+        if defects and shard == 1:
+            lines = data.split(b"\n")
+            lines[3:3] = [b"", b'{"id": "cut']
+            data = b"\n".join(lines)
+        paths.append(FORMATS[suffix](directory / f"part-{shard}.{suffix}", data))
+    return paths
+
+
+def record_stream(paths: list[Path], **options: Any) -> RecordStream:
+    shards = resolve_shards([str(path) for path in paths])
+    blocks = make_blocks(shards)
+    work = [(block, None) for block in range(len(blocks))]
+    return RecordStream(shards, blocks, work, **options)
+
+
+PIPELINE = compose([("filter", keep), ("map", slim)])
+
+
+@pytest.mark.parametrize("suffix", FORMATS)
+def test_record_stream_resumes_at_every_record(tmp_path: Path, suffix: str) -> None:
+    paths = write_tiny(tmp_path / "c", suffix, defects=True)
+
+    def make() -> RecordStream:
+        return record_stream(paths, on_error="skip", apply=PIPELINE)
+
+    reference = run_test_save_load_state(make, range(0, 26), after=lambda stream: stream.counts)
+    assert len(reference) == 32 - 7  # 32 records, 7 filtered out; the bad line yields none
+    final = make()
+    list(final)
+    assert final.counts["bad"] == 1 and final.counts["dropped"] == 7
+
+
+@pytest.mark.parametrize("size", [1, 5, 1000])
+def test_shuffle_buffer_resumes_at_every_record(tmp_path: Path, size: int) -> None:
+    paths = [
+        *write_tiny(tmp_path / "plain", "plain.jsonl", defects=False),
+        *write_tiny(tmp_path / "zst", "seekable.jsonl.zst", defects=False),
+        *write_tiny(tmp_path / "tar", "jsonl-members.tar", defects=False),
+    ]
+
+    def make() -> ShuffleBuffer:
+        return ShuffleBuffer(record_stream(paths, apply=PIPELINE), size=size, rng_seed=7)
+
+    reference = run_test_save_load_state(make, range(0, 3 * 25 + 1))
+    assert len(reference) == 3 * 25
+    if size > 1:  # the buffer really shuffles, so a resume has an order to get wrong
+        assert reference != sorted(reference, key=lambda record: record["id"])
+
+
+# -- the contract catches broken states ------------------------------------------------------
+
+
+def next_line_start(data: bytes, offset: int) -> int:
+    return data.index(b"\n", offset) + 1
+
+
+def test_contract_catches_a_state_moved_by_one_line(tmp_path: Path) -> None:
+    paths = write_tiny(tmp_path / "c", "plain.jsonl", defects=False)
+    data = {str(path): path.read_bytes() for path in paths}
+
+    class OneLineAhead(RecordStream):
+        def get_state(self) -> dict[str, Any]:
+            state = super().get_state()
+            if state[self.OFFSET] is not None and state[self.NEXT_BLOCK] < len(self._work):
+                block = self._blocks[self._work[state[self.NEXT_BLOCK]][0]]
+                text = data[self._shards[block.shard].url]
+                if state[self.OFFSET] < len(text):
+                    state[self.OFFSET] = next_line_start(text, state[self.OFFSET])
+            return state
+
+    def make() -> RecordStream:
+        shards = resolve_shards([str(path) for path in paths])
+        blocks = make_blocks(shards)
+        return OneLineAhead(shards, blocks, [(b, None) for b in range(len(blocks))])
+
+    with pytest.raises(AssertionError, match="differs from the uninterrupted run"):
+        run_test_save_load_state(make, range(1, 12))
+
+
+def test_contract_catches_a_state_that_is_ignored(tmp_path: Path) -> None:
+    paths = write_tiny(tmp_path / "c", "plain.jsonl", defects=False)
+
+    class Forgetful(RecordStream):
+        def reset(self, state: dict[str, Any] | None = None) -> None:
+            super().reset(None)
+
+    def make() -> Forgetful:
+        shards = resolve_shards([str(path) for path in paths])
+        blocks = make_blocks(shards)
+        return Forgetful(shards, blocks, [(b, None) for b in range(len(blocks))])
+
+    with pytest.raises(AssertionError, match="resume after 1 of 32"):
+        run_test_save_load_state(make, [1])
+
+
+def test_contract_catches_a_lost_shuffle_buffer(tmp_path: Path) -> None:
+    paths = write_tiny(tmp_path / "c", "plain.jsonl", defects=False)
+
+    class LosesBuffer(ShuffleBuffer):
+        def get_state(self) -> dict[str, Any]:
+            state = super().get_state()
+            state[self.POSITIONS] = ShuffleBuffer(
+                record_stream(paths), size=1, rng_seed=0
+            ).get_state()[self.POSITIONS]  # an empty buffer, in whatever form it is kept
+            return state
+
+    def make() -> LosesBuffer:
+        return LosesBuffer(record_stream(paths), size=8, rng_seed=7)
+
+    with pytest.raises(AssertionError, match="differs from the uninterrupted run"):
+        run_test_save_load_state(make, [10])
+
+
+def shift_reader_offsets(found: Any, data: bytes) -> int:
+    """Move the offset of every started, unshuffled reader state in `found` one line on."""
+    moved = 0
+    if isinstance(found, dict):
+        if found.get("format") == "streamds.state/1":
+            stream = found["stream"]
+            if stream is not None and stream["offset"] is not None and stream["offset"] < len(data):
+                stream["offset"] = next_line_start(data, stream["offset"])
+                moved += 1
+            return moved
+        return sum(shift_reader_offsets(value, data) for value in found.values())
+    return moved
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_contract_catches_a_loader_state_moved_by_one_line(
+    tmp_path: Path, num_workers: int
+) -> None:
+    path = tmp_path / "one.jsonl"
+    data = corpus.jsonl(records(120, 0))
+    path.write_bytes(data)
+    moved: list[int] = []
+
+    class Tampering(StatefulDataLoader):
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            moved.append(shift_reader_offsets(state, data))
+            super().load_state_dict(state)
+
+    def make() -> StatefulDataLoader:
+        return Tampering(
+            StreamingJsonl(str(path)), batch_size=8, num_workers=num_workers, collate_fn=ids
+        )
+
+    with pytest.raises(AssertionError, match="differs from the uninterrupted run"):
+        run_test_save_load_state(make, [3])
+    assert moved and moved[0] >= 1
+
+
+# -- the whole dataset under StatefulDataLoader ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
+    directory = tmp_path_factory.mktemp("resume") / "mixed"
+    return directory, write_mixed(directory)
+
+
+def loader_maker(
+    source: Path, *, num_workers: int, shuffle: bool, batch_size: int = 16, **options: Any
+) -> Callable[[], StatefulDataLoader]:
+    def make() -> StatefulDataLoader:
+        dataset = StreamingJsonl(str(source), shuffle=shuffle, seed=3, buffer_size=16, **options)
+        dataset = dataset.filter(keep).map(slim)
+        return StatefulDataLoader(
+            dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=ids
+        )
+
+    return make
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+def test_loader_resumes_at_every_batch_boundary(
+    mixed: tuple[Path, list[int]], num_workers: int, shuffle: bool
+) -> None:
+    source, every = mixed
+    make = loader_maker(source, num_workers=num_workers, shuffle=shuffle, batch_size=32)
+    reference = list(make())
+    run_test_save_load_state(make, range(len(reference) + 1), expected=reference)
+    flat = [i for batch in reference for i in batch]
+    assert sorted(flat) == sorted(i for i in every if i % 5 != 1)  # the whole epoch, once
+    assert (flat == sorted(flat)) is (not shuffle and num_workers <= 1)
+
+
+@pytest.mark.parametrize("suffix", FORMATS)
+def test_each_format_resumes_under_workers(tmp_path: Path, suffix: str) -> None:
+    directory = tmp_path / "c"
+    directory.mkdir()
+    FORMATS[suffix](directory / f"a.{suffix}", corpus.jsonl(records(130, 0, width=1200)))
+    FORMATS[suffix](directory / f"b.{suffix}", corpus.jsonl(records(20, 500)))
+    make = loader_maker(directory, num_workers=2, shuffle=True, batch_size=8)
+    reference = list(make())
+    cuts = [1, len(reference) // 2, len(reference) - 1]
+    run_test_save_load_state(make, cuts, expected=reference)
+
+
+@pytest.mark.parametrize("mode", ["drop", "pad"])
+def test_resume_with_even_ranks(mixed: tuple[Path, list[int]], mode: str) -> None:
+    source, _ = mixed
+    for rank in (0, 1):
+        make = loader_maker(
+            source,
+            num_workers=2,
+            shuffle=True,
+            batch_size=8,
+            rank=rank,
+            world_size=2,
+            even_ranks=mode,
+        )
+        reference = list(make())
+        run_test_save_load_state(
+            make, [1, len(reference) // 2, len(reference) - 1], expected=reference
+        )
+
+
+def test_dataset_state_resumes_without_a_loader(mixed: tuple[Path, list[int]]) -> None:
+    source, _ = mixed
+
+    def make() -> StreamingJsonl:
+        return StreamingJsonl(str(source), shuffle=True, seed=5, buffer_size=32).filter(keep)
+
+    run_test_save_load_state(make, [0, 1, 31, 32, 33, 150, 256, 257])
+
+
+def test_state_carries_the_epoch(mixed: tuple[Path, list[int]]) -> None:
+    source, _ = mixed
+
+    def make() -> StreamingJsonl:
+        return StreamingJsonl(str(source), shuffle=True, seed=5, buffer_size=32)
+
+    epoch1 = make()
+    epoch1.set_epoch(1)
+    whole = [record["id"] for record in epoch1]
+    first = make()
+    first.set_epoch(1)
+    iterator = iter(first)
+    prefix = [next(iterator)["id"] for _ in range(40)]
+    state = pickle.loads(pickle.dumps(first.state_dict()))
+    fresh = make()  # epoch 0 until the state says otherwise
+    fresh.load_state_dict(state)
+    assert prefix + [record["id"] for record in fresh] == whole
+    epoch0 = [record["id"] for record in make()]
+    assert epoch0 != whole
+
+
+LARGE_BATCHES: dict[tuple[int, bool], list[list[int]]] = {}
+
+
+@pytest.fixture(scope="module")
+def large(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("resume") / "large"
+    write_mixed(directory, scale=4)
+    return directory
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_loader_resumes_at_random_cut_points(large: Path, data: st.DataObject) -> None:
+    num_workers = data.draw(st.integers(0, 3), label="num_workers")
+    shuffle = data.draw(st.booleans(), label="shuffle")
+    make = loader_maker(large, num_workers=num_workers, shuffle=shuffle, batch_size=24)
+    key = (num_workers, shuffle)
+    if key not in LARGE_BATCHES:
+        LARGE_BATCHES[key] = list(make())
+    reference = LARGE_BATCHES[key]
+    cuts = data.draw(st.lists(st.integers(0, len(reference)), min_size=1, max_size=2), label="cuts")
+    run_test_save_load_state(make, cuts, expected=reference)
+
+
+# -- refusals ------------------------------------------------------------------------------------
+
+
+def taken_state(source: str | list[str], **options: Any) -> dict[str, Any]:
+    dataset = StreamingJsonl(source, **options)
+    iterator = iter(dataset)
+    for _ in range(5):
+        next(iterator)
+    return dataset.state_dict()
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        {"seed": 4},
+        {"shuffle": False},
+        {"buffer_size": 17},
+        {"source": "other"},
+        {"source": "fewer"},
+    ],
+    ids=lambda changed: "-".join(f"{k}={v}" for k, v in changed.items()),
+)
+def test_state_of_another_dataset_is_refused(
+    mixed: tuple[Path, list[int]], tmp_path: Path, changed: dict[str, Any]
+) -> None:
+    source, _ = mixed
+    options = {"shuffle": True, "seed": 3, "buffer_size": 16}
+    state = taken_state(str(source), **options)
+    other = {**options, **changed}
+    target: str | list[str] = str(source)
+    if other.pop("source", None) == "other":
+        write_mixed(tmp_path / "copy")
+        target = str(tmp_path / "copy")
+    elif "source" in changed:
+        target = sorted(str(path) for path in source.iterdir())[:-1]
+    with pytest.raises(StateMismatchError, match="build the dataset with the same arguments"):
+        StreamingJsonl(target, **other).load_state_dict(state)
+
+
+def test_something_else_is_refused_as_a_state(mixed: tuple[Path, list[int]]) -> None:
+    source, _ = mixed
+    dataset = StreamingJsonl(str(source))
+    for wrong in ({}, {"stream": None}, [1, 2]):
+        with pytest.raises(StateMismatchError, match="state_dict"):
+            dataset.load_state_dict(wrong)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("saved", "loaded"),
+    [((0, 2), (1, 2)), ((1, 2), (1, 3)), ((0, 2), (None, None)), ((0, 1), (0, 2))],
+)
+def test_state_of_another_rank_is_refused(
+    mixed: tuple[Path, list[int]], saved: tuple[int, int], loaded: tuple[Any, Any]
+) -> None:
+    source, _ = mixed
+    state = taken_state(str(source), rank=saved[0], world_size=saved[1])
+    dataset = StreamingJsonl(str(source), rank=loaded[0], world_size=loaded[1])
+    dataset.load_state_dict(state)
+    with pytest.raises(StateMismatchError, match="merge_states"):
+        next(iter(dataset))
+
+
+@pytest.mark.parametrize(("saved", "loaded"), [(2, 3), (2, 1)])
+def test_state_of_other_workers_is_refused(
+    mixed: tuple[Path, list[int]], saved: int, loaded: int
+) -> None:
+    source, _ = mixed
+    first = loader_maker(source, num_workers=saved, shuffle=False)()
+    iterator = iter(first)
+    next(iterator)
+    next(iterator)
+    state = first.state_dict()
+    del iterator, first
+    fresh = loader_maker(source, num_workers=loaded, shuffle=False)()
+    fresh.load_state_dict(state)
+    before = set(multiprocessing.active_children())
+    with pytest.raises(StateMismatchError, match="merge_states"):
+        list(fresh)
+    # The loader raises while building its iterator and leaves that iterator's workers
+    # waiting; end them here rather than let interpreter exit wait 5 s for each.
+    for worker in set(multiprocessing.active_children()) - before:
+        worker.terminate()
+        worker.join()
+
+
+# -- what a state costs ------------------------------------------------------------------------
+
+
+def pickled_state_after(path: Path, consumed: int) -> bytes:
+    dataset = StreamingJsonl(str(path), shuffle=True, buffer_size=10_000)
+    loader = StatefulDataLoader(dataset, batch_size=100, num_workers=0, collate_fn=ids)
+    iterator = iter(loader)
+    for _ in range(consumed // 100):
+        next(iterator)
+    return pickle.dumps(loader.state_dict())
+
+
+def test_state_stays_small_and_independent_of_corpus_size(tmp_path: Path) -> None:
+    sizes = {}
+    for count in (30_000, 120_000):
+        path = tmp_path / f"corpus-{count}.jsonl"
+        path.write_bytes(corpus.jsonl({"id": i, "text": f"payload-{i}"} for i in range(count)))
+        blob = pickled_state_after(path, 12_000)  # the 10,000-record buffer is full
+        assert b"payload" not in blob  # positions, never records
+        sizes[count] = len(blob)
+    assert max(sizes.values()) < 200_000, sizes
+    assert sizes[120_000] < 1.3 * sizes[30_000], sizes
