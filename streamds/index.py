@@ -1,11 +1,14 @@
 """Record counts per block, for even ranks and for resuming a plain DataLoader.
 
-Counts come from one pass that splits lines exactly as the reader does (a line is a record
-unless it is blank). The pass reads the data once; it never parses JSON.
+Shards converted by `streamds convert` list records per frame in their manifest, so their
+counts cost nothing. Other blocks are counted in one pass that splits lines exactly as the
+reader does (a line is a record unless it is blank); it reads the data once and never
+parses JSON.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from .plan import Block
@@ -25,11 +28,29 @@ def count_from(
     return total
 
 
+def _manifest_count(shard: Shard, block: Block) -> int | None:
+    """Records of a frame-run block from the manifest's records per frame, if listed."""
+    if shard.frames is None or shard.frame_records is None:
+        return None
+    if len(shard.frame_records) != len(shard.frames):
+        return None
+    end = math.inf if block.end is None else block.end
+    return sum(
+        records
+        for frame, records in zip(shard.frames, shard.frame_records, strict=True)
+        if block.start <= frame.decompressed_offset < end
+    )
+
+
 def count_block_records(
     shards: Sequence[Shard], blocks: Sequence[Block], opener: Opener = open_decoded_at
 ) -> list[int]:
     """Records of every block, in block order."""
-    return [
-        count_from(shards[block.shard], block, block_id, None, opener)
-        for block_id, block in enumerate(blocks)
-    ]
+    counts = []
+    for block_id, block in enumerate(blocks):
+        shard = shards[block.shard]
+        listed = _manifest_count(shard, block)
+        counts.append(
+            listed if listed is not None else count_from(shard, block, block_id, None, opener)
+        )
+    return counts

@@ -78,6 +78,7 @@ class Shard:
     format: str  # "jsonl" or "tar"
     codec: str | None  # "zst", "gz", "bz2", "xz" or None
     frames: tuple[Frame, ...] | None = None  # seekable zstd frames, when the file has a seek table
+    frame_records: tuple[int, ...] | None = None  # records per frame, from a manifest
     fs: fsspec.AbstractFileSystem = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
     @property
@@ -183,7 +184,7 @@ def _frames_of(
 
 
 def _manifest_frames(fs: fsspec.AbstractFileSystem, infos: list[dict]) -> dict[str, Any]:
-    """path -> (bytes, frames) from the manifest.json beside .zst files, where there is one.
+    """path -> (bytes, frames, records per frame) from the manifest.json beside .zst files.
 
     Saves opening every shard for its seek table. A missing or unreadable manifest is
     skipped (the seek tables are read instead); so is an entry whose size is not the file's.
@@ -197,7 +198,9 @@ def _manifest_frames(fs: fsspec.AbstractFileSystem, infos: list[dict]) -> dict[s
             continue
         if manifest.shard_format == "jsonl.zst":
             for entry in manifest.shards:
-                known[f"{parent}/{entry.name}"] = (entry.bytes, entry.seek_frames())
+                known[f"{parent}/{entry.name}"] = (
+                    entry.bytes, entry.seek_frames(), tuple(entry.records_per_frame)
+                )
     return known
 
 
@@ -210,14 +213,17 @@ def _shard_of(
     require_codec(codec, url)
     fmt = _format_of(path)
     size = info.get("size")
-    frames = None
+    frames = frame_records = None
     if codec == "zst" and fmt == "jsonl":
         listed = known.get(path)
         if listed is not None and listed[0] == size:
-            frames = listed[1]
+            frames, frame_records = listed[1], listed[2] or None
         else:
             frames = _frames_of(fs, path, size, url, on_error)
-    return Shard(url=url, path=path, size=size, format=fmt, codec=codec, frames=frames, fs=fs)
+    return Shard(
+        url=url, path=path, size=size, format=fmt, codec=codec, frames=frames,
+        frame_records=frame_records, fs=fs,
+    )
 
 
 def resolve_shards(
