@@ -38,17 +38,19 @@ BLANK = Marker("blank")  # an empty or whitespace-only line: not a record, not a
 BAD = Marker("bad")  # a malformed line skipped under on_error="skip"
 DROPPED = Marker("dropped")  # a record a transform or filter removed
 
-# Locates a bad line for the error message: (chunk index) -> "line 12 (byte offset 345)"
-Locate = Callable[[int], str]
+# Locates a bad line: chunk index -> (1-based line number or None, "line 12 (byte offset 345)")
+Locate = Callable[[int], tuple[int | None, str]]
+_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark some editors put at the start of a file
 
 
 def _bad_line_error(chunk: LineChunk, index: int, url: str, locate: Locate, err: Exception):
     snippet = chunk.lines[index][:_SNIPPET]
+    line, where = locate(index)
     return CorruptRecordError(
-        f"{url}: {locate(index)}: invalid JSON ({err}): {snippet!r}; fix or remove the line, "
+        f"{url}: {where}: invalid JSON ({err}): {snippet!r}; fix or remove the line, "
         "or pass on_error='skip' to skip and count malformed lines",
         url=url,
-        line=None,
+        line=line,
         offset=chunk.offsets[index],
     )
 
@@ -62,6 +64,8 @@ def parse_chunk(chunk: LineChunk, *, on_error: str, url: str, locate: Locate) ->
         pass  # some line is blank or malformed: redo the chunk line by line
     items: list[Any] = []
     for index, line in enumerate(chunk.lines):
+        if chunk.offsets[index] == 0 and line.startswith(_BOM) and chunk.labels is None:
+            line = line[len(_BOM) :]
         try:
             items.append(loads(line))
         except orjson.JSONDecodeError as err:

@@ -106,6 +106,12 @@ class _Cursor:
         self.next_line = next_line
 
 
+def _frames_end_lines(shard: Shard) -> bool:
+    """Whether every frame of the shard ends a line: true of shards that `streamds convert`
+    wrote (their manifest lists records per frame); other seekable files may cut lines."""
+    return shard.frames is not None and shard.frame_records is not None
+
+
 def _align(stream: BinaryIO, start: int, end: int | None, read_size: int) -> tuple[int, bytes]:
     """Skip through the first newline at or after `start - 1` (the stream is there).
 
@@ -129,6 +135,8 @@ def _line_chunks(
     opener: Opener, shard: Shard, block: Block, block_id: int, cursor: _Cursor, read_size: int
 ) -> Iterator[LineChunk]:
     end = block.end
+    if cursor.next_line is None and block.start > 0 and _frames_end_lines(shard):
+        cursor.next_line = block.start  # a frame boundary of a converted shard: a line starts
     if cursor.next_line is None and block.start > 0:
         stream = opener(shard, block.start - 1)
         pos, tail = _align(stream, block.start, end, read_size)

@@ -140,13 +140,13 @@ class RecordStream:
 
     # -- reading -------------------------------------------------------------------------
 
-    def _locate(self, chunk: LineChunk, shard: Shard) -> Callable[[int], str]:
-        def locate(index: int) -> str:
+    def _locate(self, chunk: LineChunk, shard: Shard) -> Callable[[int], tuple[int | None, str]]:
+        def locate(index: int) -> tuple[int | None, str]:
             if chunk.labels is not None:
-                return f"{chunk.labels[index]} (record {chunk.offsets[index] + 1})"
+                return None, f"{chunk.labels[index]} (record {chunk.offsets[index] + 1})"
             offset = chunk.offsets[index]
             line = count_lines_before(shard, offset, self._opener) + 1
-            return f"line {line} (byte offset {offset})"
+            return line, f"line {line} (byte offset {offset})"
 
         return locate
 

@@ -9,7 +9,7 @@ import struct
 import corpus
 import pytest
 
-from streamds import CorruptShardError, MissingCodecError, StreamingJsonl
+from streamds import CorruptRecordError, CorruptShardError, MissingCodecError, StreamingJsonl
 
 
 @pytest.fixture
@@ -152,3 +152,19 @@ def test_damaged_seek_table_raises_corrupt_shard_error(tmp_path):
     with pytest.raises(CorruptShardError) as raised:
         list(StreamingJsonl(path))
     assert str(path) in str(raised.value)
+
+
+def test_bad_line_error_carries_line_and_offset_as_attributes(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b'{"a": 1}\n{"a": 2}\n{"a": oops}\n{"a": 4}\n')
+    with pytest.raises(CorruptRecordError) as raised:
+        list(StreamingJsonl(path))
+    assert raised.value.line == 3
+    assert raised.value.offset == len(b'{"a": 1}\n{"a": 2}\n')
+    assert raised.value.url == str(path)
+
+
+def test_utf8_byte_order_mark_at_file_start_is_not_an_error(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"a": 1}\n{"a": 2}\n')
+    assert list(StreamingJsonl(path)) == [{"a": 1}, {"a": 2}]
