@@ -106,6 +106,9 @@ class _Cursor:
         self.next_line = next_line
 
 
+_PROBE = 64 << 10  # bytes read past a block's end (or before its start) to find a newline
+
+
 def _frames_end_lines(shard: Shard) -> bool:
     """Whether every frame of the shard ends a line: true of shards that `streamds convert`
     wrote (their manifest lists records per frame); other seekable files may cut lines."""
@@ -120,7 +123,7 @@ def _align(stream: BinaryIO, start: int, end: int | None, read_size: int) -> tup
     """
     pos = start - 1
     while True:
-        data = stream.read(read_size)
+        data = stream.read(min(read_size, _PROBE))
         if not data:
             return pos, b""
         newline = data.find(b"\n")
@@ -146,8 +149,13 @@ def _line_chunks(
     cursor.next_line = pos
     with closing(stream):
         pending = [tail] if tail else []  # bytes from `pos` on that hold no full line yet
+        read_to = pos + len(tail)  # decoded offset up to which the stream has been read
         while end is None or pos < end:
-            data = stream.read(read_size)
+            # never read far past the block: up to its end, then small probes for the
+            # newline that ends the line crossing it
+            size = read_size if end is None else min(read_size, max(end - read_to, 0) + _PROBE)
+            data = stream.read(size)
+            read_to += len(data)
             at_eof = not data
             if not at_eof and data.find(b"\n") < 0:
                 pending.append(data)

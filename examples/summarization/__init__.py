@@ -1,0 +1,1 @@
+"""Abstractive summarisation of PubMed-style articles, streamed with streamds (see README.md)."""

@@ -1,0 +1,458 @@
+"""Batching: records -> lists of records, grouped so that padding stays small.
+
+Each batcher reads its source in pools of `buffer_size` records (a buffer like the shuffle
+buffer), cuts each pool into batches and yields them; use it with
+``DataLoader(batcher, batch_size=None, collate_fn=PadCollate(...))``:
+
+- `Batches`: fixed `batch_size`, in arrival order (the plain baseline).
+- `BucketBatches`: sorts each pool by length and cuts it into `batch_size` batches, so a batch
+  holds records of similar length; batch order within the pool is shuffled from the seed.
+- `TokenBudgetBatches`: like `BucketBatches`, but a batch holds as many records as fit in
+  `max_tokens` padded tokens (longest length x records); a record longer than the budget
+  comes alone.
+
+Every record of the source lands in exactly one batch (`drop_last` drops the short batch at
+the end). Order depends on (seed, epoch, rank, worker) only.
+
+State (for torchdata's StatefulDataLoader): the source's state where the current pool began,
+the pool's number and how many of its batches were yielded: a few integers plus the source's
+own state, never records. Resuming re-reads that pool (at most `buffer_size` records) and
+skips the batches already yielded. Sources without `state_dict()` (lists, re-iterable
+iterables) are fast-forwarded by record count instead.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from itertools import islice, pairwise
+from typing import Any
+
+from torch.utils.data import IterableDataset
+
+from .errors import StateMismatchError
+from .seeds import derive_seed
+from .world import detect_world
+
+__all__ = [
+    "Batches",
+    "BucketBatches",
+    "PaddingStats",
+    "TokenBudgetBatches",
+    "padding_of",
+]
+
+STATE_FORMAT = "streamds.batches/1"
+Length = Callable[[Any], int]
+
+
+@dataclass
+class PaddingStats:
+    """Real tokens vs padded tokens (longest x batch size) over the batches seen."""
+
+    batches: int = 0
+    records: int = 0
+    real: int = 0  # tokens of the records themselves
+    padded: int = 0  # tokens after padding every batch to its longest record
+
+    def add(self, lengths: Sequence[int]) -> None:
+        """Count one batch whose records have `lengths`."""
+        if not lengths:
+            return
+        self.batches += 1
+        self.records += len(lengths)
+        self.real += sum(lengths)
+        self.padded += max(lengths) * len(lengths)
+
+    def __add__(self, other: PaddingStats) -> PaddingStats:
+        return PaddingStats(
+            self.batches + other.batches,
+            self.records + other.records,
+            self.real + other.real,
+            self.padded + other.padded,
+        )
+
+    @property
+    def pad_tokens(self) -> int:
+        return self.padded - self.real
+
+    @property
+    def pad_fraction(self) -> float:
+        """Share of the padded tensor that is padding (0.0 when nothing was counted)."""
+        return self.pad_tokens / self.padded if self.padded else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "pad_tokens": self.pad_tokens, "pad_fraction": self.pad_fraction}
+
+
+def padding_of(batches: Iterable[Sequence[Any]], length: Length | str) -> PaddingStats:
+    """The padding statistics of `batches` (lists of records) under `length`."""
+    measure = _as_length(length)
+    stats = PaddingStats()
+    for batch in batches:
+        stats.add([measure(record) for record in batch])
+    return stats
+
+
+class FieldLength:
+    """``len(record[key])``: a picklable length function for DataLoader workers."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __call__(self, record: Any) -> int:
+        return len(record[self.key])
+
+    def __repr__(self) -> str:
+        return f"FieldLength({self.key!r})"
+
+
+def _as_length(length: Length | str) -> Length:
+    if isinstance(length, str):
+        return FieldLength(length)
+    if not callable(length):
+        raise ValueError(
+            f"length must be a field name or a callable record -> int, got {length!r}"
+        )
+    return length
+
+
+def _check_positive(name: str, value: Any, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}; {fix}")
+
+
+class _Cursor:
+    """Where one iterator stands: pool number, batches yielded from it, and how to get back."""
+
+    def __init__(self, epoch: int, pool: int, emitted: int, consumed: int, source: Any) -> None:
+        self.epoch = epoch
+        self.pool = pool  # pools finished before the current one
+        self.emitted = emitted  # batches of the current pool already yielded
+        self.consumed = consumed  # source records read before the current pool
+        self.source = source  # source state where the current pool begins
+        self.pool_batches: int | None = None  # batches the current pool holds, once cut
+        self.next_consumed = 0
+        self.next_source: Any = None  # source state after the current pool
+        self.stats = PaddingStats()
+
+    def state(self) -> dict[str, Any]:
+        if self.pool_batches is not None and self.emitted >= self.pool_batches:
+            # the pool is spent: resume at the next one without re-reading this one
+            return {"pool": self.pool + 1, "emitted": 0, "consumed": self.next_consumed,
+                    "source": self.next_source, "epoch": self.epoch}
+        return {"pool": self.pool, "emitted": self.emitted, "consumed": self.consumed,
+                "source": self.source, "epoch": self.epoch}
+
+
+class _PoolBatcher(IterableDataset):
+    """Reads `pool_size` records at a time and yields the batches `_cut` makes of them."""
+
+    KIND = ""
+
+    def __init__(
+        self,
+        source: Iterable[Any],
+        *,
+        length: Length | str,
+        pool_size: int,
+        seed: int,
+        drop_last: bool,
+    ) -> None:
+        super().__init__()
+        if isinstance(source, Iterator):
+            raise ValueError(
+                "source is a one-shot iterator; pass a re-iterable (a dataset, a list) so "
+                "that every epoch and every resume can read it again"
+            )
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        if not isinstance(drop_last, bool):
+            raise ValueError(f"drop_last must be True or False, got {drop_last!r}")
+        self.source = source
+        self.length = _as_length(length)
+        self.pool_size = pool_size
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epoch = 0
+        self._pending: dict[str, Any] | None = None
+        self._active: _Cursor | None = None
+
+    # -- description ---------------------------------------------------------------------
+
+    def _config(self) -> list[Any]:
+        return [self.KIND, self.pool_size, self.seed, self.drop_last]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_active"] = None  # a live iterator stays in the process that made it
+        return state
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch (for the batch order and the source's own order)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
+        self.epoch = epoch
+        if hasattr(self.source, "set_epoch"):
+            self.source.set_epoch(epoch)
+
+    @property
+    def stats(self) -> PaddingStats:
+        """Padding of the batches this process's current iterator yielded so far."""
+        return PaddingStats() if self._active is None else self._active.stats
+
+    # -- cutting -------------------------------------------------------------------------
+
+    def _cut(self, lengths: list[int], rng: random.Random) -> list[list[int]]:
+        """Batches as lists of pool indices (a pool is short only at the end of the source)."""
+        raise NotImplementedError
+
+    def _pool_rng(self, epoch: int, pool: int) -> random.Random:
+        world = detect_world(getattr(self.source, "rank", None),
+                             getattr(self.source, "world_size", None))
+        return random.Random(
+            derive_seed("batches", self.seed, epoch, world.rank, world.worker, pool)
+        )
+
+    # -- iteration -----------------------------------------------------------------------
+
+    def _stateful_source(self) -> bool:
+        return callable(getattr(self.source, "state_dict", None)) and callable(
+            getattr(self.source, "load_state_dict", None)
+        )
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        resume, self._pending = self._pending, None
+        stateful = self._stateful_source()
+        if resume is None:
+            cursor = _Cursor(self.epoch, 0, 0, 0, None)
+        else:
+            cursor = _Cursor(resume["epoch"], resume["pool"], resume["emitted"],
+                             resume["consumed"], resume["source"])
+            if stateful and cursor.source is not None:
+                self.source.load_state_dict(cursor.source)
+        self._active = cursor
+        return self._generate(cursor, stateful, skip=0 if stateful else cursor.consumed)
+
+    def _generate(self, cursor: _Cursor, stateful: bool, skip: int) -> Iterator[list[Any]]:
+        records_in = iter(self.source)
+        if skip:  # a source without state: fast-forward by record count
+            for _ in islice(records_in, skip):
+                pass
+        measure = self.length
+        while True:
+            cursor.source = self.source.state_dict() if stateful else None
+            # -> the next pool of records, in arrival order
+            pool = list(islice(records_in, self.pool_size))
+            if not pool:
+                return
+            cursor.next_consumed = cursor.consumed + len(pool)
+            cursor.next_source = self.source.state_dict() if stateful else None
+            lengths = [measure(record) for record in pool]
+            # -> index lists, one per batch, in the order they are yielded
+            batches = self._cut(lengths, self._pool_rng(cursor.epoch, cursor.pool))
+            cursor.pool_batches = len(batches)
+            for number in range(cursor.emitted, len(batches)):
+                indices = batches[number]
+                cursor.emitted = number + 1
+                cursor.stats.add([lengths[i] for i in indices])
+                yield [pool[i] for i in indices]
+            cursor.pool += 1
+            cursor.emitted = 0
+            cursor.consumed = cursor.next_consumed
+            cursor.pool_batches = None
+
+    # -- state ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position of this process's iterator: O(1) integers plus the source's state."""
+        if self._active is not None:
+            position = self._active.state()
+        elif self._pending is not None:
+            return dict(self._pending)
+        else:
+            source = self.source.state_dict() if self._stateful_source() else None
+            position = {"pool": 0, "emitted": 0, "consumed": 0, "source": source,
+                        "epoch": self.epoch}
+        return {"format": STATE_FORMAT, "config": self._config(), **position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state` at the next `iter()`; refuses a state of another batcher."""
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise StateMismatchError(
+                f"not a streamds batcher state (format {STATE_FORMAT!r} expected); pass the "
+                "dict that state_dict() returned"
+            )
+        if state["config"] != self._config():
+            raise StateMismatchError(
+                f"the state was taken from a batcher configured as {state['config']} but this "
+                f"one is {self._config()} (kind, pool size, seed, drop_last); build it with "
+                "the same arguments"
+            )
+        self._pending = {key: state[key] for key in
+                         ("format", "config", "pool", "emitted", "consumed", "source", "epoch")}
+        self.epoch = state["epoch"]
+
+
+class Batches(_PoolBatcher):
+    """Batches of `batch_size` records in arrival order: the plain baseline.
+
+    Example::
+
+        loader = DataLoader(Batches(ds, batch_size=32), batch_size=None, collate_fn=collate)
+    """
+
+    KIND = "plain"
+
+    def __init__(
+        self,
+        source: Iterable[Any],
+        *,
+        batch_size: int,
+        drop_last: bool = False,
+        length: Length | str = "input_ids",
+    ) -> None:
+        _check_positive("batch_size", batch_size, "the number of records per batch")
+        super().__init__(source, length=length, pool_size=batch_size, seed=0,
+                         drop_last=drop_last)
+        self.batch_size = batch_size
+
+    def _cut(self, lengths: list[int], rng: random.Random) -> list[list[int]]:
+        if self.drop_last and len(lengths) < self.batch_size:
+            return []
+        return [list(range(len(lengths)))]
+
+
+def _sorted_indices(lengths: list[int], rng: random.Random) -> list[int]:
+    """Pool indices by length, equal lengths in an order drawn from `rng`."""
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    order.sort(key=lengths.__getitem__)  # stable: ties keep the shuffled order
+    return order
+
+
+def _short_batch_start(ascending: list[int], size: int, short: int) -> int:
+    """Where, in sorted order, the one short batch pads least.
+
+    The pool is cut into contiguous runs of the sorted lengths; a run costs its size times
+    its last (longest) length. Trying every place for the short run between the full ones
+    finds the cheapest cut, which never pads more than any other grouping of the pool into
+    the same batch sizes, plain arrival-order batching included.
+    """
+    full = len(ascending) // size
+    before = [size * ascending[(i + 1) * size - 1] for i in range(full)]  # short run later
+    after = [size * ascending[(i + 1) * size + short - 1] for i in range(full)]  # earlier
+    best, best_cost = 0, None
+    cost_before, cost_after = 0, sum(after)
+    for j in range(full + 1):  # j full batches precede the short one
+        cost = cost_before + short * ascending[j * size + short - 1] + cost_after
+        if best_cost is None or cost < best_cost:
+            best, best_cost = j, cost
+        if j < full:
+            cost_before += before[j]
+            cost_after -= after[j]
+    return best * size
+
+
+class BucketBatches(_PoolBatcher):
+    """Batches of `batch_size` records of similar length.
+
+    Each pool of `buffer_size` records (rounded up to whole batches) is sorted by length and
+    cut into batches; the batches of a pool come in a shuffled order. Padding falls roughly
+    by the factor the pool is larger than a batch; so does the randomness of which records
+    share a batch, so keep `buffer_size` well below the corpus and shuffle the source. The
+    final pool's short batch goes where it pads least; `drop_last` drops it.
+
+    Example::
+
+        ds = StreamingJsonl("train.jsonl.zst", shuffle=True).map(tokenize)
+        batches = BucketBatches(ds, batch_size=32, buffer_size=2048, length="input_ids")
+        loader = DataLoader(batches, batch_size=None, collate_fn=PadCollate(), num_workers=4)
+    """
+
+    KIND = "bucket"
+
+    def __init__(
+        self,
+        source: Iterable[Any],
+        *,
+        batch_size: int,
+        buffer_size: int = 1024,
+        length: Length | str = "input_ids",
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        _check_positive("batch_size", batch_size, "the number of records per batch")
+        _check_positive("buffer_size", buffer_size, "records sorted together; try 64 batches")
+        pool = -(-buffer_size // batch_size) * batch_size
+        super().__init__(source, length=length, pool_size=pool, seed=seed, drop_last=drop_last)
+        self.batch_size = batch_size
+
+    def _config(self) -> list[Any]:
+        return [*super()._config(), self.batch_size]
+
+    def _cut(self, lengths: list[int], rng: random.Random) -> list[list[int]]:
+        order = _sorted_indices(lengths, rng)
+        size = self.batch_size
+        short = len(order) % size
+        at = _short_batch_start(sorted(lengths), size, short) if short else len(order)
+        cuts = [*range(0, at + 1, size), *range(at + short, len(order) + 1, size)]
+        batches = [order[a:b] for a, b in pairwise(cuts) if b > a]
+        if short and self.drop_last:
+            batches = [batch for batch in batches if len(batch) == size]
+        rng.shuffle(batches)
+        return batches
+
+
+class TokenBudgetBatches(_PoolBatcher):
+    """Batches holding at most `max_tokens` padded tokens (longest length x records).
+
+    Each pool of `buffer_size` records is sorted by length and cut greedily: a batch grows
+    while ``len(batch) * longest <= max_tokens`` (and `max_batch_size`, if given, allows). A
+    record longer than `max_tokens` comes in a batch of its own, never dropped. Short records
+    make big batches and long records small ones, so every step costs about the same.
+
+    Example::
+
+        batches = TokenBudgetBatches(ds, max_tokens=16384, buffer_size=4096)
+    """
+
+    KIND = "tokens"
+
+    def __init__(
+        self,
+        source: Iterable[Any],
+        *,
+        max_tokens: int,
+        buffer_size: int = 1024,
+        max_batch_size: int | None = None,
+        length: Length | str = "input_ids",
+        seed: int = 0,
+    ) -> None:
+        _check_positive("max_tokens", max_tokens, "the padded tokens one batch may hold")
+        _check_positive("buffer_size", buffer_size, "records sorted together")
+        if max_batch_size is not None:
+            _check_positive("max_batch_size", max_batch_size, "or None for no limit")
+        super().__init__(source, length=length, pool_size=buffer_size, seed=seed,
+                         drop_last=False)
+        self.max_tokens = max_tokens
+        self.max_batch_size = max_batch_size
+
+    def _config(self) -> list[Any]:
+        return [*super()._config(), self.max_tokens, self.max_batch_size]
+
+    def _cut(self, lengths: list[int], rng: random.Random) -> list[list[int]]:
+        budget, cap = self.max_tokens, self.max_batch_size
+        batches: list[list[int]] = []
+        batch: list[int] = []
+        for index in _sorted_indices(lengths, rng):
+            longest = lengths[index]  # ascending order: the newcomer is the longest
+            if batch and ((len(batch) + 1) * longest > budget or len(batch) == cap):
+                batches.append(batch)
+                batch = []
+            batch.append(index)
+        if batch:
+            batches.append(batch)
+        rng.shuffle(batches)
+        return batches
