@@ -1,0 +1,7 @@
+"""``python -m preprocess INPUT... --output DIR``: the same as ``streamds convert``."""
+
+import sys
+
+from .convert import main
+
+sys.exit(main())

@@ -1,0 +1,530 @@
+"""Conversion inputs -> raw records, in input order, each with the position it starts at.
+
+An input is a JSONL file (plain, .zst, .gz, .bz2 or .xz; any name but .json and .tar counts
+as JSONL, so PubMed's ``train.txt`` is one), a ``.json`` file (ONE document, possibly
+pretty-printed), a tar shard (webdataset layout: each ``.json`` member is one record, each
+``.jsonl`` member one record per line), a directory, or a glob. Inputs expand to *leaves*
+(single files) lazily:
+
+- a directory: every record-looking file at any depth (``.json``, ``.jsonl``, ``.ndjson``,
+  ``.tar``, ``.tgz``, plain or compressed; hidden, ``_``-prefixed and ``.tmp`` files,
+  ``manifest.json`` and hidden directories skipped), each directory listed with one
+  ``os.scandir`` call and sorted in natural order (``part_2`` before ``part_10``), so
+  memory is one listing per level;
+- a glob (``data/part_*/*.json``, ``data/**/*.json``): matched component by component in
+  the same walk, only descending into directories that can still match. A pattern without
+  ``**`` whose last component matches a directory takes that directory's files.
+
+A `Position` (input index, path under the input, offset, line) names where a record
+begins: the decoded byte offset of its line in a JSONL file, its ordinal in a tar shard, 0
+for a ``.json`` file. `Inputs.records(start=position)` restarts exactly there, without
+listing or reading what lies before beyond one listing per directory level (compressed files
+decode and discard up to the offset). This is what makes an interrupted conversion resume.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import tarfile
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from pathlib import PurePath
+from typing import Any, BinaryIO, NamedTuple
+
+from streamds.codecs import codec_of, decode, require_codec
+from streamds.errors import CorruptShardError
+from streamds.shards import has_magic, natural_key
+
+__all__ = ["Inputs", "Leaf", "Meter", "Position", "RawRecord", "SourceError"]
+
+READ_SIZE = 1 << 20  # raw bytes per read of a JSONL file
+_RECORD_SUFFIXES = (".json", ".jsonl", ".ndjson", ".tar", ".tgz")
+_TAR_SUFFIXES = (".tar", ".tgz")
+_SKIPPED_NAMES = ("manifest.json",)
+_TAR_JSON = (".json",)
+_TAR_JSONL = (".jsonl", ".ndjson")
+
+Rel = tuple[str, ...]  # path components under an input's root
+
+
+class SourceError(ValueError):
+    """An input that cannot be read as records: the message names the file and the place."""
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One input file. `rel` is its path under the input's root (None: the input itself)."""
+
+    input: int
+    rel: Rel | None
+    path: str
+    kind: str  # "jsonl", "json" (one document) or "tar"
+    codec: str | None
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a record begins: input index, file under it, offset, 1-based line (or ordinal)."""
+
+    input: int
+    file: Rel | None
+    offset: int
+    line: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "input": self.input,
+            "file": None if self.file is None else list(self.file),
+            "offset": self.offset,
+            "line": self.line,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Position:
+        file = data["file"]
+        return cls(data["input"], None if file is None else tuple(file), data["offset"],
+                   data["line"])
+
+
+class RawRecord(NamedTuple):
+    """The bytes of one record before parsing, and where they came from."""
+
+    data: bytes
+    leaf: Leaf
+    offset: int  # decoded byte offset of the line (JSONL), ordinal (tar), 0 (.json)
+    line: int  # 1-based line number (JSONL), ordinal + 1 (tar), 1 (.json)
+    member: str | None = None  # tar member name
+
+    @property
+    def position(self) -> Position:
+        return Position(self.leaf.input, self.leaf.rel, self.offset, self.line)
+
+    @property
+    def where(self) -> str:
+        """The record's place for an error message: file and line, or tar member."""
+        if self.member is not None:
+            return f"{self.leaf.path}: member {self.member} (record {self.line})"
+        if self.leaf.kind == "json":
+            return self.leaf.path
+        return f"{self.leaf.path}: line {self.line}"
+
+
+class Meter:
+    """Reading progress: files finished and stored (raw, possibly compressed) bytes read."""
+
+    def __init__(self) -> None:
+        self.files = 0
+        self.stored_bytes = 0
+
+
+class _Counted(io.RawIOBase):
+    """A raw file whose reads add to `meter.stored_bytes`."""
+
+    def __init__(self, raw: BinaryIO, meter: Meter) -> None:
+        self._raw = raw
+        self._meter = meter
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._raw.read(size)
+        self._meter.stored_bytes += len(data)
+        return data
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._raw.seek(offset, whence)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+# -- names -------------------------------------------------------------------------------
+
+
+def _strip_codec(name: str) -> str:
+    return name.rsplit(".", 1)[0] if codec_of(name) is not None else name
+
+
+def leaf_kind(name: str) -> tuple[str, str | None]:
+    """(kind, codec) of a file name: ``x.json.gz`` -> ("json", "gz"), ``x.txt`` -> jsonl."""
+    if name.endswith(".json"):  # the common case of a small-file tree, without codec lookups
+        return "json", None
+    if name.endswith(".tgz"):
+        return "tar", "gz"
+    codec = codec_of(name)
+    base = _strip_codec(name)
+    if base.endswith(_TAR_SUFFIXES):
+        return "tar", codec
+    if base.endswith(".json"):
+        return "json", codec
+    return "jsonl", codec
+
+
+def is_record_name(name: str) -> bool:
+    """Whether a directory walk takes this file name."""
+    if name.startswith((".", "_")) or name in _SKIPPED_NAMES or name.endswith(".tmp"):
+        return False
+    if name.endswith(_RECORD_SUFFIXES):
+        return True
+    return _strip_codec(name).endswith(_RECORD_SUFFIXES)
+
+
+def _component_matches(name: str, pattern: str) -> bool:
+    if name.startswith(".") and not pattern.startswith("."):
+        return False  # like glob: wildcards do not match hidden names
+    return fnmatchcase(name, pattern)
+
+
+def _glob_matches(parts: Rel, patterns: Rel) -> bool:
+    if not patterns:
+        return not parts
+    if patterns[0] == "**":
+        return any(_glob_matches(parts[i:], patterns[1:]) for i in range(len(parts) + 1))
+    return (
+        bool(parts)
+        and _component_matches(parts[0], patterns[0])
+        and _glob_matches(parts[1:], patterns[1:])
+    )
+
+
+# -- walking -----------------------------------------------------------------------------
+
+
+def _entry_key(name: str, is_dir: bool) -> tuple[Any, ...]:
+    # A directory sorts as "name/", which orders a tree exactly as a natural sort of full paths.
+    return natural_key(name + "/" if is_dir else name)
+
+
+class _Walk:
+    """Files under `root` that `accept` takes, descending into dirs `descend` allows."""
+
+    def __init__(
+        self,
+        root: str,
+        accept: Callable[[Rel], bool],
+        descend: Callable[[Rel], bool],
+        exclude: set[tuple[int, int]],
+    ) -> None:
+        self.root = root
+        self.accept = accept
+        self.descend = descend
+        self.exclude = exclude
+
+    def files(self, start: Rel | None = None) -> Iterator[Rel]:
+        """Paths (as components) in natural order, from `start` (a path once yielded) on."""
+        top = os.stat(self.root or ".")
+        yield from self._walk((), start, {(top.st_dev, top.st_ino)})
+
+    def _listing(self, rel: Rel) -> list[tuple[tuple[Any, ...], str, bool]]:
+        directory = os.path.join(self.root, *rel) if (self.root or rel) else "."
+        entries = []
+        with os.scandir(directory or ".") as it:
+            for entry in it:
+                try:
+                    is_dir = entry.is_dir()
+                except OSError:
+                    is_dir = False
+                entries.append((_entry_key(entry.name, is_dir), entry.name, is_dir))
+        entries.sort()
+        return entries
+
+    def _walk(self, rel: Rel, start: Rel | None, ancestors: set[tuple[int, int]]) -> Iterator[Rel]:
+        for key, name, is_dir in self._listing(rel):
+            child = (*rel, name)
+            rest: Rel | None = None
+            if start is not None:
+                target = _entry_key(start[0], len(start) > 1)
+                if key < target:
+                    continue
+                if key == target and name == start[0]:
+                    rest = start[1:] or None
+                start = None
+            if is_dir:
+                if not self.descend(child):
+                    continue
+                info = os.stat(os.path.join(self.root, *child))
+                ident = (info.st_dev, info.st_ino)
+                if ident in ancestors or ident in self.exclude:
+                    continue  # a symlink loop, or the output directory inside the input
+                yield from self._walk(child, rest, ancestors | {ident})
+            elif rest is None and self.accept(child):
+                yield child
+
+
+def _glob_walk(pattern: str, exclude: set[tuple[int, int]]) -> _Walk:
+    parts = PurePath(pattern).parts
+    static = 0
+    while static < len(parts) - 1 and not has_magic(parts[static]):
+        static += 1
+    root = os.path.join(*parts[:static]) if static else ""
+    patterns = tuple(parts[static:])
+    if "**" in patterns:
+        fixed = patterns[: patterns.index("**")]
+
+        def descend(rel: Rel) -> bool:
+            if len(rel) > len(fixed) and rel[-1].startswith("."):
+                return False  # like glob: ** does not enter hidden directories
+            return all(map(_component_matches, rel[: len(fixed)], fixed))
+
+        def accept(rel: Rel) -> bool:
+            return _glob_matches(rel, patterns)
+
+    else:
+
+        def descend(rel: Rel) -> bool:
+            return all(map(_component_matches, rel[: len(patterns)], patterns))
+
+        def accept(rel: Rel) -> bool:
+            if len(rel) == len(patterns):
+                return _component_matches(rel[-1], patterns[-1])
+            return len(rel) > len(patterns) and is_record_name(rel[-1])  # in a matched dir
+
+    return _Walk(root, accept, descend, exclude)
+
+
+def _visible(rel: Rel) -> bool:
+    return not rel[-1].startswith(".")  # .git, .ipynb_checkpoints (copies of the files!)
+
+
+def _record_file(rel: Rel) -> bool:
+    return is_record_name(rel[-1])
+
+
+# -- reading -----------------------------------------------------------------------------
+
+
+def _read_jsonl(leaf: Leaf, offset: int, line: int, meter: Meter) -> Iterator[RawRecord]:
+    raw = _Counted(open(leaf.path, "rb", buffering=0), meter)
+    try:
+        if leaf.codec is None and offset:
+            raw.seek(offset)
+        stream = decode(raw, leaf.codec, leaf.path)  # type: ignore[arg-type]
+        skip = offset if leaf.codec is not None else 0
+        while skip > 0:
+            data = stream.read(min(skip, READ_SIZE))
+            if not data:
+                raise SourceError(
+                    f"{leaf.path}: ends before decoded offset {offset}, where the conversion "
+                    "stopped; the input changed since, so convert into a new directory"
+                )
+            skip -= len(data)
+        pos = offset
+        pending: list[bytes] = []
+        while True:
+            data = stream.read(READ_SIZE)
+            if not data:
+                break
+            if data.find(b"\n") < 0:
+                pending.append(data)
+                continue
+            pending.append(data)
+            lines = b"".join(pending).split(b"\n")
+            tail = lines.pop()
+            pending = [tail] if tail else []
+            for text in lines:
+                if text and not text.isspace():
+                    yield RawRecord(text, leaf, pos, line)
+                pos += len(text) + 1
+                line += 1
+        tail = b"".join(pending)
+        if tail and not tail.isspace():
+            yield RawRecord(tail, leaf, pos, line)
+    finally:
+        raw.close()
+
+
+def _read_document(leaf: Leaf, meter: Meter) -> bytes:
+    with open(leaf.path, "rb", buffering=0) as f:
+        raw = _Counted(f, meter)  # type: ignore[arg-type]
+        if leaf.codec is None:
+            return raw.readall()
+        stream = decode(raw, leaf.codec, leaf.path)  # type: ignore[arg-type]
+        return b"".join(iter(lambda: stream.read(READ_SIZE), b""))
+
+
+def _read_tar(leaf: Leaf, first: int, meter: Meter) -> Iterator[RawRecord]:
+    raw = _Counted(open(leaf.path, "rb", buffering=0), meter)
+    stream = io.BufferedReader(decode(raw, leaf.codec, leaf.path), READ_SIZE)  # type: ignore[arg-type]
+    ordinal = 0
+    try:
+        with tarfile.open(fileobj=stream, mode="r|") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                if member.name.endswith(_TAR_JSON):
+                    if ordinal < first:
+                        ordinal += 1
+                        continue
+                    records = [_member_bytes(tar, member)]
+                elif member.name.endswith(_TAR_JSONL):
+                    records = _member_bytes(tar, member).split(b"\n")
+                    records = [r for r in records if r and not r.isspace()]
+                else:
+                    continue
+                for data in records:
+                    if ordinal >= first:
+                        yield RawRecord(data, leaf, ordinal, ordinal + 1, member.name)
+                    ordinal += 1
+    except tarfile.TarError as err:
+        raise CorruptShardError(
+            f"{leaf.path}: not a readable tar file after record {ordinal}: {err}",
+            url=leaf.path,
+            offset=ordinal,
+        ) from err
+    finally:
+        stream.close()
+
+
+def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    extracted = tar.extractfile(member)
+    return extracted.read() if extracted is not None else b""
+
+
+# -- inputs ------------------------------------------------------------------------------
+
+
+class Inputs:
+    """The conversion inputs, in the order given; each expands to leaves lazily.
+
+    Raises FileNotFoundError at construction for a path that does not exist or a glob whose
+    fixed directory does not exist. `exclude` names a directory never walked into (the
+    conversion's output, when it lies inside an input directory).
+
+    >>> inputs = Inputs(["data/train.txt", "data/small/"])      # doctest: +SKIP
+    >>> next(inputs.records()).where                            # doctest: +SKIP
+    'data/train.txt: line 1'
+    """
+
+    def __init__(self, items: Sequence[str | os.PathLike]) -> None:
+        if not items:
+            raise ValueError("no inputs given; name JSONL files, directories, globs or tar files")
+        self.items = tuple(os.fspath(item) for item in items)
+        self._exclude: set[tuple[int, int]] = set()
+        self._walks: list[_Walk | None] = []
+        for item in self.items:
+            self._walks.append(self._plan(item))
+
+    def exclude(self, directory: str | os.PathLike) -> None:
+        """Never walk into `directory` (an existing one): the output, when inside an input."""
+        info = os.stat(directory)
+        self._exclude.add((info.st_dev, info.st_ino))
+
+    def _plan(self, item: str) -> _Walk | None:
+        if os.path.exists(item) and not os.path.isdir(item):
+            _kind, codec = leaf_kind(item)
+            require_codec(codec, item)
+            return None
+        if os.path.isdir(item):
+            return _Walk(item, _record_file, _visible, self._exclude)
+        if has_magic(item):
+            walk = _glob_walk(item, self._exclude)
+            if not os.path.isdir(walk.root or "."):
+                raise FileNotFoundError(f"no files match {item!r}: {walk.root!r} is no directory")
+            return walk
+        raise FileNotFoundError(f"input {item!r} does not exist; check the path")
+
+    def leaves(self, start: Position | None = None) -> Iterator[Leaf]:
+        """Every input file in order, from the one holding `start` on."""
+        first = 0 if start is None else start.input
+        for index in range(first, len(self.items)):
+            item, walk = self.items[index], self._walks[index]
+            if walk is None:
+                kind, codec = leaf_kind(item)
+                yield Leaf(index, None, item, kind, codec)
+                continue
+            resume = start.file if start is not None and index == start.input else None
+            for rel in walk.files(resume):
+                kind, codec = leaf_kind(rel[-1])
+                if codec is not None:
+                    require_codec(codec, rel[-1])
+                yield Leaf(index, rel, os.path.join(walk.root, *rel), kind, codec)
+
+    def stored_size(self) -> tuple[int, int]:
+        """(files, stored bytes) of all inputs: a listing and a stat per file, no reads."""
+        files = size = 0
+        for leaf in self.leaves():
+            files += 1
+            try:
+                info = os.stat(leaf.path)
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode):
+                size += info.st_size
+        return files, size
+
+    def records(
+        self,
+        start: Position | None = None,
+        *,
+        meter: Meter | None = None,
+        prefetch: int = 0,
+        on_corrupt: Callable[[Leaf, CorruptShardError], None] | None = None,
+    ) -> Iterator[RawRecord]:
+        """Raw records in input order, from `start` on (a position a record began at).
+
+        With `prefetch` > 0, that many threads read ``.json`` files ahead of the consumer
+        (a bounded window, results in order): small files on network storage are latency
+        bound, not CPU bound. A damaged compressed or tar file raises CorruptShardError
+        naming it, or, with `on_corrupt`, is reported there and the rest of it skipped.
+        A file that cannot be opened raises SourceError.
+        """
+        meter = meter if meter is not None else Meter()
+        leaves = self.leaves(start)
+        if prefetch <= 0:
+            for leaf in leaves:
+                yield from self._leaf_records(leaf, start, meter, None, on_corrupt)
+            return
+        window: deque[tuple[Leaf, Future[bytes] | None]] = deque()
+        with ThreadPoolExecutor(prefetch, thread_name_prefix="streamds-read") as pool:
+            try:
+                for leaf in leaves:
+                    doc = pool.submit(_read_document, leaf, meter) if leaf.kind == "json" else None
+                    window.append((leaf, doc))
+                    while len(window) > 8 * prefetch or (window and window[-1][1] is None):
+                        head, future = window.popleft()
+                        yield from self._leaf_records(head, start, meter, future, on_corrupt)
+                while window:
+                    head, future = window.popleft()
+                    yield from self._leaf_records(head, start, meter, future, on_corrupt)
+            finally:
+                for _, future in window:
+                    if future is not None:
+                        future.cancel()
+
+    @staticmethod
+    def _leaf_records(
+        leaf: Leaf,
+        start: Position | None,
+        meter: Meter,
+        doc: Future[bytes] | None,
+        on_corrupt: Callable[[Leaf, CorruptShardError], None] | None,
+    ) -> Iterator[RawRecord]:
+        here = start is not None and start.input == leaf.input and start.file == leaf.rel
+        offset, line = (start.offset, start.line) if here and start is not None else (0, 1)
+        try:
+            if leaf.kind == "json":
+                data = doc.result() if doc is not None else _read_document(leaf, meter)
+                yield RawRecord(data, leaf, 0, 1)
+            elif leaf.kind == "tar":
+                yield from _read_tar(leaf, offset, meter)
+            else:
+                yield from _read_jsonl(leaf, offset, line, meter)
+        except CorruptShardError as err:
+            if on_corrupt is None:
+                raise
+            on_corrupt(leaf, err)
+        except (FileNotFoundError, PermissionError, IsADirectoryError) as err:
+            raise SourceError(f"{leaf.path}: cannot read: {err}") from err
+        meter.files += 1

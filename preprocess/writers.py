@@ -1,0 +1,265 @@
+"""Shard writers: records (compact JSON lines) -> one complete shard file, published atomically.
+
+A shard is written to a hidden temporary name (``.shard-000003.jsonl.zst.tmp``), flushed,
+fsynced and renamed to its final name only when complete, so a shard under its final name is
+always whole. While writing, the stored bytes pass through xxh64 and a byte counter, so
+`finish()` returns the shard's manifest entry without reading the file again.
+
+Two formats:
+
+- ``jsonl.zst``: `streamds.seekable.SeekableWriter`, frames of whole lines with a seek table;
+- ``tar``: `webdataset.TarWriter`, one ``KEY.json`` member per record, KEY the record's
+  10-digit ordinal in the whole output; mtime 0 and fixed owner, so bytes are reproducible.
+
+`BackgroundShard` runs a shard writer in a worker thread fed through a bounded queue: the
+caller parses the next records while zstd (which releases the GIL) compresses these.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+import xxhash
+
+from streamds.manifest import ShardEntry
+from streamds.seekable import SeekableWriter
+
+__all__ = [
+    "FORMATS",
+    "BackgroundShard",
+    "ShardFile",
+    "TarShard",
+    "ZstdShard",
+    "open_shard",
+    "shard_name",
+    "tar_member_size",
+    "temp_name",
+]
+
+FORMATS = {"jsonl.zst": ".jsonl.zst", "tar": ".tar"}
+_TAR_BLOCK = 512
+_BATCH_BYTES = 1 << 20  # lines handed to a background writer at a time
+_QUEUED_BATCHES = 16  # per background shard: at most ~16 MiB of lines wait in its queue
+
+
+def shard_name(index: int, fmt: str) -> str:
+    """``shard-000042.jsonl.zst``: 6 digits, natural and lexical order agree to 1e6 shards."""
+    return f"shard-{index:06d}{FORMATS[fmt]}"
+
+
+def temp_name(name: str) -> str:
+    """The hidden name a shard has while it is written; readers skip it."""
+    return f".{name}.tmp"
+
+
+def tar_member_size(record_bytes: int) -> int:
+    """Bytes one record takes in a tar shard: a header block plus data padded to 512."""
+    return _TAR_BLOCK + -(-record_bytes // _TAR_BLOCK) * _TAR_BLOCK
+
+
+class _HashingFile:
+    """Writes through to `fileobj`, hashing (xxh64) and counting the bytes."""
+
+    def __init__(self, fileobj: BinaryIO) -> None:
+        self._fileobj = fileobj
+        self.digest = xxhash.xxh64()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        self.size += len(data)
+        self._fileobj.write(data)
+        return len(data)
+
+    def flush(self) -> None:
+        self._fileobj.flush()
+
+
+class ShardFile(Protocol):
+    """One shard being written."""
+
+    name: str
+
+    def write(self, line: bytes) -> None: ...
+
+    def write_lines(self, lines: Sequence[bytes]) -> None: ...
+
+    def finish(self) -> ShardEntry: ...
+
+    def discard(self) -> None: ...
+
+
+class _TempFile:
+    """The temporary file behind a shard, and its atomic publication."""
+
+    def __init__(self, directory: Path, name: str) -> None:
+        self.name = name
+        self._final = directory / name
+        self._tmp = directory / temp_name(name)
+        self._file = open(self._tmp, "wb")
+        self.out = _HashingFile(self._file)
+
+    def publish(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self._tmp, self._final)
+
+    def discard(self) -> None:
+        self._file.close()
+        self._tmp.unlink(missing_ok=True)
+
+
+class ZstdShard:
+    """A seekable zstd JSONL shard: lines -> frames of about `frame_size` decoded bytes."""
+
+    def __init__(self, directory: Path, name: str, *, level: int, frame_size: int) -> None:
+        self.name = name
+        self._temp = _TempFile(directory, name)
+        self._writer = SeekableWriter(self._temp.out, level=level, frame_size=frame_size)  # type: ignore[arg-type]
+        self.write = self._writer.write_line
+
+    def write_lines(self, lines: Sequence[bytes]) -> None:
+        self._writer.write_lines(lines)
+
+    def finish(self) -> ShardEntry:
+        stats = self._writer.close()
+        out = self._temp.out
+        self._temp.publish()
+        return ShardEntry(
+            name=self.name,
+            bytes=out.size,
+            decoded_bytes=sum(s.decompressed_size for s in stats),
+            records=sum(s.records for s in stats),
+            checksum=out.digest.hexdigest(),
+            records_per_frame=tuple(s.records for s in stats),
+            frame_sizes=tuple((s.compressed_size, s.decompressed_size) for s in stats),
+        )
+
+    def discard(self) -> None:
+        self._temp.discard()
+
+
+class TarShard:
+    """A webdataset tar shard: record k of the output becomes member ``{k:010d}.json``."""
+
+    def __init__(self, directory: Path, name: str, *, first_record: int) -> None:
+        from webdataset import TarWriter  # imports torch: only when tar output is asked for
+
+        self.name = name
+        self._temp = _TempFile(directory, name)
+        self._next = first_record
+        self._records = 0
+        self._writer = TarWriter(
+            self._temp.out, encoder=False, mtime=0, user="streamds", group="streamds", mode=0o444
+        )
+
+    def write(self, line: bytes) -> None:
+        self._writer.write({"__key__": f"{self._next:010d}", "json": line})
+        self._next += 1
+        self._records += 1
+
+    def write_lines(self, lines: Sequence[bytes]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def finish(self) -> ShardEntry:
+        self._writer.close()
+        out = self._temp.out
+        self._temp.publish()
+        return ShardEntry(
+            name=self.name,
+            bytes=out.size,
+            decoded_bytes=out.size,
+            records=self._records,
+            checksum=out.digest.hexdigest(),
+        )
+
+    def discard(self) -> None:
+        self._temp.discard()
+
+
+def open_shard(
+    directory: Path, index: int, fmt: str, *, level: int, frame_size: int, first_record: int
+) -> ShardFile:
+    """A new shard file number `index` in format `fmt` ("jsonl.zst" or "tar")."""
+    name = shard_name(index, fmt)
+    if fmt == "tar":
+        return TarShard(directory, name, first_record=first_record)
+    return ZstdShard(directory, name, level=level, frame_size=frame_size)
+
+
+_END = object()
+_ABORT = object()
+
+
+class BackgroundShard:
+    """Feeds a ShardFile from a pool thread; `write` batches lines into a bounded queue.
+
+    Memory: at most `_QUEUED_BATCHES` batches of ~1 MiB wait per shard. If the worker thread
+    fails, it drains the queue (so `write` never blocks forever) and the next `write` or the
+    future from `finish()` raises the error.
+    """
+
+    def __init__(self, shard: ShardFile, pool: ThreadPoolExecutor) -> None:
+        self.name = shard.name
+        self._queue: queue.Queue[object] = queue.Queue(_QUEUED_BATCHES)
+        self._batch: list[bytes] = []
+        self._batch_bytes = 0
+        self._failed: BaseException | None = None
+        self.future: Future[ShardEntry | None] = pool.submit(self._run, shard)
+
+    def _run(self, shard: ShardFile) -> ShardEntry | None:
+        item: object = None
+        try:
+            while True:
+                item = self._queue.get()
+                if item is _END:
+                    return shard.finish()
+                if item is _ABORT:
+                    shard.discard()
+                    return None
+                shard.write_lines(item)  # type: ignore[arg-type]
+        except BaseException as err:
+            self._failed = err
+            shard.discard()
+            while item is not _END and item is not _ABORT:
+                item = self._queue.get()  # the caller may still be putting: never block it
+            raise
+
+    def _put(self, item: object) -> None:
+        while True:
+            if self._failed is not None:
+                raise RuntimeError(f"writing {self.name} failed: {self._failed}") from self._failed
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def write(self, line: bytes) -> None:
+        self._batch.append(line)
+        self._batch_bytes += len(line)
+        if self._batch_bytes >= _BATCH_BYTES:
+            self._put(self._batch)
+            self._batch, self._batch_bytes = [], 0
+
+    def finish(self) -> Future[ShardEntry | None]:
+        """Hand over the last lines; the future gives the entry once the shard is renamed."""
+        if self._batch:
+            self._put(self._batch)
+            self._batch = []
+        self._put(_END)
+        return self.future
+
+    def discard(self) -> None:
+        """Stop without publishing; the temporary file is removed."""
+        self._batch = []
+        with contextlib.suppress(RuntimeError):
+            self._put(_ABORT)

@@ -1,0 +1,346 @@
+"""The ``streamds`` command: convert, inspect, verify, bench.
+
+::
+
+    streamds convert INPUT... --output DIR [--shard-size 256MB] [--format jsonl.zst|tar]
+                     [--workers N] [--level 3] [--frame-size 4MiB]
+                     [--transform module:function] [--on-error raise|skip] [--quiet]
+    streamds inspect DIR_OR_FILE [--no-count] [--quiet]
+    streamds verify DIR [--quiet]
+    streamds bench SOURCE [...]
+
+Exit status: 0 on success, 1 when `verify` finds damage, 2 for bad arguments or input.
+The library never prints; this module does (results on stdout, progress on stderr).
+`convert` lives in `preprocess.convert` and `bench` in `streamds.bench`; both are imported
+only when asked for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .codecs import codec_of
+from .manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest, verify_shard
+
+__all__ = ["main"]
+
+_USAGE = """usage: streamds {convert,inspect,verify,bench} ...
+
+  convert INPUT... --output DIR   JSONL files, small-file trees, tar shards -> seekable shards
+  inspect DIR_OR_FILE             shards, records, bytes, frames, codec, ratio, a sample record
+  verify DIR                      re-read every shard against manifest.json (exit 1 on damage)
+  bench SOURCE [...]              loader throughput and where the time goes
+
+Run `streamds COMMAND --help` for a command's options."""
+
+_RECORD_SUFFIXES = (".jsonl", ".json", ".ndjson", ".tar", ".tgz")
+_SAMPLE_CHARS = 400
+_TABLE_ROWS = 20
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"  # pragma: no cover
+
+
+def _progress(total: int, desc: str, quiet: bool, unit: str = "shard"):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=quiet,
+                dynamic_ncols=True, leave=False)
+
+
+def _sample(record: bytes) -> str:
+    try:
+        text = orjson.dumps(orjson.loads(record)).decode()
+    except orjson.JSONDecodeError:
+        text = record[:_SAMPLE_CHARS].decode("utf-8", "replace") + "  (not valid JSON)"
+    return text if len(text) <= _SAMPLE_CHARS else text[:_SAMPLE_CHARS] + " ..."
+
+
+# -- inspect -----------------------------------------------------------------------------
+
+
+def _first_record(shards: Sequence[Any]) -> bytes | None:
+    from .plan import Block
+    from .read import read_lines
+
+    for shard in shards:
+        for chunk in read_lines(shard, Block(0), 0):
+            for line in chunk.lines:
+                if line.strip():
+                    return line
+    return None
+
+
+def _count_records(shard: Any) -> tuple[int, int]:
+    """(records, decoded bytes) of a shard, reading it once."""
+    from .plan import Block
+    from .read import open_decoded_at, read_lines
+
+    if shard.format == "tar":
+        records = decoded = 0
+        for chunk in read_lines(shard, Block(0), 0):
+            records += len(chunk.lines)
+            decoded += sum(map(len, chunk.lines))
+        return records, decoded
+    newlines = decoded = 0
+    last = b"\n"
+    with closing(open_decoded_at(shard, 0)) as stream:
+        while data := stream.read(1 << 20):
+            newlines += data.count(b"\n")
+            decoded += len(data)
+            last = data[-1:]
+    return newlines + (last != b"\n"), decoded
+
+
+def _inspect_manifest(directory: Path, manifest: Manifest) -> list[str]:
+    from .shards import resolve_shards
+
+    totals = manifest.totals
+    ratio = totals["decoded_bytes"] / totals["bytes"] if totals["bytes"] else 0.0
+    zstd = manifest.shard_format == "jsonl.zst"
+    c = manifest.counts
+    out = [
+        f"{directory}: converted shards ({MANIFEST_NAME}, version 1)",
+        f"  format     {manifest.shard_format}"
+        + (" (seekable zstd: frames of whole lines + seek table)" if zstd else " (webdataset)"),
+        f"  codec      {'zst' if zstd else 'none'}",
+        f"  seekable   {'yes' if zstd else 'no (tar: split by whole shard)'}",
+        f"  shards     {totals['shards']:,}",
+        f"  records    {totals['records']:,}",
+        f"  bytes      {_human(totals['bytes'])} stored, {_human(totals['decoded_bytes'])} "
+        f"decoded (ratio {ratio:.2f}x)",
+    ]
+    if zstd:
+        frames = totals["frames"]
+        mean = totals["decoded_bytes"] / frames if frames else 0
+        out.append(f"  frames     {frames:,} (mean {_human(mean)} decoded)")
+    if c:
+        out.append(f"  counts     in {c.get('records_in', 0):,}  out {c.get('records_out', 0):,}"
+                   f"  dropped {c.get('dropped', 0):,}  bad {c.get('bad', 0):,}")
+    options = "  ".join(f"{k}={v}" for k, v in manifest.options.items() if v is not None)
+    out.append(f"  options    {options}")
+    out.append(f"  inputs     {', '.join(manifest.inputs)}")
+    out.append(f"  {'shard':<28}{'records':>12}{'bytes':>12}{'decoded':>12}{'frames':>8}")
+    for entry in manifest.shards[:_TABLE_ROWS]:
+        out.append(f"  {entry.name:<28}{entry.records:>12,}{_human(entry.bytes):>12}"
+                   f"{_human(entry.decoded_bytes):>12}{entry.frames:>8}")
+    if len(manifest.shards) > _TABLE_ROWS:
+        out.append(f"  ... {len(manifest.shards) - _TABLE_ROWS} more")
+    if manifest.shards:
+        first = resolve_shards(str(directory / manifest.shards[0].name))
+        record = _first_record(first)
+        if record is not None:
+            out.append(f"  sample     {_sample(record)}")
+    return out
+
+
+def _inspect_files(target: str, count: bool, quiet: bool) -> list[str]:
+    from .shards import resolve_shards
+
+    shards = resolve_shards(target)
+    out = [f"{target}: {len(shards)} file{'s' * (len(shards) != 1)}"]
+    out.append(f"  {'file':<40}{'codec':>6}{'seekable':>9}{'frames':>8}{'records':>12}"
+               f"{'bytes':>11}{'decoded':>11}{'ratio':>7}")
+    total_records = total_bytes = total_decoded = 0
+    with _progress(len(shards), "inspecting", quiet or not count, unit="file") as bar:
+        for shard in shards:
+            seekable = "yes" if shard.frames is not None else "no"
+            frames = len(shard.frames) if shard.frames is not None else "-"
+            records: int | str = "-"
+            decoded = shard.decoded_size
+            if count:
+                records, decoded = _count_records(shard)
+                total_records += records
+            size = shard.size or 0
+            total_bytes += size
+            total_decoded += decoded or 0
+            ratio = f"{decoded / size:.2f}x" if decoded and size else "-"
+            name = shard.url
+            if len(shards) > 1 and os.path.isdir(target):
+                name = os.path.relpath(shard.path, target)
+            if len(shards) <= _TABLE_ROWS or len(out) < _TABLE_ROWS + 2:
+                records_text = f"{records:,}" if isinstance(records, int) else records
+                out.append(
+                    f"  {name[-40:]:<40}{shard.codec or 'none':>6}{seekable:>9}{frames!s:>8}"
+                    f"{records_text:>12}{_human(size):>11}"
+                    f"{_human(decoded) if decoded is not None else '-':>11}{ratio:>7}"
+                )
+            bar.update(1)
+    if len(shards) > _TABLE_ROWS:
+        out.append(f"  ... {len(shards) - _TABLE_ROWS} more")
+    if count:
+        ratio_all = total_decoded / total_bytes if total_bytes else 0.0
+        out.append(f"  total      {total_records:,} records, {_human(total_bytes)} stored, "
+                   f"{_human(total_decoded)} decoded (ratio {ratio_all:.2f}x)")
+    formats = sorted({s.format for s in shards})
+    out.append(f"  format     {', '.join(formats)}")
+    record = _first_record(shards)
+    if record is not None:
+        out.append(f"  sample     {_sample(record)}")
+    if all(s.frames is None for s in shards if s.codec == "zst") and any(
+        s.codec is not None for s in shards
+    ):
+        out.append("  note       compressed files without seek tables are read whole by one "
+                   "worker; `streamds convert` makes seekable shards")
+    return out
+
+
+def _cmd_inspect(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="streamds inspect",
+        description="Describe a converted directory (from its manifest) or any JSONL "
+        "files: shards, records, bytes, frames, codec, compression ratio, a sample record.",
+    )
+    parser.add_argument("target", metavar="DIR_OR_FILE", help="directory, file, glob or URL")
+    parser.add_argument("--no-count", action="store_true",
+                        help="without a manifest, do not read files to count records")
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    target = Path(args.target)
+    try:
+        if target.is_dir() and (target / MANIFEST_NAME).is_file():
+            lines = _inspect_manifest(target, read_manifest(target))
+        else:
+            lines = _inspect_files(args.target, not args.no_count, args.quiet)
+    except (OSError, ValueError) as err:
+        print(f"streamds inspect: error: {err}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0
+
+
+# -- verify ------------------------------------------------------------------------------
+
+
+def _unlisted(directory: Path, manifest: Manifest) -> list[str]:
+    listed = {entry.name for entry in manifest.shards}
+    extra = []
+    for name in sorted(os.listdir(directory)):
+        base = name.rsplit(".", 1)[0] if codec_of(name) else name
+        if name.startswith((".", "_")) or name == MANIFEST_NAME or name.endswith(".tmp"):
+            continue
+        if base.endswith(_RECORD_SUFFIXES) and name not in listed:
+            extra.append(
+                f"{name}: not listed in the manifest, but a reader of {directory} would read "
+                "it too; remove it or convert again"
+            )
+    return extra
+
+
+def _cmd_verify(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="streamds verify",
+        description="Re-read every shard of a converted directory against its manifest: "
+        "size, xxh64 checksum, seek table, records per frame, every record parses. "
+        "Exit 1 naming each damaged shard.",
+    )
+    parser.add_argument("directory", metavar="DIR")
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    directory = Path(args.directory)
+    try:
+        manifest = read_manifest(directory)
+    except FileNotFoundError:
+        print(f"streamds verify: error: {directory} has no {MANIFEST_NAME}; verify works on "
+              "directories written by `streamds convert`", file=sys.stderr)
+        return 2
+    except ManifestError as err:
+        print(f"streamds verify: error: {err}", file=sys.stderr)
+        return 1
+    damaged: dict[str, list[str]] = {}
+    with _progress(len(manifest.shards), "verifying", args.quiet) as bar:
+        for entry in manifest.shards:
+            problems = verify_shard(directory, entry, manifest.shard_format)
+            if problems:
+                damaged[entry.name] = problems
+            bar.update(1)
+    extra = _unlisted(directory, manifest)
+    counted = manifest.counts.get("records_out")
+    records = manifest.totals["records"]
+    mismatch = counted is not None and counted != records
+    for name, problems in damaged.items():
+        print(f"DAMAGED {name}")
+        for problem in problems:
+            print(f"  {problem}")
+    for problem in extra:
+        print(f"UNLISTED {problem}")
+    if mismatch:
+        print(f"MANIFEST counts records_out={counted} but its shards hold {records} records")
+    if damaged or extra or mismatch:
+        names = ", ".join(damaged) or "none"
+        print(f"{directory}: {len(damaged)} of {len(manifest.shards)} shards damaged ({names})"
+              f"{f', {len(extra)} unlisted files' if extra else ''}", file=sys.stderr)
+        return 1
+    print(f"{directory}: OK, {len(manifest.shards)} shards, {records:,} records, "
+          f"{manifest.totals['frames']:,} frames verified")
+    return 0
+
+
+# -- dispatch ----------------------------------------------------------------------------
+
+
+def _cmd_convert(argv: Sequence[str]) -> int:
+    try:
+        from preprocess.convert import main as convert_main
+    except ImportError as err:
+        print(f"streamds convert: error: the converter (package 'preprocess') cannot be "
+              f"imported: {err}; install streamds with `pip install -e .`", file=sys.stderr)
+        return 2
+    return convert_main(list(argv), prog="streamds convert")
+
+
+def _cmd_bench(argv: Sequence[str]) -> int:
+    try:
+        bench = importlib.import_module("streamds.bench")
+    except ModuleNotFoundError as err:
+        if err.name != "streamds.bench":
+            raise
+        print("streamds bench: error: this streamds has no benchmark module (streamds/bench.py)"
+              "; update streamds, or run benchmarks/ scripts from a source checkout",
+              file=sys.stderr)
+        return 2
+    return int(bench.main(list(argv)) or 0)
+
+
+_COMMANDS = {
+    "convert": _cmd_convert,
+    "inspect": _cmd_inspect,
+    "verify": _cmd_verify,
+    "bench": _cmd_bench,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``streamds`` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_USAGE)
+        return 0 if argv else 2
+    if argv[0] == "--version":
+        from . import __version__
+
+        print(f"streamds {__version__}")
+        return 0
+    command = _COMMANDS.get(argv[0])
+    if command is None:
+        print(f"{_USAGE}\n\nstreamds: error: unknown command {argv[0]!r}", file=sys.stderr)
+        return 2
+    return command(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Tests for the `streamds` command line: convert, inspect, verify, and the bench dispatch."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import orjson
+import pytest
+
+from preprocess.convert import JOURNAL_NAME
+from preprocess.synthetic import write_pubmed
+from streamds.cli import main
+from streamds.manifest import MANIFEST_NAME, read_manifest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def train(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("input") / "train.txt"
+    write_pubmed(path, target_bytes=120_000, record_chars=1500)
+    return path
+
+
+@pytest.fixture(scope="module")
+def converted(train: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("converted") / "shards"
+    assert main(["convert", str(train), "--output", str(out), "--shard-size", "30KB",
+                 "--frame-size", "4KB", "--quiet"]) == 0
+    return out
+
+
+def damaged_copy(converted: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "copy"
+    shutil.copytree(converted, out)
+    return out
+
+
+def test_convert_prints_a_summary_and_progress_only_when_asked(train, tmp_path, capsys):
+    assert main(["convert", str(train), "--output", str(tmp_path / "a"), "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    records = sum(1 for line in train.read_bytes().splitlines() if line.strip())
+    assert f"in {records:,}  out {records:,}  dropped 0  bad 0" in captured.out
+    assert "ratio" in captured.out and "time" in captured.out
+    assert main(["convert", str(train), "--output", str(tmp_path / "b")]) == 0
+    err = capsys.readouterr().err
+    assert "converting" in err and "records" in err and "B/s" in err  # the tqdm bar
+
+
+def test_convert_bad_input_exits_2_naming_file_and_line(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"a": 1}\n{"a": 2\n')
+    assert main(["convert", str(bad), "--output", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}: line 2: invalid JSON" in err
+    assert main(["convert", str(bad), "--output", str(tmp_path / "skip"), "--quiet",
+                 "--on-error", "skip"]) == 0
+    assert "bad 1" in capsys.readouterr().out
+    assert read_manifest(tmp_path / "skip").counts["bad"] == 1
+
+
+def test_convert_rejects_bad_sizes_with_usage_error(train, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["convert", str(train), "--output", str(tmp_path / "o"), "--shard-size", "lots"])
+    assert exit_info.value.code == 2
+    assert "cannot parse size 'lots'" in capsys.readouterr().err
+
+
+def test_python_dash_m_preprocess_runs_the_same_conversion(train, converted, tmp_path):
+    out = tmp_path / "out"
+    subprocess.run(
+        [sys.executable, "-m", "preprocess", str(train), "--output", str(out),
+         "--shard-size", "30KB", "--frame-size", "4KB", "--quiet", "--workers", "2"],
+        cwd=REPO, check=True, capture_output=True,
+    )
+    names = sorted(p.name for p in converted.iterdir() if p.name != JOURNAL_NAME)
+    assert sorted(p.name for p in out.iterdir() if p.name != JOURNAL_NAME) == names
+    for name in names:
+        assert (out / name).read_bytes() == (converted / name).read_bytes()
+
+
+def test_inspect_a_converted_directory(converted, capsys):
+    assert main(["inspect", str(converted)]) == 0
+    out = capsys.readouterr().out
+    manifest = read_manifest(converted)
+    totals = manifest.totals
+    assert f"shards     {totals['shards']}" in out
+    assert f"records    {totals['records']:,}" in out
+    assert f"frames     {totals['frames']:,}" in out
+    assert "seekable   yes" in out and "codec      zst" in out and "ratio" in out
+    assert 'sample     {"article_id":"PMC0000000"' in out
+    assert manifest.shards[0].name in out
+
+
+def test_inspect_arbitrary_jsonl_files(tmp_path, capsys):
+    plain = tmp_path / "plain.jsonl"
+    plain.write_bytes(b"".join(orjson.dumps({"i": i}) + b"\n" for i in range(250)))
+    packed = tmp_path / "packed.jsonl.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert main(["inspect", str(plain), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "250" in out and "none" in out and '{"i":0}' in out
+    assert main(["inspect", str(packed), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "gz" in out and "250 records" in out and "no " in out  # not seekable
+    assert "streamds convert" in out  # the hint for unsplittable compressed files
+
+
+def test_verify_passes_an_intact_directory(converted, capsys):
+    assert main(["verify", str(converted), "--quiet"]) == 0
+    assert "OK" in capsys.readouterr().out
+
+
+def test_verify_catches_a_flipped_byte(converted, tmp_path, capsys):
+    out = damaged_copy(converted, tmp_path)
+    victim = read_manifest(out).shards[1].name
+    data = bytearray((out / victim).read_bytes())
+    data[len(data) // 3] ^= 0x01
+    (out / victim).write_bytes(bytes(data))
+    assert main(["verify", str(out), "--quiet"]) == 1
+    captured = capsys.readouterr()
+    assert f"DAMAGED {victim}" in captured.out and "checksum" in captured.out
+    assert victim in captured.err
+    others = [s.name for s in read_manifest(out).shards if s.name != victim]
+    assert not any(f"DAMAGED {name}" in captured.out for name in others)
+
+
+def test_verify_catches_a_truncated_shard(converted, tmp_path, capsys):
+    out = damaged_copy(converted, tmp_path)
+    victim = read_manifest(out).shards[0].name
+    data = (out / victim).read_bytes()
+    (out / victim).write_bytes(data[: len(data) - 50])
+    assert main(["verify", str(out), "--quiet"]) == 1
+    captured = capsys.readouterr().out
+    assert f"DAMAGED {victim}" in captured and "seek table" in captured
+
+
+def test_verify_catches_wrong_record_counts_and_stray_shards(converted, tmp_path, capsys):
+    out = damaged_copy(converted, tmp_path)
+    text = (out / MANIFEST_NAME).read_text()
+    manifest = read_manifest(out)
+    first = manifest.shards[0]
+    wrong = list(first.records_per_frame)
+    wrong[0] += 1
+    text = text.replace(
+        f'"records_per_frame":{orjson.dumps(list(first.records_per_frame)).decode()}',
+        f'"records_per_frame":{orjson.dumps(wrong).decode()}', 1)
+    (out / MANIFEST_NAME).write_text(text)
+    (out / "extra.jsonl").write_bytes(b'{"x": 1}\n')
+    assert main(["verify", str(out), "--quiet"]) == 1
+    captured = capsys.readouterr().out
+    assert f"{first.name}: frame 0 holds {wrong[0] - 1} records" in captured
+    assert "UNLISTED extra.jsonl" in captured
+
+
+def test_verify_without_a_manifest_says_so(tmp_path, capsys):
+    assert main(["verify", str(tmp_path)]) == 2
+    assert "no manifest.json" in capsys.readouterr().err
+
+
+def test_bench_dispatches_to_streamds_bench(monkeypatch):
+    calls = []
+    fake = types.ModuleType("streamds.bench")
+    fake.main = lambda argv: calls.append(argv) or 7  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "streamds.bench", fake)
+    assert main(["bench", "data/", "--num-workers", "2"]) == 7
+    assert calls == [["data/", "--num-workers", "2"]]
+
+
+def test_bench_without_the_module_explains(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "streamds.bench", None)  # import raises ModuleNotFoundError
+    assert main(["bench", "x"]) == 2
+    assert "no benchmark module" in capsys.readouterr().err
+
+
+def test_unknown_command_and_help(capsys):
+    assert main(["frobnicate"]) == 2
+    assert "unknown command 'frobnicate'" in capsys.readouterr().err
+    assert main(["--help"]) == 0
+    assert "convert" in capsys.readouterr().out
+
+
+def test_verify_and_inspect_tar_shards(train, tmp_path, capsys):
+    out = tmp_path / "tar"
+    assert main(["convert", str(train), "--output", str(out), "--format", "tar",
+                 "--shard-size", "40KB", "--quiet"]) == 0
+    assert main(["verify", str(out), "--quiet"]) == 0
+    assert main(["inspect", str(out)]) == 0
+    assert "format     tar" in capsys.readouterr().out
+    victim = read_manifest(out).shards[-1].name
+    data = (out / victim).read_bytes()
+    (out / victim).write_bytes(data[:700])  # cut inside the first member
+    assert main(["verify", str(out), "--quiet"]) == 1
+    assert f"DAMAGED {victim}" in capsys.readouterr().out
