@@ -3,17 +3,15 @@
 ``StreamingJsonl(path)`` is an IterableDataset for ``torch.utils.data.DataLoader`` that
 reads JSONL (plain, .zst, .gz, .bz2, .xz) and tar shards through fsspec, splits the work
 across workers and ranks, shuffles through a buffer and resumes exactly.
+
+Names are imported on first use, so the command line and the shard writers start without
+importing torch.
 """
 
-from .batching import Batches, BucketBatches, PaddingStats, TokenBudgetBatches, padding_of
-from .collate import PadCollate, as_list
-from .dataset import StreamingJsonl
-from .errors import CorruptRecordError, CorruptShardError, MissingCodecError, StateMismatchError
-from .prefetch import DevicePrefetcher
-from .resume import merge_states
-from .retry import RetryPolicy
-from .stall import StallMeter
-from .world import World, detect_world
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "Batches",
@@ -37,3 +35,55 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+# public name -> the module that defines it
+_HOMES = {
+    "Batches": "batching",
+    "BucketBatches": "batching",
+    "PaddingStats": "batching",
+    "TokenBudgetBatches": "batching",
+    "padding_of": "batching",
+    "PadCollate": "collate",
+    "as_list": "collate",
+    "StreamingJsonl": "dataset",
+    "CorruptRecordError": "errors",
+    "CorruptShardError": "errors",
+    "MissingCodecError": "errors",
+    "StateMismatchError": "errors",
+    "DevicePrefetcher": "prefetch",
+    "merge_states": "resume",
+    "RetryPolicy": "retry",
+    "StallMeter": "stall",
+    "World": "world",
+    "detect_world": "world",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'streamds' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:
+    from .batching import Batches, BucketBatches, PaddingStats, TokenBudgetBatches, padding_of
+    from .collate import PadCollate, as_list
+    from .dataset import StreamingJsonl
+    from .errors import (
+        CorruptRecordError,
+        CorruptShardError,
+        MissingCodecError,
+        StateMismatchError,
+    )
+    from .prefetch import DevicePrefetcher
+    from .resume import merge_states
+    from .retry import RetryPolicy
+    from .stall import StallMeter
+    from .world import World, detect_world

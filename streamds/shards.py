@@ -121,6 +121,12 @@ def _is_record_file(path: str) -> bool:
     return _strip_codec(name).endswith(_RECORD_SUFFIXES) or name.endswith(".tgz")
 
 
+def _in_hidden_folder(found: str, root: str) -> bool:
+    """Whether `found` lies in a hidden folder below `root` (Colab's .ipynb_checkpoints)."""
+    relative = found[len(root.rstrip("/")) :].strip("/")
+    return any(part.startswith(".") for part in relative.split("/")[:-1])
+
+
 def _url_of(fs: fsspec.AbstractFileSystem, path: str, given: str) -> str:
     if given and not has_magic(given) and "::" in given:
         return given  # chained URL named by the user: keep their spelling
@@ -142,7 +148,10 @@ def _list_files(item: str, storage_options: dict[str, Any]) -> tuple[Any, list[d
         raise FileNotFoundError(f"source {item!r} does not exist; check the path or URL") from err
     if info.get("type") != "directory":
         return fs, [info]
-    infos = [i for i in fs.find(path, detail=True).values() if _is_record_file(i["name"])]
+    infos = [
+        i for i in fs.find(path, detail=True).values()
+        if _is_record_file(i["name"]) and not _in_hidden_folder(i["name"], path)
+    ]
     if not infos:
         raise FileNotFoundError(
             f"directory {item!r} has no JSONL files (looked for .jsonl, .json, .ndjson and .tar, "

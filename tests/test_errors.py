@@ -168,3 +168,10 @@ def test_utf8_byte_order_mark_at_file_start_is_not_an_error(tmp_path):
     path = tmp_path / "bom.jsonl"
     path.write_bytes(b'\xef\xbb\xbf{"a": 1}\n{"a": 2}\n')
     assert list(StreamingJsonl(path)) == [{"a": 1}, {"a": 2}]
+
+
+def test_directory_listing_skips_hidden_folders(tmp_path):
+    corpus.write(tmp_path / "train.jsonl", corpus.make_records(3))
+    (tmp_path / ".ipynb_checkpoints").mkdir()
+    corpus.write(tmp_path / ".ipynb_checkpoints" / "train.jsonl", corpus.make_records(3))
+    assert list(StreamingJsonl(tmp_path)) == corpus.make_records(3)
