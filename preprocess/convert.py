@@ -44,6 +44,7 @@ from typing import Any
 
 import orjson
 
+from streamds.cli import human_bytes
 from streamds.errors import CorruptShardError
 from streamds.manifest import (
     MANIFEST_NAME,
@@ -644,14 +645,6 @@ def build_parser(prog: str = "python -m preprocess") -> argparse.ArgumentParser:
     return parser
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"  # pragma: no cover
-
-
 def summary(result: ConvertResult) -> str:
     """The lines the CLI prints after a conversion."""
     m, c = result.manifest, result.counts
@@ -664,8 +657,8 @@ def summary(result: ConvertResult) -> str:
         f"({result.shards_written} this run{reused})",
         f"  records  in {c.records_in:,}  out {c.records_out:,}  dropped {c.dropped:,}  "
         f"bad {c.bad:,}",
-        f"  bytes    in {_human(c.input_bytes)}  out {_human(totals['bytes'])}  "
-        f"(decoded {_human(totals['decoded_bytes'])}, ratio {ratio:.2f}x)",
+        f"  bytes    in {human_bytes(c.input_bytes)}  out {human_bytes(totals['bytes'])}  "
+        f"(decoded {human_bytes(totals['decoded_bytes'])}, ratio {ratio:.2f}x)",
         f"  time     {result.seconds:.1f} s  ({speed:.1f} MB/s of stored input this run)",
     ])
 

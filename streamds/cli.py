@@ -47,7 +47,8 @@ _SAMPLE_CHARS = 400
 _TABLE_ROWS = 20
 
 
-def _human(n: float) -> str:
+def human_bytes(n: float) -> str:
+    """`n` bytes in decimal units: "512 B", "3.4 MB"."""
     for unit in ("B", "kB", "MB", "GB", "TB"):
         if abs(n) < 1000 or unit == "TB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -121,13 +122,13 @@ def _inspect_manifest(directory: Path, manifest: Manifest) -> list[str]:
         f"  seekable   {'yes' if zstd else 'no (tar: split by whole shard)'}",
         f"  shards     {totals['shards']:,}",
         f"  records    {totals['records']:,}",
-        f"  bytes      {_human(totals['bytes'])} stored, {_human(totals['decoded_bytes'])} "
-        f"decoded (ratio {ratio:.2f}x)",
+        f"  bytes      {human_bytes(totals['bytes'])} stored, "
+        f"{human_bytes(totals['decoded_bytes'])} decoded (ratio {ratio:.2f}x)",
     ]
     if zstd:
         frames = totals["frames"]
         mean = totals["decoded_bytes"] / frames if frames else 0
-        out.append(f"  frames     {frames:,} (mean {_human(mean)} decoded)")
+        out.append(f"  frames     {frames:,} (mean {human_bytes(mean)} decoded)")
     if c:
         out.append(f"  counts     in {c.get('records_in', 0):,}  out {c.get('records_out', 0):,}"
                    f"  dropped {c.get('dropped', 0):,}  bad {c.get('bad', 0):,}")
@@ -136,8 +137,8 @@ def _inspect_manifest(directory: Path, manifest: Manifest) -> list[str]:
     out.append(f"  inputs     {', '.join(manifest.inputs)}")
     out.append(f"  {'shard':<28}{'records':>12}{'bytes':>12}{'decoded':>12}{'frames':>8}")
     for entry in manifest.shards[:_TABLE_ROWS]:
-        out.append(f"  {entry.name:<28}{entry.records:>12,}{_human(entry.bytes):>12}"
-                   f"{_human(entry.decoded_bytes):>12}{entry.frames:>8}")
+        out.append(f"  {entry.name:<28}{entry.records:>12,}{human_bytes(entry.bytes):>12}"
+                   f"{human_bytes(entry.decoded_bytes):>12}{entry.frames:>8}")
     if len(manifest.shards) > _TABLE_ROWS:
         out.append(f"  ... {len(manifest.shards) - _TABLE_ROWS} more")
     if manifest.shards:
@@ -176,16 +177,16 @@ def _inspect_files(target: str, count: bool, quiet: bool) -> list[str]:
                 records_text = f"{records:,}" if isinstance(records, int) else records
                 out.append(
                     f"  {name[-40:]:<40}{shard.codec or 'none':>6}{seekable:>9}{frames!s:>8}"
-                    f"{records_text:>12}{_human(size):>11}"
-                    f"{_human(decoded) if decoded is not None else '-':>11}{ratio:>7}"
+                    f"{records_text:>12}{human_bytes(size):>11}"
+                    f"{human_bytes(decoded) if decoded is not None else '-':>11}{ratio:>7}"
                 )
             bar.update(1)
     if len(shards) > _TABLE_ROWS:
         out.append(f"  ... {len(shards) - _TABLE_ROWS} more")
     if count:
         ratio_all = total_decoded / total_bytes if total_bytes else 0.0
-        out.append(f"  total      {total_records:,} records, {_human(total_bytes)} stored, "
-                   f"{_human(total_decoded)} decoded (ratio {ratio_all:.2f}x)")
+        out.append(f"  total      {total_records:,} records, {human_bytes(total_bytes)} stored, "
+                   f"{human_bytes(total_decoded)} decoded (ratio {ratio_all:.2f}x)")
     formats = sorted({s.format for s in shards})
     out.append(f"  format     {', '.join(formats)}")
     record = _first_record(shards)

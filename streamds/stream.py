@@ -184,21 +184,8 @@ class RecordStream:
             self._offsets = []
 
     def __iter__(self) -> Iterator[Any]:
-        if self._limit is not None:
-            yield from self._limited()
-            return
-        counts = self._counts
-        for items in self._chunks():
-            for index, item in enumerate(items, 1):
-                self._index = index
-                if item.__class__ is Marker:
-                    counts[item.kind] += 1
-                    continue
-                yield item
-
-    def _limited(self) -> Iterator[Any]:
         counts, limit = self._counts, self._limit
-        if self._emitted >= limit:
+        if limit is not None and self._emitted >= limit:
             return
         for items in self._chunks():
             for index, item in enumerate(items, 1):
@@ -206,7 +193,10 @@ class RecordStream:
                 if item.__class__ is Marker:
                     counts[item.kind] += 1
                     continue
-                self._emitted += 1
+                if limit is None:
+                    yield item
+                    continue
+                self._emitted += 1  # counted only under a limit: the common path stays lean
                 yield item
                 if self._emitted >= limit:
                     return
