@@ -226,11 +226,14 @@ class StreamingJsonl(IterableDataset):
 
     # -- iteration -----------------------------------------------------------------------
 
-    def _plan(self, explicit_work: list[WorkItem] | None) -> dict[str, Any]:
-        """What a reader's work derives from; explicit after an elastic resume."""
+    def _plan(
+        self, explicit_work: list[WorkItem] | None, quota: int | None = None
+    ) -> dict[str, Any]:
+        """What a reader's work derives from (explicit after an elastic resume), and its
+        record quota under even_ranks."""
         work = None if explicit_work is None else [list(item) for item in explicit_work]
         return {"blocks": self._num_blocks, "seed": self.seed, "shuffle": self.shuffle,
-                "work": work}
+                "work": work, "quota": quota}
 
     def _reader_records(self, work: list[WorkItem], blocks: list) -> int:
         assert self._block_counts is not None
@@ -241,11 +244,15 @@ class StreamingJsonl(IterableDataset):
         )
 
     def _quota(
-        self, world: World, epoch: int, explicit: list[WorkItem] | None, blocks: list
+        self, world: World, epoch: int, explicit: list[WorkItem] | None, blocks: list,
+        known: int | None,
     ) -> tuple[int | None, list[WorkItem]]:
-        """(records this reader yields, work to repeat when short) under even_ranks."""
-        if self.even_ranks is None:
-            return None, []
+        """(records this reader yields, work to repeat when short) under even_ranks; a quota
+        `known` from a loaded state is kept, never recounted."""
+        own = reader_work(self._plan(explicit), epoch, world)
+        everything = reader_work(self._plan(None), epoch, World())
+        if known is not None:
+            return known, own or everything
         merged = self._resume_from if explicit is not None else None
         counts = []
         for rank in range(world.world_size):
@@ -258,18 +265,19 @@ class StreamingJsonl(IterableDataset):
                     work = reader_work(self._plan(explicit), epoch, other)
                     counts.append(self._reader_records(work, blocks))
         quota = quotas(counts, world.world_size, self.even_ranks)[world.reader]
-        own = reader_work(self._plan(explicit), epoch, world)
-        everything = reader_work(self._plan(None), epoch, World())
         return quota, own or everything
 
     def _build(
         self, world: World, epoch: int, work: list[WorkItem], explicit: list[WorkItem] | None,
-        prefilled: int,
+        prefilled: int, quota: int | None,
     ) -> RecordStream | ShuffleBuffer:
         # -> Block(shard, start, end) list: the corpus cut into line-aligned units
         blocks = make_blocks(self._shards, self.block_size)
         # -> how many records this reader yields when ranks must be even, and what it repeats
-        quota, pad_work = self._quota(world, epoch, explicit, blocks)
+        pad_work: list[WorkItem] = []
+        if self.even_ranks is not None:
+            computed, pad_work = self._quota(world, epoch, explicit, blocks, known=quota)
+            quota = computed if quota is None else quota
         limit = None if quota is None else max(0, quota - prefilled)
         # -> parsed, transformed records of this reader's blocks, each with its position
         records = RecordStream(
@@ -284,8 +292,9 @@ class StreamingJsonl(IterableDataset):
 
     def _start(
         self, world: World
-    ) -> tuple[int, dict | None, list[WorkItem] | None, list[Position], dict | None]:
-        """(epoch, stream state, explicit work, records to prefill, counts carried over)."""
+    ) -> tuple[int, dict | None, list[WorkItem] | None, list[Position], dict | None, int | None]:
+        """(epoch, stream state, explicit work, records to prefill, counts carried over,
+        quota kept in a loaded state)."""
         state = self._pending_state
         if state is None and world.worker in self._worker_states:
             state = self._worker_states[world.worker]
@@ -294,20 +303,20 @@ class StreamingJsonl(IterableDataset):
             self._check_world(state, world)
             work = state["plan"]["work"]
             explicit = None if work is None else [(b, s) for b, s in work]
-            return state["epoch"], state["stream"], explicit, [], None
+            return state["epoch"], state["stream"], explicit, [], None, state["plan"]["quota"]
         merged = self._resume_from
         if merged is not None and merged["epoch"] == self.epoch:
             work, pending, counts = share_of(merged, world)
-            return self.epoch, None, work, pending, counts
-        return self.epoch, None, None, [], None
+            return self.epoch, None, work, pending, counts, None
+        return self.epoch, None, None, [], None, None
 
     def _prepare(self, world: World) -> tuple[RecordStream | ShuffleBuffer, int, dict]:
         """This reader's pipeline, positioned where it starts: (pipeline, epoch, plan)."""
-        epoch, stream_state, explicit, pending, carried = self._start(world)
-        plan = self._plan(explicit)
+        epoch, stream_state, explicit, pending, carried, quota = self._start(world)
         # -> the (block id, start) items this reader (rank x worker) owns this epoch
-        work = reader_work(plan, epoch, world)
-        pipeline = self._build(world, epoch, work, explicit, len(pending))
+        work = reader_work(self._plan(explicit), epoch, world)
+        pipeline = self._build(world, epoch, work, explicit, len(pending), quota)
+        plan = self._plan(explicit, pipeline.quota)
         pipeline.reset(stream_state)
         if carried:
             pipeline.add_counts(carried)

@@ -83,6 +83,10 @@ class ShuffleBuffer:
     def counts(self) -> dict[str, int]:
         return self._source.counts
 
+    @property
+    def quota(self) -> int | None:
+        return self._source.quota
+
     def add_counts(self, counts: dict[str, int]) -> None:
         self._source.add_counts(counts)
 

@@ -113,6 +113,11 @@ class RecordStream:
         self._counts.update(counts)
 
     @property
+    def quota(self) -> int | None:
+        """Records this stream yields in all (None: all it has), counted from its start."""
+        return self._limit
+
+    @property
     def position(self) -> Position:
         """Position of the record last yielded."""
         return self._item(self._next_block)[0], self._offsets[self._index - 1]
