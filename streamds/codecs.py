@@ -23,7 +23,7 @@ __all__ = [
     "require_codec",
 ]
 
-READ_SIZE = 1 << 20  # raw bytes per read from storage
+READ_SIZE = 256 << 10  # bytes per read: small enough that a chunk stays in the L2 cache
 _MIN_FEED = 1 << 8  # compressed bytes a zstd decoding step takes at least
 
 # suffix -> (codec name, module that decodes it, pip package that provides the module)

@@ -55,11 +55,14 @@ def _bad_line_error(chunk: LineChunk, index: int, url: str, locate: Locate, err:
     )
 
 
-def parse_chunk(chunk: LineChunk, *, on_error: str, url: str, locate: Locate) -> list[Any]:
-    """One parsed value (or marker) per line of `chunk`, aligned with `chunk.offsets`."""
+def parse_chunk(
+    chunk: LineChunk, *, on_error: str, url: str, locate: Locate
+) -> tuple[list[Any], bool]:
+    """One parsed value (or marker) per line of `chunk`, aligned with `chunk.offsets`, and
+    whether the list is free of markers (every line a record)."""
     loads = orjson.loads
     try:
-        return [loads(line) for line in chunk.lines]
+        return [loads(line) for line in chunk.lines], True
     except orjson.JSONDecodeError:
         pass  # some line is blank or malformed: redo the chunk line by line
     items: list[Any] = []
@@ -75,4 +78,4 @@ def parse_chunk(chunk: LineChunk, *, on_error: str, url: str, locate: Locate) ->
                 items.append(BAD)
             else:
                 raise _bad_line_error(chunk, index, url, locate, err) from err
-    return items
+    return items, False

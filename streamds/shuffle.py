@@ -97,20 +97,20 @@ class ShuffleBuffer:
 
     def __iter__(self) -> Iterator[Any]:
         records, positions, size = self._records, self._positions, self._size
-        randrange = self._rng.randrange
+        random = self._rng.random  # int(random() * n): uniform enough, and C-fast
         if not self._draining:
             for position, record in self._source.with_positions():
                 if len(records) < size:
                     records.append(record)
                     positions.append(position)
                     continue
-                slot = randrange(size)
+                slot = int(random() * size)
                 out = records[slot]
                 records[slot], positions[slot] = record, position
                 yield out
             self._draining = True
         while records:
-            slot = randrange(len(records))
+            slot = int(random() * len(records))
             records[slot], records[-1] = records[-1], records[slot]
             positions[slot], positions[-1] = positions[-1], positions[slot]
             positions.pop()

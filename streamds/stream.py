@@ -79,6 +79,7 @@ class RecordStream:
         self._resume_at: int | None = None
         self._offsets: list[int] = []  # offsets of the chunk being emitted
         self._index = 0  # items of that chunk already passed downstream
+        self._clean: Iterator[Any] | None = None  # iterator over a marker-free chunk
         self._emitted = 0  # records yielded (tracked only under a limit)
         if state is not None:
             self._next_block = state[self.NEXT_BLOCK]
@@ -87,7 +88,7 @@ class RecordStream:
             self._counts.update({name: state[self.COUNTS][name] for name in COUNTERS})
 
     def get_state(self) -> dict[str, Any]:
-        offset = self._offsets[self._index] if self._offsets else self._resume_at
+        offset = self._offsets[self._passed()] if self._offsets else self._resume_at
         return {
             self.NEXT_BLOCK: self._next_block,
             self.OFFSET: offset,
@@ -120,7 +121,13 @@ class RecordStream:
     @property
     def position(self) -> Position:
         """Position of the record last yielded."""
-        return self._item(self._next_block)[0], self._offsets[self._index - 1]
+        return self._item(self._next_block)[0], self._offsets[self._passed() - 1]
+
+    def _passed(self) -> int:
+        """Items of the current chunk already passed downstream."""
+        if self._clean is None:
+            return self._index
+        return len(self._offsets) - 1 - self._clean.__length_hint__()  # type: ignore[attr-defined]
 
     def _item(self, k: int) -> WorkItem:
         """The k-th work item; past the end of `work`, `pad_work` over and over."""
@@ -155,13 +162,17 @@ class RecordStream:
 
         return locate
 
-    def _items(self, chunk: LineChunk, shard: Shard) -> list[Any]:
+    def _items(self, chunk: LineChunk, shard: Shard) -> tuple[list[Any], bool]:
+        """Parsed, transformed items of a chunk, and whether all of them are records."""
         locate = self._locate(chunk, shard)
-        items = parse_chunk(chunk, on_error=self._on_error, url=shard.url, locate=locate)
-        return items if self._apply is None else transform_items(self._apply, items)
+        items, clean = parse_chunk(chunk, on_error=self._on_error, url=shard.url, locate=locate)
+        if self._apply is None:
+            return items, clean
+        return transform_items(self._apply, items), False  # a transform may drop records
 
-    def _chunks(self) -> Iterator[list[Any]]:
-        """Item lists of the remaining blocks; sets the chunk's offsets for `get_state`."""
+    def _chunks(self) -> Iterator[tuple[list[Any], bool]]:
+        """(items, all records?) of the remaining blocks; sets the chunk's offsets for
+        `get_state`."""
         self._cycle_start = -1
         while self._has_item(self._next_block):
             block_id, start = self._item(self._next_block)
@@ -174,9 +185,9 @@ class RecordStream:
             )
             try:
                 for chunk in chunks:
-                    items = self._items(chunk, shard)
+                    items, clean = self._items(chunk, shard)
                     self._offsets, self._index = chunk.offsets, 0
-                    yield items
+                    yield items, clean
                     self._resume_at = chunk.offsets[-1]
                     self._offsets = []
             except CorruptShardError as err:
@@ -189,27 +200,33 @@ class RecordStream:
             self._offsets = []
 
     def __iter__(self) -> Iterator[Any]:
+        return self._emit(positions=False)
+
+    def with_positions(self) -> Iterator[tuple[Position, Any]]:
+        """Like iterating, but each record comes as ((block id, offset), record)."""
+        return self._emit(positions=True)
+
+    def _emit(self, *, positions: bool) -> Iterator[Any]:
         counts, limit = self._counts, self._limit
         if limit is not None and self._emitted >= limit:
             return
-        for items in self._chunks():
+        for items, clean in self._chunks():
+            if clean and limit is None and not positions:  # the common case, at C speed
+                self._clean = iter(items)
+                yield from self._clean
+                self._clean, self._index = None, len(items)
+                continue
+            block_id, offsets = self._item(self._next_block)[0], self._offsets
             for index, item in enumerate(items, 1):
                 self._index = index
                 if item.__class__ is Marker:
                     counts[item.kind] += 1
                     continue
-                if limit is None:
-                    yield item
-                    continue
-                self._emitted += 1  # counted only under a limit: the common path stays lean
-                yield item
-                if self._emitted >= limit:
+                if limit is not None:
+                    self._emitted += 1  # counted only under a limit
+                yield ((block_id, offsets[index - 1]), item) if positions else item
+                if limit is not None and self._emitted >= limit:
                     return
-
-    def with_positions(self) -> Iterator[tuple[Position, Any]]:
-        """Like iterating, but each record comes with its position."""
-        for record in self:
-            yield self.position, record
 
     # -- random access -------------------------------------------------------------------
 
@@ -241,7 +258,7 @@ class RecordStream:
                     [chunk.lines[i] for i in keep],
                     None if chunk.labels is None else [chunk.labels[i] for i in keep],
                 )
-                items = self._items(picked, shard)
+                items, _ = self._items(picked, shard)
                 for offset, item in zip(picked.offsets[:-1], items, strict=True):
                     found[(block_id, offset)] = item
                     remaining.discard(offset)
