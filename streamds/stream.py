@@ -96,14 +96,6 @@ class RecordStream:
             self.COUNTS: dict(self._counts),
         }
 
-    def remaining_work(self, state: dict[str, Any]) -> list[WorkItem]:
-        """The work items a state of this stream has not finished, partial one first."""
-        k, offset = state[self.NEXT_BLOCK], state[self.OFFSET]
-        if k >= len(self._work):
-            return []
-        block_id, start = self._work[k]
-        return [(block_id, start if offset is None else offset), *self._work[k + 1 :]]
-
     @property
     def counts(self) -> dict[str, int]:
         """Lines passed so far that yielded no record, by reason."""
@@ -117,11 +109,6 @@ class RecordStream:
     def quota(self) -> int | None:
         """Records this stream yields in all (None: all it has), counted from its start."""
         return self._limit
-
-    @property
-    def position(self) -> Position:
-        """Position of the record last yielded."""
-        return self._item(self._next_block)[0], self._offsets[self._passed() - 1]
 
     def _passed(self) -> int:
         """Items of the current chunk already passed downstream."""
