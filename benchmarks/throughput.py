@@ -530,7 +530,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "collate_fn returning the list); \"DataLoader only\" replays parsed records from "
             "memory, the ceiling for any reader with that many workers. HF datasets splits "
             "work by file, so with one file only one worker reads; peers' runs stop after "
-            f"{args.peer_cap:g} s. {notes}\n\n"
+            f"{args.peer_cap:g} s. {notes} Compare rows within one table: between separate "
+            "runs of the script on this shared VM, single rows moved by up to a third.\n\n"
             f"```\n{command}\n```"
         )
         replace_section(README, "throughput", body)
