@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shlex
 import sys
 import tarfile
@@ -266,3 +267,23 @@ def replace_section(path: Path, section: str, body: str) -> None:
     if not pattern.search(text):
         raise ValueError(f"{path}: no {start} ... {end} markers; add them where the table goes")
     path.write_text(pattern.sub(lambda _: f"{start}\n{body.strip()}\n{end}", text, count=1))
+
+
+# -- CPU accounting, for telling a quiet machine from a busy one ----------------------------
+
+_HZ = os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy() -> float:
+    """CPU seconds all processes have used since boot (from /proc/stat)."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[:8])
+    return (user + nice + system + irq + softirq + steal) / _HZ
+
+
+def own_cpu() -> float:
+    """CPU seconds of this process and its reaped children (DataLoader workers, zstd)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime

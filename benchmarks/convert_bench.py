@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -52,6 +51,8 @@ from common import (  # after the path tweak that makes `common` importable
     README,
     command_line,
     machine,
+    machine_busy,
+    own_cpu,
     replace_section,
 )
 
@@ -125,23 +126,7 @@ def concatenate(paths: list[Path], out: Path) -> None:
 
 # -- timing --------------------------------------------------------------------------------
 
-_HZ = os.sysconf("SC_CLK_TCK")
 _OTHERS: list[float] = []  # cores other processes used, per timed run
-
-
-def _machine_busy() -> float:
-    """CPU seconds all processes have used since boot (from /proc/stat)."""
-    with open("/proc/stat") as f:
-        fields = f.readline().split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[:8])
-    return (user + nice + system + irq + softirq + steal) / _HZ
-
-
-def _own_cpu() -> float:
-    """CPU seconds of this process and its reaped children (DataLoader workers, zstd)."""
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
 
 
 class Quiet:
@@ -152,16 +137,16 @@ class Quiet:
     def __enter__(self) -> Quiet:
         start = time.perf_counter()
         while time.perf_counter() - start < self.max_wait:
-            busy, own = _machine_busy(), _own_cpu()
+            busy, own = machine_busy(), own_cpu()
             time.sleep(0.5)
-            if (_machine_busy() - busy - (_own_cpu() - own)) / 0.5 < 0.25:
+            if (machine_busy() - busy - (own_cpu() - own)) / 0.5 < 0.25:
                 break
-        self._busy, self._own, self._start = _machine_busy(), _own_cpu(), time.perf_counter()
+        self._busy, self._own, self._start = machine_busy(), own_cpu(), time.perf_counter()
         return self
 
     def __exit__(self, *exc: object) -> None:
         wall = time.perf_counter() - self._start
-        others = _machine_busy() - self._busy - (_own_cpu() - self._own)
+        others = machine_busy() - self._busy - (own_cpu() - self._own)
         _OTHERS.append(max(0.0, others / wall) if wall > 0 else 0.0)
 
 
@@ -182,10 +167,10 @@ def median_seconds(run: Callable[[], object], repeats: int) -> tuple[float, floa
     times, cpus = [], []
     for _ in range(repeats):
         with Quiet():
-            start, cpu = time.perf_counter(), _own_cpu()
+            start, cpu = time.perf_counter(), own_cpu()
             run()
             times.append(time.perf_counter() - start)
-            cpus.append(_own_cpu() - cpu)
+            cpus.append(own_cpu() - cpu)
     return statistics.median(times), statistics.median(cpus)
 
 
@@ -199,10 +184,10 @@ def time_convert(inputs: list[Path], label: str, stored: int, workers: int, repe
     for _ in range(repeats):
         shutil.rmtree(out, ignore_errors=True)
         with Quiet():
-            start, cpu = time.perf_counter(), _own_cpu()
+            start, cpu = time.perf_counter(), own_cpu()
             results.append(convert(inputs, out, workers=workers))
             times.append(time.perf_counter() - start)
-            cpus.append(_own_cpu() - cpu)
+            cpus.append(own_cpu() - cpu)
     totals = results[-1].manifest.totals
     log(f"  convert {label}, {workers} worker(s): {statistics.median(times):.2f}s "
         f"(runs {', '.join(f'{t:.2f}' for t in times)}), CPU {statistics.median(cpus):.2f}s")

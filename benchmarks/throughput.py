@@ -56,7 +56,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import resource
 import statistics
 import sys
 import time
@@ -73,6 +72,8 @@ from common import (
     Corpus,
     command_line,
     machine,
+    machine_busy,
+    own_cpu,
     pubmed_corpus,
     replace_section,
     small_lines_corpus,
@@ -235,24 +236,6 @@ def replay_run(pool: list, total: int, workers: int, cap: float | None = None) -
 
 # -- measuring -------------------------------------------------------------------------------
 
-_HZ = os.sysconf("SC_CLK_TCK")
-
-
-def _machine_busy() -> float:
-    """CPU seconds all processes have used since boot (from /proc/stat)."""
-    with open("/proc/stat") as f:
-        fields = f.readline().split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[:8])
-    return (user + nice + system + irq + softirq + steal) / _HZ
-
-
-def _own_cpu() -> float:
-    """CPU seconds of this process and its reaped children (DataLoader workers)."""
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
-
-
 class QuietWaiter:
     """Waits before a timed run until other processes leave the CPUs nearly idle.
 
@@ -269,9 +252,9 @@ class QuietWaiter:
         start = time.perf_counter()
         limit = min(self.per_run, self.left)
         while time.perf_counter() - start < limit:
-            busy, own = _machine_busy(), _own_cpu()
+            busy, own = machine_busy(), own_cpu()
             time.sleep(0.5)
-            if (_machine_busy() - busy - (_own_cpu() - own)) / 0.5 < self.threshold:
+            if (machine_busy() - busy - (own_cpu() - own)) / 0.5 < self.threshold:
                 break
         self.left -= time.perf_counter() - start
 
@@ -320,11 +303,11 @@ def measure(
     expected = result.corpus.records
     for attempt in range(repeats + 1):
         wait()
-        busy, own = _machine_busy(), _own_cpu()
+        busy, own = machine_busy(), own_cpu()
         start = time.perf_counter()
         records = run()
         wall = time.perf_counter() - start
-        used = _own_cpu() - own
+        used = own_cpu() - own
         if records != expected and not (capped and 0 < records < expected):
             raise RuntimeError(
                 f"{result.reader} ({result.source}, workers={result.workers}) yielded "
@@ -334,7 +317,7 @@ def measure(
             result.rates.append(records / wall)
             result.read.append(records)
             result.cores.append(used / wall)
-            result.others.append(max(0.0, (_machine_busy() - busy - used) / wall))
+            result.others.append(max(0.0, (machine_busy() - busy - used) / wall))
     share = f" ({min(result.read) / expected:.0%} read)" if result.partial else ""
     log(
         f"  {result.reader:<16} {result.source:<20} workers={result.workers!s:<4} "

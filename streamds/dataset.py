@@ -105,12 +105,14 @@ class StreamingJsonl(IterableDataset):
         self._steps: tuple[Step, ...] = (("map", transform),) if transform is not None else ()
         self._shards: list[Shard] = resolve_shards(source, storage_options, on_error=on_error)
         self._fingerprint = self._make_fingerprint()
-        self._num_blocks = len(make_blocks(self._shards, self.block_size))
+        # -> Block(shard, start, end) list: the corpus cut into line-aligned units, once
+        self._block_list = make_blocks(self._shards, self.block_size)
+        self._num_blocks = len(self._block_list)
         self._resume_from = self._check_merged(resume_from)
         # records per block, counted once here so every worker shares them (even ranks only)
         self._block_counts: list[int] | None = None
         if even_ranks is not None:
-            self._block_counts = count_block_records(self._shards, self._blocks())
+            self._block_counts = count_block_records(self._shards, self._block_list)
         self._pending_state: dict[str, Any] | None = None
         self._worker_states: dict[int, dict[str, Any]] = {}  # from resume_after_batches
         self._active: RecordStream | ShuffleBuffer | None = None
@@ -185,8 +187,8 @@ class StreamingJsonl(IterableDataset):
                 "torchdata's StatefulDataLoader and state_dict() for those"
             )
         if self._block_counts is None:
-            self._block_counts = count_block_records(self._shards, self._blocks())
-        counts, blocks = self._block_counts, self._blocks()
+            self._block_counts = count_block_records(self._shards, self._block_list)
+        counts, blocks = self._block_counts, self._block_list
         here = detect_world(self.rank, self.world_size)
         readers = max(1, num_workers)
         works = [
@@ -215,9 +217,6 @@ class StreamingJsonl(IterableDataset):
                 "plan": self._plan(works[old]), "stream": stream,
             }
         return clone
-
-    def _blocks(self) -> list:
-        return make_blocks(self._shards, self.block_size)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: it seeds the block order and the shuffle buffer."""
@@ -271,8 +270,7 @@ class StreamingJsonl(IterableDataset):
         self, world: World, epoch: int, work: list[WorkItem], explicit: list[WorkItem] | None,
         prefilled: int, quota: int | None,
     ) -> RecordStream | ShuffleBuffer:
-        # -> Block(shard, start, end) list: the corpus cut into line-aligned units
-        blocks = make_blocks(self._shards, self.block_size)
+        blocks = self._block_list
         # -> how many records this reader yields when ranks must be even, and what it repeats
         pad_work: list[WorkItem] = []
         if self.even_ranks is not None:
