@@ -1,0 +1,31 @@
+"""Argument checks shared by every public constructor: one rule, one message shape.
+
+Each check names the parameter, the value it got and what to do, and raises `ValueError`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["check_choice", "check_int"]
+
+
+def check_int(
+    name: str, value: Any, minimum: int, fix: str, *, maximum: int | None = None
+) -> None:
+    """`value` must be an int (not a bool) in [minimum, maximum]."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < minimum
+        or (maximum is not None and value > maximum)
+    ):
+        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"{name} must be an integer {bound}, got {value!r}; {fix}")
+
+
+def check_choice(name: str, value: Any, choices: tuple[Any, ...], fix: str = "") -> None:
+    """`value` must be one of `choices`."""
+    if value not in choices:
+        tail = f"; {fix}" if fix else ""
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}{tail}")
