@@ -44,7 +44,6 @@ from typing import Any
 
 import orjson
 
-from streamds.cli import human_bytes
 from streamds.errors import CorruptShardError
 from streamds.manifest import (
     MANIFEST_NAME,
@@ -53,6 +52,7 @@ from streamds.manifest import (
     file_checksum,
     write_manifest,
 )
+from streamds.units import human_bytes, parse_size
 
 from .sources import Inputs, Leaf, Meter, Position, RawRecord, SourceError
 from .writers import FORMATS, BackgroundShard, ShardFile, open_shard, tar_member_size
@@ -608,8 +608,6 @@ class _Run:
 
 
 def _size(text: str) -> int:
-    from .synthetic import parse_size
-
     try:
         return parse_size(text)
     except ValueError as err:

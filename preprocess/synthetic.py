@@ -39,7 +39,6 @@ import gzip
 import itertools
 import os
 import random
-import re
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -49,9 +48,10 @@ from typing import BinaryIO
 import orjson
 import zstandard
 
+from streamds.units import parse_size
+
 __all__ = [
     "main",
-    "parse_size",
     "pubmed_record",
     "write_pubmed",
     "write_pubmed_splits",
@@ -635,19 +635,6 @@ def write_small_lines(
 
 
 # --- command line --------------------------------------------------------------------------
-
-_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
-          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}  # fmt: skip
-_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?)\s*([kmgt]i?)?b?\s*", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """Bytes in ``text``: ``"1GB"`` -> 10**9, ``"256MiB"`` -> 256 * 2**20, ``"300"`` -> 300."""
-    match = _SIZE.fullmatch(text)
-    if match is None:
-        raise ValueError(f"cannot parse size {text!r}; use e.g. 300, 10KB, 256MB, 1GB or 1GiB")
-    return int(float(match[1]) * _UNITS[(match[2] or "").lower()])
-
 
 def _size_arg(text: str) -> int:
     try:

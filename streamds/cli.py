@@ -30,6 +30,7 @@ import orjson
 
 from .codecs import codec_of
 from .manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest, verify_shard
+from .units import human_bytes
 
 __all__ = ["main"]
 
@@ -45,15 +46,6 @@ Run `streamds COMMAND --help` for a command's options."""
 _RECORD_SUFFIXES = (".jsonl", ".json", ".ndjson", ".tar", ".tgz")
 _SAMPLE_CHARS = 400
 _TABLE_ROWS = 20
-
-
-def human_bytes(n: float) -> str:
-    """`n` bytes in decimal units: "512 B", "3.4 MB"."""
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"  # pragma: no cover
 
 
 def _progress(total: int, desc: str, quiet: bool, unit: str = "shard"):

@@ -20,7 +20,6 @@ import zstandard
 from preprocess import synthetic
 from preprocess.synthetic import (
     main,
-    parse_size,
     pubmed_record,
     write_pubmed,
     write_pubmed_splits,
@@ -312,22 +311,7 @@ def test_small_lines_compress_like_pubmed(tmp_path):
     assert out == plain.read_bytes()
 
 
-# --- sizes and CLI -------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("text", "size"),
-    [("300", 300), ("10KB", 10_000), ("256MB", 256_000_000), ("1GB", 10**9), ("1gb", 10**9),
-     ("1.5GB", 1_500_000_000), ("1GiB", 2**30), ("64 MiB", 64 * 2**20), ("2k", 2000)],
-)  # fmt: skip
-def test_parse_size(text, size):
-    assert parse_size(text) == size
-
-
-@pytest.mark.parametrize("text", ["", "GB", "1XB", "-1MB", "1 G B"])
-def test_parse_size_refuses_garbage(text):
-    with pytest.raises(ValueError, match="cannot parse size"):
-        parse_size(text)
+# --- CLI -------------------------------------------------------------------------------
 
 
 def test_cli_writes_pubmed(tmp_path, capsys):
