@@ -27,11 +27,8 @@ Library use::
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib
 import logging
 import os
-import re
 import sys
 import threading
 import time
@@ -52,6 +49,7 @@ from streamds.manifest import (
     file_checksum,
     write_manifest,
 )
+from streamds.spec import load_function
 from streamds.units import human_bytes, parse_size
 
 from .sources import Inputs, Leaf, Meter, Position, RawRecord, SourceError
@@ -64,7 +62,6 @@ __all__ = [
     "Counts",
     "Progress",
     "convert",
-    "load_transform",
     "main",
 ]
 
@@ -121,45 +118,6 @@ class ConvertResult:
 
 
 # -- transforms --------------------------------------------------------------------------
-
-_CALL = re.compile(r"([\w.]+)\s*\((.*)\)", re.DOTALL)
-
-
-def load_transform(spec: str) -> Callable[[Any], Any]:
-    """The callable `spec` names: ``module:function`` or ``module:factory(key=literal, ...)``.
-
-    >>> load_transform("preprocess.text:summarisation(max_words=100)")  # doctest: +ELLIPSIS
-    Summarisation(...)
-    """
-    module_name, _, target = spec.partition(":")
-    if not module_name or not target:
-        raise ValueError(
-            f"transform must be 'module:function' or 'module:factory(key=value)', got {spec!r}"
-        )
-    call = _CALL.fullmatch(target.strip())
-    attribute = call[1] if call else target.strip()
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"transform {spec!r}: cannot load it: {err}") from err
-    if call:
-        try:
-            node = ast.parse(f"f({call[2]})", mode="eval").body
-            assert isinstance(node, ast.Call)
-            args = [ast.literal_eval(a) for a in node.args]
-            kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg}
-        except (SyntaxError, ValueError) as err:
-            raise ValueError(
-                f"transform {spec!r}: arguments must be Python literals (numbers, strings, "
-                f"lists, None, True/False): {err}"
-            ) from err
-        obj = obj(*args, **kwargs)
-    if not callable(obj):
-        raise ValueError(f"transform {spec!r} is not callable ({type(obj).__name__})")
-    return obj
-
 
 def _transform_name(transform: str | Callable[[Any], Any] | None) -> str | None:
     if transform is None or isinstance(transform, str):
@@ -411,7 +369,7 @@ def convert(
     out = Path(output)
     items = [os.fspath(item) for item in inputs]
     source = Inputs(items)
-    apply = load_transform(transform) if isinstance(transform, str) else transform
+    apply = load_function(transform) if isinstance(transform, str) else transform
     if apply is not None and not callable(apply):
         raise ValueError(f"transform must be callable or 'module:function', got {transform!r}")
     options = {
@@ -667,8 +625,6 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m preprocess") 
     if argv[:1] == ["convert"]:
         argv = argv[1:]
     args = build_parser(prog).parse_args(argv)
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # --transform mymodule:fn, as `python -m` would find it
     bar = None
     if not args.quiet:
         from tqdm import tqdm

@@ -17,7 +17,6 @@ bottleneck), or with ``--json`` one JSON object. Progress bars go to stderr.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -34,32 +33,14 @@ from .collate import as_list
 from .dataset import StreamingJsonl
 from .plan import make_blocks
 from .read import read_lines
+from .spec import load_function
 
-__all__ = ["load_function", "main", "run_bench"]
+__all__ = ["main", "run_bench"]
 
 DOMINANT = 0.5  # a stage taking this share of the per-record time is "the bottleneck"
 IO_BOUND = 0.6  # a read stage using the CPU less than this share of its time waits on storage
 NEAR_BEST = 0.95  # fewer workers within 5% of the best are recommended instead
 MB = 1e6
-
-
-def load_function(spec: str) -> Callable[[Any], Any]:
-    """The function named by ``"package.module:function"``; the working directory is importable."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(
-            f"--transform must look like module:function (e.g. mypkg.prep:clean), got {spec!r}"
-        )
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as `python -m` would: the user's own modules
-    module = importlib.import_module(module_name)
-    try:
-        fn = getattr(module, attr)
-    except AttributeError:
-        raise ValueError(f"module {module_name!r} has no attribute {attr!r}") from None
-    if not callable(fn):
-        raise ValueError(f"{spec!r} is not callable")
-    return fn
 
 
 def _rate(count: float, seconds: float) -> float:

@@ -588,6 +588,15 @@ def test_journal_is_not_a_record_file(corpus, tmp_path):
     assert convert_module.JOURNAL_NAME.startswith(".")
 
 
+def test_transform_spec_as_the_readme_writes_it():
+    from preprocess.text import Summarisation, to_summarisation
+    from streamds.spec import load_function
+
+    pair = load_function("preprocess.text:summarisation(max_words=512)")
+    assert isinstance(pair, Summarisation) and pair.max_words == 512
+    assert load_function("preprocess.text:to_summarisation") is to_summarisation
+
+
 def test_docstring_examples():
     import doctest
 
