@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
 
     report = table(jobs, versions, corpora, args)
     notes = (
-        f"Machine: {host}. Each value is the median of {args.repeats} child runs (versions "
+        f"Machine: {host}. Each value is the median of {args.repeats} child run(s) (versions "
         "alternate which runs first); for µs rows new/old < 1 means the new code takes less "
         "time; a ratio row's new/old compares the two versions' ratios. state_dict() rows: a "
         "shuffled dataset iterated directly, timed after "
