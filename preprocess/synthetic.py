@@ -48,7 +48,7 @@ from typing import BinaryIO
 import orjson
 import zstandard
 
-from streamds.units import parse_size
+from streamds.units import size_argument
 
 __all__ = [
     "main",
@@ -636,13 +636,6 @@ def write_small_lines(
 
 # --- command line --------------------------------------------------------------------------
 
-def _size_arg(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from err
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m preprocess.synthetic {pubmed,small-lines,splits,small-files} OUT ...``."""
     parser = argparse.ArgumentParser(
@@ -651,12 +644,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("pubmed", help="one JSONL file of PubMed-layout records (.zst/.gz ok)")
     p.add_argument("out")
-    p.add_argument("--bytes", type=_size_arg, required=True, help="e.g. 1GB, 256MB, 10KB")
+    p.add_argument("--bytes", type=size_argument, required=True, help="e.g. 1GB, 256MB, 10KB")
     p.add_argument("--record-chars", type=int, default=20_000)
     p.add_argument("--id-prefix", default="PMC")
     s = sub.add_parser("small-lines", help='one JSONL file of ~300-byte {"id","text","label"}')
     s.add_argument("out")
-    s.add_argument("--bytes", type=_size_arg, required=True)
+    s.add_argument("--bytes", type=size_argument, required=True)
     s.add_argument("--line-bytes", type=int, default=300)
     t = sub.add_parser("splits", help="train.txt, val.txt, test.txt like the released sets")
     t.add_argument("out")

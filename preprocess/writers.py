@@ -36,6 +36,7 @@ __all__ = [
     "ShardFile",
     "TarShard",
     "ZstdShard",
+    "is_shard_name",
     "open_shard",
     "shard_name",
     "tar_member_size",
@@ -43,14 +44,29 @@ __all__ = [
 ]
 
 FORMATS = {"jsonl.zst": ".jsonl.zst", "tar": ".tar"}
+_SHARD_PREFIX = "shard-"
 _TAR_BLOCK = 512
 _BATCH_BYTES = 1 << 20  # lines handed to a background writer at a time
 _QUEUED_BATCHES = 16  # per background shard: at most ~16 MiB of lines wait in its queue
 
 
 def shard_name(index: int, fmt: str) -> str:
-    """``shard-000042.jsonl.zst``: 6 digits, natural and lexical order agree to 1e6 shards."""
-    return f"shard-{index:06d}{FORMATS[fmt]}"
+    """``shard-000042.jsonl.zst``: 6 digits, natural and lexical order agree to 1e6 shards.
+
+    >>> shard_name(42, "jsonl.zst"), shard_name(7, "tar")
+    ('shard-000042.jsonl.zst', 'shard-000007.tar')
+    """
+    return f"{_SHARD_PREFIX}{index:06d}{FORMATS[fmt]}"
+
+
+def is_shard_name(name: str, fmt: str) -> bool:
+    """Whether `name` is a shard file name of format `fmt` (see `shard_name`).
+
+    >>> [is_shard_name(name, "tar") for name in ("shard-000007.tar", ".shard-000007.tar.tmp",
+    ...                                          "shard-000007.jsonl.zst", "train.tar")]
+    [True, False, False, False]
+    """
+    return name.startswith(_SHARD_PREFIX) and name.endswith(FORMATS[fmt])
 
 
 def temp_name(name: str) -> str:

@@ -11,8 +11,9 @@
 
 Exit status: 0 on success, 1 when `verify` finds damage, 2 for bad arguments or input.
 The library never prints; this module does (results on stdout, progress on stderr).
-`convert` lives in `preprocess.convert` and `bench` in `streamds.bench`; both are imported
-only when asked for.
+`convert` is the converter's own command line (`preprocess.cli`, the writing side) and `bench`
+lives in `streamds.bench`; both are imported only when asked for, and streamds never imports
+`preprocess` at module level.
 """
 
 from __future__ import annotations
@@ -288,7 +289,7 @@ def _cmd_verify(argv: Sequence[str]) -> int:
 
 def _cmd_convert(argv: Sequence[str]) -> int:
     try:
-        from preprocess.convert import main as convert_main
+        from preprocess.cli import main as convert_main
     except ImportError as err:
         print(f"streamds convert: error: the converter (package 'preprocess') cannot be "
               f"imported: {err}; install streamds with `pip install -e .`", file=sys.stderr)

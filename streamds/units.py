@@ -6,9 +6,10 @@ imports only the standard library.
 
 from __future__ import annotations
 
+import argparse
 import re
 
-__all__ = ["human_bytes", "parse_size"]
+__all__ = ["human_bytes", "parse_size", "size_argument"]
 
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
           "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}  # fmt: skip
@@ -25,6 +26,14 @@ def parse_size(text: str) -> int:
     if match is None:
         raise ValueError(f"cannot parse size {text!r}; use e.g. 300, 10KB, 256MB, 1GB or 1GiB")
     return int(float(match[1]) * _UNITS[(match[2] or "").lower()])
+
+
+def size_argument(text: str) -> int:
+    """`parse_size` as an argparse ``type=``: a bad size is a usage error naming the value."""
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
 
 
 def human_bytes(n: float) -> str:

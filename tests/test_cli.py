@@ -198,3 +198,24 @@ def test_verify_and_inspect_tar_shards(train, tmp_path, capsys):
     (out / victim).write_bytes(data[:700])  # cut inside the first member
     assert main(["verify", str(out), "--quiet"]) == 1
     assert f"DAMAGED {victim}" in capsys.readouterr().out
+
+
+def test_convert_dispatches_to_the_converters_own_command_line(monkeypatch):
+    calls = []
+    fake = types.ModuleType("preprocess.cli")
+    fake.main = lambda argv, prog: calls.append((argv, prog)) or 5  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "preprocess.cli", fake)
+    assert main(["convert", "in.jsonl", "--output", "out"]) == 5
+    assert calls == [(["in.jsonl", "--output", "out"], "streamds convert")]
+
+
+def test_streamds_never_imports_the_writing_side_or_the_test_corpora():
+    code = (
+        "import importlib, pkgutil, sys, streamds\n"
+        "for module in pkgutil.iter_modules(streamds.__path__):\n"
+        "    importlib.import_module(f'streamds.{module.name}')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('preprocess', 'corpora')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, cwd=REPO)
+    assert done.stdout.strip() == "[]"

@@ -1,0 +1,98 @@
+"""The conversion journal: finished shards and where the input continues after each.
+
+It lives in the output directory as ``.streamds-convert.json`` (hidden, so readers skip it)
+and is rewritten atomically (temporary file, fsync, rename) after every shard. Its shape::
+
+    {"format": "streamds.convert-journal/1",
+     "fingerprint": {"inputs": [...], "options": {...}},
+     "shards": [{"shard": entry, "next": position | None, "counts": {...},
+                 "stored_bytes": n}, ...],
+     "end": counts | None}
+
+``next`` is the input position the shard after this one starts at (None: the input ended);
+``end`` is set once every record is in a shard.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from streamds.manifest import ShardEntry
+
+from .counts import Counts
+from .errors import ConversionError
+from .sources import Position
+
+__all__ = ["JOURNAL_FORMAT", "JOURNAL_NAME", "Journal"]
+
+JOURNAL_NAME = ".streamds-convert.json"
+JOURNAL_FORMAT = "streamds.convert-journal/1"
+
+
+class Journal:
+    """The journal of the conversion into `directory`, made by `fingerprint` (inputs, options)."""
+
+    def __init__(self, directory: Path, fingerprint: dict[str, Any]) -> None:
+        self.path = directory / JOURNAL_NAME
+        self.fingerprint = fingerprint
+        self.shards: list[dict[str, Any]] = []
+        self.end: dict[str, int] | None = None
+
+    def load(self) -> bool:
+        """Read the journal if there is one; refuse one made by other inputs or options."""
+        try:
+            doc = orjson.loads(self.path.read_bytes())
+        except FileNotFoundError:
+            return False
+        except orjson.JSONDecodeError as err:
+            raise ConversionError(
+                f"{self.path}: the conversion journal is damaged ({err}); convert into an "
+                "empty directory"
+            ) from err
+        if doc.get("format") != JOURNAL_FORMAT:
+            raise ConversionError(f"{self.path}: not a {JOURNAL_FORMAT} journal")
+        if doc["fingerprint"] != self.fingerprint:
+            theirs, ours = doc["fingerprint"], self.fingerprint
+            diff = [
+                f"{key}: {theirs['options'].get(key)!r} -> {value!r}"
+                for key, value in ours["options"].items()
+                if theirs["options"].get(key) != value
+            ]
+            if theirs["inputs"] != ours["inputs"]:
+                diff.append(f"inputs: {theirs['inputs']} -> {ours['inputs']}")
+            raise ConversionError(
+                f"{self.path.parent} holds a conversion made with other inputs or options "
+                f"({'; '.join(diff)}); rerun the same command to resume it, or convert into "
+                "an empty directory"
+            )
+        self.shards = list(doc["shards"])
+        self.end = doc["end"]
+        return True
+
+    @property
+    def complete(self) -> bool:
+        return self.end is not None
+
+    def add(self, entry: ShardEntry, next_position: Position | None, counts: Counts,
+            stored_bytes: int) -> None:
+        self.shards.append({
+            "shard": entry.to_json(),
+            "next": None if next_position is None else next_position.to_json(),
+            "counts": asdict(counts),
+            "stored_bytes": stored_bytes,
+        })
+
+    def write(self) -> None:
+        doc = {"format": JOURNAL_FORMAT, "fingerprint": self.fingerprint,
+               "shards": self.shards, "end": self.end}
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(orjson.dumps(doc))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)

@@ -1,0 +1,71 @@
+"""Resuming an interrupted conversion: verify what the journal lists, delete everything else.
+
+`prepare_output` runs before any record is read. In a new or empty directory it does nothing
+but create it. In one holding a journal it keeps the journaled shards whose size and xxh64
+checksum still match (up to the first that does not), rewinds the journal to them, and
+deletes unjournaled shards, temporary files and a manifest of an unfinished conversion, so
+the run continues from the input position recorded after the last good shard.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from streamds.manifest import MANIFEST_NAME, ShardEntry, file_checksum
+
+from .errors import ConversionError
+from .journal import JOURNAL_NAME, Journal
+from .writers import is_shard_name
+
+__all__ = ["prepare_output", "shard_intact"]
+
+log = logging.getLogger(__name__)
+
+
+def shard_intact(directory: Path, entry: ShardEntry) -> bool:
+    """Whether the shard `entry` names is in `directory` with its size and checksum."""
+    path = directory / entry.name
+    try:
+        if path.stat().st_size != entry.bytes:
+            return False
+    except FileNotFoundError:
+        return False
+    return file_checksum(path) == entry.checksum
+
+
+def prepare_output(output: Path, journal: Journal, fmt: str) -> int:
+    """Load and verify the journal, clean the directory; return the number of reused shards."""
+    output.mkdir(parents=True, exist_ok=True)
+    if not journal.load():
+        leftovers = sorted(os.listdir(output))
+        if leftovers:
+            shown = ", ".join(leftovers[:3]) + (", ..." if len(leftovers) > 3 else "")
+            raise ConversionError(
+                f"{output} is not empty ({shown})"
+                f" and holds no conversion journal ({JOURNAL_NAME}); convert into an empty or "
+                "new directory"
+            )
+        return 0
+    good = 0
+    for item in journal.shards:
+        if not shard_intact(output, ShardEntry.from_json(item["shard"], where=str(journal.path))):
+            break
+        good += 1
+    if good < len(journal.shards):
+        log.warning("%s: shard %s is damaged or missing; converting again from there",
+                    output, journal.shards[good]["shard"]["name"])
+        journal.shards = journal.shards[:good]
+        journal.end = None
+        journal.write()
+    if journal.end is None and journal.shards and journal.shards[-1]["next"] is None:
+        journal.end = journal.shards[-1]["counts"]  # killed between the last two writes
+    keep = {item["shard"]["name"] for item in journal.shards}
+    for name in os.listdir(output):
+        stale_shard = is_shard_name(name, fmt) and name not in keep
+        temporary = name.startswith(".") and name.endswith(".tmp")
+        stale_manifest = name == MANIFEST_NAME and not journal.complete
+        if stale_shard or temporary or stale_manifest:
+            (output / name).unlink()
+    return good

@@ -1,0 +1,187 @@
+"""One conversion pass: raw records -> parsed -> transformed -> cut into shards -> journaled.
+
+::
+
+    Inputs.records(start)             # RawRecord(bytes, file, offset, line), input order
+      -> orjson.loads                 # malformed: ConversionError (file, line) or counted "bad"
+      -> transform(record)            # optional; None drops the record (counted "dropped")
+      -> orjson.dumps                 # one compact line per record
+      -> cut by shard_size            # a shard closes before the line that would overflow it
+      -> ZstdShard / TarShard         # temp file -> fsync -> rename; entry with checksum
+      -> CommitQueue -> Journal       # per finished shard: entry, where the next one starts
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from streamds.errors import CorruptShardError
+
+from .commit import CommitQueue
+from .counts import Counts, Progress
+from .errors import ConversionError
+from .sources import Inputs, Leaf, Meter, Position, RawRecord, SourceError
+from .writers import BackgroundShard, ShardFile, open_shard, tar_member_size
+
+__all__ = ["PROGRESS_EVERY", "ConversionRun"]
+
+PROGRESS_EVERY = 1024  # records between progress callbacks
+
+log = logging.getLogger(__name__)
+
+
+class ConversionRun:
+    """One pass over the inputs, from where the journal says the last good shard ended.
+
+    State: the open shard, its decoded bytes so far, the next shard number, and `counts`
+    (records in/out/dropped/bad up to the record being handled).
+    """
+
+    def __init__(self, source: Inputs, output: Path, *, format: str, level: int,
+                 frame_size: int, shard_size: int, apply: Callable[[Any], Any] | None,
+                 skip_errors: bool, workers: int, commits: CommitQueue, meter: Meter,
+                 progress: Callable[[Progress], None] | None) -> None:
+        self.source = source
+        self.output = output
+        self.format = format
+        self.level = level
+        self.frame_size = frame_size
+        self.shard_size = shard_size
+        self.apply = apply
+        self.skip_errors = skip_errors
+        self.workers = workers
+        self.commits = commits
+        self.meter = meter
+        self.progress = progress
+        self.journal = commits.journal
+        self.shard: ShardFile | BackgroundShard | None = None
+        self.shard_bytes = 0
+        self.index = 0
+        self.counts = Counts()
+        self.resumed_bytes = 0
+
+    def run(self) -> None:
+        """Convert the rest of the input, journaling each shard; end the journal."""
+        last = self.journal.shards[-1] if self.journal.shards else None
+        start = None if last is None else Position.from_json(last["next"])
+        self.counts = Counts() if last is None else Counts(**last["counts"])
+        self.index = len(self.journal.shards)
+        self.resumed_bytes = 0 if last is None else last["stored_bytes"]
+        pool = ThreadPoolExecutor(self.workers, "streamds-shard") if self.workers > 1 else None
+        records = self.source.records(
+            start,
+            meter=self.meter,
+            prefetch=4 * self.workers if self.workers > 1 else 0,
+            on_corrupt=self._count_corrupt if self.skip_errors else None,
+        )
+        try:
+            try:
+                self._loop(records, pool)
+            except (CorruptShardError, SourceError) as err:
+                hint = "; or pass --on-error skip to skip it" if not self.skip_errors else ""
+                raise ConversionError(f"{err}{hint}") from err
+            if self.shard is not None:
+                self._close(None)
+            self.commits.commit()
+            self.journal.end = asdict(self.counts)
+            self.journal.write()
+        except BaseException:
+            if self.shard is not None:
+                self.shard.discard()
+                self.shard = None
+            self.commits.abandon()
+            raise
+        finally:
+            records.close()
+            if pool is not None:
+                pool.shutdown(wait=True)
+
+    def _count_corrupt(self, leaf: Leaf, err: CorruptShardError) -> None:
+        log.warning("skipping the rest of %s: %s", leaf.path, err)
+        self.counts.records_in += 1  # the unreadable rest of a file counts as one bad record
+        self.counts.bad += 1
+
+    def _open(self, pool: ThreadPoolExecutor | None) -> None:
+        shard = open_shard(
+            self.output, self.index, self.format, level=self.level, frame_size=self.frame_size,
+            first_record=self.counts.records_out,
+        )
+        self.shard = shard if pool is None else BackgroundShard(shard, pool)
+        self.shard_bytes = 0
+        self.index += 1
+
+    def _close(self, next_position: Position | None) -> None:
+        assert self.shard is not None
+        result = self.shard.finish()
+        self.shard = None
+        stored = self.resumed_bytes + self.meter.stored_bytes
+        self.commits.add(result, next_position, Counts(**asdict(self.counts)), stored)
+
+    def _loop(self, records: Iterator[RawRecord], pool: ThreadPoolExecutor | None) -> None:
+        loads, dumps, decode_error = orjson.loads, orjson.dumps, orjson.JSONDecodeError
+        apply, shard_size, tar = self.apply, self.shard_size, self.format == "tar"
+        counts = self.counts
+        seen = 0
+        for raw in records:
+            seen += 1
+            if self.progress is not None and seen % PROGRESS_EVERY == 0:
+                self._report()
+            data = raw.data
+            read_bytes = len(data) + (raw.leaf.kind == "jsonl")
+            try:
+                record = loads(data)
+            except decode_error as err:
+                if not self.skip_errors:
+                    raise ConversionError(
+                        f"{raw.where}: invalid JSON ({err}): {bytes(data[:80])!r}; fix or "
+                        "remove it, or pass --on-error skip to skip and count bad records"
+                    ) from err
+                counts.records_in += 1
+                counts.bad += 1
+                counts.input_bytes += read_bytes
+                continue
+            if apply is not None:
+                try:
+                    record = apply(record)
+                except Exception as err:
+                    raise ConversionError(f"{raw.where}: the transform failed: {err!r}") from err
+                if record is None:
+                    counts.records_in += 1
+                    counts.dropped += 1
+                    counts.input_bytes += read_bytes
+                    continue
+            try:
+                line = dumps(record)
+            except TypeError as err:
+                raise ConversionError(
+                    f"{raw.where}: the transformed record is not JSON-serialisable: {err}"
+                ) from err
+            size = tar_member_size(len(line)) if tar else len(line) + 1
+            if self.shard is not None and self.shard_bytes + size > shard_size:
+                self._close(raw.position)  # this record starts the next shard
+            if self.shard is None:
+                self._open(pool)
+            self.shard.write(line)  # type: ignore[union-attr]
+            self.shard_bytes += size
+            counts.records_in += 1
+            counts.records_out += 1
+            counts.input_bytes += read_bytes
+        if self.progress is not None:
+            self._report()
+
+    def _report(self) -> None:
+        assert self.progress is not None
+        self.progress(Progress(
+            files=self.meter.files,
+            records=self.counts.records_in,
+            stored_bytes=self.meter.stored_bytes,
+            resumed_bytes=self.resumed_bytes,
+            shards=len(self.journal.shards),
+        ))
