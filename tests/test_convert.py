@@ -1,6 +1,6 @@
 """Tests for the shard converter (preprocess.convert, sources, writers) and the manifest.
 
-Corpora are generated per module with preprocess.synthetic plus hand-written odd cases
+Corpora are generated per module with corpora.synthetic plus hand-written odd cases
 (pretty-printed JSON, tar shards, every codec). Expected records are computed independently
 of the converter: from the plain bytes, and file order from a natural sort of full paths.
 """
@@ -27,10 +27,10 @@ import orjson
 import pytest
 import zstandard
 
+from corpora.synthetic import write_pubmed, write_small_files, write_small_lines
 from preprocess import convert as convert_module
 from preprocess.convert import JOURNAL_NAME, ConversionError, convert
 from preprocess.sources import Inputs
-from preprocess.synthetic import write_pubmed, write_small_files, write_small_lines
 from streamds.manifest import MANIFEST_NAME, read_manifest
 from streamds.seekable import decompress_frames, read_seek_table
 from streamds.shards import natural_key

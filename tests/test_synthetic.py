@@ -1,4 +1,4 @@
-"""Tests for preprocess.synthetic: layout, determinism, relatedness, sizes, codecs, CLI."""
+"""Tests for corpora.synthetic: layout, determinism, relatedness, sizes, codecs, CLI."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import orjson
 import pytest
 import zstandard
 
-from preprocess import synthetic
-from preprocess.synthetic import (
+from corpora import synthetic
+from corpora.synthetic import (
     main,
     pubmed_record,
     write_pubmed,
@@ -140,7 +140,7 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path):
 
 def test_output_does_not_depend_on_hash_seed():
     code = (
-        "import hashlib, random, orjson; from preprocess.synthetic import pubmed_record; "
+        "import hashlib, random, orjson; from corpora.synthetic import pubmed_record; "
         "rng = random.Random(7); "
         "print(hashlib.sha256(b''.join(orjson.dumps(pubmed_record(rng, i, target_chars=2000)) "
         "for i in range(5))).hexdigest())"
@@ -327,7 +327,7 @@ def test_cli_writes_pubmed(tmp_path, capsys):
 def test_cli_runs_as_module(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     subprocess.run(
-        [sys.executable, "-m", "preprocess.synthetic", "small-files", str(tmp_path / "f"),
+        [sys.executable, "-m", "corpora.synthetic", "small-files", str(tmp_path / "f"),
          "--records", "4", "--per-folder", "2"],
         env=env, check=True, capture_output=True,
     )  # fmt: skip
@@ -339,3 +339,13 @@ def test_cli_rejects_bad_size(capsys):
         main(["small-lines", "x.jsonl", "--bytes", "lots"])
     assert exc.value.code == 2
     assert "cannot parse size 'lots'" in capsys.readouterr().err
+
+
+def test_corpora_is_a_checkout_helper_left_out_of_the_wheel():
+    tomllib = pytest.importorskip("tomllib")
+    from setuptools import find_packages
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    found = find_packages(str(REPO), **config["tool"]["setuptools"]["packages"]["find"])
+    assert "streamds" in found and "preprocess" in found
+    assert not [name for name in found if name.split(".")[0] == "corpora"]

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 import preprocess.text as text
-from preprocess.synthetic import write_pubmed
+from corpora.synthetic import write_pubmed
 from preprocess.text import drop_short, select, strip_tags, summarisation, to_summarisation
 
 RECORD = {

@@ -77,8 +77,8 @@ def find_splits(data: str | Path) -> dict[str, str]:
 
 def generate_splits(directory: Path, *, train: int, val: int, test: int, seed: int,
                     record_chars: int) -> dict[str, str]:
-    """Write a synthetic corpus in the PubMed layout (preprocess.synthetic), or reuse it."""
-    from preprocess.synthetic import write_pubmed_splits
+    """Write a synthetic corpus in the PubMed layout (corpora.synthetic), or reuse it."""
+    from corpora.synthetic import write_pubmed_splits
 
     marker = directory / "corpus.txt"
     spec = f"train={train} val={val} test={test} seed={seed} chars={record_chars}\n"

@@ -25,10 +25,10 @@ core: sentences are built from pre-combined templates with one ``str.format`` ca
 
 Command line::
 
-    python -m preprocess.synthetic pubmed train.jsonl.zst --bytes 1GB
-    python -m preprocess.synthetic small-lines lines.jsonl --bytes 256MB
-    python -m preprocess.synthetic splits pubmed-dataset --train 2000 --val 200 --test 200
-    python -m preprocess.synthetic small-files many-files --records 100000
+    python -m corpora.synthetic pubmed train.jsonl.zst --bytes 1GB
+    python -m corpora.synthetic small-lines lines.jsonl --bytes 256MB
+    python -m corpora.synthetic splits pubmed-dataset --train 2000 --val 200 --test 200
+    python -m corpora.synthetic small-files many-files --records 100000
 """
 
 from __future__ import annotations
@@ -637,9 +637,9 @@ def write_small_lines(
 # --- command line --------------------------------------------------------------------------
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m preprocess.synthetic {pubmed,small-lines,splits,small-files} OUT ...``."""
+    """``python -m corpora.synthetic {pubmed,small-lines,splits,small-files} OUT ...``."""
     parser = argparse.ArgumentParser(
-        prog="python -m preprocess.synthetic", description=__doc__.split("\n\n")[0]
+        prog="python -m corpora.synthetic", description=__doc__.split("\n\n")[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("pubmed", help="one JSONL file of PubMed-layout records (.zst/.gz ok)")
