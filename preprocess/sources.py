@@ -36,18 +36,20 @@ from fnmatch import fnmatchcase
 from pathlib import PurePath
 from typing import Any, BinaryIO, NamedTuple
 
-from streamds.codecs import codec_of, decode, require_codec
+from streamds.codecs import decode, require_codec, strip_codec
 from streamds.errors import CorruptShardError
+from streamds.filenames import (
+    TAR_LINES_MEMBERS,
+    TAR_RECORD_MEMBERS,
+    format_of,
+    is_record_name,
+)
+from streamds.retry import PERMANENT_ERRORS
 from streamds.shards import has_magic, natural_key
 
 __all__ = ["Inputs", "Leaf", "Meter", "Position", "RawRecord", "SourceError"]
 
 READ_SIZE = 1 << 20  # raw bytes per read of a JSONL file
-_RECORD_SUFFIXES = (".json", ".jsonl", ".ndjson", ".tar", ".tgz")
-_TAR_SUFFIXES = (".tar", ".tgz")
-_SKIPPED_NAMES = ("manifest.json",)
-_TAR_JSON = (".json",)
-_TAR_JSONL = (".jsonl", ".ndjson")
 
 Rel = tuple[str, ...]  # path components under an input's root
 
@@ -153,32 +155,14 @@ class _Counted(io.RawIOBase):
 # -- names -------------------------------------------------------------------------------
 
 
-def _strip_codec(name: str) -> str:
-    return name.rsplit(".", 1)[0] if codec_of(name) is not None else name
-
-
 def leaf_kind(name: str) -> tuple[str, str | None]:
     """(kind, codec) of a file name: ``x.json.gz`` -> ("json", "gz"), ``x.txt`` -> jsonl."""
     if name.endswith(".json"):  # the common case of a small-file tree, without codec lookups
         return "json", None
-    if name.endswith(".tgz"):
-        return "tar", "gz"
-    codec = codec_of(name)
-    base = _strip_codec(name)
-    if base.endswith(_TAR_SUFFIXES):
-        return "tar", codec
-    if base.endswith(".json"):
+    fmt, codec = format_of(name)
+    if fmt == "jsonl" and strip_codec(name).endswith(".json"):
         return "json", codec
-    return "jsonl", codec
-
-
-def is_record_name(name: str) -> bool:
-    """Whether a directory walk takes this file name."""
-    if name.startswith((".", "_")) or name in _SKIPPED_NAMES or name.endswith(".tmp"):
-        return False
-    if name.endswith(_RECORD_SUFFIXES):
-        return True
-    return _strip_codec(name).endswith(_RECORD_SUFFIXES)
+    return fmt, codec
 
 
 def _component_matches(name: str, pattern: str) -> bool:
@@ -363,12 +347,12 @@ def _read_tar(leaf: Leaf, first: int, meter: Meter) -> Iterator[RawRecord]:
             for member in tar:
                 if not member.isfile():
                     continue
-                if member.name.endswith(_TAR_JSON):
+                if member.name.endswith(TAR_RECORD_MEMBERS):
                     if ordinal < first:
                         ordinal += 1
                         continue
                     records = [_member_bytes(tar, member)]
-                elif member.name.endswith(_TAR_JSONL):
+                elif member.name.endswith(TAR_LINES_MEMBERS):
                     records = _member_bytes(tar, member).split(b"\n")
                     records = [r for r in records if r and not r.isspace()]
                 else:
@@ -525,6 +509,6 @@ class Inputs:
             if on_corrupt is None:
                 raise
             on_corrupt(leaf, err)
-        except (FileNotFoundError, PermissionError, IsADirectoryError) as err:
+        except PERMANENT_ERRORS as err:
             raise SourceError(f"{leaf.path}: cannot read: {err}") from err
         meter.files += 1

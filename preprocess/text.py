@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from streamds.checks import check_choice, check_int, check_optional_int
+
 __all__ = [
     "DropShort",
     "Select",
@@ -37,6 +39,8 @@ __all__ = [
 
 _TAGS = ("<S>", "</S>")
 _MISSING = ("raise", "drop", "null")
+_NO_LIMIT = "use None for no limit"
+_KEEP_ALL = "use 0 to keep every record"
 
 
 def strip_tags(sentence: str) -> str:
@@ -87,12 +91,6 @@ def truncate_sentences(sentences: Sequence[str], max_sentences: int) -> list[str
     ['a .', 'b .']
     """
     return list(sentences[:max_sentences])
-
-
-def _check_limit(name: str, value: int | None, minimum: int) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                              or value < minimum):
-        raise ValueError(f"{name} must be None or an integer >= {minimum}, got {value!r}")
 
 
 def _field(record: Any, name: str) -> Any:
@@ -176,11 +174,11 @@ def summarisation(
     """
     if not isinstance(lower, bool):
         raise ValueError(f"lower must be True or False, got {lower!r}")
-    _check_limit("max_sentences", max_sentences, 1)
-    _check_limit("max_words", max_words, 1)
-    _check_limit("max_summary_words", max_summary_words, 1)
-    _check_limit("min_words", min_words, 0)
-    _check_limit("min_summary_words", min_summary_words, 0)
+    check_optional_int("max_sentences", max_sentences, 1, _NO_LIMIT)
+    check_optional_int("max_words", max_words, 1, _NO_LIMIT)
+    check_optional_int("max_summary_words", max_summary_words, 1, _NO_LIMIT)
+    check_int("min_words", min_words, 0, _KEEP_ALL)
+    check_int("min_summary_words", min_summary_words, 0, _KEEP_ALL)
     return Summarisation(lower, max_sentences, max_words, max_summary_words, min_words,
                          min_summary_words, article_field, abstract_field, id_field)
 
@@ -228,8 +226,7 @@ def select(
     keep = tuple(fields) + tuple(name for name in rename if name not in fields)
     if not keep:
         raise ValueError("select needs at least one field name, e.g. select('text')")
-    if missing not in _MISSING:
-        raise ValueError(f"missing must be one of {_MISSING}, got {missing!r}")
+    check_choice("missing", missing, _MISSING)
     targets = [rename.get(name, name) for name in keep]
     if len(set(targets)) != len(targets):
         raise ValueError(f"rename maps two fields to one name: {targets}")
@@ -256,5 +253,5 @@ def drop_short(field: str = "text", min_words: int = 1) -> DropShort:
     >>> keep({"text": "too short"}) is None, keep({"text": "long enough now"})
     (True, {'text': 'long enough now'})
     """
-    _check_limit("min_words", min_words, 0)
+    check_int("min_words", min_words, 0, _KEEP_ALL)
     return DropShort(field, min_words)

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["check_choice", "check_int"]
+__all__ = ["check_choice", "check_int", "check_optional_int", "is_int"]
+
+
+def is_int(value: Any) -> bool:
+    """Whether `value` is an int and not a bool (Python's True is 1; a user's True is no count)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_int(
@@ -15,13 +20,20 @@ def check_int(
 ) -> None:
     """`value` must be an int (not a bool) in [minimum, maximum]."""
     if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
+        not is_int(value)
         or value < minimum
         or (maximum is not None and value > maximum)
     ):
         bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
         raise ValueError(f"{name} must be an integer {bound}, got {value!r}; {fix}")
+
+
+def check_optional_int(
+    name: str, value: Any, minimum: int, fix: str, *, maximum: int | None = None
+) -> None:
+    """`value` must be None (no limit) or an int (not a bool) in [minimum, maximum]."""
+    if value is not None:
+        check_int(name, value, minimum, fix, maximum=maximum)
 
 
 def check_choice(name: str, value: Any, choices: tuple[Any, ...], fix: str = "") -> None:

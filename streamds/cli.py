@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from .codecs import codec_of
+from .filenames import is_record_name
 from .manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest, verify_shard
 from .units import human_bytes
 
@@ -44,7 +44,6 @@ _USAGE = """usage: streamds {convert,inspect,verify,bench} ...
 
 Run `streamds COMMAND --help` for a command's options."""
 
-_RECORD_SUFFIXES = (".jsonl", ".json", ".ndjson", ".tar", ".tgz")
 _SAMPLE_CHARS = 400
 _TABLE_ROWS = 20
 
@@ -224,10 +223,7 @@ def _unlisted(directory: Path, manifest: Manifest) -> list[str]:
     listed = {entry.name for entry in manifest.shards}
     extra = []
     for name in sorted(os.listdir(directory)):
-        base = name.rsplit(".", 1)[0] if codec_of(name) else name
-        if name.startswith((".", "_")) or name == MANIFEST_NAME or name.endswith(".tmp"):
-            continue
-        if base.endswith(_RECORD_SUFFIXES) and name not in listed:
+        if is_record_name(name) and name not in listed:
             extra.append(
                 f"{name}: not listed in the manifest, but a reader of {directory} would read "
                 "it too; remove it or convert again"

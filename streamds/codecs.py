@@ -13,6 +13,7 @@ import io
 from typing import BinaryIO
 
 from .errors import CorruptShardError, MissingCodecError
+from .retry import PERMANENT_ERRORS
 
 __all__ = [
     "CODEC_SUFFIXES",
@@ -21,6 +22,7 @@ __all__ = [
     "codec_of",
     "decode",
     "require_codec",
+    "strip_codec",
 ]
 
 READ_SIZE = 256 << 10  # bytes per read: small enough that a chunk stays in the L2 cache
@@ -35,9 +37,6 @@ CODEC_SUFFIXES: dict[str, tuple[str, str, str]] = {
     ".xz": ("xz", "lzma", "the Python lzma module (rebuild Python with liblzma)"),
 }
 
-# errors that mean "this file is not there / not allowed", not a transient storage failure
-_PERMANENT_OS_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
-
 
 class TransientReadError(OSError):
     """The storage under a shard failed mid-read (Drive's Errno 5, a reset connection)."""
@@ -49,6 +48,15 @@ def codec_of(name: str) -> str | None:
         if name.endswith(suffix):
             return codec
     return None
+
+
+def strip_codec(name: str) -> str:
+    """`name` without its codec suffix.
+
+    >>> strip_codec("train.jsonl.zst"), strip_codec("a.tar.gz"), strip_codec("b.tgz")
+    ('train.jsonl', 'a.tar', 'b.tgz')
+    """
+    return name.rsplit(".", 1)[0] if codec_of(name) is not None else name
 
 
 def require_codec(codec: str | None, url: str) -> None:
@@ -93,7 +101,7 @@ class _MarkTransient(_Stream):
     def read(self, size: int = -1) -> bytes:
         try:
             return self._raw.read(size)
-        except _PERMANENT_OS_ERRORS:
+        except PERMANENT_ERRORS:
             raise
         except OSError as err:
             raise TransientReadError(f"{self._url}: read failed: {err}") from err

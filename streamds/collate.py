@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from .checks import check_optional_int, is_int
+
 __all__ = ["PadCollate", "as_list"]
 
 
@@ -57,21 +59,18 @@ class PadCollate:
         pad_to_multiple_of: int | None = None,
         passthrough: bool = True,
     ) -> None:
-        if isinstance(pad_id, bool) or not isinstance(pad_id, int):
-            raise ValueError(f"pad_id must be an int, got {pad_id!r}")
+        if not is_int(pad_id):
+            raise ValueError(
+                f"pad_id must be an int, got {pad_id!r}; pass the tokenizer's padding id"
+            )
         if isinstance(keys, str) or not keys:
             raise ValueError(
                 f"keys must be a non-empty sequence of field names, got {keys!r}; "
                 "for one field write keys=('input_ids',)"
             )
-        if max_length is not None and (not isinstance(max_length, int) or max_length < 1):
-            raise ValueError(f"max_length must be an int >= 1 or None, got {max_length!r}")
-        if pad_to_multiple_of is not None and (
-            not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1
-        ):
-            raise ValueError(
-                f"pad_to_multiple_of must be an int >= 1 or None, got {pad_to_multiple_of!r}"
-            )
+        check_optional_int("max_length", max_length, 1, "use None to keep whole sequences")
+        check_optional_int("pad_to_multiple_of", pad_to_multiple_of, 1,
+                           "use None to pad to the longest sequence only")
         self.keys = tuple(keys)
         self.pad_ids = {key: pad_id for key in self.keys} | dict(pad_ids or {})
         unknown = sorted(set(self.pad_ids) - set(self.keys))
@@ -126,7 +125,7 @@ class PadCollate:
 
 def _gather(values: list[Any]) -> Any:
     """Numbers become a tensor; anything else stays a list."""
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+    if all(map(is_int, values)):
         return torch.tensor(values, dtype=torch.long)
     if all(isinstance(v, float) for v in values):
         return torch.tensor(values, dtype=torch.float32)

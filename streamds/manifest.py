@@ -35,6 +35,7 @@ from typing import Any
 
 import orjson
 
+from .filenames import MANIFEST_NAME, TAR_RECORD_MEMBERS
 from .seekable import Frame, SeekTableError, decompress_frames, read_seek_table
 
 __all__ = [
@@ -53,14 +54,12 @@ __all__ = [
     "write_manifest",
 ]
 
-MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "streamds.manifest"
 MANIFEST_VERSION = 1
 CHECKSUM_ALGORITHM = "xxh64"
 SHARD_FORMATS = ("jsonl.zst", "tar")
 
 _READ_SIZE = 1 << 20
-_TAR_RECORD_SUFFIXES = (".json",)
 
 
 class ManifestError(ValueError):
@@ -327,7 +326,7 @@ def _verify_tar(path: Path, entry: ShardEntry, size: int) -> list[str]:
     try:
         with open(path, "rb") as raw, tarfile.open(fileobj=raw, mode="r|") as tar:
             for member in tar:
-                if not member.isfile() or not member.name.endswith(_TAR_RECORD_SUFFIXES):
+                if not member.isfile() or not member.name.endswith(TAR_RECORD_MEMBERS):
                     continue
                 extracted = tar.extractfile(member)
                 data = extracted.read() if extracted is not None else b""

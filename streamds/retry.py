@@ -18,6 +18,7 @@ __all__ = ["DEFAULT_RETRY", "PERMANENT_ERRORS", "RetryPolicy", "is_transient", "
 
 log = logging.getLogger(__name__)
 
+# "this file is not there / not allowed": retrying cannot fix these
 PERMANENT_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 
 T = TypeVar("T")

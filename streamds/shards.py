@@ -19,8 +19,9 @@ from typing import Any, BinaryIO
 import fsspec
 from fsspec.core import url_to_fs
 
-from .codecs import codec_of, require_codec
+from .codecs import require_codec
 from .errors import CorruptShardError
+from .filenames import RECORD_SUFFIXES, format_of, is_record_name
 from .manifest import MANIFEST_NAME, parse_manifest
 from .retry import DEFAULT_RETRY, retrying
 from .seekable import Frame, SeekTableError, read_seek_table
@@ -31,10 +32,6 @@ log = logging.getLogger(__name__)
 
 Source = str | os.PathLike | Sequence[str | os.PathLike]
 
-# record-bearing names in a directory listing (after any codec suffix is removed)
-_RECORD_SUFFIXES = (".jsonl", ".json", ".ndjson", ".tar")
-_TAR_SUFFIXES = (".tar", ".tgz")
-_SKIPPED_NAMES = ("manifest.json",)
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
 
@@ -100,27 +97,6 @@ def natural_key(text: str) -> tuple[Any, ...]:
     return tuple(int(piece) if piece.isdigit() else piece for piece in re.split(r"(\d+)", text))
 
 
-def _strip_codec(name: str) -> str:
-    codec = codec_of(name)
-    return name.rsplit(".", 1)[0] if codec is not None else name
-
-
-def _format_of(name: str) -> str:
-    base = _strip_codec(name)
-    return "tar" if base.endswith(_TAR_SUFFIXES) or name.endswith(".tgz") else "jsonl"
-
-
-def _codec_of_name(name: str) -> str | None:
-    return "gz" if name.endswith(".tgz") else codec_of(name)
-
-
-def _is_record_file(path: str) -> bool:
-    name = path.rsplit("/", 1)[-1]
-    if name.startswith((".", "_")) or name in _SKIPPED_NAMES or name.endswith(".tmp"):
-        return False
-    return _strip_codec(name).endswith(_RECORD_SUFFIXES) or name.endswith(".tgz")
-
-
 def _in_hidden_folder(found: str, root: str) -> bool:
     """Whether `found` lies in a hidden folder below `root` (Colab's .ipynb_checkpoints)."""
     relative = found[len(root.rstrip("/")) :].strip("/")
@@ -150,11 +126,11 @@ def _list_files(item: str, storage_options: dict[str, Any]) -> tuple[Any, list[d
         return fs, [info]
     infos = [
         i for i in fs.find(path, detail=True).values()
-        if _is_record_file(i["name"]) and not _in_hidden_folder(i["name"], path)
+        if is_record_name(i["name"].rsplit("/", 1)[-1]) and not _in_hidden_folder(i["name"], path)
     ]
     if not infos:
         raise FileNotFoundError(
-            f"directory {item!r} has no JSONL files (looked for .jsonl, .json, .ndjson and .tar, "
+            f"directory {item!r} has no JSONL files (looked for {', '.join(RECORD_SUFFIXES)}, "
             "plain or with .zst/.gz/.bz2/.xz, at any depth); name files explicitly or with a glob"
         )
     return fs, infos
@@ -218,9 +194,8 @@ def _shard_of(
 ) -> Shard:
     path = info["name"]
     url = _url_of(fs, path, given)
-    codec = _codec_of_name(path)
+    fmt, codec = format_of(path.rsplit("/", 1)[-1])
     require_codec(codec, url)
-    fmt = _format_of(path)
     size = info.get("size")
     frames = frame_records = None
     if codec == "zst" and fmt == "jsonl":

@@ -26,6 +26,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from .checks import check_int
+
 __all__ = ["StallMeter"]
 
 
@@ -45,8 +47,7 @@ class StallMeter:
     ) -> None:
         if not isinstance(loader, Iterable):
             raise ValueError(f"loader must be iterable, got {loader!r}")
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"window must be an integer >= 1, got {window!r}")
+        check_int("window", window, 1, "the number of recent batches to average over")
         self.loader = loader
         self.window = window
         self._clock = clock
