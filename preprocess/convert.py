@@ -34,6 +34,7 @@ from typing import Any
 from streamds.checks import check_choice, check_int
 from streamds.manifest import Manifest, ShardEntry, write_manifest
 from streamds.parse import ON_ERROR
+from streamds.seekable import MAX_FRAME_SIZE
 from streamds.spec import load_function
 
 from .commit import CommitQueue
@@ -88,7 +89,8 @@ def _check_options(shard_size: int, fmt: str, level: int, frame_size: int, on_er
                    workers: int) -> None:
     check_int("shard_size", shard_size, 1, "e.g. 256MB (the default)", maximum=1 << 50)
     check_int("level", level, -7, "3 (the default) for speed, 19 for size", maximum=22)
-    check_int("frame_size", frame_size, 1, "a few MiB (the default, 4 MiB)", maximum=1 << 30)
+    check_int("frame_size", frame_size, 1, "a few MiB (the default, 4 MiB)",
+              maximum=MAX_FRAME_SIZE)
     check_int("workers", workers, 1, "about the number of CPU cores", maximum=256)
     check_choice("format", fmt, tuple(FORMATS))
     check_choice("on_error", on_error, ON_ERROR)

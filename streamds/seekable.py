@@ -28,6 +28,7 @@ from typing import BinaryIO
 import zstandard
 
 __all__ = [
+    "MAX_FRAME_SIZE",
     "Frame",
     "FrameStats",
     "SeekTableError",
@@ -41,7 +42,7 @@ _SEEKABLE_MAGIC = 0x8F92EAB1
 _CHECKSUM_FLAG = 0x80
 _RESERVED_BITS = 0x7C
 # The reference C implementation refuses frames that decode to more than 1 GiB.
-_MAX_FRAME_DECOMPRESSED_SIZE = 1 << 30
+MAX_FRAME_SIZE = 1 << 30
 
 _SKIPPABLE_HEADER = struct.Struct("<II")  # magic, Frame_Size
 _FOOTER = struct.Struct("<IBI")  # Number_Of_Frames, Seek_Table_Descriptor, magic
@@ -202,9 +203,9 @@ class SeekableWriter:
         frame_size: int = 4 << 20,
         checksums: bool = True,
     ) -> None:
-        if not 1 <= frame_size <= _MAX_FRAME_DECOMPRESSED_SIZE:
+        if not 1 <= frame_size <= MAX_FRAME_SIZE:
             raise ValueError(
-                f"frame_size must be in 1..{_MAX_FRAME_DECOMPRESSED_SIZE} bytes, got "
+                f"frame_size must be in 1..{MAX_FRAME_SIZE} bytes, got "
                 f"{frame_size}; a few MiB (the default, 4 MiB) suits most corpora"
             )
         if level > zstandard.MAX_COMPRESSION_LEVEL:
@@ -240,9 +241,9 @@ class SeekableWriter:
                 f"line has a newline at byte {newline} of {len(line)}; one record is one "
                 f"line, so split it or escape the newline"
             )
-        if size > _MAX_FRAME_DECOMPRESSED_SIZE:
+        if size > MAX_FRAME_SIZE:
             raise ValueError(
-                f"line of {size} bytes exceeds the {_MAX_FRAME_DECOMPRESSED_SIZE}-byte limit "
+                f"line of {size} bytes exceeds the {MAX_FRAME_SIZE}-byte limit "
                 f"of one seekable frame"
             )
         if self._buffered and self._buffered + size > self._frame_size:
