@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from streamds.checks import check_choice, check_int, check_optional_int
+from streamds.checks import check_bool, check_choice, check_int, check_optional_int
 
 __all__ = [
     "DropShort",
@@ -172,8 +172,7 @@ def summarisation(
     {'id': 'PMC1', 'text': 'aspirin lowers fever .', 'summary': 'aspirin works .'}
     >>> to_pair({"article_id": "PMC2", "article_text": [], "abstract_text": ["<S> x </S>"]})
     """
-    if not isinstance(lower, bool):
-        raise ValueError(f"lower must be True or False, got {lower!r}")
+    check_bool("lower", lower)
     check_optional_int("max_sentences", max_sentences, 1, _NO_LIMIT)
     check_optional_int("max_words", max_words, 1, _NO_LIMIT)
     check_optional_int("max_summary_words", max_summary_words, 1, _NO_LIMIT)

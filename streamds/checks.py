@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["check_choice", "check_int", "check_optional_int", "is_int"]
+__all__ = ["check_bool", "check_choice", "check_int", "check_optional_int", "is_int"]
 
 
 def is_int(value: Any) -> bool:
@@ -34,6 +34,12 @@ def check_optional_int(
     """`value` must be None (no limit) or an int (not a bool) in [minimum, maximum]."""
     if value is not None:
         check_int(name, value, minimum, fix, maximum=maximum)
+
+
+def check_bool(name: str, value: Any) -> None:
+    """`value` must be True or False (not 0, 1 or "yes")."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
 def check_choice(name: str, value: Any, choices: tuple[Any, ...], fix: str = "") -> None:
