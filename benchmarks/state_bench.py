@@ -21,10 +21,12 @@ Every measurement runs in a child process (this script with --child) whose PYTHO
 tree under test. With --ref GITREF the script checks that ref out once into a detached
 worktree (/tmp/streamds-ref-<sha>) and runs every measurement against it ("old") and against
 this checkout ("new"), alternating which goes first per repeat so machine noise hits both.
-Values are medians of --repeats child runs; compare columns of one table, not runs.
+Values are medians of --repeats child runs; compare columns of one table, not runs. Before
+each child run the script waits (within --quiet-wait bounds) for other processes to leave the
+CPUs nearly idle, and marks with † the values measured while they were not.
 
     .venv/bin/python benchmarks/state_bench.py --ref a42025e --quick   # smoke run, < 2 min
-    .venv/bin/python benchmarks/state_bench.py --ref a42025e           # ~15 min on 2 cores
+    .venv/bin/python benchmarks/state_bench.py --ref a42025e           # ~11-16 min on 2 cores
     .venv/bin/python benchmarks/state_bench.py --write-readme          # fill README's section
 """
 
@@ -53,6 +55,7 @@ BUFFERS = (1_000, 10_000, 100_000)
 FILL_EXTRA = 300  # records iterated past buffer_size before the state is taken
 STEP = 32  # records between two timed state_dict() calls: one batch
 EPOCH_BUFFER = 10_000
+BUSY = 0.25  # cores other processes used during a run that mark its value with †
 
 
 # -- what the children run (imports come from the tree on PYTHONPATH) ----------------------
@@ -256,8 +259,12 @@ def table(jobs: list[Job], versions: list[Version], corpora: list, args) -> str:
     head = "| measurement | " + " | ".join(names) + (" | new/old |" if ratio else " |")
     lines = [head, "|---|" + "---:|" * (len(names) + ratio)]
 
+    def busy_marks(job: Job) -> list[str]:
+        return [" †" if median_of(job, v, "others") > BUSY else "" for v in names]
+
     def row(label: str, values: list[float], fmt: str = ",.0f", notes: list[str] = ()) -> None:
-        cells = [f"{v:{fmt}}{n}" for v, n in zip(values, notes or [""] * len(values), strict=True)]
+        notes = notes or [""] * len(values)
+        cells = [f"{v:{fmt}}{n}" for v, n in zip(values, notes, strict=True)]
         if ratio:
             cells.append(f"{values[1] / values[0]:.2f}" if values[0] else "-")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
@@ -268,7 +275,7 @@ def table(jobs: list[Job], versions: list[Version], corpora: list, args) -> str:
         mid = job.runs[names[0]][0]["mid_at"]
         b = f"buffer {buffer_size:,}"
         row(f"state_dict() µs, {b}: median of ≥{calls} calls, a batch apart",
-            [median_of(job, v, "median_us") for v in names])
+            [median_of(job, v, "median_us") for v in names], notes=busy_marks(job))
         row(f"state_dict() µs, {b}: first call once full",
             [median_of(job, v, "first_us") for v in names])
         row(f"state_dict() µs, {b}: one call mid-way ({mid:,} records in)",
@@ -279,9 +286,9 @@ def table(jobs: list[Job], versions: list[Version], corpora: list, args) -> str:
         job = by_key[key]
         values = [median_of(job, v, "rate") for v in names]
         notes = []
-        for v in names:
+        for v, mark in zip(names, busy_marks(job), strict=True):
             share = min(run["share"] for run in job.runs[v])
-            notes.append(f" ({share:.0%} read)" if share < 1 else "")
+            notes.append((f" ({share:.0%} read)" if share < 1 else "") + mark)
         return values, notes
 
     rows = [(w, False) for w in args.workers] + [(max(args.workers), True)]
@@ -351,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--cap", type=float, help="seconds after which an epoch run stops "
                         "(20; quick 4; 0: never)")
+    parser.add_argument("--quiet-wait", type=float, nargs=2, metavar=("PER_RUN", "TOTAL"),
+                        help="max seconds to wait for an idle machine before each child run, "
+                        "and in all (5 300; quick 1 10)")
     parser.add_argument("--write-readme", action="store_true",
                         help="replace the state-bench section of README.md")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -362,11 +372,13 @@ def main(argv: list[str] | None = None) -> int:
     args.records = args.records or (210_000 if quick else 300_000)
     args.cap = (4.0 if quick else 20.0) if args.cap is None else args.cap
     args.calls, args.call_budget = (10, 1.0) if quick else (100, 4.0)
+    args.quiet_wait = args.quiet_wait or ((1.0, 10.0) if quick else (5.0, 300.0))
     if args.records < 2 * max(BUFFERS) + 5_000:
         parser.error(f"--records must be at least {2 * max(BUFFERS) + 5_000:,}")
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from common import machine, machine_busy, own_cpu, pubmed_corpus, small_lines_corpus
+    from throughput import QuietWaiter
 
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
@@ -395,17 +407,22 @@ def main(argv: list[str] | None = None) -> int:
         log(f"corpora ready in {time.perf_counter() - began:.0f}s; {len(jobs)} rows x "
             f"{len(versions)} versions x {args.repeats} repeats")
         measured = time.perf_counter()
-        busy, own = machine_busy(), own_cpu()
+        busy_all, own_all = machine_busy(), own_cpu()
+        wait = QuietWaiter(*args.quiet_wait)
         for repeat in range(args.repeats):
             order = versions if repeat % 2 == 0 else versions[::-1]
             for job in jobs:
                 for version in order:
+                    wait()
+                    busy, own, start = machine_busy(), own_cpu(), time.perf_counter()
                     result = run_child(job, version)
+                    theirs = machine_busy() - busy - (own_cpu() - own)
+                    result["others"] = max(0.0, theirs / (time.perf_counter() - start))
                     job.runs.setdefault(version.name, []).append(result)
                     log(f"  [{repeat + 1}/{args.repeats}] {job.key:<28} {version.name:<24} "
                         + json.dumps(result))
         wall = time.perf_counter() - measured
-        others = max(0.0, (machine_busy() - busy - (own_cpu() - own)) / wall)
+        others = max(0.0, (machine_busy() - busy_all - (own_cpu() - own_all)) / wall)
 
     report = table(jobs, versions, corpora, args)
     notes = (
@@ -420,7 +437,8 @@ def main(argv: list[str] | None = None) -> int:
         "(snapshot_every_n_steps=1), with 0 workers it takes none unless asked. Epoch runs stop "
         f"after {args.cap:g} s and count the records read by then (\"% read\"). PubMed and "
         "small lines: DataLoader(batch_size=64), collate_fn returning the list. Other "
-        f"processes used {others:.2f} cores on average while measuring."
+        f"processes used {others:.2f} cores on average while measuring; † marks values "
+        f"whose runs had them use more than {BUSY} cores (median of the runs)."
     )
     print(f"\n{report}\n\n{notes}\n", flush=True)
     print(plot(jobs, versions, RESULTS / "state_bench.png"))
