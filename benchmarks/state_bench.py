@@ -27,6 +27,7 @@ CPUs nearly idle, and marks with † the values measured while they were not.
 
     .venv/bin/python benchmarks/state_bench.py --ref a42025e --quick   # smoke run, < 2 min
     .venv/bin/python benchmarks/state_bench.py --ref a42025e           # ~11-16 min on 2 cores
+    .venv/bin/python benchmarks/state_bench.py --ref a42025e --new-ref 2c266ff  # two commits
     .venv/bin/python benchmarks/state_bench.py --write-readme          # fill README's section
 """
 
