@@ -8,9 +8,13 @@ records (or, when it owns none, the first records of the epoch).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
-__all__ = ["EVEN_RANKS", "quotas"]
+from .chunks import Chunk
+from .parse import Marker
+
+__all__ = ["EVEN_RANKS", "EvenRanks", "quotas", "records_in"]
 
 EVEN_RANKS = (None, "drop", "pad")
 
@@ -53,3 +57,87 @@ def quotas(reader_counts: Sequence[int], world_size: int, mode: str) -> list[int
     target = min(totals) if mode == "drop" else max(totals)
     adjust = _trim if mode == "drop" else _grow
     return [q for rank in ranks for q in adjust(rank, target)]
+
+
+def records_in(chunk: Chunk) -> int:
+    """Records (not markers) in a chunk."""
+    if chunk.clean:
+        return len(chunk.items)
+    return sum(1 for item in chunk.items if item.__class__ is not Marker)
+
+
+class EvenRanks:
+    """Stage: chunks -> chunks holding exactly `quota` records in all (None: pass through).
+
+    Stops mid-chunk when the quota is reached; the source cycles through pad work when it
+    would run short. State: ``{"source": ..., "emitted": n}`` (records passed on so far).
+    """
+
+    SOURCE = "source"
+    EMITTED = "emitted"
+
+    def __init__(
+        self, source: Any, quota: int | None, *, work_items: int = 0, pad_items: int = 0
+    ) -> None:
+        self.source = source
+        self.quota = quota
+        self.work_items = work_items  # items of the reader's own work; then pad passes
+        self.pad_items = pad_items
+        self.reset()
+
+    def _pass_of(self, item: int) -> int:
+        """Which pass over the pad work `item` belongs to (-1: the reader's own work)."""
+        if item < self.work_items or not self.pad_items:
+            return -1
+        return (item - self.work_items) // self.pad_items
+
+    def reset(self, state: dict[str, Any] | None = None) -> None:
+        self.source.reset(None if state is None else state[self.SOURCE])
+        self._emitted = 0 if state is None else state[self.EMITTED]
+
+    def get_state(self) -> dict[str, Any]:
+        return {self.SOURCE: self.source.get_state(), self.EMITTED: self._emitted}
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return self.source.counts
+
+    def __iter__(self) -> Iterator[Chunk]:
+        quota = self.quota
+        if quota is None:
+            yield from self.source
+            return
+        if self._emitted >= quota:
+            return
+        passes = [-1, 1]  # (the pad pass under way, its records; the first may be partial)
+        for chunk in self.source:
+            count = records_in(chunk)
+            this = self._pass_of(chunk.item)
+            if this != passes[0]:
+                if passes[1] == 0:
+                    break  # a whole pass over the pad work found no record
+                passes = [this, 0 if passes[0] >= 0 else 1]
+            passes[1] += count
+            if self._emitted + count >= quota:
+                cut = self._cut(chunk, quota - self._emitted)
+                self._emitted = quota  # before the yield: a state taken there counts it
+                yield cut
+                return
+            self._emitted += count
+            yield chunk
+        raise ValueError(
+            f"even_ranks could not fill this reader's quota of {quota} records: it found "
+            f"{self._emitted} (does a filter drop every record?)"
+        )
+
+    @staticmethod
+    def _cut(chunk: Chunk, keep: int) -> Chunk:
+        """The chunk up to and including its `keep`-th record."""
+        end = 0
+        while keep:
+            if chunk.items[end].__class__ is not Marker:
+                keep -= 1
+            end += 1
+        labels = None if chunk.labels is None else chunk.labels[:end]
+        return Chunk(chunk.item, chunk.block, chunk.offsets[: end + 1], chunk.items[:end],
+                     chunk.clean, labels)

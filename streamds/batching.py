@@ -31,6 +31,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset
 
+from .checks import check_int
 from .errors import StateMismatchError
 from .seeds import derive_seed
 from .world import detect_world
@@ -43,7 +44,7 @@ __all__ = [
     "padding_of",
 ]
 
-STATE_FORMAT = "streamds.batches/1"
+STATE_FORMAT = "streamds.batches/2"
 Length = Callable[[Any], int]
 
 
@@ -118,11 +119,6 @@ def _as_length(length: Length | str) -> Length:
     return length
 
 
-def _check_positive(name: str, value: Any, fix: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}; {fix}")
-
-
 class _Cursor:
     """Where one iterator stands: pool number, batches yielded from it, and how to get back."""
 
@@ -135,15 +131,17 @@ class _Cursor:
         self.pool_batches: int | None = None  # batches the current pool holds, once cut
         self.next_consumed = 0
         self.next_source: Any = None  # source state after the current pool
+        self.finished = False  # the source ran out: the epoch is over
         self.stats = PaddingStats()
 
     def state(self) -> dict[str, Any]:
         if self.pool_batches is not None and self.emitted >= self.pool_batches:
             # the pool is spent: resume at the next one without re-reading this one
             return {"pool": self.pool + 1, "emitted": 0, "consumed": self.next_consumed,
-                    "source": self.next_source, "epoch": self.epoch}
+                    "source": self.next_source, "epoch": self.epoch,
+                    "finished": self.finished}
         return {"pool": self.pool, "emitted": self.emitted, "consumed": self.consumed,
-                "source": self.source, "epoch": self.epoch}
+                "source": self.source, "epoch": self.epoch, "finished": self.finished}
 
 
 class _PoolBatcher(IterableDataset):
@@ -166,8 +164,7 @@ class _PoolBatcher(IterableDataset):
                 "source is a one-shot iterator; pass a re-iterable (a dataset, a list) so "
                 "that every epoch and every resume can read it again"
             )
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        check_int("seed", seed, 0, "pass a non-negative integer seed")
         if not isinstance(drop_last, bool):
             raise ValueError(f"drop_last must be True or False, got {drop_last!r}")
         self.source = source
@@ -190,9 +187,17 @@ class _PoolBatcher(IterableDataset):
         return state
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch (for the batch order and the source's own order)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
+        """Choose the epoch (for the batch order and the source's own order).
+
+        A loaded state in the middle of another epoch refuses: finish that epoch first.
+        """
+        check_int("epoch", epoch, 0, "epochs count from 0")
+        pending = self._pending
+        if pending is not None and not pending["finished"] and pending["epoch"] != epoch:
+            raise ValueError(
+                f"set_epoch({epoch}): the loaded state is in the middle of epoch "
+                f"{pending['epoch']}; iterate to finish that epoch first"
+            )
         self.epoch = epoch
         if hasattr(self.source, "set_epoch"):
             self.source.set_epoch(epoch)
@@ -225,6 +230,13 @@ class _PoolBatcher(IterableDataset):
     def __iter__(self) -> Iterator[list[Any]]:
         resume, self._pending = self._pending, None
         stateful = self._stateful_source()
+        if resume is not None and resume["finished"] and resume["epoch"] != self.epoch:
+            resume = None  # that epoch is over and another was chosen: start it afresh
+        if resume is not None and resume["finished"]:
+            cursor = _Cursor(resume["epoch"], resume["pool"], 0, resume["consumed"], None)
+            cursor.finished = True
+            self._active = cursor
+            return iter(())
         if resume is None:
             cursor = _Cursor(self.epoch, 0, 0, 0, None)
         else:
@@ -246,6 +258,7 @@ class _PoolBatcher(IterableDataset):
             # -> the next pool of records, in arrival order
             pool = list(islice(records_in, self.pool_size))
             if not pool:
+                cursor.finished = True
                 return
             cursor.next_consumed = cursor.consumed + len(pool)
             cursor.next_source = self.source.state_dict() if stateful else None
@@ -274,7 +287,7 @@ class _PoolBatcher(IterableDataset):
         else:
             source = self.source.state_dict() if self._stateful_source() else None
             position = {"pool": 0, "emitted": 0, "consumed": 0, "source": source,
-                        "epoch": self.epoch}
+                        "epoch": self.epoch, "finished": False}
         return {"format": STATE_FORMAT, "config": self._config(), **position}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -290,9 +303,10 @@ class _PoolBatcher(IterableDataset):
                 f"one is {self._config()} (kind, pool size, seed, drop_last); build it with "
                 "the same arguments"
             )
-        self._pending = {key: state[key] for key in
-                         ("format", "config", "pool", "emitted", "consumed", "source", "epoch")}
-        self.epoch = state["epoch"]
+        self._pending = {key: state[key] for key in ("format", "config", "pool", "emitted",
+                                                     "consumed", "source", "epoch", "finished")}
+        if not state["finished"]:  # a finished state leaves the epoch to set_epoch
+            self.epoch = state["epoch"]
 
 
 class Batches(_PoolBatcher):
@@ -313,7 +327,7 @@ class Batches(_PoolBatcher):
         drop_last: bool = False,
         length: Length | str = "input_ids",
     ) -> None:
-        _check_positive("batch_size", batch_size, "the number of records per batch")
+        check_int("batch_size", batch_size, 1, "the number of records per batch")
         super().__init__(source, length=length, pool_size=batch_size, seed=0,
                          drop_last=drop_last)
         self.batch_size = batch_size
@@ -383,8 +397,8 @@ class BucketBatches(_PoolBatcher):
         seed: int = 0,
         drop_last: bool = False,
     ) -> None:
-        _check_positive("batch_size", batch_size, "the number of records per batch")
-        _check_positive("buffer_size", buffer_size, "records sorted together; try 64 batches")
+        check_int("batch_size", batch_size, 1, "the number of records per batch")
+        check_int("buffer_size", buffer_size, 1, "records sorted together; try 64 batches")
         pool = -(-buffer_size // batch_size) * batch_size
         super().__init__(source, length=length, pool_size=pool, seed=seed, drop_last=drop_last)
         self.batch_size = batch_size
@@ -430,10 +444,10 @@ class TokenBudgetBatches(_PoolBatcher):
         length: Length | str = "input_ids",
         seed: int = 0,
     ) -> None:
-        _check_positive("max_tokens", max_tokens, "the padded tokens one batch may hold")
-        _check_positive("buffer_size", buffer_size, "records sorted together")
+        check_int("max_tokens", max_tokens, 1, "the padded tokens one batch may hold")
+        check_int("buffer_size", buffer_size, 1, "records sorted together")
         if max_batch_size is not None:
-            _check_positive("max_batch_size", max_batch_size, "or None for no limit")
+            check_int("max_batch_size", max_batch_size, 1, "or None for no limit")
         super().__init__(source, length=length, pool_size=buffer_size, seed=seed,
                          drop_last=False)
         self.max_tokens = max_tokens

@@ -8,6 +8,7 @@ means the same thing to every reader and to any later world. All functions here 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from .seeds import rng_for
 from .shards import Shard
 from .world import World
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "Block", "assign", "epoch_order", "make_blocks"]
+__all__ = ["DEFAULT_BLOCK_SIZE", "Block", "Plan", "assign", "epoch_order", "make_blocks"]
 
 DEFAULT_BLOCK_SIZE = 8 << 20  # decoded bytes per block of a large file
 MIN_BLOCK_SIZE = 64 << 10  # never split finer than this
@@ -100,3 +101,35 @@ def assign(order: Sequence[int], world: World) -> list[int]:
     than readers (then some readers get none).
     """
     return list(order[world.reader :: world.readers])
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_order(num_blocks: int, seed: int, epoch: int, shuffle: bool) -> tuple[int, ...]:
+    return tuple(epoch_order(num_blocks, seed=seed, epoch=epoch, shuffle=shuffle))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The corpus's blocks and how an epoch orders and deals them: a pure description.
+
+    `order(epoch)` is computed once per epoch and process; `work(epoch, world)` is one
+    reader's share; `reader_records` sums block record counts for every reader in one pass.
+    """
+
+    num_blocks: int
+    seed: int
+    shuffle: bool
+
+    def order(self, epoch: int) -> tuple[int, ...]:
+        return _cached_order(self.num_blocks, self.seed, epoch, self.shuffle)
+
+    def work(self, epoch: int, world: World) -> list[tuple[int, int | None]]:
+        """(block id, None) items of one reader, in reading order."""
+        return [(block, None) for block in assign(self.order(epoch), world)]
+
+    def reader_records(self, epoch: int, world: World, block_counts: Sequence[int]) -> list[int]:
+        """Records every reader of `world`'s size owns this epoch, indexed by `World.reader`."""
+        totals = [0] * world.readers
+        for index, block in enumerate(self.order(epoch)):
+            totals[index % world.readers] += block_counts[block]
+        return totals

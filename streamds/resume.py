@@ -1,42 +1,43 @@
-"""Elastic resume: merge the states of every reader into one world-independent state.
+"""Elastic resume: the states of every reader of one world -> one world-independent state.
 
-A reader's state says which of its blocks are finished, where its current block stands, and
-which records sit in its shuffle buffer. `merge_states` turns the states of all readers of
-one world into the list of unfinished work and unyielded records; `share_of` deals that list
-out to the readers of any new world, so the epoch finishes with every remaining record
-exactly once.
+`merge_states` is pure: for each reader it keeps what is unfinished: work items from where
+the reader stood, and for a shuffling reader its last buffer snapshot and how many records it
+handed out since (a "tail"). `resolve_tails` (run by the dataset, which can read the data)
+replays each tail on record numbers and reads the few records after the snapshot to turn it
+into buffered positions and work items. `share_of` deals the result to the readers of any new
+world, so the epoch finishes with every remaining record exactly once.
 """
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
+from .chunks import ChunkCursor, Position, WorkItem
 from .errors import StateMismatchError
-from .plan import assign, epoch_order
-from .shuffle import unpack_positions
-from .stream import COUNTERS, Position, RecordStream, WorkItem
+from .lines import Lines
+from .parse import Marker, Parse
+from .pipeline import Spec
+from .plan import Plan
+from .replay import NEW, replay
+from .seeds import shuffle_seed_parts
+from .shuffle import Shuffle
+from .state import ReaderState
+from .transform import Transform
 from .world import World
 
-__all__ = ["MERGED_FORMAT", "STATE_FORMAT", "merge_states", "reader_work", "share_of"]
+__all__ = ["MERGED_FORMAT", "merge_states", "resolve_tails", "share_of"]
 
-STATE_FORMAT = "streamds.state/1"
-MERGED_FORMAT = "streamds.merged/1"
-
-
-def reader_work(plan: dict[str, Any], epoch: int, world: World) -> list[WorkItem]:
-    """The work items of one reader: explicit in `plan`, or derived from (seed, epoch, world)."""
-    if plan["work"] is not None:
-        return [(block, start) for block, start in plan["work"]]
-    order = epoch_order(plan["blocks"], seed=plan["seed"], epoch=epoch, shuffle=plan["shuffle"])
-    return [(block, None) for block in assign(order, world)]
+MERGED_FORMAT = "streamds.merged/2"
+COUNTERS = ("bad", "blank", "dropped", "corrupt_blocks")
 
 
 def _reader_states(found: Any) -> Iterator[dict[str, Any]]:
     """Every reader state nested anywhere in `found` (StatefulDataLoader states included)."""
     if isinstance(found, dict):
-        if found.get("format") == STATE_FORMAT:
+        if "format" in found and str(found["format"]).startswith("streamds."):
             yield found
             return
         for value in found.values():
@@ -46,37 +47,73 @@ def _reader_states(found: Any) -> Iterator[dict[str, Any]]:
             yield from _reader_states(value)
 
 
-def _check_complete(states: list[dict[str, Any]]) -> None:
-    worlds = [tuple(state["world"]) for state in states]
-    world_size, num_workers = worlds[0][1], worlds[0][3]
-    expected = {(r, world_size, w, num_workers) for r in range(world_size)
+def _check_complete(states: list[ReaderState]) -> None:
+    worlds = [state.world for state in states]
+    world_size, num_workers = worlds[0].world_size, worlds[0].num_workers
+    expected = {World(r, world_size, w, num_workers) for r in range(world_size)
                 for w in range(num_workers)}
-    missing = sorted(expected - set(worlds))
-    extra = sorted(set(worlds) - expected)
+    missing = sorted((m.rank, m.worker) for m in expected - set(worlds))
+    extra = sorted((e.rank, e.worker) for e in set(worlds) - expected)
     if missing or extra or len(worlds) != len(set(worlds)):
         raise ValueError(
             f"merge_states needs exactly one state per reader of the world "
             f"(world_size={world_size}, num_workers={num_workers}); missing (rank, worker): "
-            f"{[(m[0], m[2]) for m in missing]}, unexpected or repeated: "
-            f"{extra or 'duplicates'}; pass the loader states of every rank"
+            f"{missing}, unexpected or repeated: {extra or 'duplicates'}; pass the loader "
+            "states of every rank"
         )
 
 
-def _unfinished(state: dict[str, Any]) -> tuple[list[WorkItem], list[Position], Counter]:
-    world = World(*state["world"])
-    work = reader_work(state["plan"], state["epoch"], world)
-    stream = state["stream"]
-    if stream is None:  # the reader had not started
-        return work, [], Counter()
-    shuffled = state["plan"]["shuffle"]
-    source = stream["source"] if shuffled else stream
-    k, offset = source[RecordStream.NEXT_BLOCK], source[RecordStream.OFFSET]
-    remaining: list[WorkItem] = []
-    if k < len(work):
-        block, start = work[k]
-        remaining = [(block, start if offset is None else offset), *work[k + 1 :]]
-    pending = unpack_positions(stream["positions"]) if shuffled else []
-    return remaining, pending, Counter(source[RecordStream.COUNTS])
+def _stage_counts(stage_state: dict[str, Any]) -> Counter[str]:
+    """Counters found down a nested stage state."""
+    counts: Counter[str] = Counter()
+    node: Any = stage_state
+    while isinstance(node, dict):
+        counts.update(node.get("counts", {}))  # not every stage counts
+        node = node.get("source")
+    return counts
+
+
+def _lines_state(position: dict[str, Any]) -> dict[str, Any]:
+    node = position[ChunkCursor.SOURCE]
+    while Lines.ITEM not in node:
+        node = node["source"]
+    return node
+
+
+def _from_position(work: list[WorkItem], position: dict[str, Any]) -> list[WorkItem]:
+    """The work items left after a `ChunkCursor` position."""
+    item, offset = position[ChunkCursor.ITEM], position[ChunkCursor.OFFSET]
+    if item < 0:  # between chunks: where the line reader stands
+        lines = _lines_state(position)
+        item, offset = lines[Lines.ITEM], lines[Lines.OFFSET]
+    if item >= len(work):
+        return []
+    block, start = work[item]
+    return [(block, start if offset is None else offset), *work[item + 1 :]]
+
+
+def _unfinished(state: ReaderState) -> tuple[list[WorkItem], list[Position], dict | None]:
+    """(work left, buffered positions, tail to resolve) of one reader."""
+    num_blocks, seed, shuffle = state.plan
+    work = state.work
+    if work is None:
+        work = Plan(num_blocks, seed, shuffle).work(state.epoch, state.share)
+    if state.finished:
+        return [], [], None
+    if state.pipeline is None:  # the reader had not started
+        return list(work), list(state.prefill), None
+    if not shuffle:
+        return _from_position(work, state.pipeline), [], None
+    snapshot = state.pipeline
+    tail = {
+        "work": [list(item) for item in _from_position(work, snapshot[Shuffle.SOURCE])],
+        "snapshot": {key: snapshot[key] for key in
+                     (Shuffle.POSITIONS, Shuffle.ROUND, Shuffle.DRAINING)},
+        "since": snapshot[Shuffle.SINCE],
+        "seed": list(shuffle_seed_parts(seed, state.epoch, state.share.rank,
+                                        state.share.worker)),
+    }
+    return [], [], tail
 
 
 def merge_states(states: Any) -> dict[str, Any]:
@@ -86,12 +123,13 @@ def merge_states(states: Any) -> dict[str, Any]:
     a list; reader states are found wherever they nest. Load the result with
     ``StreamingJsonl(source, ..., resume_from=merged, rank=r, world_size=n)``.
     """
-    readers = sorted(_reader_states(states), key=lambda s: (s["world"][0], s["world"][2]))
+    readers = [ReaderState.from_dict(found) for found in _reader_states(states)]
     if not readers:
         raise ValueError("merge_states found no streamds reader state in its argument")
+    readers.sort(key=lambda s: (s.world.rank, s.world.worker))
     first = readers[0]
     for state in readers:
-        if state["fingerprint"] != first["fingerprint"] or state["epoch"] != first["epoch"]:
+        if state.fingerprint != first.fingerprint or state.epoch != first.epoch:
             raise StateMismatchError(
                 "the states come from different datasets or epochs; merge the states taken "
                 "at one checkpoint of one run"
@@ -99,29 +137,90 @@ def merge_states(states: Any) -> dict[str, Any]:
     _check_complete(readers)
     remaining: list[WorkItem] = []
     pending: list[Position] = []
+    tails: list[dict[str, Any]] = []
     counts: Counter[str] = Counter({name: 0 for name in COUNTERS})
     for state in readers:
-        work, buffered, reader_counts = _unfinished(state)
+        work, buffered, tail = _unfinished(state)
         remaining.extend(work)
         pending.extend(buffered)
-        counts.update(reader_counts)
+        if tail is not None:
+            tails.append(tail)
+        counts.update(state.carried)
+        if state.pipeline is not None:
+            counts.update(_stage_counts(state.pipeline))
     return {
         "format": MERGED_FORMAT,
-        "fingerprint": first["fingerprint"],
-        "epoch": first["epoch"],
+        "fingerprint": first.fingerprint,
+        "epoch": first.epoch,
         "remaining": [list(item) for item in remaining],
         "pending": [list(position) for position in pending],
+        "tails": tails,
         "counts": dict(counts),
     }
 
 
-def share_of(
-    merged: dict[str, Any], world: World
-) -> tuple[list[WorkItem], list[Position], dict[str, int] | None]:
-    """This reader's part of a merged state: work items, buffered records, and (for reader
-    0 only) the counts carried over."""
+def _read_after(
+    spec: Spec, work: list[WorkItem], limit: int
+) -> tuple[list[tuple[int, Position]], list[WorkItem]]:
+    """(work item, position) of the first `limit` records of `work`, and the work left
+    after them."""
+    lines = Lines(spec.shards, spec.blocks, work, on_error=spec.on_error, opener=spec.opener,
+                  retry=spec.retry)
+    chunks = Transform(Parse(lines, spec.shards, spec.blocks, on_error=spec.on_error,
+                             opener=spec.opener), spec.steps)
+    found: list[tuple[int, Position]] = []
+    if limit == 0:
+        return found, list(work)
+    for chunk in chunks:
+        for index, item in enumerate(chunk.items):
+            if item.__class__ is Marker:
+                continue
+            found.append((chunk.item, (chunk.block, chunk.offsets[index])))
+            if len(found) == limit:
+                rest = [(chunk.block, chunk.offsets[index + 1]), *work[chunk.item + 1 :]]
+                return found, rest
+    return found, []
+
+
+def _resolve(tail: dict[str, Any], spec: Spec) -> tuple[list[WorkItem], list[Position]]:
+    """A shuffling reader's tail -> (work left, buffered positions)."""
+    work = [(block, start) for block, start in tail["work"]]
+    since = tail["since"]
+    ahead = since + spec.buffer_size  # the most records the buffer can have read since
+    found, after_all = _read_after(spec, work, ahead)
+    total = None if len(found) == ahead else len(found)
+    shuffle, numbers = replay(size=spec.buffer_size, seed_parts=tuple(tail["seed"]),
+                              handed_out=since, total=total, snapshot=tail["snapshot"])
+    buffered = [found[offset][1] if block == NEW else (block, offset)
+                for block, offset in shuffle.buffered()]
+    read = numbers.next  # records the reader had taken from its stream since the snapshot
+    if read < len(found):
+        item, (block, offset) = found[read]
+        return [(block, offset), *work[item + 1 :]], buffered
+    return (after_all if total is None else []), buffered
+
+
+def resolve_tails(merged: dict[str, Any], spec: Spec) -> dict[str, Any]:
+    """`merged` with every tail turned into work items and buffered positions.
+
+    Reads at most (records handed out since the snapshot + buffer size) records per tail.
+    """
+    resolved = copy.deepcopy(merged)
+    for tail in resolved.pop("tails"):
+        work, buffered = _resolve(tail, spec)
+        resolved["remaining"].extend(list(item) for item in work)
+        resolved["pending"].extend(list(position) for position in buffered)
+    return resolved
+
+
+def share_of(merged: dict[str, Any], world: World) -> tuple[list[WorkItem], list[Position],
+                                                            dict[str, int]]:
+    """This reader's part of a resolved merged state: work items, buffered records, and (for
+    reader 0 only) the counts carried over."""
     step, first = world.readers, world.reader
-    work: Sequence[list] = merged["remaining"][first::step]
-    pending: Sequence[list] = merged["pending"][first::step]
-    counts = merged["counts"] if first == 0 else None
-    return [(b, s) for b, s in work], [(b, o) for b, o in pending], counts
+    work = [(b, s) for b, s in merged["remaining"][first::step]]
+    pending = [(b, o) for b, o in merged["pending"][first::step]]
+    counts = merged["counts"] if first == 0 else {}
+    return work, pending, dict(counts)
+
+

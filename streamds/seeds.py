@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import random
 
-__all__ = ["derive_seed", "rng_for"]
+__all__ = ["derive_seed", "rng_for", "shuffle_seed_parts"]
 
 
 def derive_seed(*parts: int | str) -> int:
@@ -21,3 +21,9 @@ def derive_seed(*parts: int | str) -> int:
 def rng_for(*parts: int | str) -> random.Random:
     """A private random generator seeded from `parts`."""
     return random.Random(derive_seed(*parts))
+
+
+def shuffle_seed_parts(seed: int, epoch: int, rank: int, worker: int) -> tuple[int | str, ...]:
+    """What one reader's shuffle buffer draws from: the one recipe, used by the reader and by
+    every resume that replays it."""
+    return ("buffer", seed, epoch, rank, worker)

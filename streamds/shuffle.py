@@ -1,9 +1,17 @@
-"""Shuffle: a seeded buffer of records that yields them in random order.
+"""Shuffle: chunks -> records in an order drawn from a seeded buffer.
 
 The buffer fills with `size` records, then each incoming record replaces a random buffered
-one, which is yielded; at the end of the stream the rest drain in random order. The state is
-the buffered records' positions plus the generator state (O(size) small integers, never the
-records): on resume the records are re-read from their positions.
+one, which is yielded; at the end of the stream the rest drain in random order.
+
+Taking the state is O(1): the stage keeps a *snapshot* (the buffered records' positions,
+packed, and where the source stood) that it renews every `size` records handed out, so the
+cost of packing is spread over them; the state is that snapshot plus how many records were
+handed out since. A resume rebuilds the buffer from the snapshot (re-reading its records)
+and replays those few steps. Draws come from a generator seeded by (seed parts, round), where
+a round is the span between two snapshots, so no generator state is kept either.
+
+State: ``{"source": <position at the snapshot>, "positions": packed, "round": r,
+"since": n, "draining": bool}``.
 """
 
 from __future__ import annotations
@@ -11,107 +19,166 @@ from __future__ import annotations
 import random
 import zlib
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from itertools import islice
 from typing import Any
 
-from .stream import Position, RecordStream
+from .chunks import Chunk, ChunkCursor, ChunkStage, Position
+from .parse import Marker
+from .seeds import derive_seed
 
-__all__ = ["ShuffleBuffer", "pack_positions", "unpack_positions"]
+__all__ = ["Shuffle", "pack_positions", "unpack_positions"]
+
+MIN_ROUND = 1024  # records per round at least, so tiny buffers do not reseed every record
 
 
-def pack_positions(positions: Sequence[Position]) -> bytes:
-    """Positions as compressed 32-bit block ids then 64-bit offsets (a few bytes each)."""
-    blocks = array("I", (block for block, _ in positions))
-    offsets = array("Q", (offset for _, offset in positions))
-    return zlib.compress(blocks.tobytes() + offsets.tobytes(), 6)
+def pack_positions(blocks: Sequence[int], offsets: Sequence[int]) -> bytes:
+    """Positions as compressed 64-bit block ids then 64-bit offsets (a few bytes each)."""
+    return zlib.compress(array("q", blocks).tobytes() + array("q", offsets).tobytes(), 1)
 
 
 def unpack_positions(packed: bytes) -> list[Position]:
     raw = zlib.decompress(packed)
-    count = len(raw) // 12
-    blocks, offsets = array("I"), array("Q")
-    blocks.frombytes(raw[: 4 * count])
-    offsets.frombytes(raw[4 * count :])
+    count = len(raw) // 16
+    blocks, offsets = array("q"), array("q")
+    blocks.frombytes(raw[: 8 * count])
+    offsets.frombytes(raw[8 * count :])
     return list(zip(blocks, offsets, strict=True))
 
 
-class ShuffleBuffer:
-    """Records of `source` in an order drawn from `rng_seed`.
+class Shuffle:
+    """Stage: chunks -> records, shuffled through a buffer of `size` records.
 
-    State: ``{"source": ..., "positions": packed, "rng": ..., "draining": bool}``, where
-    `positions` is `pack_positions` of the buffered records' (block, offset) in slot order.
+    `fetch(positions)` re-reads the records at positions (used on resume and for `prefill`,
+    records carried over from another world's buffers).
     """
 
     SOURCE = "source"
     POSITIONS = "positions"
-    RNG = "rng"
+    ROUND = "round"
+    SINCE = "since"
     DRAINING = "draining"
 
-    def __init__(self, source: RecordStream, *, size: int, rng_seed: int) -> None:
+    def __init__(
+        self,
+        source: ChunkStage,
+        *,
+        size: int,
+        seed_parts: tuple[int | str, ...],
+        fetch: Callable[[Sequence[Position]], list[Any]],
+        prefill: Sequence[Position] = (),
+        round_size: int | None = None,
+    ) -> None:
         if size < 1:
             raise ValueError(f"buffer size must be >= 1, got {size}")
-        self._source = source
-        self._size = size
-        self._rng_seed = rng_seed
+        self.cursor = ChunkCursor(source)
+        self.size = size
+        self.seed_parts = seed_parts
+        self.fetch = fetch
+        self.prefill = list(prefill)
+        # records handed out per round (a smaller round_size only to test rounds)
+        self.period = max(size, MIN_ROUND) if round_size is None else round_size
         self.reset()
 
+    # -- state ---------------------------------------------------------------------------
+
     def reset(self, state: dict[str, Any] | None = None) -> None:
-        self._rng = random.Random(self._rng_seed)
-        self._records: list[Any] = []
-        self._positions: list[Position] = []
-        self._draining = False
         if state is None:
-            self._source.reset()
-            return
-        self._source.reset(state[self.SOURCE])
-        self._positions = unpack_positions(state[self.POSITIONS])
-        self._records = self._source.fetch(self._positions)
-        version, internal, gauss = state[self.RNG]
-        self._rng.setstate((version, tuple(internal), gauss))
-        self._draining = state[self.DRAINING]
+            self.cursor.reset(None)
+            positions = self.prefill
+            self._round, self._draining, replay = 0, False, 0
+        else:
+            self.cursor.reset(state[self.SOURCE])
+            positions = unpack_positions(state[self.POSITIONS])
+            self._round, self._draining = state[self.ROUND], state[self.DRAINING]
+            replay = state[self.SINCE]
+        self._records: list[Any] = self.fetch(positions) if positions else []
+        self._blocks = array("q", (block for block, _ in positions))
+        self._offsets = array("q", (offset for _, offset in positions))
+        self._since = 0
+        self._replay = replay  # records to hand out again, unseen, to reach the state
+        self.done = False  # the last record has been handed out
+        self._snapshot = self._pack(
+            state[self.SOURCE] if state is not None else self._start_position()
+        )
+
+    def _start_position(self) -> dict[str, Any]:
+        return {ChunkCursor.SOURCE: self.cursor.source.get_state(), ChunkCursor.ITEM: -1,
+                ChunkCursor.OFFSET: 0}
+
+    def _pack(self, source_position: dict[str, Any]) -> dict[str, Any]:
+        """A snapshot: O(buffer), taken once per round."""
+        return {self.SOURCE: source_position,
+                self.POSITIONS: pack_positions(self._blocks, self._offsets),
+                self.ROUND: self._round, self.DRAINING: self._draining}
 
     def get_state(self) -> dict[str, Any]:
-        version, internal, gauss = self._rng.getstate()
-        return {
-            self.SOURCE: self._source.get_state(),
-            self.POSITIONS: pack_positions(self._positions),
-            self.RNG: [version, list(internal), gauss],
-            self.DRAINING: self._draining,
-        }
+        """O(1): the snapshot and the records handed out since."""
+        return {**self._snapshot, self.SINCE: self._since + self._replay}
 
     @property
     def counts(self) -> dict[str, int]:
-        return self._source.counts
+        return self.cursor.source.counts
 
-    @property
-    def quota(self) -> int | None:
-        return self._source.quota
+    def buffered(self) -> list[Any]:
+        """The records in the buffer now, in slot order (for replays on numbers)."""
+        return list(self._records)
 
-    def add_counts(self, counts: dict[str, int]) -> None:
-        self._source.add_counts(counts)
+    # -- iteration -----------------------------------------------------------------------
 
-    def prefill(self, positions: list[Position]) -> None:
-        """Put the records at `positions` into the buffer (from another world's buffers)."""
-        self._records.extend(self._source.fetch(positions))
-        self._positions.extend(positions)
+    def _rng(self) -> Callable[[], float]:
+        return random.Random(derive_seed("shuffle", *self.seed_parts, self._round)).random
+
+    def _next_round(self, position: dict[str, Any]) -> Callable[[], float]:
+        self._round += 1
+        self._since = 0
+        self._snapshot = self._pack(position)
+        return self._rng()
 
     def __iter__(self) -> Iterator[Any]:
-        records, positions, size = self._records, self._positions, self._size
-        random = self._rng.random  # int(random() * n): uniform enough, and C-fast
+        out = self._shuffled()
+        if self._replay:
+            for _ in islice(out, self._replay):
+                pass
+            self._replay = 0
+        return out
+
+    def _shuffled(self) -> Iterator[Any]:
+        records, blocks, offsets = self._records, self._blocks, self._offsets
+        size, period = self.size, self.period
+        random_ = self._rng()  # int(random_() * n): uniform enough, and C-fast
         if not self._draining:
-            for position, record in self._source.with_positions():
-                if len(records) < size:
-                    records.append(record)
-                    positions.append(position)
-                    continue
-                slot = int(random() * size)
-                out = records[slot]
-                records[slot], positions[slot] = record, position
-                yield out
+            chunk: Chunk
+            for chunk in self.cursor.chunks():
+                block, at, clean = chunk.block, chunk.offsets, chunk.clean
+                for index, record in enumerate(chunk.items):
+                    if not clean and record.__class__ is Marker:
+                        continue
+                    if len(records) < size:
+                        records.append(record)
+                        blocks.append(block)
+                        offsets.append(at[index])
+                        continue
+                    if self._since >= period:
+                        random_ = self._next_round(self.cursor.position(chunk, index))
+                    slot = int(random_() * size)
+                    out = records[slot]
+                    records[slot] = record
+                    blocks[slot] = block
+                    offsets[slot] = at[index]
+                    self._since += 1
+                    yield out
             self._draining = True
         while records:
-            slot = int(random() * len(records))
-            records[slot], records[-1] = records[-1], records[slot]
-            positions[slot], positions[-1] = positions[-1], positions[slot]
-            positions.pop()
+            if self._since >= period:
+                random_ = self._next_round(self.cursor.position(None, 0))
+            slot = int(random_() * len(records))
+            last = len(records) - 1
+            records[slot], records[last] = records[last], records[slot]
+            blocks[slot], blocks[last] = blocks[last], blocks[slot]
+            offsets[slot], offsets[last] = offsets[last], offsets[slot]
+            blocks.pop()
+            offsets.pop()
+            self._since += 1
             yield records.pop()
+        self.done = True

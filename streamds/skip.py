@@ -13,17 +13,18 @@ skipped under on_error="skip" shift the count (use torchdata's StatefulDataLoade
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from .chunks import ChunkCursor, WorkItem
+from .pipeline import Reader
 from .plan import Block
 from .read import read_lines
-from .seeds import derive_seed
+from .replay import replay
 from .shards import Shard
-from .shuffle import ShuffleBuffer, pack_positions, unpack_positions
-from .stream import COUNTERS, Position, RecordStream, WorkItem
+from .shuffle import Shuffle, pack_positions, unpack_positions
 
-__all__ = ["batches_per_reader", "reader_state_after"]
+__all__ = ["batches_per_reader", "pipeline_state_after"]
 
 
 def batches_per_reader(
@@ -46,26 +47,6 @@ def batches_per_reader(
         left[worker] -= 1
         worker = (worker + 1) % len(records)
     return taken, worker
-
-
-class _Numbers:
-    """A stand-in record stream whose records are their own numbers 0, 1, 2, ..."""
-
-    def __init__(self, total: int, start: int = 0) -> None:
-        self.total = total
-        self.next = start
-
-    def reset(self, state: Any = None) -> None:
-        pass
-
-    def get_state(self) -> None:
-        return None
-
-    def with_positions(self) -> Iterator[tuple[Position, int]]:
-        while self.next < self.total:
-            number = self.next
-            self.next += 1
-            yield (0, number), number
 
 
 def _positions_of(
@@ -94,50 +75,38 @@ def _positions_of(
     return found
 
 
-def reader_state_after(
+def pipeline_state_after(
     yielded: int,
     *,
+    reader: Reader,
     work: Sequence[WorkItem],
     counts: Sequence[int],
-    shards: Sequence[Shard],
-    blocks: Sequence[Block],
     shuffle: bool,
     buffer_size: int,
-    rng_seed_parts: tuple[Any, ...],
+    seed_parts: tuple[int | str, ...],
 ) -> dict[str, Any]:
-    """The stream state of a reader that has yielded `yielded` records of its `work`.
+    """The pipeline state of `reader` once it has yielded `yielded` records of its `work`.
 
     `counts[k]` is the number of records of `work[k]`.
     """
+    shards, blocks = reader.spec.shards, reader.spec.blocks
     total = sum(counts)
-    zeros = {name: 0 for name in COUNTERS}
+
+    def position_of(number: int) -> dict[str, Any]:
+        if number >= total:
+            return reader.position_at(len(work), None)
+        k, offset = _positions_of([number], work, counts, shards, blocks)[number]
+        return reader.position_at(k, offset)
+
     if not shuffle:
-        source_next = min(yielded, total)
-        return _source_state(source_next, work, counts, shards, blocks, zeros)
-    numbers = _Numbers(total)
-    replay = ShuffleBuffer(numbers, size=buffer_size, rng_seed=derive_seed(*rng_seed_parts))  # type: ignore[arg-type]
-    replay.reset()
-    for _, _ in zip(range(yielded), replay, strict=False):
-        pass
-    state = replay.get_state()
-    buffered = [number for _, number in unpack_positions(state[ShuffleBuffer.POSITIONS])]
-    located = _positions_of(buffered, work, counts, shards, blocks)
-    state[ShuffleBuffer.POSITIONS] = pack_positions(
-        [(work[located[n][0]][0], located[n][1]) for n in buffered]
+        return position_of(min(yielded, total))
+    replayed, _ = replay(size=buffer_size, seed_parts=seed_parts, handed_out=yielded,
+                         total=total)
+    state = replayed.get_state()
+    numbers = [number for _, number in unpack_positions(state[Shuffle.POSITIONS])]
+    located = _positions_of(numbers, work, counts, shards, blocks)
+    state[Shuffle.POSITIONS] = pack_positions(
+        [work[located[n][0]][0] for n in numbers], [located[n][1] for n in numbers]
     )
-    state[ShuffleBuffer.SOURCE] = _source_state(numbers.next, work, counts, shards, blocks, zeros)
-    return state
-
-
-def _source_state(
-    next_number: int, work: Sequence[WorkItem], counts: Sequence[int],
-    shards: Sequence[Shard], blocks: Sequence[Block], zeros: dict[str, int],
-) -> dict[str, Any]:
-    """A RecordStream state whose next record is number `next_number`."""
-    state = {RecordStream.NEXT_BLOCK: len(work), RecordStream.OFFSET: None,
-             RecordStream.EMITTED: 0, RecordStream.COUNTS: dict(zeros)}
-    if next_number >= sum(counts):
-        return state
-    k, offset = _positions_of([next_number], work, counts, shards, blocks)[next_number]
-    state[RecordStream.NEXT_BLOCK], state[RecordStream.OFFSET] = k, offset
+    state[Shuffle.SOURCE] = position_of(state[Shuffle.SOURCE][ChunkCursor.SOURCE]["next"])
     return state

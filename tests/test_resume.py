@@ -22,11 +22,15 @@ from resume_contract import ids, records, run_test_save_load_state, write_mixed
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from streamds import StateMismatchError, StreamingJsonl
+from streamds.balance import EvenRanks
+from streamds.lines import Lines
+from streamds.parse import Parse
 from streamds.plan import make_blocks
+from streamds.records import Records, fetch_records
 from streamds.shards import resolve_shards
-from streamds.shuffle import ShuffleBuffer
-from streamds.stream import RecordStream
-from streamds.transform import compose
+from streamds.shuffle import Shuffle
+from streamds.state import STATE_FORMAT
+from streamds.transform import Transform
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
@@ -69,22 +73,42 @@ def write_tiny(directory: Path, suffix: str, *, defects: bool) -> list[Path]:
     return paths
 
 
-def record_stream(paths: list[Path], **options: Any) -> RecordStream:
+STEPS = [("filter", keep), ("map", slim)]
+
+
+def stages(paths: list[Path], *, on_error: str = "raise", steps=()) -> dict[str, Any]:
+    """Every chunk stage over `paths`, each wrapping the one before (lines -> transform)."""
     shards = resolve_shards([str(path) for path in paths])
     blocks = make_blocks(shards)
-    work = [(block, None) for block in range(len(blocks))]
-    return RecordStream(shards, blocks, work, **options)
+    lines = Lines(shards, blocks, [(block, None) for block in range(len(blocks))],
+                  on_error=on_error)
+    parse = Parse(lines, shards, blocks, on_error=on_error)
+    transform = Transform(parse, steps)
+
+    def fetch(positions):
+        return fetch_records(positions, shards=shards, blocks=blocks,
+                             prepare=lambda chunk: transform.transform(parse.parse(chunk)))
+
+    return {"lines": lines, "parse": parse, "transform": transform, "fetch": fetch}
 
 
-PIPELINE = compose([("filter", keep), ("map", slim)])
+def record_stream(paths: list[Path], **options: Any) -> Records:
+    return Records(stages(paths, **options)["transform"])
+
+
+def shuffle_stage(paths: list[Path], size: int, *, round_size: int | None = None,
+                  steps=STEPS) -> Shuffle:
+    chain = stages(paths, steps=steps)
+    return Shuffle(chain["transform"], size=size, seed_parts=(7,), fetch=chain["fetch"],
+                   round_size=round_size)
 
 
 @pytest.mark.parametrize("suffix", FORMATS)
 def test_record_stream_resumes_at_every_record(tmp_path: Path, suffix: str) -> None:
     paths = write_tiny(tmp_path / "c", suffix, defects=True)
 
-    def make() -> RecordStream:
-        return record_stream(paths, on_error="skip", apply=PIPELINE)
+    def make() -> Records:
+        return record_stream(paths, on_error="skip", steps=STEPS)
 
     reference = run_test_save_load_state(make, range(0, 26), after=lambda stream: stream.counts)
     assert len(reference) == 32 - 7  # 32 records, 7 filtered out; the bad line yields none
@@ -93,21 +117,54 @@ def test_record_stream_resumes_at_every_record(tmp_path: Path, suffix: str) -> N
     assert final.counts["bad"] == 1 and final.counts["dropped"] == 7
 
 
+@pytest.mark.parametrize("stage", ["lines", "parse", "transform", "even"])
+def test_every_chunk_stage_resumes_at_every_record(tmp_path: Path, stage: str) -> None:
+    """The contract through each stage on its own, read record by record."""
+    paths = write_tiny(tmp_path / "c", "plain.jsonl", defects=False)
+
+    def make() -> Records:
+        chain = stages(paths, steps=STEPS)
+        if stage == "even":
+            return Records(EvenRanks(chain["transform"], 17))
+        return Records(chain[stage])
+
+    count = {"lines": 32, "parse": 32, "transform": 25, "even": 17}[stage]
+    reference = run_test_save_load_state(make, range(0, count + 1))
+    assert len(reference) == count
+
+
 @pytest.mark.parametrize("size", [1, 5, 1000])
-def test_shuffle_buffer_resumes_at_every_record(tmp_path: Path, size: int) -> None:
+@pytest.mark.parametrize("round_size", [None, 1, 4])
+def test_shuffle_buffer_resumes_at_every_record(
+    tmp_path: Path, size: int, round_size: int | None
+) -> None:
     paths = [
         *write_tiny(tmp_path / "plain", "plain.jsonl", defects=False),
         *write_tiny(tmp_path / "zst", "seekable.jsonl.zst", defects=False),
         *write_tiny(tmp_path / "tar", "jsonl-members.tar", defects=False),
     ]
 
-    def make() -> ShuffleBuffer:
-        return ShuffleBuffer(record_stream(paths, apply=PIPELINE), size=size, rng_seed=7)
+    def make() -> Shuffle:
+        return shuffle_stage(paths, size, round_size=round_size)
 
     reference = run_test_save_load_state(make, range(0, 3 * 25 + 1))
     assert len(reference) == 3 * 25
     if size > 1:  # the buffer really shuffles, so a resume has an order to get wrong
         assert reference != sorted(reference, key=lambda record: record["id"])
+
+
+def test_taking_the_shuffle_state_is_constant_time(tmp_path: Path) -> None:
+    """Between snapshots the state is the same packed bytes object: nothing is re-packed."""
+    paths = write_tiny(tmp_path / "plain", "plain.jsonl", defects=False)
+    stage = shuffle_stage(paths, 5, round_size=10, steps=())
+    iterator = iter(stage)
+    for _ in range(12):
+        next(iterator)
+    first = stage.get_state()
+    next(iterator)
+    second = stage.get_state()
+    assert second["positions"] is first["positions"]  # the same snapshot, not a new packing
+    assert (first["round"], first["since"], second["since"]) == (1, 2, 3)
 
 
 # -- the contract catches broken states ------------------------------------------------------
@@ -120,21 +177,19 @@ def next_line_start(data: bytes, offset: int) -> int:
 def test_contract_catches_a_state_moved_by_one_line(tmp_path: Path) -> None:
     paths = write_tiny(tmp_path / "c", "plain.jsonl", defects=False)
     data = {str(path): path.read_bytes() for path in paths}
+    urls = [str(path) for path in paths]
 
-    class OneLineAhead(RecordStream):
+    class OneLineAhead(Records):
         def get_state(self) -> dict[str, Any]:
-            state = super().get_state()
-            if state[self.OFFSET] is not None and state[self.NEXT_BLOCK] < len(self._work):
-                block = self._blocks[self._work[state[self.NEXT_BLOCK]][0]]
-                text = data[self._shards[block.shard].url]
-                if state[self.OFFSET] < len(text):
-                    state[self.OFFSET] = next_line_start(text, state[self.OFFSET])
+            state = dict(super().get_state())
+            if state["item"] >= 0:
+                text = data[urls[self._chunk.block]]  # one block per tiny shard
+                if state["offset"] < len(text):
+                    state["offset"] = next_line_start(text, state["offset"])
             return state
 
-    def make() -> RecordStream:
-        shards = resolve_shards([str(path) for path in paths])
-        blocks = make_blocks(shards)
-        return OneLineAhead(shards, blocks, [(b, None) for b in range(len(blocks))])
+    def make() -> Records:
+        return OneLineAhead(stages(paths)["transform"])
 
     with pytest.raises(AssertionError, match="differs from the uninterrupted run"):
         run_test_save_load_state(make, range(1, 12))
@@ -143,14 +198,12 @@ def test_contract_catches_a_state_moved_by_one_line(tmp_path: Path) -> None:
 def test_contract_catches_a_state_that_is_ignored(tmp_path: Path) -> None:
     paths = write_tiny(tmp_path / "c", "plain.jsonl", defects=False)
 
-    class Forgetful(RecordStream):
+    class Forgetful(Records):
         def reset(self, state: dict[str, Any] | None = None) -> None:
             super().reset(None)
 
     def make() -> Forgetful:
-        shards = resolve_shards([str(path) for path in paths])
-        blocks = make_blocks(shards)
-        return Forgetful(shards, blocks, [(b, None) for b in range(len(blocks))])
+        return Forgetful(stages(paths)["transform"])
 
     with pytest.raises(AssertionError, match="resume after 1 of 32"):
         run_test_save_load_state(make, [1])
@@ -159,29 +212,35 @@ def test_contract_catches_a_state_that_is_ignored(tmp_path: Path) -> None:
 def test_contract_catches_a_lost_shuffle_buffer(tmp_path: Path) -> None:
     paths = write_tiny(tmp_path / "c", "plain.jsonl", defects=False)
 
-    class LosesBuffer(ShuffleBuffer):
+    class LosesBuffer(Shuffle):
         def get_state(self) -> dict[str, Any]:
             state = super().get_state()
-            state[self.POSITIONS] = ShuffleBuffer(
-                record_stream(paths), size=1, rng_seed=0
-            ).get_state()[self.POSITIONS]  # an empty buffer, in whatever form it is kept
-            return state
+            state[self.POSITIONS] = shuffle_stage(paths, 1).get_state()[self.POSITIONS]
+            return state  # an empty buffer, in whatever form it is kept
 
     def make() -> LosesBuffer:
-        return LosesBuffer(record_stream(paths), size=8, rng_seed=7)
+        chain = stages(paths)
+        return LosesBuffer(chain["transform"], size=8, seed_parts=(7,), fetch=chain["fetch"],
+                           round_size=4)
 
     with pytest.raises(AssertionError, match="differs from the uninterrupted run"):
         run_test_save_load_state(make, [10])
 
 
 def shift_reader_offsets(found: Any, data: bytes) -> int:
-    """Move the offset of every started, unshuffled reader state in `found` one line on."""
+    """Move the position of every started, unshuffled reader state in `found` one line on."""
     moved = 0
     if isinstance(found, dict):
-        if found.get("format") == "streamds.state/1":
-            stream = found["stream"]
-            if stream is not None and stream["offset"] is not None and stream["offset"] < len(data):
-                stream["offset"] = next_line_start(data, stream["offset"])
+        if found.get("format") == STATE_FORMAT:
+            position = found["pipeline"]
+            if position is None:
+                return 0
+            if position["item"] < 0:  # between chunks: the line reader holds the position
+                position = position["source"]
+                while "item" not in position:
+                    position = position["source"]
+            if position["offset"] is not None and 0 <= position["offset"] < len(data):
+                position["offset"] = next_line_start(data, position["offset"])
                 moved += 1
             return moved
         return sum(shift_reader_offsets(value, data) for value in found.values())
@@ -378,6 +437,30 @@ def test_something_else_is_refused_as_a_state(mixed: tuple[Path, list[int]]) -> 
     for wrong in ({}, {"stream": None}, [1, 2]):
         with pytest.raises(StateMismatchError, match="state_dict"):
             dataset.load_state_dict(wrong)  # type: ignore[arg-type]
+
+
+def test_a_state_with_a_missing_or_unknown_key_is_refused(mixed: tuple[Path, list[int]]) -> None:
+    source, _ = mixed
+    state = taken_state(str(source), shuffle=True, buffer_size=16)
+    missing = {key: value for key, value in state.items() if key != "quota"}
+    with pytest.raises(StateMismatchError, match=r"missing keys \['quota'\]"):
+        StreamingJsonl(str(source), shuffle=True, buffer_size=16).load_state_dict(missing)
+    unknown = {**state, "stream": {}}
+    with pytest.raises(StateMismatchError, match=r"unknown keys \['stream'\]"):
+        StreamingJsonl(str(source), shuffle=True, buffer_size=16).load_state_dict(unknown)
+
+
+@pytest.mark.parametrize(("version", "message"), [
+    ("streamds.state/1", "written by streamds 0.1"),
+    ("streamds.reader/9", "unknown state format"),
+])
+def test_a_state_of_another_version_is_refused(
+    mixed: tuple[Path, list[int]], version: str, message: str
+) -> None:
+    source, _ = mixed
+    state = {**taken_state(str(source)), "format": version}
+    with pytest.raises(StateMismatchError, match=message):
+        StreamingJsonl(str(source)).load_state_dict(state)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,107 @@
+"""Lines: this reader's work items -> chunks of raw lines (the first stage of the pipeline).
+
+Reads each work item's block with `read.read_lines` (line alignment, retries) and hands its
+lines on in chunks of one read each. With `pad_work` (even ranks), after `work` it cycles
+through `pad_work` for as long as the consumer pulls. A damaged block under
+on_error="skip" is counted and left.
+
+State: ``{"item": k, "offset": o | None, "counts": {"corrupt_blocks": n}}``: continue work
+item k at the line beginning at offset o (None: where the item starts).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from .chunks import Chunk, WorkItem
+from .errors import CorruptShardError
+from .plan import Block
+from .read import Opener, open_decoded_at, read_lines
+from .retry import DEFAULT_RETRY, RetryPolicy
+from .shards import Shard
+
+__all__ = ["Lines"]
+
+log = logging.getLogger(__name__)
+
+
+class Lines:
+    ITEM = "item"
+    OFFSET = "offset"
+    COUNTS = "counts"
+
+    def __init__(
+        self,
+        shards: Sequence[Shard],
+        blocks: Sequence[Block],
+        work: Sequence[WorkItem],
+        *,
+        on_error: str = "raise",
+        opener: Opener = open_decoded_at,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        pad_work: Sequence[WorkItem] = (),
+    ) -> None:
+        self.shards = shards
+        self.blocks = blocks
+        self.work = list(work)
+        self.pad_work = list(pad_work)
+        self.on_error = on_error
+        self.opener = opener
+        self.retry = retry
+        self.reset()
+
+    def reset(self, state: dict[str, Any] | None = None) -> None:
+        self._item = 0 if state is None else state[self.ITEM]
+        self._offset: int | None = None if state is None else state[self.OFFSET]
+        self._corrupt = 0 if state is None else state[self.COUNTS]["corrupt_blocks"]
+
+    def get_state(self) -> dict[str, Any]:
+        return {self.ITEM: self._item, self.OFFSET: self._offset,
+                self.COUNTS: {"corrupt_blocks": self._corrupt}}
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {"corrupt_blocks": self._corrupt}
+
+    def work_item(self, k: int) -> WorkItem:
+        """The k-th work item; past the end of `work`, `pad_work` over and over."""
+        if k < len(self.work):
+            return self.work[k]
+        return self.pad_work[(k - len(self.work)) % len(self.pad_work)]
+
+    def _more(self, k: int) -> bool:
+        return k < len(self.work) or bool(self.pad_work)
+
+    def _pass_begins(self, k: int) -> bool:
+        return k >= len(self.work) and (k - len(self.work)) % len(self.pad_work) == 0
+
+    def __iter__(self) -> Iterator[Chunk]:
+        lines_in_pass: int | None = None  # lines of the current pass over pad_work
+        while self._more(self._item):
+            k = self._item
+            if self._pass_begins(k):
+                if lines_in_pass == 0:  # a whole pass without a line: it would never end
+                    return
+                lines_in_pass = 0
+            block_id, start = self.work_item(k)
+            block = self.blocks[block_id]
+            shard = self.shards[block.shard]
+            chunks = read_lines(
+                shard, block, block_id,
+                resume_at=start if self._offset is None else self._offset,
+                opener=self.opener, retry=self.retry,
+            )
+            try:
+                for raw in chunks:
+                    self._offset = raw.offsets[-1]
+                    if lines_in_pass is not None:
+                        lines_in_pass += len(raw.lines)
+                    yield Chunk(k, block_id, raw.offsets, raw.lines, False, raw.labels)
+            except CorruptShardError as err:
+                if self.on_error == "raise":
+                    raise
+                self._corrupt += 1
+                log.warning("skipping the rest of a damaged block: %s", err)
+            self._item, self._offset = k + 1, None

@@ -1,0 +1,130 @@
+"""The reader: one `ReaderState` -> the stages that yield its records.
+
+`Spec` is what every reader of a dataset shares (shards, blocks, plan, steps, options);
+`Reader` builds one reader's pipeline from a `ReaderState` and gives its state back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .balance import EvenRanks
+from .chunks import Chunk, ChunkCursor, Position, WorkItem
+from .lines import Lines
+from .parse import Parse
+from .plan import Block, Plan
+from .read import Opener, open_decoded_at
+from .records import Records, fetch_records
+from .retry import DEFAULT_RETRY, RetryPolicy
+from .seeds import shuffle_seed_parts
+from .shards import Shard
+from .shuffle import Shuffle
+from .state import ReaderState
+from .transform import Step, Transform
+
+__all__ = ["Reader", "Spec"]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What every reader of one dataset shares."""
+
+    shards: Sequence[Shard]
+    blocks: Sequence[Block]
+    plan: Plan
+    steps: tuple[Step, ...]
+    on_error: str
+    buffer_size: int
+    retry: RetryPolicy = DEFAULT_RETRY
+    opener: Opener = open_decoded_at
+
+
+class Reader:
+    """One reader's pipeline, positioned where `state` says; iterate for its records."""
+
+    def __init__(self, spec: Spec, state: ReaderState, *, pad_work: Sequence[WorkItem] = ()):
+        self.spec = spec
+        self.state = state
+        world = state.share
+        work = state.work if state.work is not None else spec.plan.work(state.epoch, world)
+        pad = list(pad_work) if state.quota is not None else []
+        # -> chunks of raw lines of this reader's blocks (then pad blocks, under even ranks)
+        self.lines = Lines(spec.shards, spec.blocks, work, on_error=spec.on_error,
+                           opener=spec.opener, retry=spec.retry, pad_work=pad)
+        # -> chunks of JSON values; BAD and BLANK markers where a line holds no record
+        self.parse = Parse(self.lines, spec.shards, spec.blocks, on_error=spec.on_error,
+                           opener=spec.opener)
+        # -> chunks of the user's records after map and filter; DROPPED where removed
+        self.transform = Transform(self.parse, spec.steps)
+        # -> chunks holding exactly `quota` records in all (even ranks), else all of them
+        quota = None if state.quota is None else max(0, state.quota - len(state.prefill))
+        self.even = EvenRanks(self.transform, quota, work_items=len(work), pad_items=len(pad))
+        # -> records one at a time: in order, or through the seeded shuffle buffer
+        self.top: Records | Shuffle
+        if spec.plan.shuffle:
+            parts = shuffle_seed_parts(spec.plan.seed, state.epoch, world.rank, world.worker)
+            self.top = Shuffle(self.even, size=spec.buffer_size, seed_parts=parts,
+                               fetch=self.fetch, prefill=state.prefill)
+        elif state.prefill:
+            raise ValueError("buffered records to carry over need shuffle=True")
+        else:
+            self.top = Records(self.even)
+        self.top.reset(state.pipeline)
+        self.finished = state.finished
+
+    def prepare(self, chunk: Chunk) -> Chunk:
+        """Raw lines -> transformed records, as the pipeline does (for re-reads)."""
+        return self.transform.transform(self.parse.parse(chunk))
+
+    def fetch(self, positions: Sequence[Position]) -> list[Any]:
+        return fetch_records(positions, shards=self.spec.shards, blocks=self.spec.blocks,
+                             prepare=self.prepare, opener=self.spec.opener,
+                             retry=self.spec.retry)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(()) if self.finished else iter(self.top)
+
+    @property
+    def done(self) -> bool:
+        """Whether the reader has handed out its last record (its epoch is over)."""
+        return self.finished or self.top.done
+
+    def reader_state(self) -> ReaderState:
+        """The state to resume exactly here: O(1) to take."""
+        old = self.state
+        # once started, carried-over records live in the shuffle state: drop the list (and
+        # its share of the quota) so that taking the state stays O(1)
+        quota = None if old.quota is None else old.quota - len(old.prefill)
+        return ReaderState(
+            fingerprint=old.fingerprint, epoch=old.epoch, world=old.world, plan=old.plan,
+            seat=old.seat, work=old.work, prefill=[], carried=old.carried, quota=quota,
+            finished=self.done, pipeline=self.top.get_state(),
+        )
+
+    @property
+    def counts(self) -> dict[str, int]:
+        counts = dict(self.top.counts)
+        for name, value in self.state.carried.items():
+            counts[name] = counts.get(name, 0) + value
+        return counts
+
+    def position_at(self, item: int, offset: int | None) -> dict[str, Any]:
+        """A `ChunkCursor` position at work item `item`, offset `offset`, with counters at 0
+        (for resumes computed from record counts)."""
+        self.even.reset(None)
+        source = self.even.get_state()
+        lines = source
+        while Lines.ITEM not in lines:
+            lines = lines["source"]
+        lines[Lines.ITEM], lines[Lines.OFFSET] = item, offset
+        return {ChunkCursor.SOURCE: source, ChunkCursor.ITEM: item,
+                ChunkCursor.OFFSET: -1 if offset is None else offset}
+
+
+def counting_fetch(positions: Sequence[Position]) -> list[Position]:
+    """A stand-in fetch whose records are their own positions (for replays on numbers)."""
+    return list(positions)
+
+

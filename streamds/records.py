@@ -1,0 +1,120 @@
+"""Records: chunks -> one record at a time, with an exact position at every record.
+
+The last stage before the DataLoader when nothing is shuffled. A clean chunk (no markers) is
+handed out at C speed; the position of the next record is read off the chunk's iterator only
+when the state is taken. `fetch_records` re-reads records at given positions, through the same
+parse and transform, for a shuffle buffer to rebuild itself.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from .chunks import Chunk, ChunkCursor, ChunkStage, Position
+from .errors import StateMismatchError
+from .parse import Marker
+from .plan import Block
+from .read import Opener, open_decoded_at, read_lines
+from .retry import DEFAULT_RETRY, RetryPolicy
+from .shards import Shard
+
+__all__ = ["Records", "fetch_records"]
+
+
+class Records:
+    """Stage: chunks -> records. State: a `ChunkCursor` position."""
+
+    def __init__(self, source: ChunkStage) -> None:
+        self.cursor = ChunkCursor(source)
+        self.reset()
+
+    def reset(self, state: dict[str, Any] | None = None) -> None:
+        self.cursor.reset(state)
+        self._loaded = state  # returned as the state until iteration starts
+        self._chunk: Chunk | None = None
+        self._left: Iterator[Any] | None = None  # the current chunk's items not yet passed
+        self._index = 0
+        self.done = False  # the last record has been handed out
+
+    def get_state(self) -> dict[str, Any]:
+        chunk = self._chunk
+        if chunk is None:
+            if self._loaded is not None:
+                return self._loaded
+            return self.cursor.position(None, 0)
+        index = self._index
+        if self._left is not None:
+            index = len(chunk.items) - self._left.__length_hint__()  # type: ignore[attr-defined]
+        return self.cursor.position(chunk, index)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return self.cursor.source.counts
+
+    def __iter__(self) -> Iterator[Any]:
+        self._loaded = None
+        for chunk in self.cursor.chunks():
+            self._chunk = chunk
+            if chunk.clean:  # the common case, at C speed
+                self._left = iter(chunk.items)
+                yield from self._left
+                self._left = None
+                self._index = len(chunk.items)
+                continue
+            for index, item in enumerate(chunk.items, 1):
+                self._index = index
+                if item.__class__ is not Marker:
+                    yield item
+        self._chunk = None
+        self.done = True
+
+
+def fetch_records(
+    positions: Sequence[Position],
+    *,
+    shards: Sequence[Shard],
+    blocks: Sequence[Block],
+    prepare: Callable[[Chunk], Chunk],
+    opener: Opener = open_decoded_at,
+    retry: RetryPolicy = DEFAULT_RETRY,
+) -> list[Any]:
+    """The records at `positions`, re-read in one forward pass per block and run through
+    `prepare` (parse, then transform).
+
+    Raises StateMismatchError when a position no longer holds a record (the data or the
+    transform changed since the positions were taken).
+    """
+    wanted: dict[int, set[int]] = defaultdict(set)
+    for block_id, offset in positions:
+        wanted[block_id].add(offset)
+    found: dict[Position, Any] = {}
+    for block_id, offsets in wanted.items():
+        block = blocks[block_id]
+        remaining = set(offsets)
+        chunks = read_lines(shards[block.shard], block, block_id, resume_at=min(offsets),
+                            opener=opener, retry=retry)
+        for raw in chunks:
+            keep = [i for i, offset in enumerate(raw.offsets[:-1]) if offset in remaining]
+            if not keep:
+                continue
+            picked = Chunk(
+                0, block_id, [raw.offsets[i] for i in keep] + [raw.offsets[-1]],
+                [raw.lines[i] for i in keep], False,
+                None if raw.labels is None else [raw.labels[i] for i in keep],
+            )
+            ready = prepare(picked)
+            for offset, item in zip(ready.offsets[:-1], ready.items, strict=True):
+                found[(block_id, offset)] = item
+                remaining.discard(offset)
+            if not remaining:
+                break
+    missing = [p for p in positions if p not in found or found[p].__class__ is Marker]
+    if missing:
+        raise StateMismatchError(
+            f"{len(missing)} buffered record(s) could not be re-read, first at block "
+            f"{missing[0][0]} offset {missing[0][1]}; the data or the transform changed "
+            "since the state was taken (transforms must be deterministic)"
+        )
+    return [found[p] for p in positions]
