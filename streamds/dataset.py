@@ -17,7 +17,7 @@ import orjson
 from torch.utils.data import IterableDataset
 
 from .balance import EVEN_RANKS, quotas
-from .checks import check_choice, check_int
+from .checks import check_bool, check_choice, check_int
 from .chunks import WorkItem
 from .errors import StateMismatchError
 from .index import count_block_records, count_from
@@ -30,6 +30,7 @@ from .seeds import shuffle_seed_parts
 from .shards import Shard, resolve_shards
 from .skip import batches_per_reader, pipeline_state_after
 from .state import ReaderState
+from .timing import StageTimer
 from .transform import Step
 from .world import World, detect_world
 
@@ -66,8 +67,7 @@ class StreamingJsonl(IterableDataset):
         even_ranks: str | None = None,
     ) -> None:
         super().__init__()
-        if not isinstance(shuffle, bool):
-            raise ValueError(f"shuffle must be True or False, got {shuffle!r}")
+        check_bool("shuffle", shuffle)
         check_int("seed", seed, 0, "pass a non-negative integer seed")
         check_int("buffer_size", buffer_size, 1, "use shuffle=False to disable shuffling")
         check_int("block_size", block_size, MIN_BLOCK_SIZE, "blocks are at least 64 KiB")
@@ -113,6 +113,7 @@ class StreamingJsonl(IterableDataset):
         self._merged = self._check_merged(resume_from)  # elastic resume
         self._resolved: dict[str, Any] | None = None  # the same, tails read (per process)
         self._active: Reader | None = None
+        self.timer: StageTimer | None = None  # set by `streamds bench` to time each stage
 
     # -- description ---------------------------------------------------------------------
 
@@ -244,7 +245,7 @@ class StreamingJsonl(IterableDataset):
         world = detect_world(self.rank, self.world_size)
         state = self._start_state(world)
         pad = self._pad_work(state) if state.quota is not None else []
-        self._active = Reader(self._spec(), state, pad_work=pad)
+        self._active = Reader(self._spec(), state, pad_work=pad, timer=self.timer)
         self._loaded = None  # a loaded state starts one iterator
         return iter(self._active)
 

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ from .seeds import shuffle_seed_parts
 from .shards import Shard
 from .shuffle import Shuffle
 from .state import ReaderState
+from .timing import StageTimer, Timed
 from .transform import Step, Transform
 
 __all__ = ["Reader", "Spec"]
@@ -44,9 +46,19 @@ class Spec:
 class Reader:
     """One reader's pipeline, positioned where `state` says; iterate for its records."""
 
-    def __init__(self, spec: Spec, state: ReaderState, *, pad_work: Sequence[WorkItem] = ()):
+    STAGES = ("lines", "parse", "transform", "even_ranks", "emit")  # source first
+
+    def __init__(
+        self, spec: Spec, state: ReaderState, *, pad_work: Sequence[WorkItem] = (),
+        timer: StageTimer | None = None,
+    ) -> None:
         self.spec = spec
         self.state = state
+        self.timer = timer
+
+        def timed(stage: Any, name: str) -> Any:
+            return stage if timer is None else Timed(stage, name, timer)
+
         world = state.share
         work = state.work if state.work is not None else spec.plan.work(state.epoch, world)
         pad = list(pad_work) if state.quota is not None else []
@@ -54,23 +66,24 @@ class Reader:
         self.lines = Lines(spec.shards, spec.blocks, work, on_error=spec.on_error,
                            opener=spec.opener, retry=spec.retry, pad_work=pad)
         # -> chunks of JSON values; BAD and BLANK markers where a line holds no record
-        self.parse = Parse(self.lines, spec.shards, spec.blocks, on_error=spec.on_error,
-                           opener=spec.opener)
+        self.parse = Parse(timed(self.lines, "lines"), spec.shards, spec.blocks,
+                           on_error=spec.on_error, opener=spec.opener)
         # -> chunks of the user's records after map and filter; DROPPED where removed
-        self.transform = Transform(self.parse, spec.steps)
+        self.transform = Transform(timed(self.parse, "parse"), spec.steps)
         # -> chunks holding exactly `quota` records in all (even ranks), else all of them
         quota = None if state.quota is None else max(0, state.quota - len(state.prefill))
-        self.even = EvenRanks(self.transform, quota, work_items=len(work), pad_items=len(pad))
+        self.even = EvenRanks(timed(self.transform, "transform"), quota,
+                              work_items=len(work), pad_items=len(pad))
         # -> records one at a time: in order, or through the seeded shuffle buffer
         self.top: Records | Shuffle
         if spec.plan.shuffle:
             parts = shuffle_seed_parts(spec.plan.seed, state.epoch, world.rank, world.worker)
-            self.top = Shuffle(self.even, size=spec.buffer_size, seed_parts=parts,
-                               fetch=self.fetch, prefill=state.prefill)
+            self.top = Shuffle(timed(self.even, "even_ranks"), size=spec.buffer_size,
+                               seed_parts=parts, fetch=self.fetch, prefill=state.prefill)
         elif state.prefill:
             raise ValueError("buffered records to carry over need shuffle=True")
         else:
-            self.top = Records(self.even)
+            self.top = Records(timed(self.even, "even_ranks"))
         self.top.reset(state.pipeline)
         self.finished = state.finished
 
@@ -84,7 +97,9 @@ class Reader:
                              retry=self.spec.retry)
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(()) if self.finished else iter(self.top)
+        if self.finished:
+            return iter(())
+        return iter(self.top if self.timer is None else Timed(self.top, "emit", self.timer))
 
     @property
     def done(self) -> bool:
@@ -93,6 +108,14 @@ class Reader:
 
     def reader_state(self) -> ReaderState:
         """The state to resume exactly here: O(1) to take."""
+        if self.timer is not None:
+            start = time.perf_counter()
+            state = self._reader_state()
+            self.timer.add("state", time.perf_counter() - start)
+            return state
+        return self._reader_state()
+
+    def _reader_state(self) -> ReaderState:
         old = self.state
         # once started, carried-over records live in the shuffle state: drop the list (and
         # its share of the quota) so that taking the state stays O(1)

@@ -24,6 +24,7 @@ from typing import BinaryIO
 
 from .codecs import READ_SIZE, TransientReadError, decode
 from .errors import CorruptShardError
+from .filenames import TAR_LINES_MEMBERS, TAR_RECORD_MEMBERS
 from .plan import Block
 from .retry import DEFAULT_RETRY, RetryPolicy, is_transient
 from .shards import Shard
@@ -41,9 +42,6 @@ log = logging.getLogger(__name__)
 
 Opener = Callable[[Shard, int], BinaryIO]
 
-# member suffixes that hold records in a tar shard
-_TAR_JSON = (".json",)
-_TAR_JSONL = (".jsonl", ".ndjson")
 
 
 @dataclass(frozen=True)
@@ -237,9 +235,9 @@ def _tar_records(
         for member in _tar_members(tar, shard.url):
             if not member.isfile():
                 continue
-            if member.name.endswith(_TAR_JSON):
+            if member.name.endswith(TAR_RECORD_MEMBERS):
                 count = 1
-            elif member.name.endswith(_TAR_JSONL):
+            elif member.name.endswith(TAR_LINES_MEMBERS):
                 count = -1
             else:
                 continue

@@ -1,0 +1,69 @@
+"""The timing seam the stages share: where a reader's time goes, stage by stage.
+
+`Timed` wraps one stage and adds the time spent pulling each item out of it to a
+`StageTimer` under the stage's name. Times nest (a stage's time includes its source's), so
+`StageTimer.exclusive` subtracts each stage's source to say what the stage itself costs.
+Used by `streamds bench`; a reader built without a timer pays nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+__all__ = ["StageTimer", "Timed"]
+
+
+class StageTimer:
+    """Seconds per stage name, cumulative (a stage's time includes its sources')."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.order: list[str] = []  # stage names, source first
+
+    def add(self, name: str, seconds: float) -> None:
+        if name not in self.seconds:
+            self.seconds[name] = 0.0
+            self.order.append(name)
+        self.seconds[name] += seconds
+
+    def exclusive(self, chain: Sequence[str]) -> dict[str, float]:
+        """Each stage of `chain` (source first) without the time of the stage before it."""
+        out, below = {}, 0.0
+        for name in chain:
+            total = self.seconds.get(name, 0.0)
+            out[name] = max(0.0, total - below)
+            below = total
+        return out
+
+
+class Timed:
+    """A stage whose iteration is timed under `name`; everything else passes through."""
+
+    def __init__(self, stage: Any, name: str, timer: StageTimer) -> None:
+        self.stage = stage
+        self.name = name
+        self.timer = timer
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self.stage, attribute)
+
+    def reset(self, state: Any = None) -> None:
+        self.stage.reset(state)
+
+    def get_state(self) -> Any:
+        return self.stage.get_state()
+
+    def __iter__(self) -> Iterator[Any]:
+        items = iter(self.stage)
+        clock, add, name = time.perf_counter, self.timer.add, self.name
+        while True:
+            start = clock()
+            try:
+                item = next(items)
+            except StopIteration:
+                add(name, clock() - start)
+                return
+            add(name, clock() - start)
+            yield item
