@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 
+from torch.utils.data import IterableDataset
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 MARKERS = ("<!-- state-bench:start -->", "<!-- state-bench:end -->")
@@ -76,6 +78,37 @@ def add_length(record: dict) -> dict:
     """The cheap transform of the `.map(fn)` rows."""
     record["chars"] = len(record["text"])
     return record
+
+
+class FloorLines(IterableDataset):
+    """The floor: the least a stateful reader can do. Reads the lines, orjson.loads them,
+    state = {"n": lines seen}. Worker k of n takes lines k, k + n, ... (by index, as
+    StreamingJsonl does), so it does the same per-record work as StreamingJsonl without its
+    shuffle buffer and state. Module level, so DataLoader workers can pickle it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.n = 0  # lines seen (all workers' lines, like StreamingJsonl's offsets)
+        self.start = 0
+
+    def __iter__(self) -> Iterator[dict]:
+        import orjson
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        with open(self.path, "rb") as f:
+            for i, line in enumerate(f):
+                self.n = i + 1
+                if i >= self.start and i % workers == worker:
+                    yield orjson.loads(line)
+        self.start = 0
+
+    def state_dict(self) -> dict:
+        return {"n": self.n}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.start = state["n"]
 
 
 def _advance(records: Iterator, n: int) -> None:
@@ -121,20 +154,27 @@ def measure_state(path: str, buffer_size: int, records: int, calls: int, budget:
 
 def measure_epoch(
     path: str, records: int, *, workers: int, stateful: bool, shuffle: bool, batch_size: int,
-    collate: str, map_fn: bool, cap: float,
+    collate: str, map_fn: bool, cap: float, snapshot: int = 1, floor: bool = False,
 ) -> dict:
-    """Records/s over one epoch through a DataLoader (or StatefulDataLoader)."""
+    """Records/s over one epoch through a DataLoader (or StatefulDataLoader taking the state
+    every `snapshot` batches), of StreamingJsonl or (floor=True) of FloorLines."""
     from torch.utils.data import DataLoader
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     from streamds import StreamingJsonl
 
-    ds = StreamingJsonl(path, shuffle=shuffle, buffer_size=EPOCH_BUFFER)
+    if floor:
+        ds = FloorLines(path)
+    else:
+        ds = StreamingJsonl(path, shuffle=shuffle, buffer_size=EPOCH_BUFFER)
     if map_fn:
         ds = ds.map(add_length)
-    loader_class = StatefulDataLoader if stateful else DataLoader
     collate_fn = batch_ids if collate == "ids" else keep_batch
-    loader = loader_class(ds, batch_size=batch_size, num_workers=workers, collate_fn=collate_fn)
+    options = {"batch_size": batch_size, "num_workers": workers, "collate_fn": collate_fn}
+    if stateful:
+        loader = StatefulDataLoader(ds, snapshot_every_n_steps=snapshot, **options)
+    else:
+        loader = DataLoader(ds, **options)
     read, capped = 0, False
     start = time.perf_counter()
     for batch in loader:

@@ -187,7 +187,9 @@ class StreamingJsonl(IterableDataset):
         """The one `ReaderState` this reader starts from."""
         loaded = self._loaded
         if loaded is not None and loaded.epoch == self.epoch:
-            if loaded.world != world and loaded.started:
+            if loaded.world != world and not loaded.started:
+                return self._with_quota(self._fresh(world))  # nothing read yet: any world
+            if loaded.world != world:
                 raise StateMismatchError(
                     f"the state was taken by reader (rank, world_size, worker, num_workers)="
                     f"{_tuple(loaded.world)} but is loaded by {_tuple(world)}; resume with "
