@@ -1,119 +1,151 @@
 """Bench: how fast the input pipeline runs on the user's data, and which stage holds it back.
 
-``streamds bench SOURCE`` measures, on the first ``--records`` records:
+``streamds bench SOURCE`` builds the dataset the options describe (``--shuffle``,
+``--buffer-size``, ``--transform``) and measures, on the first ``--records`` records:
 
-1. each stage on one core, timed separately in a single pass: read (storage I/O, decompression
-   and line splitting, via `streamds.read.read_lines` over the dataset's blocks), parse
-   (``orjson.loads``) and the user's ``--transform``;
-2. a ``DataLoader`` over ``StreamingJsonl(SOURCE).map(transform)`` for each ``--num-workers``
-   value: records/s, MB/s and the time to the first batch.
+1. the real pipeline, in this process, stage by stage: the dataset runs with a
+   `streamds.timing.StageTimer` attached (``ds.timer``), which times each stage of the reader
+   (read = lines, parse, transform, even_ranks, emit: the shuffle buffer or the record
+   flattener) where it runs. The loop collects records into batches of ``--batch-size`` and,
+   unless ``--no-state-every-batch``, takes ``ds.state_dict()`` after every batch, as torchdata's
+   StatefulDataLoader does; those calls are timed on the same timer. What the wall time holds
+   beyond the stages and the states (collation, the loop itself, starting the reader) is
+   "collate/other";
+2. a ``DataLoader`` over the same dataset for each ``--num-workers`` value: records/s and the
+   time to the first batch.
 
-It prints a table and recommendations (the best ``num_workers``; which stage is the
-bottleneck), or with ``--json`` one JSON object. Progress bars go to stderr.
+It prints a table and recommendations (the costliest stage and what to do about it; the best
+``num_workers``), or with ``--json`` one JSON object. Progress bars go to stderr.
 
 `run_bench()` returns the same report as a dict, for programs and tests.
+
+Each measurement starts after a full garbage collection: the collection that importing torch
+leaves pending (a walk over some 10^5 objects, about 0.1 s) would otherwise land on whichever
+stage allocates first. Stages pass chunks of one read (256 KiB) each, so the stages before
+emit may have handled up to one read more than the records counted. Timing each record costs
+the emit stage's wrapper two clock reads (well under a microsecond); for very small records
+that shows up in "collate/other".
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
-from contextlib import closing
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import orjson
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from .checks import check_int
 from .collate import as_list
 from .dataset import StreamingJsonl
-from .plan import make_blocks
-from .read import read_lines
+from .pipeline import Reader
 from .spec import load_function
+from .timing import StageTimer
 
 __all__ = ["main", "run_bench"]
 
-DOMINANT = 0.5  # a stage taking this share of the per-record time is "the bottleneck"
-IO_BOUND = 0.6  # a read stage using the CPU less than this share of its time waits on storage
+DOMINANT = 0.5  # a stage taking this share of the time is "the bottleneck"
+IO_BOUND = 0.6  # a pass using the CPU less than this share of its time waits on storage
 NEAR_BEST = 0.95  # fewer workers within 5% of the best are recommended instead
-MB = 1e6
+MIN_RATED = 1e-3  # seconds: a stage that took less shows no records/s in the table
+STATE_CALLS = "state_dict"  # the timer's name for the bench's ds.state_dict() calls
+# report rows: the reader's stages (source first), then what the consumer loop adds
+READER_ROWS = dict(zip(Reader.STAGES, ("read", "parse", "transform", "even_ranks", "emit"),
+                       strict=True))
+ROWS = (*READER_ROWS.values(), "state", "other")
 
 
-def _rate(count: float, seconds: float) -> float:
-    return count / seconds if seconds > 0 else float("inf")
+def _rate(count: float, seconds: float) -> float | None:
+    """`count` per second; None where no time was measured."""
+    return count / seconds if seconds > 0 else None
 
 
-def _finite(value: float) -> float | None:
-    return value if value != float("inf") else None
+def _close(iterator: Iterator[Any]) -> None:
+    close = getattr(iterator, "close", None)
+    if close is not None:
+        close()
 
 
-def measure_stages(
+def measure_pipeline(
     dataset: StreamingJsonl,
-    transform: Callable[[Any], Any] | None,
     *,
+    batch_size: int,
     records: int,
     seconds: float,
+    state_every_batch: bool,
     progress: bool,
 ) -> dict[str, Any]:
-    """Per-stage time on one core over the first `records` records (or `seconds`)."""
-    shards = dataset.shards
-    blocks = make_blocks(shards, dataset.block_size)
-    timer, cpu = time.perf_counter, time.process_time
-    spent = {"read": 0.0, "parse": 0.0, "transform": 0.0}
-    read_cpu = 0.0
-    lines = parsed = kept = decoded = 0
-    started = timer()
-    with tqdm(total=records, desc="stages", unit="rec", disable=not progress) as bar:
-        for block_id, block in enumerate(blocks):
-            if parsed >= records or timer() - started > seconds:
-                break
-            chunks = read_lines(shards[block.shard], block, block_id)
-            with closing(chunks):
-                while parsed < records and timer() - started <= seconds:
-                    c0, t0 = cpu(), timer()
-                    chunk = next(chunks, None)
-                    t1 = timer()
-                    read_cpu += cpu() - c0
-                    spent["read"] += t1 - t0
-                    if chunk is None:
-                        break
-                    lines += len(chunk.lines)
-                    decoded += sum(map(len, chunk.lines)) + len(chunk.lines)
-                    values = [orjson.loads(line) for line in chunk.lines if line.strip()]
-                    t2 = timer()
-                    spent["parse"] += t2 - t1
-                    if transform is not None:
-                        kept += sum(1 for value in values if transform(value) is not None)
-                    else:
-                        kept += len(values)
-                    spent["transform"] += timer() - t2
-                    parsed += len(values)
-                    bar.update(len(values))
-    if transform is None:
-        del spent["transform"]
-    total = sum(spent.values())
-    stages = {}
-    for name, secs in spent.items():
-        stages[name] = {
+    """One in-process pass over `dataset` with a `StageTimer` attached: each stage's own
+    seconds, the ``state_dict()`` calls after each batch, and the rest of the wall time."""
+    timer = StageTimer()
+    clock, cpu = time.perf_counter, time.process_time
+    count = batches = 0
+    batch: list[Any] = []
+
+    def end_batch() -> None:
+        nonlocal count, batches, batch
+        as_list(batch)  # the collate DataLoader uses in the loader runs below
+        count += len(batch)
+        batches += 1
+        bar.update(len(batch))
+        batch = []
+        if state_every_batch:
+            start = clock()
+            dataset.state_dict()
+            timer.add(STATE_CALLS, clock() - start)
+
+    dataset.timer = timer
+    gc.collect()
+    cpu_start, started = cpu(), clock()
+    try:
+        with tqdm(total=records, desc="pipeline", unit="rec", disable=not progress) as bar:
+            stream = iter(dataset)
+            try:
+                for record in stream:
+                    batch.append(record)
+                    if len(batch) == batch_size:
+                        end_batch()
+                        if count >= records or clock() - started > seconds:
+                            break
+                else:
+                    if batch:  # the short last batch of the corpus
+                        end_batch()
+            finally:
+                _close(stream)
+        wall = clock() - started
+        cpu_time = cpu() - cpu_start
+        counts = dict(dataset.counts)
+    finally:
+        dataset.timer = None
+    own = timer.exclusive(Reader.STAGES)
+    spent = {READER_ROWS[name]: own[name] for name in Reader.STAGES}
+    spent["state"] = timer.seconds.get(STATE_CALLS, 0.0)
+    spent["other"] = max(0.0, wall - timer.seconds.get(Reader.STAGES[-1], 0.0) - spent["state"])
+    stages = {
+        name: {
             "seconds": secs,
-            "records_per_s": _finite(_rate(parsed, secs)),
-            "mb_per_s": _finite(_rate(decoded / MB, secs)),
-            "us_per_record": 1e6 * secs / parsed if parsed else None,
-            "share": secs / total if total > 0 else 0.0,
+            "share": secs / wall if wall > 0 else 0.0,
+            "records_per_s": _rate(count, secs),
+            "us_per_record": 1e6 * secs / count if count else None,
         }
-    stages["read"]["cpu_share"] = min(1.0, read_cpu / spent["read"]) if spent["read"] else 1.0
+        for name, secs in spent.items()
+    }
     return {
-        "records": parsed,
-        "lines": lines,
-        "kept": kept,
-        "bytes": decoded,
-        "mean_record_bytes": decoded / lines if lines else 0.0,
-        "single_core_records_per_s": _finite(_rate(parsed, total)),
+        "records": count,
+        "batches": batches,
+        "counts": counts,  # lines without a record in the chunks read: bad, blank, dropped
+        "seconds": wall,
+        "records_per_s": _rate(count, wall),
+        "cpu_share": min(1.0, cpu_time / wall) if wall > 0 else 1.0,
+        "state_every_batch": state_every_batch,
         "stages": stages,
+        "timer_seconds": dict(timer.seconds),  # cumulative, as the seam recorded them
     }
 
 
@@ -124,7 +156,6 @@ def measure_loader(
     batch_size: int,
     records: int,
     seconds: float,
-    mean_record_bytes: float,
     progress: bool,
 ) -> dict[str, Any]:
     """DataLoader throughput with `num_workers`, start-up included and excluded."""
@@ -133,6 +164,7 @@ def measure_loader(
     timer = time.perf_counter
     count = batches = first_count = 0
     first = None
+    gc.collect()
     started = timer()
     desc = f"loader num_workers={num_workers}"
     with tqdm(total=records, desc=desc, unit="rec", disable=not progress) as bar:
@@ -157,9 +189,8 @@ def measure_loader(
         "batches": batches,
         "seconds": elapsed,
         "time_to_first_batch_s": first,
-        "records_per_s": _finite(steady),
-        "records_per_s_with_startup": _finite(_rate(count, elapsed)),
-        "mb_per_s": _finite(steady * mean_record_bytes / MB),
+        "records_per_s": steady,
+        "records_per_s_with_startup": _rate(count, elapsed),
     }
 
 
@@ -171,46 +202,76 @@ def _best_workers(runs: list[dict[str, Any]]) -> int | None:
     return min(r["num_workers"] for r in rated if r["records_per_s"] >= NEAR_BEST * top)
 
 
-def _recommend(report: dict[str, Any]) -> tuple[str | None, list[str]]:
+def _workers_help(report: dict[str, Any]) -> bool:
+    """False where the loader runs showed that worker processes do not pay off."""
+    tried = {run["num_workers"] for run in report["loader"]}
+    return not (report["best_num_workers"] == 0 and len(tried) > 1)
+
+
+def _stage_fix(name: str, report: dict[str, Any]) -> tuple[str, str]:
+    """What stage `name` is, in words, and the fix that makes it cheaper. Adding workers is
+    only suggested where the loader runs did not show that workers fail to pay off."""
+    more = _workers_help(report)
+
+    def fixes(*options: str, workers: str = "add workers") -> str:
+        chosen = [workers, *options] if more else list(options)
+        if not chosen:
+            return "little to gain here"
+        return chosen[0] if len(chosen) == 1 else f"{', '.join(chosen[:-1])} or {chosen[-1]}"
+
+    if name == "transform":
+        return ("your transform", fixes("make it cheaper", "run it once at conversion time "
+                                        "(streamds convert --transform)",
+                                        workers="add workers (it runs in them)"))
+    if name == "parse":
+        return ("JSON parsing", fixes("drop the fields you do not use when converting"))
+    if name == "read":
+        if report["remote"]:
+            return ("reading (network)", "convert the data to .jsonl.zst shards (fewer bytes, "
+                    "large reads), or prefix the URL with simplecache:: to read it from a "
+                    "local copy after the first pass")
+        if report["cpu_share"] < IO_BOUND:
+            idle = 100 * (1 - report["cpu_share"])
+            return ("reading (storage)", f"the process was off the CPU {idle:.0f}% of the time "
+                    "(waiting on storage, or on a busy machine); copy the data to a local "
+                    "disk, or convert it to .jsonl.zst shards (fewer bytes to read)")
+        if report["compressed"]:
+            return ("decompression", fixes("convert with a lower --level"))
+        return ("reading (splitting lines)", fixes(workers="add workers (each reads its own "
+                                                   "blocks)"))
+    if name == "even_ranks":
+        return ("even ranks", "it only counts records; a cost this size is a bug, please "
+                "report it")
+    if name == "emit":
+        if report["shuffle"]:
+            return ("the shuffle buffer", fixes("use a smaller buffer_size",
+                                                workers="add workers (each shuffles its share)"))
+        return ("handing out records", fixes(workers="add workers (each hands out its share)"))
+    if name == "state":
+        return ("taking the state after every batch", "snapshot less often: "
+                "StatefulDataLoader(..., snapshot_every_n_steps=N)")
+    return ("collate and the loop around the pipeline",
+            fixes("make collate_fn cheaper", workers="add workers (collate runs in them)"))
+
+
+def _recommend(report: dict[str, Any]) -> tuple[str | None, str | None, list[str]]:
+    """(costliest stage, bottleneck: the costliest if it dominates, else None, notes)."""
     notes: list[str] = []
     stages = report["stages"]
     shares = {name: s["share"] for name, s in stages.items()}
-    bottleneck = max(shares, key=shares.get) if shares else None
-    if bottleneck is not None and shares[bottleneck] < DOMINANT:
-        bottleneck = None
-    if bottleneck is not None:
-        stage = stages[bottleneck]
-        cost = f"{100 * stage['share']:.0f}% of the per-record time, " \
-               f"{stage['us_per_record']:.0f} us/record"
-        if bottleneck == "transform":
-            notes.append(
-                f"your transform is the bottleneck ({cost}); make it cheaper, run it once at "
-                "conversion time (streamds convert --transform), or add workers"
-            )
-        elif bottleneck == "read" and stage["cpu_share"] < IO_BOUND:
-            notes.append(
-                f"storage I/O is the bottleneck ({cost}, {100 * stage['cpu_share']:.0f}% of it "
-                "on the CPU, the rest waiting for storage); copy the data to local disk, or "
-                "convert it to .jsonl.zst shards (fewer bytes to fetch)"
-            )
-        elif bottleneck == "read" and report["compressed"]:
-            notes.append(
-                f"decompression is the bottleneck ({cost}); add workers, or convert with a "
-                "lower compression level"
-            )
-        elif bottleneck == "read":
-            notes.append(
-                f"reading (splitting lines on the CPU) is the bottleneck ({cost}); add workers "
-                "so that more blocks are read at once"
-            )
+    costliest = max(shares, key=shares.__getitem__) if any(shares.values()) else None
+    bottleneck = None
+    if costliest is not None:
+        what, fix = _stage_fix(costliest, report)
+        stage = stages[costliest]
+        cost = f"{100 * stage['share']:.0f}% of the time"
+        if stage["us_per_record"] is not None:
+            cost += f", {stage['us_per_record']:,.1f} us/record"
+        if shares[costliest] >= DOMINANT:
+            bottleneck = costliest
+            notes.append(f"{what} is the bottleneck ({cost}); {fix}")
         else:
-            kb = report["mean_record_bytes"] / 1000
-            notes.append(
-                f"JSON parsing is the bottleneck ({cost}; records average {kb:.1f} kB); drop "
-                "fields you do not use when converting"
-            )
-    else:
-        notes.append("no single stage dominates the per-record time")
+            notes.append(f"no single stage dominates; the costliest is {what} ({cost}); {fix}")
     runs, best = report["loader"], report["best_num_workers"]
     if best is not None:
         by_workers = {r["num_workers"]: r for r in runs}
@@ -235,7 +296,18 @@ def _recommend(report: dict[str, Any]) -> tuple[str | None, list[str]]:
                 f"the first batch takes {first:.1f} s; use persistent_workers=True so that "
                 "workers start once, not every epoch"
             )
-    return bottleneck, notes
+    return costliest, bottleneck, notes
+
+
+def build_dataset(
+    source: str | Sequence[str],
+    *,
+    shuffle: bool,
+    buffer_size: int,
+    transform: Callable[[Any], Any] | None,
+) -> StreamingJsonl:
+    """The dataset the user would train on, as the bench's options describe it."""
+    return StreamingJsonl(source, shuffle=shuffle, buffer_size=buffer_size, transform=transform)
 
 
 def run_bench(
@@ -243,44 +315,50 @@ def run_bench(
     *,
     num_workers: Sequence[int] = (0, 1, 2),
     batch_size: int = 32,
-    records: int = 10_000,
+    records: int = 100_000,
     seconds: float = 10.0,
     transform: Callable[[Any], Any] | str | None = None,
     shuffle: bool = False,
+    buffer_size: int = 1000,
+    state_every_batch: bool = True,
     progress: bool = False,
 ) -> dict[str, Any]:
     """Measure the pipeline on `source`; the report `streamds bench --json` prints."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    if isinstance(records, bool) or not isinstance(records, int) or records < 1:
-        raise ValueError(f"records must be an integer >= 1, got {records!r}")
-    if not num_workers or any(n < 0 for n in num_workers):
-        raise ValueError(f"num_workers must be integers >= 0, got {list(num_workers)}")
+    check_int("batch_size", batch_size, 1, "the number of records per batch")
+    check_int("records", records, 1, "the number of records to measure")
+    check_int("buffer_size", buffer_size, 1, "the shuffle buffer, in records")
+    if not num_workers:
+        raise ValueError("num_workers must name at least one worker count, such as [0, 2]")
+    for n in num_workers:
+        check_int("num_workers", n, 0, "0 loads in the main process")
     name = transform if isinstance(transform, str) else getattr(transform, "__name__", None)
     fn = load_function(transform) if isinstance(transform, str) else transform
-    dataset = StreamingJsonl(source, shuffle=shuffle)
+    dataset = build_dataset(source, shuffle=shuffle, buffer_size=buffer_size, transform=fn)
     shards = dataset.shards
     report: dict[str, Any] = {
         "source": source if isinstance(source, str) else list(source),
         "shards": len(shards),
         "codecs": sorted({shard.codec or "none" for shard in shards}),
         "compressed": any(shard.codec for shard in shards),
+        "remote": any("://" in shard.url and not shard.url.startswith("file://")
+                      for shard in shards),
         "stored_bytes": sum(shard.size or 0 for shard in shards),
         "transform": name,
+        "shuffle": shuffle,
+        "buffer_size": buffer_size,
         "batch_size": batch_size,
         "cpu_count": os.cpu_count(),
     }
-    report.update(measure_stages(dataset, fn, records=records, seconds=seconds,
-                                 progress=progress))
-    mapped = dataset if fn is None else dataset.map(fn)
+    report.update(measure_pipeline(dataset, batch_size=batch_size, records=records,
+                                   seconds=seconds, state_every_batch=state_every_batch,
+                                   progress=progress))
     report["loader"] = [
-        measure_loader(mapped, num_workers=n, batch_size=batch_size, records=records,
-                       seconds=seconds, mean_record_bytes=report["mean_record_bytes"],
-                       progress=progress)
+        measure_loader(dataset, num_workers=n, batch_size=batch_size, records=records,
+                       seconds=seconds, progress=progress)
         for n in num_workers
     ]
     report["best_num_workers"] = _best_workers(report["loader"])
-    report["bottleneck"], report["recommendations"] = _recommend(report)
+    report["costliest"], report["bottleneck"], report["recommendations"] = _recommend(report)
     return report
 
 
@@ -288,32 +366,56 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _per_record_us(report: dict[str, Any]) -> float | None:
+    return 1e6 * report["seconds"] / report["records"] if report["records"] else None
+
+
+def _label(name: str, report: dict[str, Any]) -> str:
+    if name == "emit":
+        return "shuffle" if report["shuffle"] else "emit"
+    if name == "state":
+        return "state" if report["state_every_batch"] else "state (off)"
+    if name == "other":
+        return "collate/other"
+    return name
+
+
 def format_report(report: dict[str, Any]) -> str:
     """The human-readable table and recommendations."""
+    options = [f"batch_size={report['batch_size']}"]
+    if report["shuffle"]:
+        options.append(f"shuffle, buffer_size={report['buffer_size']}")
+    if report["transform"]:
+        options.append(f"transform={report['transform']}")
+    if report["state_every_batch"]:
+        options.append("state_dict() after every batch")
     out = [
         f"source: {report['source']}  ({report['shards']} shard(s), codec "
-        f"{'/'.join(report['codecs'])}, {report['stored_bytes'] / MB:,.1f} MB stored)",
-        f"measured {report['records']:,} records, {report['bytes'] / MB:,.1f} MB decoded, "
-        f"{report['mean_record_bytes'] / 1000:,.1f} kB/record",
+        f"{'/'.join(report['codecs'])}, {report['stored_bytes'] / 1e6:,.1f} MB stored)",
+        f"pipeline, 1 process: {report['records']:,} records in {report['seconds']:.2f} s "
+        f"({_fmt(report['records_per_s'], ',.0f')} records/s); {', '.join(options)}",
         "",
-        f"{'stage (1 core)':<16}{'records/s':>12}{'MB/s':>10}{'us/rec':>10}{'share':>8}",
+        f"{'stage':<16}{'seconds':>9}{'share':>8}{'us/rec':>10}{'records/s':>14}",
     ]
     for name, stage in report["stages"].items():
+        # a stage that took (almost) no time has no meaningful rate of its own
+        rate = stage["records_per_s"] if stage["seconds"] >= MIN_RATED else None
         out.append(
-            f"{name:<16}{_fmt(stage['records_per_s'], ',.0f'):>12}"
-            f"{_fmt(stage['mb_per_s'], ',.1f'):>10}{_fmt(stage['us_per_record'], ',.1f'):>10}"
-            f"{100 * stage['share']:>7.0f}%"
+            f"{_label(name, report):<16}{stage['seconds']:>9.3f}{100 * stage['share']:>7.1f}%"
+            f"{_fmt(stage['us_per_record'], ',.2f'):>10}{_fmt(rate, ',.0f'):>14}"
         )
-    out.append(f"{'all stages':<16}{_fmt(report['single_core_records_per_s'], ',.0f'):>12}")
+    out.append(f"{'total':<16}{report['seconds']:>9.3f}{100.0:>7.1f}%"
+               f"{_fmt(_per_record_us(report), ',.2f'):>10}"
+               f"{_fmt(report['records_per_s'], ',.0f'):>14}")
     out += [
         "",
-        f"{'DataLoader':<16}{'records/s':>12}{'MB/s':>10}{'1st batch':>11}",
+        f"{'DataLoader':<16}{'records/s':>12}{'1st batch':>11}",
     ]
     for run in report["loader"]:
         mark = "  <- best" if run["num_workers"] == report["best_num_workers"] else ""
         out.append(
             f"{'num_workers=' + str(run['num_workers']):<16}"
-            f"{_fmt(run['records_per_s'], ',.0f'):>12}{_fmt(run['mb_per_s'], ',.1f'):>10}"
+            f"{_fmt(run['records_per_s'], ',.0f'):>12}"
             f"{_fmt(run['time_to_first_batch_s'], '.2f'):>9} s{mark}"
         )
     out.append("")
@@ -326,7 +428,7 @@ def _workers_arg(text: str) -> list[int]:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers such as 0,1,2,4, got {text!r}"
+            f"expected integers such as 0 1 2 or 0,1,2, got {text!r}"
         ) from None
     if not values or any(v < 0 for v in values):
         raise argparse.ArgumentTypeError(f"worker counts must be >= 0, got {text!r}")
@@ -334,7 +436,10 @@ def _workers_arg(text: str) -> list[int]:
 
 
 def _positive(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
     return value
@@ -348,22 +453,27 @@ def _default_workers() -> list[int]:
 def build_parser(prog: str = "streamds bench") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Measure the input pipeline on your data: per-stage speed, DataLoader "
-        "throughput per num_workers, and where the time goes.",
+        description="Measure the input pipeline on your data: where the time goes, stage by "
+        "stage, and DataLoader throughput per num_workers.",
     )
     parser.add_argument("source", nargs="+",
                         help="file, directory, glob or URL, as StreamingJsonl takes them")
-    parser.add_argument("--num-workers", type=_workers_arg, default=None,
-                        help="comma-separated worker counts to try (default: 0,1,2,4,8 up to "
-                        "the CPU count)")
+    parser.add_argument("--num-workers", type=_workers_arg, nargs="+", default=None,
+                        metavar="N", help="worker counts to try, as 0 1 2 or 0,1,2 (default: "
+                        "0,1,2,4,8 up to the CPU count)")
     parser.add_argument("--batch-size", type=_positive, default=32)
-    parser.add_argument("--records", type=_positive, default=10_000,
-                        help="records per measurement (default 10000)")
+    parser.add_argument("--records", type=_positive, default=100_000,
+                        help="records per measurement (default 100000)")
     parser.add_argument("--seconds", type=float, default=10.0,
                         help="time limit per measurement (default 10)")
     parser.add_argument("--transform", default=None, metavar="MODULE:FUNCTION",
                         help="apply this function to each record, as ds.map(fn) would")
     parser.add_argument("--shuffle", action="store_true", help="include the shuffle buffer")
+    parser.add_argument("--buffer-size", type=_positive, default=1000,
+                        help="shuffle buffer in records, with --shuffle (default 1000)")
+    parser.add_argument("--state-every-batch", action=argparse.BooleanOptionalAction,
+                        default=True, help="take ds.state_dict() after every batch, as "
+                        "StatefulDataLoader does (default: on)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
@@ -373,15 +483,18 @@ def main(argv: list[str] | None = None) -> int:
     """``streamds bench``: returns the process exit code."""
     args = build_parser().parse_args(argv)
     source = args.source[0] if len(args.source) == 1 else args.source
+    workers = [n for group in args.num_workers for n in group] if args.num_workers else None
     try:
         report = run_bench(
             source,
-            num_workers=args.num_workers or _default_workers(),
+            num_workers=workers or _default_workers(),
             batch_size=args.batch_size,
             records=args.records,
             seconds=args.seconds,
             transform=args.transform,
             shuffle=args.shuffle,
+            buffer_size=args.buffer_size,
+            state_every_batch=args.state_every_batch,
             progress=not args.quiet,
         )
     except (OSError, ValueError, ImportError) as err:

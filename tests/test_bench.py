@@ -1,4 +1,8 @@
-"""streamds bench: JSON report shape and values, table, diagnosis of a slow transform, errors."""
+"""streamds bench: JSON report shape and values, table, diagnosis of a slow transform, errors.
+
+The stage-by-stage timing of the real pipeline (the timing seam) is tested in
+tests/test_bench_stages.py.
+"""
 
 from __future__ import annotations
 
@@ -55,23 +59,27 @@ def test_json_report_keys_and_values(corpus, capsys):
                       "--batch-size", "16")
     assert report["source"] == corpus
     assert report["shards"] == 1 and report["codecs"] == ["none"]
-    assert report["compressed"] is False
+    assert report["compressed"] is False and report["remote"] is False
     assert report["batch_size"] == 16 and report["transform"] is None
-    assert 200 <= report["records"] <= RECORDS  # whole chunks: may pass the limit a little
-    assert report["bytes"] > 0 and report["mean_record_bytes"] > 100
-    assert set(report["stages"]) == {"read", "parse"}  # no transform given
+    assert report["shuffle"] is False and report["state_every_batch"] is True
+    assert report["records"] == 208 and report["batches"] == 13  # stops after the batch >= 200
+    assert tuple(report["stages"]) == bench.ROWS
+    for name in ("read", "parse", "emit", "state", "other"):
+        assert report["stages"][name]["seconds"] > 0, name
     for stage in report["stages"].values():
-        assert stage["seconds"] > 0 and stage["records_per_s"] > 0 and stage["mb_per_s"] > 0
         assert 0 <= stage["share"] <= 1
+        assert stage["us_per_record"] == pytest.approx(1e6 * stage["seconds"] / 208)
     assert sum(s["share"] for s in report["stages"].values()) == pytest.approx(1)
-    assert 0 <= report["stages"]["read"]["cpu_share"] <= 1
+    assert sum(s["seconds"] for s in report["stages"].values()) == pytest.approx(
+        report["seconds"])
+    assert report["records_per_s"] == pytest.approx(208 / report["seconds"])
+    assert 0 < report["cpu_share"] <= 1
     assert [run["num_workers"] for run in report["loader"]] == [0, 1]
     for run in report["loader"]:
         assert 200 <= run["records"] <= 200 + 16
         assert run["records_per_s"] > 0 and run["time_to_first_batch_s"] > 0
-        assert run["mb_per_s"] == pytest.approx(
-            run["records_per_s"] * report["mean_record_bytes"] / 1e6)
     assert report["best_num_workers"] in (0, 1)
+    assert report["costliest"] in bench.ROWS
     assert any(f"num_workers={report['best_num_workers']}" in n
                for n in report["recommendations"])
 
@@ -80,25 +88,32 @@ def test_slow_transform_is_diagnosed_as_the_bottleneck(corpus, slow_module, caps
     report = run_json(capsys, corpus, "--num-workers", "0", "--records", "100",
                       "--transform", f"{slow_module}:busy")
     assert report["transform"] == f"{slow_module}:busy"
-    assert report["bottleneck"] == "transform"
+    assert report["bottleneck"] == report["costliest"] == "transform"
     assert report["stages"]["transform"]["share"] > 0.5
     assert report["recommendations"][0].startswith("your transform is the bottleneck")
+    assert "add workers" in report["recommendations"][0]
 
 
 def test_fast_pipeline_is_not_blamed_on_the_transform(corpus, slow_module, capsys):
-    report = run_json(capsys, corpus, "--num-workers", "0", "--records", "100",
+    report = run_json(capsys, corpus, "--num-workers", "0", "--records", "1000",
                       "--transform", f"{slow_module}:keep_even")
     assert report["bottleneck"] != "transform"
-    assert report["kept"] == report["records"] // 2  # the filter-like transform dropped half
+    assert report["records"] == RECORDS // 2  # the filter-like transform dropped half...
+    assert report["counts"]["dropped"] == RECORDS // 2  # ...and the pipeline counted them
     assert not any("transform is the bottleneck" in n for n in report["recommendations"])
 
 
 def test_table_output_and_progress(corpus, capsys):
     assert bench.main([corpus, "--num-workers", "0", "--records", "50"]) == 0
     captured = capsys.readouterr()
-    assert "stage (1 core)" in captured.out and "num_workers=0" in captured.out
+    rows = [line.split()[0] for line in captured.out.splitlines() if line.strip()]
+    for row in ("read", "parse", "transform", "even_ranks", "emit", "state", "collate/other",
+                "total"):
+        assert row in rows, row
+    assert "num_workers=0" in captured.out
     assert "<- best" in captured.out and "- use num_workers=0" in captured.out
-    assert "loader num_workers=0" in captured.err  # tqdm progress goes to stderr
+    assert "pipeline" in captured.err  # tqdm progress goes to stderr
+    assert "loader num_workers=0" in captured.err
 
 
 def test_compressed_source_is_reported(tmp_path, capsys):
@@ -110,33 +125,74 @@ def test_compressed_source_is_reported(tmp_path, capsys):
     assert report["records"] == 50
 
 
-def stage(share: float, cpu_share: float = 1.0) -> dict:
-    return {"share": share, "us_per_record": 10.0, "cpu_share": cpu_share}
+def stage(share: float) -> dict:
+    return {"share": share, "us_per_record": 10.0}
+
+
+def stages(**shares: float) -> dict:
+    return {name: stage(shares.get(name, 0.0)) for name in bench.ROWS}
 
 
 @pytest.mark.parametrize(
-    ("stages", "compressed", "expected"),
+    ("shares", "facts", "expected", "fix"),
     [
-        ({"read": stage(0.8), "parse": stage(0.2)}, True, "decompression is the bottleneck"),
-        ({"read": stage(0.8, 0.2), "parse": stage(0.2)}, True, "storage I/O is the bottleneck"),
-        ({"read": stage(0.8), "parse": stage(0.2)}, False, "reading (splitting lines"),
-        ({"read": stage(0.2), "parse": stage(0.7), "transform": stage(0.1)}, False,
-         "JSON parsing is the bottleneck"),
-        ({"read": stage(0.4), "parse": stage(0.3), "transform": stage(0.3)}, False,
-         "no single stage dominates"),
+        ({"read": 0.8, "parse": 0.2}, {"compressed": True}, "decompression is the bottleneck",
+         "lower --level"),
+        ({"read": 0.8, "parse": 0.2}, {"compressed": True, "cpu_share": 0.2},
+         "reading (storage) is the bottleneck", "off the CPU 80%"),
+        ({"read": 0.8, "parse": 0.2}, {"remote": True}, "reading (network) is the bottleneck",
+         ".jsonl.zst shards"),
+        ({"read": 0.8, "parse": 0.2}, {}, "reading (splitting lines) is the bottleneck",
+         "add workers"),
+        ({"read": 0.2, "parse": 0.7, "transform": 0.1}, {}, "JSON parsing is the bottleneck",
+         "add workers"),
+        ({"transform": 0.9, "parse": 0.1}, {}, "your transform is the bottleneck",
+         "add workers"),
+        ({"emit": 0.6, "parse": 0.4}, {"shuffle": True}, "the shuffle buffer is the bottleneck",
+         "smaller buffer_size"),
+        ({"emit": 0.6, "parse": 0.4}, {}, "handing out records is the bottleneck",
+         "add workers"),
+        ({"state": 0.6, "parse": 0.4}, {}, "taking the state after every batch is the bottleneck",
+         "snapshot_every_n_steps"),
+        ({"other": 0.6, "parse": 0.4}, {}, "collate and the loop", "collate_fn cheaper"),
+        ({"read": 0.4, "parse": 0.3, "transform": 0.3}, {},
+         "no single stage dominates; the costliest is reading", "add workers"),
     ],
 )
-def test_recommendations_name_the_dominant_stage(stages, compressed, expected):
+def test_recommendations_name_the_costliest_stage(shares, facts, expected, fix):
     loader = [
         {"num_workers": 0, "records_per_s": 100.0, "time_to_first_batch_s": 0.1},
         {"num_workers": 2, "records_per_s": 300.0, "time_to_first_batch_s": 0.2},
     ]
-    report = {"stages": stages, "compressed": compressed, "mean_record_bytes": 5000,
-              "loader": loader, "best_num_workers": 2}
-    _, notes = bench._recommend(report)
-    assert notes[0].startswith(expected)
+    report = {"stages": stages(**shares), "compressed": False, "remote": False,
+              "shuffle": False, "cpu_share": 1.0, "loader": loader, "best_num_workers": 2,
+              **facts}
+    costliest, bottleneck, notes = bench._recommend(report)
+    assert costliest == max(shares, key=shares.__getitem__)
+    assert bottleneck == (costliest if max(shares.values()) >= bench.DOMINANT else None)
+    assert notes[0].startswith(expected) and fix in notes[0]
     assert "use num_workers=2" in notes[1]
     assert "try more than 2" in notes[2]
+
+
+@pytest.mark.parametrize("name", ["transform", "parse", "read", "emit", "other"])
+def test_no_workers_suggested_where_workers_did_not_pay_off(name):
+    loader = [
+        {"num_workers": 0, "records_per_s": 300.0, "time_to_first_batch_s": 0.1},
+        {"num_workers": 2, "records_per_s": 100.0, "time_to_first_batch_s": 0.2},
+    ]
+    report = {"stages": stages(**{name: 0.9, "state": 0.1}), "compressed": False,
+              "remote": False, "shuffle": True, "cpu_share": 1.0, "loader": loader,
+              "best_num_workers": 0}
+    costliest, _, notes = bench._recommend(report)
+    assert costliest == name
+    assert "workers" not in notes[0]
+    assert any("worker processes do not pay off" in note for note in notes)
+
+
+def test_no_time_measured_names_no_stage():
+    report = {"stages": stages(), "loader": [], "best_num_workers": None}
+    assert bench._recommend(report) == (None, None, [])
 
 
 def test_best_workers_prefers_fewer_when_close():
@@ -153,3 +209,37 @@ def test_errors_exit_non_zero(tmp_path, corpus, capsys):
     assert bench.main([corpus, "--quiet", "--transform", "no_such_module_xyz:f"]) == 1
     with pytest.raises(SystemExit):
         bench.main([corpus, "--num-workers", "a,b"])
+    with pytest.raises(SystemExit):
+        bench.main([corpus, "--num-workers", "-1"])
+    with pytest.raises(SystemExit):
+        bench.main([corpus, "--batch-size", "0"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"batch_size": 0}, "batch_size must be an integer >= 1, got 0"),
+        ({"batch_size": True}, "batch_size must be an integer >= 1, got True"),
+        ({"records": 2.5}, "records must be an integer >= 1, got 2.5"),
+        ({"buffer_size": 0}, "buffer_size must be an integer >= 1, got 0"),
+        ({"num_workers": [0, -1]}, "num_workers must be an integer >= 0, got -1"),
+        ({"num_workers": []}, "num_workers must name at least one worker count"),
+    ],
+)
+def test_run_bench_checks_its_arguments(corpus, kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        bench.run_bench(corpus, **kwargs)
+
+
+@pytest.mark.parametrize("argv", [["0", "2"], ["0,2"], ["0", "2,"]])
+def test_num_workers_as_separate_or_comma_separated_values(corpus, monkeypatch, argv):
+    seen = {}
+
+    def fake_run_bench(source, **kwargs):
+        seen.update(kwargs, source=source)
+        raise ValueError("stop here")  # the options are all this test needs
+
+    monkeypatch.setattr(bench, "run_bench", fake_run_bench)
+    assert bench.main([corpus, "--num-workers", *argv, "--quiet"]) == 1
+    assert seen["source"] == corpus and seen["num_workers"] == [0, 2]
+    assert seen["state_every_batch"] is True  # on unless --no-state-every-batch
