@@ -127,8 +127,8 @@ def _lines(path: Path) -> Iterator[bytes]:
 def _write_seekable(plain: Path, out: Path, *, level: int, frame_size: int) -> None:
     """`out`: the lines of `plain` as seekable zstd, with the manifest.json that
     `streamds convert` would write beside it (records per frame: frames end lines)."""
-    from streamds.manifest import Manifest, ShardEntry, file_checksum, write_manifest
-    from streamds.seekable import SeekableWriter
+    from streamds.formats.manifest import Manifest, ShardEntry, file_checksum, write_manifest
+    from streamds.formats.seekable import SeekableWriter
 
     out.parent.mkdir(parents=True, exist_ok=True)
     with _atomic(out) as tmp:

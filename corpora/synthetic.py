@@ -48,7 +48,7 @@ from typing import BinaryIO
 import orjson
 import zstandard
 
-from streamds.units import size_argument
+from streamds.tools.units import size_argument
 
 __all__ = [
     "main",

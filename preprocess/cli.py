@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from streamds.parse import ON_ERROR
-from streamds.units import human_bytes, size_argument
+from streamds.tools.units import human_bytes, size_argument
 
 from .convert import DEFAULT_FRAME_SIZE, DEFAULT_SHARD_SIZE, ConvertResult, convert
 from .counts import Progress

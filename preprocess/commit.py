@@ -12,7 +12,7 @@ import threading
 from collections import deque
 from concurrent.futures import Future
 
-from streamds.manifest import ShardEntry
+from streamds.formats.manifest import ShardEntry
 
 from .counts import Counts
 from .journal import Journal

@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from streamds.checks import check_choice, check_int
-from streamds.manifest import Manifest, ShardEntry, write_manifest
+from streamds.formats.manifest import Manifest, ShardEntry, write_manifest
+from streamds.formats.seekable import MAX_FRAME_SIZE
 from streamds.parse import ON_ERROR
-from streamds.seekable import MAX_FRAME_SIZE
-from streamds.spec import load_function
+from streamds.tools.spec import load_function
 
 from .commit import CommitQueue
 from .counts import Counts, Progress

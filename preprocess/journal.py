@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from streamds.manifest import ShardEntry
+from streamds.formats.manifest import ShardEntry
 
 from .counts import Counts
 from .errors import ConversionError

@@ -13,7 +13,7 @@ import logging
 import os
 from pathlib import Path
 
-from streamds.manifest import MANIFEST_NAME, ShardEntry, file_checksum
+from streamds.formats.manifest import MANIFEST_NAME, ShardEntry, file_checksum
 
 from .errors import ConversionError
 from .journal import JOURNAL_NAME, Journal

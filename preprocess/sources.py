@@ -36,9 +36,9 @@ from fnmatch import fnmatchcase
 from pathlib import PurePath
 from typing import Any, BinaryIO, NamedTuple
 
-from streamds.codecs import decode, require_codec, strip_codec
 from streamds.errors import CorruptShardError
-from streamds.filenames import (
+from streamds.formats.codecs import decode, require_codec, strip_codec
+from streamds.formats.filenames import (
     TAR_LINES_MEMBERS,
     TAR_RECORD_MEMBERS,
     format_of,

@@ -7,7 +7,8 @@ always whole. While writing, the stored bytes pass through xxh64 and a byte coun
 
 Two formats:
 
-- ``jsonl.zst``: `streamds.seekable.SeekableWriter`, frames of whole lines with a seek table;
+- ``jsonl.zst``: `streamds.formats.seekable.SeekableWriter`, frames of whole lines with a
+  seek table;
 - ``tar``: `webdataset.TarWriter`, one ``KEY.json`` member per record, KEY the record's
   10-digit ordinal in the whole output; mtime 0 and fixed owner, so bytes are reproducible.
 
@@ -27,8 +28,8 @@ from typing import BinaryIO, Protocol
 
 import xxhash
 
-from streamds.manifest import ShardEntry
-from streamds.seekable import SeekableWriter
+from streamds.formats.manifest import ShardEntry
+from streamds.formats.seekable import SeekableWriter
 
 __all__ = [
     "FORMATS",

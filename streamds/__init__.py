@@ -38,22 +38,22 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _HOMES = {
-    "Batches": "batching",
-    "BucketBatches": "batching",
-    "PaddingStats": "batching",
-    "TokenBudgetBatches": "batching",
-    "padding_of": "batching",
-    "PadCollate": "collate",
-    "as_list": "collate",
+    "Batches": "train.batching",
+    "BucketBatches": "train.batching",
+    "PaddingStats": "train.batching",
+    "TokenBudgetBatches": "train.batching",
+    "padding_of": "train.batching",
+    "PadCollate": "train.collate",
+    "as_list": "train.collate",
     "StreamingJsonl": "dataset",
     "CorruptRecordError": "errors",
     "CorruptShardError": "errors",
     "MissingCodecError": "errors",
     "StateMismatchError": "errors",
-    "DevicePrefetcher": "prefetch",
-    "merge_states": "resume",
+    "DevicePrefetcher": "train.prefetch",
+    "merge_states": "resume.merge",
     "RetryPolicy": "retry",
-    "StallMeter": "stall",
+    "StallMeter": "train.stall",
     "World": "world",
     "detect_world": "world",
 }
@@ -73,8 +73,6 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .batching import Batches, BucketBatches, PaddingStats, TokenBudgetBatches, padding_of
-    from .collate import PadCollate, as_list
     from .dataset import StreamingJsonl
     from .errors import (
         CorruptRecordError,
@@ -82,8 +80,10 @@ if TYPE_CHECKING:
         MissingCodecError,
         StateMismatchError,
     )
-    from .prefetch import DevicePrefetcher
-    from .resume import merge_states
+    from .resume.merge import merge_states
     from .retry import RetryPolicy
-    from .stall import StallMeter
+    from .train.batching import Batches, BucketBatches, PaddingStats, TokenBudgetBatches, padding_of
+    from .train.collate import PadCollate, as_list
+    from .train.prefetch import DevicePrefetcher
+    from .train.stall import StallMeter
     from .world import World, detect_world

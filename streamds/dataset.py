@@ -20,16 +20,16 @@ from .balance import EVEN_RANKS, quotas
 from .checks import check_bool, check_choice, check_int
 from .chunks import WorkItem
 from .errors import StateMismatchError
-from .index import count_block_records, count_from
 from .parse import ON_ERROR
 from .pipeline import Reader, Spec
 from .plan import DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE, Plan, make_blocks
-from .resume import MERGED_FORMAT, resolve_tails, share_of
+from .resume.counts import count_block_records, count_from
+from .resume.merge import MERGED_FORMAT, resolve_tails, share_of
+from .resume.plain_loader import batches_per_reader, pipeline_state_after
+from .resume.state import ReaderState
 from .retry import RetryPolicy
 from .seeds import shuffle_seed_parts
 from .shards import Shard, resolve_shards
-from .skip import batches_per_reader, pipeline_state_after
-from .state import ReaderState
 from .timing import StageTimer
 from .transform import Step
 from .world import World, detect_world

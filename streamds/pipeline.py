@@ -18,11 +18,11 @@ from .parse import Parse
 from .plan import Block, Plan
 from .read import Opener, open_decoded_at
 from .records import Records, fetch_records
+from .resume.state import ReaderState
 from .retry import DEFAULT_RETRY, RetryPolicy
 from .seeds import shuffle_seed_parts
 from .shards import Shard
 from .shuffle import Shuffle
-from .state import ReaderState
 from .timing import StageTimer, Timed
 from .transform import Step, Transform
 

@@ -22,9 +22,9 @@ from itertools import accumulate
 from operator import add
 from typing import BinaryIO
 
-from .codecs import READ_SIZE, TransientReadError, decode
 from .errors import CorruptShardError
-from .filenames import TAR_LINES_MEMBERS, TAR_RECORD_MEMBERS
+from .formats.codecs import READ_SIZE, TransientReadError, decode
+from .formats.filenames import TAR_LINES_MEMBERS, TAR_RECORD_MEMBERS
 from .plan import Block
 from .retry import DEFAULT_RETRY, RetryPolicy, is_transient
 from .shards import Shard

@@ -19,12 +19,12 @@ from typing import Any, BinaryIO
 import fsspec
 from fsspec.core import url_to_fs
 
-from .codecs import require_codec
 from .errors import CorruptShardError
-from .filenames import RECORD_SUFFIXES, format_of, is_record_name
-from .manifest import MANIFEST_NAME, parse_manifest
+from .formats.codecs import require_codec
+from .formats.filenames import RECORD_SUFFIXES, format_of, is_record_name
+from .formats.manifest import MANIFEST_NAME, parse_manifest
+from .formats.seekable import Frame, SeekTableError, read_seek_table
 from .retry import DEFAULT_RETRY, retrying
-from .seekable import Frame, SeekTableError, read_seek_table
 
 __all__ = ["Shard", "natural_key", "resolve_shards"]
 

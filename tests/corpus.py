@@ -22,7 +22,7 @@ import torch.utils.data
 import webdataset
 import zstandard
 
-from streamds.seekable import SeekableWriter
+from streamds.formats.seekable import SeekableWriter
 
 FRAME_SIZE = 512  # decoded bytes per seekable frame: small, so test shards have many frames
 TAR_JSONL_MEMBERS = 3  # .jsonl members per tar-of-JSONL shard

@@ -14,14 +14,14 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from streamds import StateMismatchError, StreamingJsonl
-from streamds.batching import (
+from streamds.train.batching import (
     Batches,
     BucketBatches,
     PaddingStats,
     TokenBudgetBatches,
     padding_of,
 )
-from streamds.collate import as_list
+from streamds.train.collate import as_list
 
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
 

@@ -13,7 +13,7 @@ import textwrap
 import orjson
 import pytest
 
-from streamds import bench
+from streamds.tools import bench
 
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
 

@@ -16,8 +16,9 @@ import corpus
 import pytest
 
 import streamds.lines
-from streamds import StreamingJsonl, bench
+from streamds import StreamingJsonl
 from streamds.pipeline import Reader
+from streamds.tools import bench
 
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
 

@@ -14,8 +14,8 @@ import pytest
 
 from corpora.synthetic import write_pubmed
 from preprocess.convert import JOURNAL_NAME
-from streamds.cli import main
-from streamds.manifest import MANIFEST_NAME, read_manifest
+from streamds.formats.manifest import MANIFEST_NAME, read_manifest
+from streamds.tools.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -166,15 +166,16 @@ def test_verify_without_a_manifest_says_so(tmp_path, capsys):
 
 def test_bench_dispatches_to_streamds_bench(monkeypatch):
     calls = []
-    fake = types.ModuleType("streamds.bench")
+    fake = types.ModuleType("streamds.tools.bench")
     fake.main = lambda argv: calls.append(argv) or 7  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "streamds.bench", fake)
+    monkeypatch.setitem(sys.modules, "streamds.tools.bench", fake)
     assert main(["bench", "data/", "--num-workers", "2"]) == 7
     assert calls == [["data/", "--num-workers", "2"]]
 
 
 def test_bench_without_the_module_explains(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "streamds.bench", None)  # import raises ModuleNotFoundError
+    # the import then raises ModuleNotFoundError
+    monkeypatch.setitem(sys.modules, "streamds.tools.bench", None)
     assert main(["bench", "x"]) == 2
     assert "no benchmark module" in capsys.readouterr().err
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-from streamds.collate import PadCollate, as_list
+from streamds.train.collate import PadCollate, as_list
 
 
 def test_pads_right_and_masks_real_tokens():

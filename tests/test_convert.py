@@ -31,8 +31,8 @@ from corpora.synthetic import write_pubmed, write_small_files, write_small_lines
 from preprocess import convert as convert_module
 from preprocess.convert import JOURNAL_NAME, ConversionError, convert
 from preprocess.sources import Inputs
-from streamds.manifest import MANIFEST_NAME, read_manifest
-from streamds.seekable import decompress_frames, read_seek_table
+from streamds.formats.manifest import MANIFEST_NAME, read_manifest
+from streamds.formats.seekable import decompress_frames, read_seek_table
 from streamds.shards import natural_key
 
 REPO = Path(__file__).resolve().parents[1]
@@ -590,7 +590,7 @@ def test_journal_is_not_a_record_file(corpus, tmp_path):
 
 def test_transform_spec_as_the_readme_writes_it():
     from preprocess.text import Summarisation, to_summarisation
-    from streamds.spec import load_function
+    from streamds.tools.spec import load_function
 
     pair = load_function("preprocess.text:summarisation(max_words=512)")
     assert isinstance(pair, Summarisation) and pair.max_words == 512

@@ -131,7 +131,7 @@ def test_missing_codec_library_names_the_package(tmp_path, monkeypatch, suffix, 
             raise ImportError(f"No module named {name!r}")
         return real_import(name, *args, **kwargs)
 
-    monkeypatch.setattr("streamds.codecs.importlib.import_module", import_module)
+    monkeypatch.setattr("streamds.formats.codecs.importlib.import_module", import_module)
     with pytest.raises(MissingCodecError) as raised:
         StreamingJsonl(path)
     assert str(path) in str(raised.value)

@@ -30,9 +30,9 @@ from torch.utils.data import DataLoader
 
 import streamds.read
 from streamds import CorruptShardError, StreamingJsonl
+from streamds.formats.seekable import read_seek_table
 from streamds.plan import make_blocks
 from streamds.read import RetryPolicy
-from streamds.seekable import read_seek_table
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 

@@ -1,4 +1,5 @@
-"""streamds.filenames: one rule for which files hold records, shared by reader and converter."""
+"""streamds.formats.filenames: one rule for which files hold records, shared by reader and
+converter."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from preprocess.sources import Inputs
-from streamds import codecs, filenames
-from streamds.cli import main
-from streamds.filenames import format_of, is_record_name
-from streamds.manifest import Manifest, write_manifest
+from streamds.formats import codecs, filenames
+from streamds.formats.filenames import format_of, is_record_name
+from streamds.formats.manifest import Manifest, write_manifest
 from streamds.shards import resolve_shards
+from streamds.tools.cli import main
 
 NAMES = [
     "a.jsonl", "b.json", "c.ndjson", "d.tar", "e.tgz",  # records, plain

@@ -15,7 +15,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from streamds import StreamingJsonl
-from streamds.seekable import SeekableWriter
+from streamds.formats.seekable import SeekableWriter
 
 pytest.importorskip("aiohttp", reason="HTTP needs the 'remote' extra (aiohttp)")
 

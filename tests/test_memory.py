@@ -23,8 +23,8 @@ import pytest
 import zstandard
 
 from streamds import StreamingJsonl
-from streamds.codecs import READ_SIZE, decode
-from streamds.seekable import SeekableWriter
+from streamds.formats.codecs import READ_SIZE, decode
+from streamds.formats.seekable import SeekableWriter
 
 CORPUS_MB = 100
 GROWTH_LIMIT_MB = 50  # half the corpus: holding it would show as >= CORPUS_MB

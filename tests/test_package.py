@@ -15,7 +15,8 @@ def test_every_public_name_resolves_and_all_is_sorted():
 
 
 def test_command_line_and_shard_writer_start_without_importing_torch():
-    code = "import sys, streamds.cli, streamds.seekable; print('torch' in sys.modules)"
+    code = ("import sys, streamds.tools.cli, streamds.formats.seekable; "
+            "print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
 

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from streamds.prefetch import DevicePrefetcher, move_to
+from streamds.train.prefetch import DevicePrefetcher, move_to
 
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
 

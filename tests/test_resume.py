@@ -27,9 +27,9 @@ from streamds.lines import Lines
 from streamds.parse import Parse
 from streamds.plan import make_blocks
 from streamds.records import Records, fetch_records
+from streamds.resume.state import STATE_FORMAT
 from streamds.shards import resolve_shards
 from streamds.shuffle import Shuffle
-from streamds.state import STATE_FORMAT
 from streamds.transform import Transform
 
 pytestmark = [

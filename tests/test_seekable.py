@@ -1,4 +1,4 @@
-"""Tests for streamds.seekable: the zstd seekable format, written and read back."""
+"""Tests for streamds.formats.seekable: the zstd seekable format, written and read back."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamds.seekable import (
+from streamds.formats.seekable import (
     Frame,
     FrameStats,
     SeekableWriter,
@@ -481,7 +481,7 @@ def test_full_frame_is_written_at_once() -> None:
 def test_docstring_example() -> None:
     import doctest
 
-    import streamds.seekable
+    import streamds.formats.seekable
 
-    result = doctest.testmod(streamds.seekable)
+    result = doctest.testmod(streamds.formats.seekable)
     assert result.attempted > 0 and result.failed == 0

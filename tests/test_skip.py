@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from streamds import StreamingJsonl
-from streamds.skip import batches_per_reader
+from streamds.resume.plain_loader import batches_per_reader
 
 BATCH = 16
 

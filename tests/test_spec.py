@@ -1,4 +1,5 @@
-"""streamds.spec: the one ``module:function(args)`` grammar of convert and bench --transform."""
+"""streamds.tools.spec: the one ``module:function(args)`` grammar of convert and bench
+--transform."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import sys
 
 import pytest
 
-from streamds import spec
-from streamds.spec import FunctionSpec, load_function, parse_function_spec
+from streamds.tools import spec
+from streamds.tools.spec import FunctionSpec, load_function, parse_function_spec
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from streamds.stall import StallMeter
+from streamds.train.stall import StallMeter
 
 
 def slow_loader(batches: int, seconds: float):

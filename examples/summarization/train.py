@@ -45,15 +45,15 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from examples.summarization import corpus, rouge
 from examples.summarization.model import PointerGenerator
 from streamds import StreamingJsonl
-from streamds.batching import (
+from streamds.train.batching import (
     Batches,
     BucketBatches,
     TokenBudgetBatches,
     padding_of,
 )
-from streamds.collate import PadCollate
-from streamds.prefetch import DevicePrefetcher
-from streamds.stall import StallMeter
+from streamds.train.collate import PadCollate
+from streamds.train.prefetch import DevicePrefetcher
+from streamds.train.stall import StallMeter
 
 CHECKPOINT = "checkpoint.pt"
 # torchdata 0.11 calls a deprecated torch API on every loader; the warning is not ours to fix

@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from .checks import check_int
+from ..checks import check_int
 
 __all__ = ["StallMeter"]
 

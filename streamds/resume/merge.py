@@ -15,18 +15,18 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from .chunks import ChunkCursor, Position, WorkItem
-from .errors import StateMismatchError
-from .lines import Lines
-from .parse import Marker, Parse
-from .pipeline import Spec
-from .plan import Plan
+from ..chunks import ChunkCursor, Position, WorkItem
+from ..errors import StateMismatchError
+from ..lines import Lines
+from ..parse import Marker, Parse
+from ..pipeline import Spec
+from ..plan import Plan
+from ..seeds import shuffle_seed_parts
+from ..shuffle import Shuffle
+from ..transform import Transform
+from ..world import World
 from .replay import NEW, replay
-from .seeds import shuffle_seed_parts
-from .shuffle import Shuffle
 from .state import ReaderState
-from .transform import Transform
-from .world import World
 
 __all__ = ["MERGED_FORMAT", "merge_states", "resolve_tails", "share_of"]
 

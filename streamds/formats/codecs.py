@@ -12,8 +12,8 @@ import importlib
 import io
 from typing import BinaryIO
 
-from .errors import CorruptShardError, MissingCodecError
-from .retry import PERMANENT_ERRORS
+from ..errors import CorruptShardError, MissingCodecError
+from ..retry import PERMANENT_ERRORS
 
 __all__ = [
     "CODEC_SUFFIXES",

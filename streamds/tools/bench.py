@@ -41,12 +41,12 @@ from typing import Any
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from .checks import check_int
-from .collate import as_list
-from .dataset import StreamingJsonl
-from .pipeline import Reader
+from ..checks import check_int
+from ..dataset import StreamingJsonl
+from ..pipeline import Reader
+from ..timing import StageTimer
+from ..train.collate import as_list
 from .spec import load_function
-from .timing import StageTimer
 
 __all__ = ["main", "run_bench"]
 

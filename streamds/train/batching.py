@@ -31,10 +31,10 @@ from typing import Any
 
 from torch.utils.data import IterableDataset
 
-from .checks import check_int
-from .errors import StateMismatchError
-from .seeds import derive_seed
-from .world import detect_world
+from ..checks import check_int
+from ..errors import StateMismatchError
+from ..seeds import derive_seed
+from ..world import detect_world
 
 __all__ = [
     "Batches",

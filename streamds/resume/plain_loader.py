@@ -2,7 +2,7 @@
 
 A plain DataLoader asks its workers for batches in turn (worker 0, 1, ..., skipping workers
 that ran out), so the batches consumed tell how many records each reader yielded. Record
-counts per block (`streamds.index`) turn that into a block and a line, and the shuffle
+counts per block (`streamds.resume.counts`) turn that into a block and a line, and the shuffle
 buffer is replayed on record numbers alone, so nothing is re-read except the blocks that
 hold the resume point and the buffered records.
 
@@ -16,13 +16,13 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from .chunks import ChunkCursor, WorkItem
-from .pipeline import Reader
-from .plan import Block
-from .read import read_lines
+from ..chunks import ChunkCursor, WorkItem
+from ..pipeline import Reader
+from ..plan import Block
+from ..read import read_lines
+from ..shards import Shard
+from ..shuffle import Shuffle, pack_positions, unpack_positions
 from .replay import replay
-from .shards import Shard
-from .shuffle import Shuffle, pack_positions, unpack_positions
 
 __all__ = ["batches_per_reader", "pipeline_state_after"]
 

@@ -12,7 +12,7 @@
 Exit status: 0 on success, 1 when `verify` finds damage, 2 for bad arguments or input.
 The library never prints; this module does (results on stdout, progress on stderr).
 `convert` is the converter's own command line (`preprocess.cli`, the writing side) and `bench`
-lives in `streamds.bench`; both are imported only when asked for, and streamds never imports
+lives in `streamds.tools.bench`; both are imported only when asked for, and streamds never imports
 `preprocess` at module level.
 """
 
@@ -29,8 +29,8 @@ from typing import Any
 
 import orjson
 
-from .filenames import is_record_name
-from .manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest, verify_shard
+from ..formats.filenames import is_record_name
+from ..formats.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest, verify_shard
 from .units import human_bytes
 
 __all__ = ["main"]
@@ -67,8 +67,8 @@ def _sample(record: bytes) -> str:
 
 
 def _first_record(shards: Sequence[Any]) -> bytes | None:
-    from .plan import Block
-    from .read import read_lines
+    from ..plan import Block
+    from ..read import read_lines
 
     for shard in shards:
         for chunk in read_lines(shard, Block(0), 0):
@@ -80,8 +80,8 @@ def _first_record(shards: Sequence[Any]) -> bytes | None:
 
 def _count_records(shard: Any) -> tuple[int, int]:
     """(records, decoded bytes) of a shard, reading it once."""
-    from .plan import Block
-    from .read import open_decoded_at, read_lines
+    from ..plan import Block
+    from ..read import open_decoded_at, read_lines
 
     if shard.format == "tar":
         records = decoded = 0
@@ -100,7 +100,7 @@ def _count_records(shard: Any) -> tuple[int, int]:
 
 
 def _inspect_manifest(directory: Path, manifest: Manifest) -> list[str]:
-    from .shards import resolve_shards
+    from ..shards import resolve_shards
 
     totals = manifest.totals
     ratio = totals["decoded_bytes"] / totals["bytes"] if totals["bytes"] else 0.0
@@ -142,7 +142,7 @@ def _inspect_manifest(directory: Path, manifest: Manifest) -> list[str]:
 
 
 def _inspect_files(target: str, count: bool, quiet: bool) -> list[str]:
-    from .shards import resolve_shards
+    from ..shards import resolve_shards
 
     shards = resolve_shards(target)
     out = [f"{target}: {len(shards)} file{'s' * (len(shards) != 1)}"]
@@ -295,9 +295,9 @@ def _cmd_convert(argv: Sequence[str]) -> int:
 
 def _cmd_bench(argv: Sequence[str]) -> int:
     try:
-        bench = importlib.import_module("streamds.bench")
+        bench = importlib.import_module("streamds.tools.bench")
     except ModuleNotFoundError as err:
-        if err.name != "streamds.bench":
+        if err.name != "streamds.tools.bench":
             raise
         print("streamds bench: error: this streamds has no benchmark module (streamds/bench.py)"
               "; update streamds, or run benchmarks/ scripts from a source checkout",
@@ -321,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_USAGE)
         return 0 if argv else 2
     if argv[0] == "--version":
-        from . import __version__
+        from .. import __version__
 
         print(f"streamds {__version__}")
         return 0

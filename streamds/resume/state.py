@@ -27,9 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .chunks import Position, WorkItem
-from .errors import StateMismatchError
-from .world import World
+from ..chunks import Position, WorkItem
+from ..errors import StateMismatchError
+from ..world import World
 
 __all__ = ["OLD_FORMATS", "STATE_FORMAT", "ReaderState"]
 

@@ -83,7 +83,7 @@ class ShardEntry:
         return len(self.frame_sizes)
 
     def seek_frames(self) -> tuple[Frame, ...]:
-        """The frame table as `streamds.seekable.Frame`s, offsets included."""
+        """The frame table as `streamds.formats.seekable.Frame`s, offsets included."""
         frames = []
         compressed = decompressed = 0
         for compressed_size, decompressed_size in self.frame_sizes:

@@ -1,7 +1,7 @@
 """Collate: lists of records -> the batch a training step consumes.
 
 `PadCollate` turns records holding token-id lists into right-padded LongTensors plus masks;
-`as_list` hands the records over unchanged (for batches built by `streamds.batching`, or for
+`as_list` hands the records over unchanged (for batches built by `streamds.train.batching`, or for
 steps that do their own collation). Both pickle, so they work in DataLoader workers under any
 start method.
 
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .checks import check_optional_int, is_int
+from ..checks import check_optional_int, is_int
 
 __all__ = ["PadCollate", "as_list"]
 

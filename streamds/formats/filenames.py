@@ -3,7 +3,7 @@
 One rule for every place that looks at names: the reader's directory listing
 (`streamds.shards`), the converter's input walk (`preprocess.sources`), ``streamds verify``
 (files a reader of the directory would read besides the manifest's), and the tar readers.
-Imports only `streamds.codecs`.
+Imports only `streamds.formats.codecs`.
 """
 
 from __future__ import annotations

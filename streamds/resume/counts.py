@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .plan import Block
-from .read import Opener, open_decoded_at, read_lines
-from .shards import Shard
+from ..plan import Block
+from ..read import Opener, open_decoded_at, read_lines
+from ..shards import Shard
 
 __all__ = ["count_block_records", "count_from"]
 

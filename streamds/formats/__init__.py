@@ -1,0 +1,1 @@
+"""Shard formats: codecs, the seekable zstd format, the manifest, record file names."""

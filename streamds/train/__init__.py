@@ -1,0 +1,1 @@
+"""The training side: batching, collates, device prefetch, the stall meter."""
