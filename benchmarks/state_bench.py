@@ -10,9 +10,13 @@ same script runs against any version of the library):
    show), and the pickled size of the state.
 2. Epoch throughput on ~300,000 short records (shuffle=True, buffer_size=10_000,
    batch_size=32, a collate returning the ids), 0, 1 and 2 workers: plain DataLoader vs
-   StatefulDataLoader (default snapshot_every_n_steps=1), interleaved; and the same with
-   `.map(fn)` at the most workers. Slow runs stop after --cap seconds and count the records
-   read by then (marked in the table).
+   StatefulDataLoader (default snapshot_every_n_steps=1, and snapshot_every_n_steps=64),
+   interleaved; and the same with `.map(fn)` at the most workers. Next to them, in a "floor"
+   column, the same loaders over FloorLines, a trivial stateful IterableDataset (lines ->
+   orjson.loads, state = {"n": lines seen}, lines split across workers by index): its
+   StatefulDataLoader / DataLoader ratio is torchdata's own per-batch cost, the most any
+   reader can keep. Slow runs stop after --cap seconds and count the records read by then
+   (marked in the table).
 3. 0-worker throughput through DataLoader(batch_size=64), shuffle=False and shuffle=True
    (buffer_size=10_000), on a PubMed-layout corpus (~15 KB records) and on small lines
    (~300 B), both from `common.py`'s corpus makers (cached under bench-data/).
@@ -20,13 +24,18 @@ same script runs against any version of the library):
 Every measurement runs in a child process (this script with --child) whose PYTHONPATH is the
 tree under test. With --ref GITREF the script checks that ref out once into a detached
 worktree (/tmp/streamds-ref-<sha>) and runs every measurement against it ("old") and against
-this checkout ("new"), alternating which goes first per repeat so machine noise hits both.
+this checkout ("new"), alternating which goes first per repeat so machine noise hits both;
+the floor rows do not depend on the library and run once per repeat.
 Values are medians of --repeats child runs; compare columns of one table, not runs. Before
 each child run the script waits (within --quiet-wait bounds) for other processes to leave the
 CPUs nearly idle, and marks with † the values measured while they were not.
 
+Writes benchmarks/results/: state_bench.md (the table and its notes), state_bench.json (every
+child run), state_bench.png (state_dict() µs against buffer_size, log-log, per version) and
+state_ratio.png (StatefulDataLoader / DataLoader per worker count: each version and the floor).
+
     .venv/bin/python benchmarks/state_bench.py --ref a42025e --quick   # smoke run, < 2 min
-    .venv/bin/python benchmarks/state_bench.py --ref a42025e           # ~11-16 min on 2 cores
+    .venv/bin/python benchmarks/state_bench.py --ref a42025e           # ~15-20 min on 2 cores
     .venv/bin/python benchmarks/state_bench.py --ref a42025e --new-ref 2c266ff  # two commits
     .venv/bin/python benchmarks/state_bench.py --write-readme          # fill README's section
 """
@@ -58,6 +67,8 @@ BUFFERS = (1_000, 10_000, 100_000)
 FILL_EXTRA = 300  # records iterated past buffer_size before the state is taken
 STEP = 32  # records between two timed state_dict() calls: one batch
 EPOCH_BUFFER = 10_000
+SNAPSHOTS = (1, 64)  # StatefulDataLoader's snapshot_every_n_steps in the epoch rows
+FLOOR = "floor"  # the runs of FloorLines: one column, measured once per repeat
 BUSY = 0.25  # cores other processes used during a run that mark its value with †
 
 
@@ -217,6 +228,7 @@ class Job:
     kind: str
     args: dict
     runs: dict[str, list[dict]] = field(default_factory=dict)  # version name -> child results
+    floor: bool = False  # FloorLines: runs once per repeat (under FLOOR), not once per version
 
 
 def git(*args: str, cwd: Path = ROOT) -> str:
@@ -263,6 +275,12 @@ def run_child(job: Job, version: Version) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def epoch_key(workers: int, stateful: bool, snapshot: int = 1, *, floor: bool = False,
+              mapped: bool = False) -> str:
+    reader = "floor" if floor else "epoch"
+    return f"{reader} {workers} {stateful} {mapped}" + (f" every {snapshot}" if stateful else "")
+
+
 def make_jobs(args: argparse.Namespace, short: Path, short_records: int, corpora: list) -> list:
     jobs = []
     for buffer_size in BUFFERS:
@@ -272,12 +290,14 @@ def make_jobs(args: argparse.Namespace, short: Path, short_records: int, corpora
     common = {"records": short_records, "shuffle": True, "batch_size": 32, "collate": "ids",
               "cap": args.cap}
     for workers in args.workers:
-        for stateful in (False, True):
-            jobs.append(Job(f"epoch {workers} {stateful} False", "epoch", {
-                "path": str(short), "workers": workers, "stateful": stateful, "map_fn": False,
-                **common}))
+        for floor in (False, True):
+            for stateful, snapshot in [(False, 1)] + [(True, n) for n in SNAPSHOTS]:
+                jobs.append(Job(epoch_key(workers, stateful, snapshot, floor=floor), "epoch", {
+                    "path": str(short), "workers": workers, "stateful": stateful,
+                    "snapshot": snapshot, "floor": floor, "map_fn": False, **common},
+                    floor=floor))
     for stateful in (False, True):
-        jobs.append(Job(f"epoch {max(args.workers)} {stateful} True", "epoch", {
+        jobs.append(Job(epoch_key(max(args.workers), stateful, mapped=True), "epoch", {
             "path": str(short), "workers": max(args.workers), "stateful": stateful,
             "map_fn": True, **common}))
     for corpus in corpora:
@@ -297,17 +317,20 @@ def table(jobs: list[Job], versions: list[Version], corpora: list, args) -> str:
     names = [v.name for v in versions]
     by_key = {job.key: job for job in jobs}
     ratio = len(names) == 2
-    head = "| measurement | " + " | ".join(names) + (" | new/old |" if ratio else " |")
-    lines = [head, "|---|" + "---:|" * (len(names) + ratio)]
+    head = ("| measurement | " + " | ".join(names) + (" | new/old" if ratio else "")
+            + f" | {FLOOR} (FloorLines) |")
+    lines = [head, "|---|" + "---:|" * (len(names) + ratio + 1)]
 
-    def busy_marks(job: Job) -> list[str]:
-        return [" †" if median_of(job, v, "others") > BUSY else "" for v in names]
+    def busy_marks(job: Job, among: list[str]) -> list[str]:
+        return [" †" if median_of(job, v, "others") > BUSY else "" for v in among]
 
-    def row(label: str, values: list[float], fmt: str = ",.0f", notes: list[str] = ()) -> None:
+    def row(label: str, values: list[float], fmt: str = ",.0f", notes: list[str] = (),
+            floor: tuple[float, str] | None = None) -> None:
         notes = notes or [""] * len(values)
         cells = [f"{v:{fmt}}{n}" for v, n in zip(values, notes, strict=True)]
         if ratio:
             cells.append(f"{values[1] / values[0]:.2f}" if values[0] else "-")
+        cells.append(f"{floor[0]:{fmt}}{floor[1]}" if floor else "")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
 
     for buffer_size in BUFFERS:
@@ -316,65 +339,130 @@ def table(jobs: list[Job], versions: list[Version], corpora: list, args) -> str:
         mid = job.runs[names[0]][0]["mid_at"]
         b = f"buffer {buffer_size:,}"
         row(f"state_dict() µs, {b}: median of ≥{calls} calls, a batch apart",
-            [median_of(job, v, "median_us") for v in names], notes=busy_marks(job))
+            [median_of(job, v, "median_us") for v in names], notes=busy_marks(job, names))
         row(f"state_dict() µs, {b}: first call once full",
             [median_of(job, v, "first_us") for v in names])
         row(f"state_dict() µs, {b}: one call mid-way ({mid:,} records in)",
             [median_of(job, v, "mid_us") for v in names])
         row(f"pickled state bytes, {b}", [median_of(job, v, "bytes") for v in names])
 
-    def rate(key: str) -> tuple[list[float], list[str]]:
+    def rate(key: str, among: list[str]) -> tuple[list[float], list[str]]:
         job = by_key[key]
-        values = [median_of(job, v, "rate") for v in names]
+        values = [median_of(job, v, "rate") for v in among]
         notes = []
-        for v, mark in zip(names, busy_marks(job), strict=True):
+        for v, mark in zip(among, busy_marks(job, among), strict=True):
             share = min(run["share"] for run in job.runs[v])
             notes.append((f" ({share:.0%} read)" if share < 1 else "") + mark)
         return values, notes
 
-    rows = [(w, False) for w in args.workers] + [(max(args.workers), True)]
-    for workers, mapped in rows:
-        what = f"{'.map(fn), ' if mapped else ''}{workers} worker{'' if workers == 1 else 's'}"
-        plain, plain_notes = rate(f"epoch {workers} False {mapped}")
-        stateful, stateful_notes = rate(f"epoch {workers} True {mapped}")
-        row(f"short records/s, DataLoader, {what}", plain, notes=plain_notes)
-        row(f"short records/s, StatefulDataLoader, {what}", stateful, notes=stateful_notes)
-        row(f"**StatefulDataLoader / DataLoader**, {what}",
-            [s / p for s, p in zip(stateful, plain, strict=True)], ".3f")
+    def floor_rate(key: str) -> tuple[float, str]:
+        values, notes = rate(key, [FLOOR])
+        return values[0], notes[0]
+
+    for workers in args.workers:
+        what = f"{workers} worker{'' if workers == 1 else 's'}"
+        plain, plain_notes = rate(epoch_key(workers, False), names)
+        floor_plain = floor_rate(epoch_key(workers, False, floor=True))
+        row(f"short records/s, DataLoader, {what}", plain, notes=plain_notes, floor=floor_plain)
+        for snapshot in SNAPSHOTS:
+            loader = ("StatefulDataLoader" if snapshot == 1 else
+                      f"StatefulDataLoader(snapshot_every_n_steps={snapshot})")
+            stateful, stateful_notes = rate(epoch_key(workers, True, snapshot), names)
+            floor_stateful = floor_rate(epoch_key(workers, True, snapshot, floor=True))
+            row(f"short records/s, {loader}, {what}", stateful, notes=stateful_notes,
+                floor=floor_stateful)
+            row(f"**{loader} / DataLoader**, {what}",
+                [s / p for s, p in zip(stateful, plain, strict=True)], ".3f",
+                floor=(floor_stateful[0] / floor_plain[0], ""))
+    workers = max(args.workers)
+    what = f".map(fn), {workers} worker{'' if workers == 1 else 's'}"
+    plain, plain_notes = rate(epoch_key(workers, False, mapped=True), names)
+    stateful, stateful_notes = rate(epoch_key(workers, True, mapped=True), names)
+    row(f"short records/s, DataLoader, {what}", plain, notes=plain_notes)
+    row(f"short records/s, StatefulDataLoader, {what}", stateful, notes=stateful_notes)
+    row(f"**StatefulDataLoader / DataLoader**, {what}",
+        [s / p for s, p in zip(stateful, plain, strict=True)], ".3f")
     for corpus in corpora:
         size = corpus.decoded_bytes / corpus.records
         size_text = f"{size / 1000:.0f} KB" if size >= 1000 else f"{size:.0f} B"
         kind = "PubMed" if corpus.name.startswith("pubmed") else "small lines"
         for shuffle in (False, True):
             how = f"shuffle (buffer {EPOCH_BUFFER:,})" if shuffle else "no shuffle"
-            values, notes = rate(f"corpus {corpus.name} {shuffle}")
+            values, notes = rate(f"corpus {corpus.name} {shuffle}", names)
             row(f"{kind} ({corpus.records:,} × {size_text}) records/s, {how}, 0 workers",
                 values, notes=notes)
     return "\n".join(lines)
 
 
-def plot(jobs: list[Job], versions: list[Version], path: Path) -> str:
+def _pyplot():
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "matplotlib is not installed in this environment: no plot written"
+        return None
+    return plt
+
+
+def _save(fig, path: Path, rect: tuple = (0, 0, 1, 1)) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout(rect=rect)
+    fig.savefig(path, dpi=120)
+    return f"plot: {path.relative_to(ROOT)}"
+
+
+def plot_state(jobs: list[Job], versions: list[Version], path: Path) -> str:
+    """state_dict() µs (median of the calls a batch apart) against buffer_size, log-log."""
+    plt = _pyplot()
+    if plt is None:
+        return f"matplotlib is not installed in this environment: no {path.name}"
     by_key = {job.key: job for job in jobs}
     fig, ax = plt.subplots(figsize=(6, 4))
     for version in versions:
-        times = [median_of(by_key[f"state {b}"], version.name, "median_us") / 1000
-                 for b in BUFFERS]
+        times = [median_of(by_key[f"state {b}"], version.name, "median_us") for b in BUFFERS]
         ax.plot(BUFFERS, times, marker="o", label=version.name)
+        for b, t in zip(BUFFERS, times, strict=True):
+            ax.annotate(f"{t:,.0f}" if t >= 10 else f"{t:.1f}", (b, t),
+                        textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.set(xscale="log", yscale="log", xlabel="buffer_size (records)",
-           ylabel="state_dict() ms (median)", title="state_dict() once the buffer is full")
+           ylabel="state_dict() µs (median)",
+           title="state_dict() once the buffer is full, a batch apart")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return f"plot: {path.relative_to(ROOT)}"
+    return _save(fig, path)
+
+
+def plot_ratio(jobs: list[Job], versions: list[Version], workers: list[int], path: Path) -> str:
+    """StatefulDataLoader / DataLoader records/s per worker count: each version and the floor,
+    one panel per snapshot_every_n_steps."""
+    plt = _pyplot()
+    if plt is None:
+        return f"matplotlib is not installed in this environment: no {path.name}"
+    by_key = {job.key: job for job in jobs}
+    series = [(v.name, False) for v in versions] + [(f"{FLOOR} (FloorLines)", True)]
+    fig, axes = plt.subplots(1, len(SNAPSHOTS), figsize=(5 * len(SNAPSHOTS), 4), sharey=True)
+    width = 0.8 / len(series)
+    for ax, snapshot in zip(axes, SNAPSHOTS, strict=True):
+        for i, (name, floor) in enumerate(series):
+            column = FLOOR if floor else name
+            ratios = [median_of(by_key[epoch_key(w, True, snapshot, floor=floor)], column, "rate")
+                      / median_of(by_key[epoch_key(w, False, floor=floor)], column, "rate")
+                      for w in workers]
+            xs = [x + (i - (len(series) - 1) / 2) * width for x in range(len(workers))]
+            bars = ax.bar(xs, ratios, width, label=name)
+            ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=2)
+        ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+        ax.set_xticks(range(len(workers)), [str(w) for w in workers])
+        ax.set(xlabel="num_workers", title=f"snapshot_every_n_steps={snapshot}")
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.margins(y=0.12)
+    axes[0].set_ylabel("StatefulDataLoader / DataLoader records/s")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(series), fontsize=9)
+    fig.suptitle("What StatefulDataLoader keeps of DataLoader's throughput (short records, "
+                 "batch_size=32; 1.0 = no loss)", fontsize=10)
+    return _save(fig, path, rect=(0, 0.07, 1, 1))
 
 
 def write_readme(body: str) -> str:
@@ -436,6 +524,11 @@ def main(argv: list[str] | None = None) -> int:
         tree = ref_worktree(args.ref)
         versions.insert(0, Version(f"old ({git('rev-parse', '--short', 'HEAD', cwd=tree)})",
                                    tree))
+    shas = {v.name: git("rev-parse", "HEAD", cwd=v.tree) for v in versions}
+    print("versions: " + "; ".join(f"{name} = {sha}" for name, sha in shas.items())
+          + f"; {FLOOR} = FloorLines (this script), run with the {versions[-1].name} tree\n",
+          flush=True)
+    floor_version = Version(FLOOR, versions[-1].tree)
     scale = 0.1 if quick else 1.0
     corpora = [pubmed_corpus(round(3e8 * scale), record_chars=7_000, log=log),
                small_lines_corpus(round(6e7 * scale), log=log)]
@@ -445,15 +538,16 @@ def main(argv: list[str] | None = None) -> int:
         for path in [short, *(c.plain for c in corpora)]:
             path.read_bytes()  # into the page cache
         jobs = make_jobs(args, short, args.records, corpora)
-        log(f"corpora ready in {time.perf_counter() - began:.0f}s; {len(jobs)} rows x "
-            f"{len(versions)} versions x {args.repeats} repeats")
+        floors = sum(job.floor for job in jobs)
+        log(f"corpora ready in {time.perf_counter() - began:.0f}s; ({len(jobs) - floors} rows x "
+            f"{len(versions)} versions + {floors} floor rows) x {args.repeats} repeats")
         measured = time.perf_counter()
         busy_all, own_all = machine_busy(), own_cpu()
         wait = QuietWaiter(*args.quiet_wait)
         for repeat in range(args.repeats):
             order = versions if repeat % 2 == 0 else versions[::-1]
             for job in jobs:
-                for version in order:
+                for version in [floor_version] if job.floor else order:
                     wait()
                     busy, own, start = machine_busy(), own_cpu(), time.perf_counter()
                     result = run_child(job, version)
@@ -475,21 +569,32 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.records:,} lines of {{\"id\", \"text\": ~100 chars}}, shuffle=True, "
         f"buffer_size={EPOCH_BUFFER:,}, batch_size=32, collate_fn returning the ids; "
         "StatefulDataLoader's workers take the state after every batch "
-        "(snapshot_every_n_steps=1), with 0 workers it takes none unless asked. Epoch runs stop "
+        "(snapshot_every_n_steps=1) or every 64 batches where the row says so; with 0 workers "
+        "it takes none unless asked. The floor column: FloorLines, a trivial stateful "
+        "IterableDataset defined in the script (reads the lines, orjson.loads each, state = "
+        "{\"n\": lines seen}; worker k of n takes lines k, k + n, ...; no shuffle), measured "
+        "once per repeat: its StatefulDataLoader / DataLoader ratio is what torchdata alone "
+        "costs. Epoch runs stop "
         f"after {args.cap:g} s and count the records read by then (\"% read\"). PubMed and "
         "small lines: DataLoader(batch_size=64), collate_fn returning the list. Other "
         f"processes used {others:.2f} cores on average while measuring; † marks values "
-        f"whose runs had them use more than {BUSY} cores (median of the runs)."
+        f"whose runs had them use more than {BUSY} cores (median of the runs). Measured in "
+        f"{wall:.0f} s, {args.quiet_wait[1] - wait.left:.0f} s of it waiting for a quiet "
+        "machine. Versions: " + "; ".join(f"{name} = {sha}" for name, sha in shas.items()) + "."
     )
+    body = f"{report}\n\n{notes}\n\n```\n{command}\n```"
     print(f"\n{report}\n\n{notes}\n", flush=True)
-    print(plot(jobs, versions, RESULTS / "state_bench.png"))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "state_bench.md").write_text(f"{report}\n\n{notes}\n\n```\n{command}\n```\n")
+    (RESULTS / "state_bench.md").write_text(f"{body}\n")
+    print(f"table: {(RESULTS / 'state_bench.md').relative_to(ROOT)}")
     raw = {"command": command, "machine": host, "versions": [v.name for v in versions],
+           "shas": shas,
            "jobs": [{"key": j.key, "args": j.args, "runs": j.runs} for j in jobs]}
     (RESULTS / "state_bench.json").write_text(json.dumps(raw, indent=1))
+    print(plot_state(jobs, versions, RESULTS / "state_bench.png"))
+    print(plot_ratio(jobs, versions, args.workers, RESULTS / "state_ratio.png"))
     if args.write_readme:
-        print(write_readme(f"{report}\n\n{notes}\n\n```\n{command}\n```"))
+        print(write_readme(body))
     print(f"measured in {wall:.0f}s, {time.perf_counter() - began:.0f}s in all")
     return 0
 

@@ -75,7 +75,7 @@ def make_blocks(shards: Sequence[Shard], block_size: int = DEFAULT_BLOCK_SIZE) -
     """The corpus's blocks in corpus order. Costs nothing beyond the shard metadata."""
     blocks: list[Block] = []
     for index, shard in enumerate(shards):
-        if shard.format == "tar":
+        if shard.format != "jsonl":  # tar, or any format read whole: one block
             blocks.append(Block(index))
         elif shard.codec is None and shard.size is not None:
             blocks.extend(_byte_ranges(index, shard.size, block_size))
