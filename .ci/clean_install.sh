@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Clean-install check: streamds as a user gets it, with its declared dependencies only.
+#
+# The Makefile's venv installs every extra, which can hide an import that pyproject.toml does
+# not declare (it once hid `xxhash`, brought along by the bench extra's `datasets`). This
+# script builds a wheel from a copy of the checkout, installs it into a fresh venv that holds
+# only torch (pinned, CPU wheel) and what `[project].dependencies` pulls in, then, in a temp
+# dir outside the repo, writes a tiny corpus and runs `streamds convert`, `inspect`, `verify`
+# and a `StreamingJsonl` read that checks every record arrives exactly once.
+#
+# Usage: bash .ci/clean_install.sh   (PYTHON=python3.11 and TORCH_PIN=torch==X override)
+# Writes nothing into the repo: the build, the venv and the corpus live in one temp dir,
+# removed on exit (KEEP_TMP=1 keeps it for a look after a failure).
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+PYTHON=${PYTHON:-python3}
+TORCH_PIN=${TORCH_PIN:-torch==2.13.0}  # the Makefile's pin; unpinned torch pulls GBs of CUDA
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/streamds-clean-install.XXXXXX")
+STEP="start"
+START=$SECONDS
+
+cleanup() {
+    local status=$?
+    if [[ $status -ne 0 ]]; then
+        echo "CLEAN-INSTALL CHECK FAILED at step: $STEP (exit $status)" >&2
+        echo "  the package, installed with its declared dependencies only, does not work;" >&2
+        echo "  an import missing from [project].dependencies in pyproject.toml is the usual" >&2
+        echo "  cause (the error above names it)" >&2
+    fi
+    if [[ -n "${KEEP_TMP:-}" ]]; then
+        echo "clean-install: kept $WORK" >&2
+    else
+        rm -rf "$WORK"
+    fi
+    exit "$status"
+}
+trap cleanup EXIT
+
+step() {
+    STEP=$1
+    echo "== clean-install: $1 ($((SECONDS - START)) s)"
+}
+
+# Nothing from the checkout or the caller's environment may leak into the fresh venv.
+unset PYTHONPATH PYTHONHOME PYTHONSTARTUP VIRTUAL_ENV PIP_REQUIRE_VIRTUALENV
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+
+step "copy the checkout (tracked and unignored files) to $WORK/src"
+# Building in the repo would leave build/ and *.egg-info behind; build from a copy instead.
+mkdir -p "$WORK/src"
+(
+    cd "$REPO"
+    git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do
+        if [[ -f $f ]]; then printf '%s\0' "$f"; fi  # skip files deleted but not committed
+    done | tar --null -T - -cf -
+) | tar -C "$WORK/src" -xf -
+
+step "build the wheel"
+"$PYTHON" -m venv "$WORK/venv"
+VPY="$WORK/venv/bin/python"
+"$VPY" -m pip wheel --quiet --no-deps --wheel-dir "$WORK/dist" "$WORK/src"
+WHEEL=$(ls "$WORK"/dist/streamds-*.whl)
+echo "built $(basename "$WHEEL")"
+
+step "install $TORCH_PIN, then the wheel with its declared dependencies (no extras)"
+echo "$TORCH_PIN" > "$WORK/constraints.txt"  # keeps the resolver from replacing torch
+"$VPY" -m pip install --quiet "$TORCH_PIN"
+"$VPY" -m pip install --quiet -c "$WORK/constraints.txt" "$WHEEL"
+"$VPY" -m pip check
+echo "installed: $("$VPY" -m pip list --format=freeze | tr '\n' ' ')"
+
+mkdir -p "$WORK/run"
+cd "$WORK/run"  # outside the repo: `import streamds` must find the installed copy only
+export PATH="$WORK/venv/bin:$PATH"
+
+step "import from the venv, not the checkout"
+python - "$WORK/venv" <<'EOF'
+import sys
+from pathlib import Path
+
+import preprocess
+import streamds
+
+venv = Path(sys.argv[1]).resolve()
+for module in (streamds, preprocess):
+    where = Path(module.__file__).resolve()
+    assert venv in where.parents, f"{module.__name__} imported from {where}, not from {venv}"
+print(f"streamds {streamds.__file__}")
+EOF
+
+step "write a tiny corpus"
+python - <<'EOF'
+import json
+import os
+
+os.makedirs("corpus/docs/nested", exist_ok=True)
+with open("corpus/lines.jsonl", "w") as f:  # JSON lines, some with non-ASCII text
+    for i in range(12):
+        f.write(json.dumps({"id": f"line-{i}", "text": f"record {i} " + "é" * (i % 3)}) + "\n")
+docs = ["corpus/docs/a.json", "corpus/docs/b.json", "corpus/docs/nested/c.json"]
+for i, path in enumerate(docs):  # small .json files, one document each
+    with open(path, "w") as f:
+        json.dump({"id": f"doc-{i}", "article": "words " * 20, "abstract": "short"}, f,
+                  indent=2 if i == 0 else None)  # one pretty-printed, as json.dump(indent=2)
+EOF
+
+step "streamds convert"
+streamds convert corpus/lines.jsonl corpus/docs --output shards \
+    --shard-size 400 --frame-size 150 --quiet  # several shards of several frames
+
+step "streamds inspect"
+streamds inspect --quiet shards | tee inspect.txt
+grep -Eq "^ +records +15$" inspect.txt || { echo "inspect does not report 15 records" >&2; exit 1; }
+
+step "streamds verify"
+streamds verify --quiet shards | tee verify.txt
+grep -Eq "OK, .*\b15 records" verify.txt || { echo "verify does not report 15 records" >&2; exit 1; }
+
+step "StreamingJsonl reads every record exactly once"
+python - <<'EOF'
+from collections import Counter
+
+from torch.utils.data import DataLoader
+
+from streamds import StreamingJsonl
+
+expected = Counter([f"line-{i}" for i in range(12)] + [f"doc-{i}" for i in range(3)])
+seen = Counter(record["id"] for record in StreamingJsonl("shards"))
+assert seen == expected, f"in one process: {seen} != {expected}"
+loader = DataLoader(StreamingJsonl("shards"), batch_size=None, num_workers=2)
+seen = Counter(record["id"] for record in loader)
+assert seen == expected, f"with 2 workers: {seen} != {expected}"
+lines = Counter(record["id"] for record in StreamingJsonl("corpus/lines.jsonl", shuffle=True))
+assert lines == Counter(f"line-{i}" for i in range(12)), lines
+print(f"StreamingJsonl: {sum(expected.values())} records, each once (0 and 2 workers)")
+EOF
+
+step "done"
+echo "clean-install check passed in $((SECONDS - START)) s"
