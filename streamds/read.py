@@ -83,13 +83,14 @@ def open_decoded_at(shard: Shard, offset: int) -> BinaryIO:
         if shard.codec is None:
             raw.seek(offset)
             return decode(raw, None, shard.url)
-        skip = offset
+        skip, decoded_start = offset, 0
         if shard.frames:
             starts = [frame.decompressed_offset for frame in shard.frames]
             frame = shard.frames[max(0, bisect_right(starts, offset) - 1)]
             raw.seek(frame.compressed_offset)
-            skip = offset - frame.decompressed_offset
-        stream = decode(raw, shard.codec, shard.url, start=raw.tell())
+            decoded_start = frame.decompressed_offset
+            skip = offset - decoded_start
+        stream = decode(raw, shard.codec, shard.url, start=raw.tell(), decoded_start=decoded_start)
         _skip(stream, skip, shard.url)
         return stream
     except BaseException:
