@@ -44,7 +44,7 @@ step() {
 
 # Nothing from the checkout or the caller's environment may leak into the fresh venv.
 unset PYTHONPATH PYTHONHOME PYTHONSTARTUP VIRTUAL_ENV PIP_REQUIRE_VIRTUALENV
-export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 step "copy the checkout (tracked and unignored files) to $WORK/src"
 # Building in the repo would leave build/ and *.egg-info behind; build from a copy instead.
@@ -65,8 +65,10 @@ echo "built $(basename "$WHEEL")"
 
 step "install $TORCH_PIN, then the wheel with its declared dependencies (no extras)"
 echo "$TORCH_PIN" > "$WORK/constraints.txt"  # keeps the resolver from replacing torch
-"$VPY" -m pip install --quiet "$TORCH_PIN"
-"$VPY" -m pip install --quiet -c "$WORK/constraints.txt" "$WHEEL"
+# --no-compile: byte-compiling all of torch doubles the install time; the modules the checks
+# import are compiled (and cached in the venv) on first use instead
+"$VPY" -m pip install --quiet --no-compile "$TORCH_PIN"
+"$VPY" -m pip install --quiet --no-compile -c "$WORK/constraints.txt" "$WHEEL"
 "$VPY" -m pip check
 echo "installed: $("$VPY" -m pip list --format=freeze | tr '\n' ' ')"
 
