@@ -523,3 +523,20 @@ def test_state_stays_small_and_independent_of_corpus_size(tmp_path: Path) -> Non
         sizes[count] = len(blob)
     assert max(sizes.values()) < 200_000, sizes
     assert sizes[120_000] < 1.3 * sizes[30_000], sizes
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_resumes_exactly_with_sparse_snapshots(
+    mixed: tuple[Path, list[int]], num_workers: int
+) -> None:
+    """StatefulDataLoader(snapshot_every_n_steps=8), the cheaper setting the README suggests:
+    torchdata replays the batches since the last snapshot, and the result is still exact."""
+    source, _ = mixed
+
+    def make() -> StatefulDataLoader:
+        dataset = StreamingJsonl(str(source), shuffle=True, seed=3, buffer_size=16).filter(keep)
+        return StatefulDataLoader(dataset, batch_size=8, num_workers=num_workers,
+                                  collate_fn=ids, snapshot_every_n_steps=8)
+
+    reference = list(make())
+    run_test_save_load_state(make, [3, 9, 17, len(reference) - 1], expected=reference)
