@@ -287,8 +287,11 @@ def _cmd_convert(argv: Sequence[str]) -> int:
     try:
         from preprocess.cli import main as convert_main
     except ImportError as err:
+        missing = getattr(err, "name", None) or "a module"
         print(f"streamds convert: error: the converter (package 'preprocess') cannot be "
-              f"imported: {err}; install streamds with `pip install -e .`", file=sys.stderr)
+              f"imported: {err}; {missing} is missing from this environment: reinstall or "
+              "upgrade streamds (`pip install --upgrade streamds`, or `pip install -e .` in a "
+              "checkout) so that its declared dependencies are installed", file=sys.stderr)
         return 2
     return convert_main(list(argv), prog="streamds convert")
 
