@@ -6,14 +6,19 @@ pretty-printed), a tar shard (webdataset layout: each ``.json`` member is one re
 ``.jsonl`` member one record per line), a directory, or a glob. Inputs expand to *leaves*
 (single files) lazily:
 
-- a directory: every record-looking file at any depth (``.json``, ``.jsonl``, ``.ndjson``,
-  ``.tar``, ``.tgz``, plain or compressed; hidden, ``_``-prefixed and ``.tmp`` files,
-  ``manifest.json`` and hidden directories skipped), each directory listed with one
+- a directory or a glob, expanded by the reader's rule (`streamds.formats.trees`): a
+  directory names every record-looking file at any depth (``.json``, ``.jsonl``,
+  ``.ndjson``, ``.tar``, ``.tgz``, plain or compressed; ``_``-prefixed and ``.tmp`` files and
+  ``manifest.json`` skipped); a glob (``data/part_*/*.json``, ``data/**/*.json``) matches
+  component by component, only descending into directories that can still match, and a
+  pattern without ``**`` whose last component matches a directory takes that directory's
+  files. Hidden files and folders (``.ipynb_checkpoints``, dotfiles) are skipped unless a
+  pattern spells the dot; symbolic links are followed. Each directory is listed with one
   ``os.scandir`` call and sorted in natural order (``part_2`` before ``part_10``), so
-  memory is one listing per level;
-- a glob (``data/part_*/*.json``, ``data/**/*.json``): matched component by component in
-  the same walk, only descending into directories that can still match. A pattern without
-  ``**`` whose last component matches a directory takes that directory's files.
+  memory is one listing per level.
+
+One file under two names (a symbolic link, ``d//a.jsonl``, an input listed twice, a file
+inside a directory also listed) is refused before a record is read: see `Inputs.leaves`.
 
 A `Position` (input index, path under the input, offset, line) names where a record
 begins: the decoded byte offset of its line in a JSONL file, its ordinal in a tar shard, 0
@@ -29,29 +34,28 @@ import os
 import stat
 import tarfile
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
-from pathlib import PurePath
 from typing import Any, BinaryIO, NamedTuple
 
 from streamds.errors import CorruptShardError
 from streamds.formats.codecs import decode, require_codec, strip_codec
-from streamds.formats.filenames import (
-    TAR_LINES_MEMBERS,
-    TAR_RECORD_MEMBERS,
-    format_of,
-    is_record_name,
+from streamds.formats.filenames import TAR_LINES_MEMBERS, TAR_RECORD_MEMBERS, format_of
+from streamds.formats.trees import (
+    Rel,
+    Walk,
+    canonical_path,
+    directory_walk,
+    glob_walk,
+    has_magic,
 )
 from streamds.retry import PERMANENT_ERRORS
-from streamds.shards import has_magic, natural_key
+from streamds.shards import same_file_error, source_items
 
 __all__ = ["Inputs", "Leaf", "Meter", "Position", "RawRecord", "SourceError"]
 
 READ_SIZE = 1 << 20  # raw bytes per read of a JSONL file
-
-Rel = tuple[str, ...]  # path components under an input's root
 
 
 class SourceError(ValueError):
@@ -165,127 +169,6 @@ def leaf_kind(name: str) -> tuple[str, str | None]:
     return fmt, codec
 
 
-def _component_matches(name: str, pattern: str) -> bool:
-    if name.startswith(".") and not pattern.startswith("."):
-        return False  # like glob: wildcards do not match hidden names
-    return fnmatchcase(name, pattern)
-
-
-def _glob_matches(parts: Rel, patterns: Rel) -> bool:
-    if not patterns:
-        return not parts
-    if patterns[0] == "**":
-        return any(_glob_matches(parts[i:], patterns[1:]) for i in range(len(parts) + 1))
-    return (
-        bool(parts)
-        and _component_matches(parts[0], patterns[0])
-        and _glob_matches(parts[1:], patterns[1:])
-    )
-
-
-# -- walking -----------------------------------------------------------------------------
-
-
-def _entry_key(name: str, is_dir: bool) -> tuple[Any, ...]:
-    # A directory sorts as "name/", which orders a tree exactly as a natural sort of full paths.
-    return natural_key(name + "/" if is_dir else name)
-
-
-class _Walk:
-    """Files under `root` that `accept` takes, descending into dirs `descend` allows."""
-
-    def __init__(
-        self,
-        root: str,
-        accept: Callable[[Rel], bool],
-        descend: Callable[[Rel], bool],
-        exclude: set[tuple[int, int]],
-    ) -> None:
-        self.root = root
-        self.accept = accept
-        self.descend = descend
-        self.exclude = exclude
-
-    def files(self, start: Rel | None = None) -> Iterator[Rel]:
-        """Paths (as components) in natural order, from `start` (a path once yielded) on."""
-        top = os.stat(self.root or ".")
-        yield from self._walk((), start, {(top.st_dev, top.st_ino)})
-
-    def _listing(self, rel: Rel) -> list[tuple[tuple[Any, ...], str, bool]]:
-        directory = os.path.join(self.root, *rel) if (self.root or rel) else "."
-        entries = []
-        with os.scandir(directory or ".") as it:
-            for entry in it:
-                try:
-                    is_dir = entry.is_dir()
-                except OSError:
-                    is_dir = False
-                entries.append((_entry_key(entry.name, is_dir), entry.name, is_dir))
-        entries.sort()
-        return entries
-
-    def _walk(self, rel: Rel, start: Rel | None, ancestors: set[tuple[int, int]]) -> Iterator[Rel]:
-        for key, name, is_dir in self._listing(rel):
-            child = (*rel, name)
-            rest: Rel | None = None
-            if start is not None:
-                target = _entry_key(start[0], len(start) > 1)
-                if key < target:
-                    continue
-                if key == target and name == start[0]:
-                    rest = start[1:] or None
-                start = None
-            if is_dir:
-                if not self.descend(child):
-                    continue
-                info = os.stat(os.path.join(self.root, *child))
-                ident = (info.st_dev, info.st_ino)
-                if ident in ancestors or ident in self.exclude:
-                    continue  # a symlink loop, or the output directory inside the input
-                yield from self._walk(child, rest, ancestors | {ident})
-            elif rest is None and self.accept(child):
-                yield child
-
-
-def _glob_walk(pattern: str, exclude: set[tuple[int, int]]) -> _Walk:
-    parts = PurePath(pattern).parts
-    static = 0
-    while static < len(parts) - 1 and not has_magic(parts[static]):
-        static += 1
-    root = os.path.join(*parts[:static]) if static else ""
-    patterns = tuple(parts[static:])
-    if "**" in patterns:
-        fixed = patterns[: patterns.index("**")]
-
-        def descend(rel: Rel) -> bool:
-            if len(rel) > len(fixed) and rel[-1].startswith("."):
-                return False  # like glob: ** does not enter hidden directories
-            return all(map(_component_matches, rel[: len(fixed)], fixed))
-
-        def accept(rel: Rel) -> bool:
-            return _glob_matches(rel, patterns)
-
-    else:
-
-        def descend(rel: Rel) -> bool:
-            return all(map(_component_matches, rel[: len(patterns)], patterns))
-
-        def accept(rel: Rel) -> bool:
-            if len(rel) == len(patterns):
-                return _component_matches(rel[-1], patterns[-1])
-            return len(rel) > len(patterns) and is_record_name(rel[-1])  # in a matched dir
-
-    return _Walk(root, accept, descend, exclude)
-
-
-def _visible(rel: Rel) -> bool:
-    return not rel[-1].startswith(".")  # .git, .ipynb_checkpoints (copies of the files!)
-
-
-def _record_file(rel: Rel) -> bool:
-    return is_record_name(rel[-1])
-
-
 # -- reading -----------------------------------------------------------------------------
 
 
@@ -391,12 +274,13 @@ class Inputs:
     'data/train.txt: line 1'
     """
 
-    def __init__(self, items: Sequence[str | os.PathLike]) -> None:
-        if not items:
+    def __init__(self, items: Any) -> None:
+        if isinstance(items, (list, tuple)) and not items:
             raise ValueError("no inputs given; name JSONL files, directories, globs or tar files")
-        self.items = tuple(os.fspath(item) for item in items)
+        self.items = tuple(source_items(items, name="inputs"))
         self._exclude: set[tuple[int, int]] = set()
-        self._walks: list[_Walk | None] = []
+        self._walks: list[Walk | None] = []
+        self._checked = False  # every file was found under one name only
         for item in self.items:
             self._walks.append(self._plan(item))
 
@@ -405,22 +289,43 @@ class Inputs:
         info = os.stat(directory)
         self._exclude.add((info.st_dev, info.st_ino))
 
-    def _plan(self, item: str) -> _Walk | None:
+    def _plan(self, item: str) -> Walk | None:
         if os.path.exists(item) and not os.path.isdir(item):
             _kind, codec = leaf_kind(item)
             require_codec(codec, item)
             return None
         if os.path.isdir(item):
-            return _Walk(item, _record_file, _visible, self._exclude)
+            return directory_walk(item, self._exclude)
         if has_magic(item):
-            walk = _glob_walk(item, self._exclude)
+            walk = glob_walk(item, self._exclude)
             if not os.path.isdir(walk.root or "."):
                 raise FileNotFoundError(f"no files match {item!r}: {walk.root!r} is no directory")
             return walk
         raise FileNotFoundError(f"input {item!r} does not exist; check the path")
 
     def leaves(self, start: Position | None = None) -> Iterator[Leaf]:
-        """Every input file in order, from the one holding `start` on."""
+        """Every input file in order, from the one holding `start` on.
+
+        The first call lists every input once to refuse a file found under two names
+        (ValueError from `same_file_error`), before a record is read.
+        """
+        if not self._checked:
+            self._check_identities()
+        return self._leaves(start)
+
+    def _check_identities(self) -> None:
+        """Raise ValueError when two leaves are one file (its real path), whatever the names."""
+        named: dict[str, str] = {}
+        real_dirs: dict[str, str] = {}
+        for leaf in self._leaves(None):
+            real = canonical_path(leaf.path, is_link=os.path.islink(leaf.path),
+                                  real_dirs=real_dirs)
+            if real in named:
+                raise same_file_error(named[real], leaf.path, real, named_by="the inputs name")
+            named[real] = leaf.path
+        self._checked = True
+
+    def _leaves(self, start: Position | None) -> Iterator[Leaf]:
         first = 0 if start is None else start.input
         for index in range(first, len(self.items)):
             item, walk = self.items[index], self._walks[index]

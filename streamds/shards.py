@@ -11,8 +11,7 @@ import functools
 import logging
 import os
 import pickle
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
@@ -21,24 +20,34 @@ from fsspec.core import url_to_fs
 
 from .errors import CorruptShardError
 from .formats.codecs import require_codec
-from .formats.filenames import RECORD_SUFFIXES, format_of, is_record_name
+from .formats.filenames import RECORD_SUFFIXES, format_of
 from .formats.manifest import MANIFEST_NAME, parse_manifest
 from .formats.seekable import Frame, SeekTableError, read_seek_table
+from .formats.trees import (
+    Pattern,
+    Rel,
+    canonical_path,
+    directory_walk,
+    glob_walk,
+    has_magic,
+    natural_key,
+    split_glob,
+)
 from .retry import DEFAULT_RETRY, retrying
 
-__all__ = ["Shard", "natural_key", "resolve_shards"]
+__all__ = [
+    "Shard",
+    "canonical_path",
+    "has_magic",
+    "natural_key",
+    "resolve_shards",
+    "same_file_error",
+    "source_items",
+]
 
 log = logging.getLogger(__name__)
 
 Source = str | os.PathLike | Sequence[str | os.PathLike]
-
-_GLOB_CHARS = re.compile(r"[*?\[]")
-
-
-def has_magic(path: str) -> bool:
-    """Whether `path` is a glob pattern."""
-    return _GLOB_CHARS.search(path) is not None
-
 
 # Filesystems rebuilt in this process after a fork: fsspec's async ones (HTTP, S3) hold an
 # event loop that must not cross a fork, and DataLoader workers are forked by default.
@@ -92,17 +101,6 @@ class Shard:
         return _process_fs(self.fs).open(self.path, mode="rb")
 
 
-def natural_key(text: str) -> tuple[Any, ...]:
-    """Sort key putting `part-2` before `part-10`."""
-    return tuple(int(piece) if piece.isdigit() else piece for piece in re.split(r"(\d+)", text))
-
-
-def _in_hidden_folder(found: str, root: str) -> bool:
-    """Whether `found` lies in a hidden folder below `root` (Colab's .ipynb_checkpoints)."""
-    relative = found[len(root.rstrip("/")) :].strip("/")
-    return any(part.startswith(".") for part in relative.split("/")[:-1])
-
-
 def _url_of(fs: fsspec.AbstractFileSystem, path: str, given: str) -> str:
     if given and not has_magic(given) and "::" in given:
         return given  # chained URL named by the user: keep their spelling
@@ -110,30 +108,108 @@ def _url_of(fs: fsspec.AbstractFileSystem, path: str, given: str) -> str:
     return path if protocol in ("file", "local") else fs.unstrip_protocol(path)
 
 
-def _list_files(item: str, storage_options: dict[str, Any]) -> tuple[Any, list[dict]]:
-    """The file infos one source item names: a glob, a directory (recursive) or a file."""
-    fs, path = url_to_fs(item, **storage_options)
-    if has_magic(path) and not fs.exists(path):  # an existing "train[1].jsonl" is a file
-        infos = [i for i in fs.glob(path, detail=True).values() if i.get("type") != "directory"]
-        if not infos:
-            raise FileNotFoundError(f"no files match the pattern {item!r}; check the glob")
-        return fs, infos
+def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
+    return protocol in ("file", "local")
+
+
+def _rel(found: str, root: str) -> Rel:
+    return tuple(found[len(root.rstrip("/")) :].strip("/").split("/"))
+
+
+def _local_info(fs: fsspec.AbstractFileSystem, path: str, item: str) -> dict:
+    """The info of a file a local walk found (a symbolic link: of what it points to)."""
     try:
-        info = fs.info(path)
+        return fs.info(path)
     except FileNotFoundError as err:
-        raise FileNotFoundError(f"source {item!r} does not exist; check the path or URL") from err
-    if info.get("type") != "directory":
-        return fs, [info]
-    infos = [
-        i for i in fs.find(path, detail=True).values()
-        if is_record_name(i["name"].rsplit("/", 1)[-1]) and not _in_hidden_folder(i["name"], path)
+        target = os.readlink(path) if os.path.islink(path) else None
+        if target is None:
+            raise
+        raise FileNotFoundError(
+            f"{path!r} (found under source {item!r}) is a broken symbolic link to {target!r}; "
+            "remove it or restore its target"
+        ) from err
+
+
+def _remote_files(fs: fsspec.AbstractFileSystem, path: str, glob: bool) -> list[dict]:
+    """The record files of a remote directory or glob, by the rule of `formats.trees`."""
+    if not glob:
+        pattern, root = Pattern(None), path
+        found = fs.find(path, detail=True)
+    else:
+        root, parts = split_glob(path)
+        pattern = Pattern(parts)
+        found = {}
+        for name, info in fs.glob(path, detail=True).items():
+            if info.get("type") == "directory":  # a matched directory: its record files
+                if not pattern.recursive:
+                    found.update(fs.find(name, detail=True))
+            else:
+                found[name] = info
+    return [
+        info for name, info in found.items()
+        if info.get("type") != "directory" and pattern.matches(_rel(name, root))
     ]
+
+
+def _list_files(item: str, storage_options: dict[str, Any]) -> tuple[Any, list[dict]]:
+    """The file infos one source item names: a glob, a directory (recursive) or a file.
+
+    Directories and globs expand by the one rule of `streamds.formats.trees` (hidden names
+    skipped unless spelled out, symbolic links followed), as the converter expands them.
+    """
+    fs, path = url_to_fs(item, **storage_options)
+    glob = has_magic(path) and not fs.exists(path)  # an existing "train[1].jsonl" is a file
+    if not glob:
+        try:
+            info = fs.info(path)
+        except FileNotFoundError as err:
+            raise FileNotFoundError(
+                f"source {item!r} does not exist; check the path or URL"
+            ) from err
+        if info.get("type") != "directory":
+            return fs, [info]
+    if _is_local(fs):
+        walk = glob_walk(path) if glob else directory_walk(path)
+        try:
+            rels = list(walk.files())
+        except FileNotFoundError:  # the glob's fixed directory does not exist
+            rels = []
+        infos = [_local_info(fs, os.path.join(walk.root, *rel), item) for rel in rels]
+    else:
+        infos = _remote_files(fs, path, glob)
+    if not infos and glob:
+        raise FileNotFoundError(
+            f"no files match the pattern {item!r}; check the glob (wildcards skip hidden "
+            "names such as .ipynb_checkpoints unless the pattern spells the dot)"
+        )
     if not infos:
         raise FileNotFoundError(
             f"directory {item!r} has no JSONL files (looked for {', '.join(RECORD_SUFFIXES)}, "
-            "plain or with .zst/.gz/.bz2/.xz, at any depth); name files explicitly or with a glob"
+            "plain or with .zst/.gz/.bz2/.xz, at any depth; hidden folders such as "
+            ".ipynb_checkpoints skipped); name files explicitly or with a glob"
         )
     return fs, infos
+
+
+def same_file_error(
+    first: str, second: str, real: str, *, named_by: str = "source names"
+) -> ValueError:
+    """The refusal of one file named twice, for the reader and the converter alike."""
+    how = "twice" if first == second else f"as {first!r} and as {second!r}"
+    return ValueError(
+        f"{named_by} the file {real!r} more than once ({how}); list each file once and "
+        "remove extra names (a symbolic link, 'd//a.jsonl', 'd/./a.jsonl' or 'd/../d/a.jsonl' "
+        "is the same file again, and so is a file inside a directory or glob also listed) so "
+        "every record is read exactly once"
+    )
+
+
+def _identity(fs: fsspec.AbstractFileSystem, info: dict, real_dirs: dict[str, str]) -> str:
+    """What makes two listed files one: the local real path, or the filesystem's own name."""
+    if _is_local(fs):
+        return canonical_path(info["name"], is_link=bool(info.get("islink")), real_dirs=real_dirs)
+    return fs.unstrip_protocol(fs._strip_protocol(info["name"]))
 
 
 def _read_frames(fs: fsspec.AbstractFileSystem, path: str, size: int, url: str):
@@ -210,33 +286,75 @@ def _shard_of(
     )
 
 
+def source_items(source: Any, *, name: str = "source") -> list[str]:
+    """The items of `source` (a path, URL or list of them) as strings.
+
+    Refuses None, an empty list and an empty path (ValueError: an unset setting gives these,
+    and "" would name the working directory) and anything else than str, os.PathLike, list
+    or tuple (TypeError naming the type). `name` is the parameter's name in messages.
+    """
+    if source is None:
+        raise ValueError(
+            f"{name} is None; pass a file, directory, glob or URL (an unset setting such as "
+            "os.environ.get('DATA') gives None)"
+        )
+    if isinstance(source, (str, os.PathLike)):
+        items, single = [source], True
+    elif isinstance(source, (list, tuple)):
+        items, single = list(source), False
+        if not items:
+            raise ValueError(f"{name} is an empty list; pass at least one path, glob or URL")
+    else:
+        raise TypeError(
+            f"{name} must be a path (str or os.PathLike), a URL or a list of them, got "
+            f"{type(source).__name__} {source!r:.80}"
+        )
+    texts = []
+    for index, item in enumerate(items):
+        where = name if single else f"{name}[{index}]"
+        if not isinstance(item, (str, os.PathLike)):
+            raise TypeError(
+                f"{where} must be a path (str or os.PathLike) or a URL, got "
+                f"{type(item).__name__} {item!r:.80}"
+            )
+        text = os.fspath(item)
+        if not isinstance(text, str):
+            raise TypeError(f"{where} must be a str path, got bytes {text!r:.80}; decode it")
+        if not text.strip():
+            raise ValueError(
+                f"{where} is {text!r}, an empty path, which would name the working directory; "
+                "pass a file, directory, glob or URL (an unset setting such as "
+                "os.environ.get('DATA', '') gives '')"
+            )
+        texts.append(text)
+    return texts
+
+
 def resolve_shards(
     source: Source, storage_options: dict[str, Any] | None = None, *, on_error: str = "raise"
 ) -> list[Shard]:
-    """All files `source` names, in natural order of their URLs.
+    """All files `source` names, in natural order of their URLs, each file once.
 
     `source` is a path, a directory (searched recursively for JSONL-like files), a glob, an
     fsspec URL (chained URLs such as ``simplecache::https://...`` too) or a list of these.
-    Raises FileNotFoundError naming the item that matched nothing.
+    Hidden names (``.ipynb_checkpoints``, dotfiles) are skipped unless spelled out. Raises
+    FileNotFoundError naming the item that matched nothing, and ValueError when one file is
+    named twice under any spelling (see `canonical_path`).
     """
-    items: Iterable[str | os.PathLike]
-    items = [source] if isinstance(source, (str, os.PathLike)) else list(source)
-    if not items:
-        raise ValueError("source is an empty list; pass at least one path, glob or URL")
+    items = source_items(source)
     options = dict(storage_options or {})
     shards: list[Shard] = []
-    for item in items:
-        given = os.fspath(item)
+    named: dict[str, str] = {}  # identity -> the URL that first named it
+    real_dirs: dict[str, str] = {}
+    for given in items:
         fs, infos = retrying(functools.partial(_list_files, given, options), DEFAULT_RETRY, given)
+        for info in infos:
+            identity = _identity(fs, info, real_dirs)
+            url = _url_of(fs, info["name"], given)
+            if identity in named:
+                raise same_file_error(named[identity], url, identity)
+            named[identity] = url
         known = _manifest_frames(fs, infos)
         shards.extend(_shard_of(fs, info, given, known, on_error) for info in infos)
     shards.sort(key=lambda shard: natural_key(shard.url))
-    seen: set[str] = set()
-    for shard in shards:
-        if shard.url in seen:
-            raise ValueError(
-                f"source names {shard.url!r} more than once; list each file once so every "
-                "record is read exactly once"
-            )
-        seen.add(shard.url)
     return shards

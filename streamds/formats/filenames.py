@@ -17,6 +17,7 @@ __all__ = [
     "TAR_RECORD_MEMBERS",
     "TAR_SUFFIXES",
     "format_of",
+    "is_hidden",
     "is_record_name",
 ]
 
@@ -25,6 +26,18 @@ RECORD_SUFFIXES = (".json", ".jsonl", ".ndjson", ".tar", ".tgz")  # before any c
 TAR_SUFFIXES = (".tar", ".tgz")
 TAR_RECORD_MEMBERS = (".json",)  # a tar member holding one record (webdataset layout)
 TAR_LINES_MEMBERS = (".jsonl", ".ndjson")  # a tar member holding JSON lines
+
+
+def is_hidden(name: str) -> bool:
+    """Whether a listing skips `name` (a file or folder) unless it is spelled out.
+
+    Hidden names start with a dot: ``.git``, ``.DS_Store``, and Colab's and Jupyter's
+    ``.ipynb_checkpoints`` folders, whose ``*-checkpoint.*`` files are stale copies of the
+    real ones. Directory listings skip them at any depth, and so do globs, whose wildcards
+    match a hidden name only where the pattern spells the dot (``data/.ipynb_checkpoints/*``,
+    ``data/.*.jsonl``), as in the shell.
+    """
+    return name.startswith(".")
 
 
 def is_record_name(name: str) -> bool:
@@ -38,7 +51,7 @@ def is_record_name(name: str) -> bool:
     >>> [name for name in names if is_record_name(name)]
     ['a.jsonl', 'b.json.gz', 'c.ndjson.zst', 'd.tgz', 'e.tar.xz']
     """
-    if name.startswith((".", "_")) or name == MANIFEST_NAME or name.endswith(".tmp"):
+    if is_hidden(name) or name.startswith("_") or name == MANIFEST_NAME or name.endswith(".tmp"):
         return False
     return name.endswith(RECORD_SUFFIXES) or strip_codec(name).endswith(RECORD_SUFFIXES)
 

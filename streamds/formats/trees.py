@@ -1,0 +1,216 @@
+"""Trees: which files a directory or a glob names, one rule for the reader and the converter.
+
+`streamds.shards` (the reader) and `preprocess.sources` (the converter) both expand sources
+here, so they read the same files:
+
+- a directory names its record files (`is_record_name`) at any depth;
+- a glob matches component by component: ``*``, ``?`` and ``[...]`` within one name, ``**``
+  across any number of folders; a pattern without ``**`` whose last component matches a
+  directory takes that directory's record files;
+- hidden names (`is_hidden`: ``.ipynb_checkpoints``, dotfiles) are skipped unless a pattern
+  component spells the dot, as in the shell;
+- symbolic links are followed, to files and to folders; a link back to a folder being walked
+  (a loop) is skipped. Files keep the names they were found under: `canonical_path` says
+  which names are one file, and the callers refuse a file found twice.
+
+A local walk lists each directory once with ``os.scandir`` and sorts it in natural order
+(``part_2`` before ``part_10``), so memory is one listing per level; it restarts from a file
+it once yielded. Remote filesystems list with fsspec and filter with the same `Pattern`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Sequence
+from fnmatch import fnmatchcase
+from pathlib import PurePath
+from typing import Any
+
+from .filenames import is_hidden, is_record_name
+
+__all__ = [
+    "Pattern",
+    "Rel",
+    "Walk",
+    "canonical_path",
+    "directory_walk",
+    "glob_walk",
+    "has_magic",
+    "natural_key",
+    "split_glob",
+]
+
+Rel = tuple[str, ...]  # path components under a walk's root
+
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+def has_magic(path: str) -> bool:
+    """Whether `path` is a glob pattern."""
+    return _GLOB_CHARS.search(path) is not None
+
+
+def natural_key(text: str) -> tuple[Any, ...]:
+    """Sort key putting `part-2` before `part-10`."""
+    return tuple(int(piece) if piece.isdigit() else piece for piece in re.split(r"(\d+)", text))
+
+
+def canonical_path(
+    path: str, *, is_link: bool | None = None, real_dirs: dict[str, str] | None = None
+) -> str:
+    """One name for a local file however it is spelled: its real path (symbolic links, ``.``,
+    ``..`` and doubled slashes resolved).
+
+    With `is_link` False (known from a listing) and a `real_dirs` cache it costs one lookup
+    per directory instead of one per path component.
+    """
+    if is_link is False and real_dirs is not None:
+        parent, name = os.path.split(path)
+        real = real_dirs.get(parent)
+        if real is None:
+            real = real_dirs[parent] = os.path.realpath(parent or ".")
+        return os.path.join(real, name)
+    return os.path.realpath(path)
+
+
+def _component_matches(name: str, pattern: str) -> bool:
+    if is_hidden(name) and not pattern.startswith("."):
+        return False  # like the shell: wildcards do not match hidden names
+    return fnmatchcase(name, pattern)
+
+
+def _matches(parts: Rel, patterns: Rel) -> bool:
+    if not patterns:
+        return not parts
+    if patterns[0] == "**":  # any number of components, none of them hidden
+        for skip in range(len(parts) + 1):
+            if _matches(parts[skip:], patterns[1:]):
+                return True
+            if skip < len(parts) and is_hidden(parts[skip]):
+                return False
+        return False
+    return (
+        bool(parts)
+        and _component_matches(parts[0], patterns[0])
+        and _matches(parts[1:], patterns[1:])
+    )
+
+
+class Pattern:
+    """A glob's components below its fixed directory (None: a directory source, which names
+    every record file below it)."""
+
+    def __init__(self, parts: Sequence[str] | None) -> None:
+        self.parts: Rel | None = None if parts is None else tuple(parts)
+        self.recursive = self.parts is not None and "**" in self.parts
+        spelled = () if self.parts is None else self.parts
+        self._dotted = tuple(part for part in spelled if part.startswith("."))
+
+    def matches(self, rel: Rel) -> bool:
+        """Whether the file at `rel` (below the fixed directory) is named."""
+        if self.parts is None:
+            return not any(map(is_hidden, rel)) and is_record_name(rel[-1])
+        if self.recursive:
+            return _matches(rel, self.parts)
+        size = len(self.parts)
+        if len(rel) < size or not all(map(_component_matches, rel[:size], self.parts)):
+            return False
+        if len(rel) == size:
+            return True
+        inside = rel[size:]  # in a directory the pattern matched: its record files
+        return not any(map(is_hidden, inside)) and is_record_name(inside[-1])
+
+    def may_enter(self, rel: Rel) -> bool:
+        """Whether the directory at `rel` can hold named files."""
+        if self.parts is None:
+            return not is_hidden(rel[-1])
+        if self.recursive:
+            fixed = self.parts[: self.parts.index("**")]
+            if not all(map(_component_matches, rel[: len(fixed)], fixed)):
+                return False
+            return len(rel) <= len(fixed) or not is_hidden(rel[-1]) or any(
+                fnmatchcase(rel[-1], dotted) for dotted in self._dotted
+            )
+        size = len(self.parts)
+        if not all(map(_component_matches, rel[:size], self.parts)):
+            return False
+        return not any(map(is_hidden, rel[size:]))
+
+
+def _entry_key(name: str, is_dir: bool) -> tuple[Any, ...]:
+    # A directory sorts as "name/", which orders a tree exactly as a natural sort of full paths.
+    return natural_key(name + "/" if is_dir else name)
+
+
+class Walk:
+    """The local files under `root` that `pattern` names, in natural order of their paths.
+
+    `exclude` holds (device, inode) pairs of directories never entered (a conversion's output
+    inside its input); the caller may add to it before walking.
+    """
+
+    def __init__(self, root: str, pattern: Pattern, exclude: set[tuple[int, int]]) -> None:
+        self.root = root
+        self.pattern = pattern
+        self.exclude = exclude
+
+    def files(self, start: Rel | None = None) -> Iterator[Rel]:
+        """Paths (as components) in natural order, from `start` (a path once yielded) on."""
+        top = os.stat(self.root or ".")
+        yield from self._walk((), start, {(top.st_dev, top.st_ino)})
+
+    def _listing(self, rel: Rel) -> list[tuple[tuple[Any, ...], str, bool]]:
+        directory = os.path.join(self.root, *rel) if (self.root or rel) else "."
+        entries = []
+        with os.scandir(directory or ".") as it:
+            for entry in it:
+                try:
+                    is_dir = entry.is_dir()  # follows a symbolic link
+                except OSError:
+                    is_dir = False
+                entries.append((_entry_key(entry.name, is_dir), entry.name, is_dir))
+        entries.sort()
+        return entries
+
+    def _walk(self, rel: Rel, start: Rel | None, ancestors: set[tuple[int, int]]) -> Iterator[Rel]:
+        for key, name, is_dir in self._listing(rel):
+            child = (*rel, name)
+            rest: Rel | None = None
+            if start is not None:
+                target = _entry_key(start[0], len(start) > 1)
+                if key < target:
+                    continue
+                if key == target and name == start[0]:
+                    rest = start[1:] or None
+                start = None
+            if is_dir:
+                if not self.pattern.may_enter(child):
+                    continue
+                info = os.stat(os.path.join(self.root, *child))
+                ident = (info.st_dev, info.st_ino)
+                if ident in ancestors or ident in self.exclude:
+                    continue  # a symlink loop, or the output directory inside the input
+                yield from self._walk(child, rest, ancestors | {ident})
+            elif rest is None and self.pattern.matches(child):
+                yield child
+
+
+def split_glob(pattern: str) -> tuple[str, Rel]:
+    """A glob's fixed directory (before its first wildcard) and its components after it."""
+    parts = PurePath(pattern).parts
+    static = 0
+    while static < len(parts) - 1 and not has_magic(parts[static]):
+        static += 1
+    return (os.path.join(*parts[:static]) if static else ""), tuple(parts[static:])
+
+
+def directory_walk(root: str, exclude: set[tuple[int, int]] | None = None) -> Walk:
+    """The record files below the local directory `root`."""
+    return Walk(root, Pattern(None), set() if exclude is None else exclude)
+
+
+def glob_walk(pattern: str, exclude: set[tuple[int, int]] | None = None) -> Walk:
+    """The local files the glob `pattern` names."""
+    root, parts = split_glob(pattern)
+    return Walk(root, Pattern(parts), set() if exclude is None else exclude)
