@@ -4,6 +4,9 @@
 many records as the smallest rank has, with "pad" as many as the largest; within a rank the
 total is dealt to its workers. A reader that runs out before its quota repeats its own
 records (or, when it owns none, the first records of the epoch).
+
+`check_split` refuses a split that would leave every rank nothing under "drop" and says how
+many records a split drops or repeats, so that no loss goes unnoticed.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ from typing import Any
 from .chunks import Chunk
 from .parse import Marker
 
-__all__ = ["EVEN_RANKS", "EvenRanks", "quotas", "records_in"]
+__all__ = ["EVEN_RANKS", "WARN_FRACTION", "EvenRanks", "check_split", "quotas", "records_in"]
 
 EVEN_RANKS = (None, "drop", "pad")
+WARN_FRACTION = 0.01  # a split that drops or repeats more than this share of records warns
 
 
 def _trim(counts: Sequence[int], target: int) -> list[int]:
@@ -57,6 +61,42 @@ def quotas(reader_counts: Sequence[int], world_size: int, mode: str) -> list[int
     target = min(totals) if mode == "drop" else max(totals)
     adjust = _trim if mode == "drop" else _grow
     return [q for rank in ranks for q in adjust(rank, target)]
+
+
+def check_split(
+    reader_counts: Sequence[int], quota: Sequence[int], world_size: int, mode: str, *,
+    blocks: int, resumed: bool = False,
+) -> str | None:
+    """Refuse a "drop" split that leaves every rank nothing; else a warning when more than
+    WARN_FRACTION of the records are dropped or repeated (None: nothing to say).
+
+    `resumed`: the counts are what is left of an epoch resumed in another world; its last few
+    records may not split evenly, which is said, not refused.
+    """
+    total, given = sum(reader_counts), sum(quota)
+    if mode == "drop" and total and not given:
+        if total < world_size:
+            why = (f"even_ranks='drop' cannot split {total} records over {world_size} ranks: "
+                   "every rank would yield 0 records")
+            fix = "use even_ranks='pad' (ranks short of records repeat some) or fewer ranks"
+        else:
+            why = (f"even_ranks='drop' would drop all {total} records: ranks own whole blocks "
+                   f"({blocks} in the corpus) and some of the {world_size} ranks own no "
+                   "record, so every rank would yield 0 records")
+            fix = ("use even_ranks='pad', fewer ranks, or shards that split finer (plain "
+                   ".jsonl, or `streamds convert` with a smaller frame size)")
+        if not resumed:
+            raise ValueError(f"{why}; {fix}")
+        return f"{why} of what is left of this epoch; {fix}"
+    changed = abs(given - total)
+    if not total or changed <= WARN_FRACTION * total:
+        return None
+    verb, fix = (("drops", "use even_ranks='pad' to repeat records instead")
+                 if mode == "drop" else
+                 ("repeats", "use even_ranks='drop' to drop records instead"))
+    return (f"even_ranks={mode!r} {verb} {changed} of {total} records ({changed / total:.1%}) "
+            f"this epoch over {world_size} ranks: ranks own whole blocks ({blocks} in the "
+            f"corpus) and their record counts differ; {fix}, or use fewer ranks")
 
 
 def records_in(chunk: Chunk) -> int:

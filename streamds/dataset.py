@@ -9,23 +9,24 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import orjson
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
 
-from .balance import EVEN_RANKS, quotas
+from .balance import EVEN_RANKS, check_split, quotas
 from .checks import check_bool, check_choice, check_int
 from .chunks import WorkItem
 from .errors import StateMismatchError
 from .parse import ON_ERROR
 from .pipeline import Reader, Spec
-from .plan import DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE, Plan, make_blocks
+from .plan import DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE, Plan, make_blocks, small_corpus_piece
 from .resume.counts import count_block_records, count_from
 from .resume.merge import MERGED_FORMAT, resolve_tails, share_of
-from .resume.plain_loader import batches_per_reader, pipeline_state_after
+from .resume.plain_loader import batches_per_reader, epoch_batches, pipeline_state_after
 from .resume.state import ReaderState
 from .retry import RetryPolicy
 from .seeds import shuffle_seed_parts
@@ -35,6 +36,10 @@ from .transform import Step
 from .world import World, detect_world
 
 __all__ = ["StreamingJsonl"]
+
+log = logging.getLogger(__name__)
+
+MAX_SEED = (1 << 64) - 1  # seeds are 64-bit, as torch's and numpy's are
 
 
 class StreamingJsonl(IterableDataset):
@@ -68,7 +73,8 @@ class StreamingJsonl(IterableDataset):
     ) -> None:
         super().__init__()
         check_bool("shuffle", shuffle)
-        check_int("seed", seed, 0, "pass a non-negative integer seed")
+        check_int("seed", seed, 0, "pass a non-negative integer seed below 2**64",
+                  maximum=MAX_SEED)
         check_int("buffer_size", buffer_size, 1, "use shuffle=False to disable shuffling")
         check_int("block_size", block_size, MIN_BLOCK_SIZE, "blocks are at least 64 KiB")
         if transform is not None and not callable(transform):
@@ -99,9 +105,12 @@ class StreamingJsonl(IterableDataset):
         self.epoch = 0
         self._steps: tuple[Step, ...] = (("map", transform),) if transform is not None else ()
         self._shards: list[Shard] = resolve_shards(source, storage_options, on_error=on_error)
+        # even ranks cut a small corpus finer, so that ranks' shares differ by little
+        self._fine_piece = small_corpus_piece(self._shards) if even_ranks is not None else None
         self._fingerprint = self._make_fingerprint()
         # -> Block(shard, start, end) list: the corpus cut into line-aligned units, once
-        self._block_list = make_blocks(self._shards, self.block_size)
+        self._block_list = make_blocks(self._shards, self.block_size,
+                                       fine=self._fine_piece is not None)
         self._plan = Plan(len(self._block_list), seed, shuffle)
         # records per block, counted once here so every worker shares them (even ranks only)
         self._block_counts: list[int] | None = None
@@ -113,6 +122,7 @@ class StreamingJsonl(IterableDataset):
         self._merged = self._check_merged(resume_from)  # elastic resume
         self._resolved: dict[str, Any] | None = None  # the same, tails read (per process)
         self._active: Reader | None = None
+        self._worker_epoch: int | None = None  # the epoch a DataLoader worker last started
         self.timer: StageTimer | None = None  # set by `streamds bench` to time each stage
 
     # -- description ---------------------------------------------------------------------
@@ -136,7 +146,10 @@ class StreamingJsonl(IterableDataset):
         described = [
             [s.url, s.size, s.format, s.codec, len(s.frames or ())] for s in self._shards
         ]
-        layout = [described, self.block_size, self.shuffle, self.seed, self.buffer_size]
+        layout: list[Any] = [described, self.block_size, self.shuffle, self.seed,
+                             self.buffer_size]
+        if self._fine_piece is not None:  # the finer cut of a small corpus (even ranks)
+            layout.append(["fine", self._fine_piece])
         return hashlib.blake2b(orjson.dumps(layout), digest_size=12).hexdigest()
 
     def _spec(self) -> Spec:
@@ -166,6 +179,11 @@ class StreamingJsonl(IterableDataset):
         """Choose the epoch: it seeds the block order and the shuffle buffer.
 
         A loaded state in the middle of another epoch refuses: finish that epoch first.
+        DataLoader workers copy the dataset when they start, so call it before the loader
+        starts its workers: with ``persistent_workers=True`` they start once, the call does
+        not reach them, and every epoch repeats the first one's order (a worker that starts
+        the same shuffled epoch twice logs a warning). Leave persistent_workers off, or build
+        a new DataLoader after each set_epoch().
         """
         check_int("epoch", epoch, 0, "epochs count from 0")
         loaded = self._loaded
@@ -183,12 +201,13 @@ class StreamingJsonl(IterableDataset):
         return ReaderState(self._fingerprint, self.epoch, world,
                            (self._plan.num_blocks, self.seed, self.shuffle))
 
-    def _start_state(self, world: World) -> ReaderState:
-        """The one `ReaderState` this reader starts from."""
+    def _start_state(self, world: World, *, report: bool = False) -> ReaderState:
+        """The one `ReaderState` this reader starts from (`report`: see `_with_quota`)."""
         loaded = self._loaded
         if loaded is not None and loaded.epoch == self.epoch:
             if loaded.world != world and not loaded.started:
-                return self._with_quota(self._fresh(world))  # nothing read yet: any world
+                # nothing read yet: any world
+                return self._with_quota(self._fresh(world), report=report)
             if loaded.world != world:
                 raise StateMismatchError(
                     f"the state was taken by reader (rank, world_size, worker, num_workers)="
@@ -205,15 +224,20 @@ class StreamingJsonl(IterableDataset):
             work, pending, carried = self._merged_share(world)
             state = self._fresh(world)
             state.work, state.prefill, state.carried = work, pending, carried
-            return self._with_quota(state)
-        return self._with_quota(self._fresh(world))
+            return self._with_quota(state, report=report)
+        return self._with_quota(self._fresh(world), report=report)
 
-    def _with_quota(self, state: ReaderState) -> ReaderState:
-        """`state` with its record quota under even_ranks, counted once for every reader."""
+    def _with_quota(self, state: ReaderState, *, report: bool = False) -> ReaderState:
+        """`state` with its record quota under even_ranks, counted once for every reader.
+
+        Refuses a split that leaves every rank nothing; with `report`, reader 0 logs how many
+        records the split drops or repeats when that is more than 1%.
+        """
         if self.even_ranks is None or state.quota is not None:
             return state
         world = state.world
-        if self._merged is not None and state.work is not None:
+        resumed = self._merged is not None and state.work is not None
+        if resumed:
             counts = []
             for reader in range(world.readers):
                 other = World(reader // world.num_workers, world.world_size,
@@ -223,7 +247,12 @@ class StreamingJsonl(IterableDataset):
         else:
             assert self._block_counts is not None
             counts = self._plan.reader_records(state.epoch, world, self._block_counts)
-        state.quota = quotas(counts, world.world_size, self.even_ranks)[world.reader]
+        shares = quotas(counts, world.world_size, self.even_ranks)
+        said = check_split(counts, shares, world.world_size, self.even_ranks,
+                           blocks=self._plan.num_blocks, resumed=resumed)
+        if said is not None and report and world.reader == 0:
+            log.warning("epoch %d: %s", state.epoch, said)
+        state.quota = shares[world.reader]
         return state
 
     def _records_of(self, work: list[WorkItem]) -> int:
@@ -245,11 +274,31 @@ class StreamingJsonl(IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         world = detect_world(self.rank, self.world_size)
-        state = self._start_state(world)
+        self._note_worker_epoch()
+        state = self._start_state(world, report=True)
         pad = self._pad_work(state) if state.quota is not None else []
         self._active = Reader(self._spec(), state, pad_work=pad, timer=self.timer)
         self._loaded = None  # a loaded state starts one iterator
         return iter(self._active)
+
+    def _note_worker_epoch(self) -> None:
+        """Warn when a DataLoader worker starts the same shuffled epoch a second time.
+
+        Only a persistent worker (``persistent_workers=True``) iterates its copy of the dataset
+        twice; its copy never sees the main process's set_epoch(), so that is all a worker can
+        detect: it cannot tell whether set_epoch() was called.
+        """
+        if get_worker_info() is None:
+            return
+        again = self._worker_epoch == self.epoch and self._loaded is None
+        if again and self.shuffle:
+            log.warning(
+                "a DataLoader worker starts epoch %d again: with persistent_workers=True the "
+                "workers keep the copy of the dataset they started with, so set_epoch() in "
+                "the main process does not reach them and every epoch repeats this order; "
+                "use persistent_workers=False, or a new DataLoader after each set_epoch()",
+                self.epoch)
+        self._worker_epoch = self.epoch
 
     @property
     def counts(self) -> dict[str, int]:
@@ -281,7 +330,15 @@ class StreamingJsonl(IterableDataset):
         if loaded.fingerprint != self._fingerprint:
             raise StateMismatchError(
                 "the state was taken from a dataset with other files, seed, shuffle, "
-                "buffer_size or block_size; build the dataset with the same arguments"
+                "buffer_size, block_size or even_ranks; build the dataset with the same "
+                "arguments"
+            )
+        if loaded.plan[0] != self._plan.num_blocks:
+            raise StateMismatchError(
+                f"the state was taken with the corpus cut into {loaded.plan[0]} blocks, but "
+                f"this dataset cuts it into {self._plan.num_blocks} (another streamds "
+                "version?); finish the epoch with the version that took the state, or "
+                "restart the epoch"
             )
         self._active = None
         if not loaded.finished:
@@ -299,7 +356,8 @@ class StreamingJsonl(IterableDataset):
         if merged["fingerprint"] != self._fingerprint:
             raise StateMismatchError(
                 "resume_from was merged from a dataset with other files, seed, shuffle, "
-                "buffer_size or block_size; build the dataset with the same arguments"
+                "buffer_size, block_size or even_ranks; build the dataset with the same "
+                "arguments"
             )
         self.epoch = merged["epoch"]
         return copy.deepcopy(merged)
@@ -347,6 +405,15 @@ class StreamingJsonl(IterableDataset):
         seats = [World(here.rank, here.world_size, worker, readers) for worker in range(readers)]
         works = [self._plan.work(self.epoch, seat) for seat in seats]
         records = [sum(counts[block] for block, _ in work) for work in works]
+        length = epoch_batches(records, batch_size=batch_size, drop_last=drop_last)
+        if consumed > length:
+            raise ValueError(
+                f"consumed={consumed} is past the end of epoch {self.epoch}: this rank's "
+                f"loader yields {length} batches per epoch (batch_size={batch_size}, "
+                f"num_workers={num_workers}, drop_last={drop_last}); pass the batches "
+                f"consumed in this epoch (0 to {length}), and set_epoch() to the epoch they "
+                "belong to"
+            )
         taken, next_worker = batches_per_reader(
             records, consumed, batch_size=batch_size, drop_last=drop_last
         )

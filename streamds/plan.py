@@ -4,6 +4,14 @@ A block decodes to whole lines on its own: a line-aligned byte range of a plain 
 frames of a seekable zstd file, or a whole file. Blocks are numbered in corpus order, and the
 numbering depends on the corpus alone, never on the world, so a position (block, offset)
 means the same thing to every reader and to any later world. All functions here are pure.
+
+How fine the cut is: blocks of 64 KiB to `block_size`, and a file of up to
+SPLITS_PER_FILE * block_size bytes gets SPLITS_PER_FILE blocks. Under even ranks (`fine=True`)
+a corpus too small for SMALL_CORPUS_BLOCKS blocks of 64 KiB is cut into about
+SMALL_CORPUS_BLOCKS equal pieces instead (MIN_SMALL_BLOCK bytes at least): ranks own whole
+blocks, so a rank's share can only be as even as the blocks are small. The number of readers
+is not known when the blocks are cut, and cutting per world would give one position a
+different meaning in each world, so the finer cut depends on the corpus alone.
 """
 
 from __future__ import annotations
@@ -17,11 +25,16 @@ from .seeds import rng_for
 from .shards import Shard
 from .world import World
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "Block", "Plan", "assign", "epoch_order", "make_blocks"]
+__all__ = [
+    "DEFAULT_BLOCK_SIZE", "Block", "Plan", "assign", "epoch_order", "make_blocks",
+    "small_corpus_piece",
+]
 
 DEFAULT_BLOCK_SIZE = 8 << 20  # decoded bytes per block of a large file
 MIN_BLOCK_SIZE = 64 << 10  # never split finer than this
 SPLITS_PER_FILE = 64  # a file smaller than SPLITS_PER_FILE blocks still gets this many readers
+SMALL_CORPUS_BLOCKS = 1024  # fine=True: a corpus under this many 64 KiB blocks gets this many
+MIN_SMALL_BLOCK = 1 << 10  # ... of at least this many bytes
 
 
 @dataclass(frozen=True)
@@ -37,25 +50,47 @@ class Block:
     end: int | None = None
 
 
-def _piece_size(decoded_size: int, block_size: int) -> int:
+def _splittable_size(shard: Shard) -> int:
+    """Decoded bytes of a shard that can be cut into blocks (0: it is read whole)."""
+    if shard.format != "jsonl":
+        return 0
+    if shard.codec is None and shard.size is not None:
+        return shard.size
+    if shard.frames:
+        return shard.decoded_size or 0
+    return 0
+
+
+def small_corpus_piece(shards: Sequence[Shard]) -> int | None:
+    """Bytes per block of a corpus too small for SMALL_CORPUS_BLOCKS blocks of MIN_BLOCK_SIZE
+    (cut with fine=True), else None: each file is cut by its own size."""
+    total = sum(_splittable_size(shard) for shard in shards)
+    if total >= SMALL_CORPUS_BLOCKS * MIN_BLOCK_SIZE:
+        return None
+    return max(MIN_SMALL_BLOCK, math.ceil(total / SMALL_CORPUS_BLOCKS))
+
+
+def _piece_size(decoded_size: int, block_size: int, small: int | None) -> int:
+    if small is not None:
+        return small
     return min(block_size, max(MIN_BLOCK_SIZE, math.ceil(decoded_size / SPLITS_PER_FILE)))
 
 
-def _byte_ranges(index: int, size: int, block_size: int) -> list[Block]:
+def _byte_ranges(index: int, size: int, block_size: int, small: int | None) -> list[Block]:
     if size == 0:
         return [Block(index, 0, None)]
-    piece = _piece_size(size, block_size)
+    piece = _piece_size(size, block_size, small)
     starts = range(0, size, piece)
     return [Block(index, start, min(start + piece, size)) for start in starts[:-1]] + [
         Block(index, starts[-1], None)
     ]
 
 
-def _frame_runs(index: int, shard: Shard, block_size: int) -> list[Block]:
+def _frame_runs(index: int, shard: Shard, block_size: int, small: int | None) -> list[Block]:
     frames = shard.frames or ()
     if not frames:
         return [Block(index, 0, None)]
-    piece = _piece_size(shard.decoded_size or 0, block_size)
+    piece = _piece_size(shard.decoded_size or 0, block_size, small)
     blocks: list[Block] = []
     run_start = frames[0].decompressed_offset
     for frame in frames:
@@ -71,16 +106,22 @@ def _frame_runs(index: int, shard: Shard, block_size: int) -> list[Block]:
     return blocks
 
 
-def make_blocks(shards: Sequence[Shard], block_size: int = DEFAULT_BLOCK_SIZE) -> list[Block]:
-    """The corpus's blocks in corpus order. Costs nothing beyond the shard metadata."""
+def make_blocks(
+    shards: Sequence[Shard], block_size: int = DEFAULT_BLOCK_SIZE, *, fine: bool = False
+) -> list[Block]:
+    """The corpus's blocks in corpus order. Costs nothing beyond the shard metadata.
+
+    `fine`: cut a small corpus into about SMALL_CORPUS_BLOCKS blocks (see the module).
+    """
+    small = small_corpus_piece(shards) if fine else None
     blocks: list[Block] = []
     for index, shard in enumerate(shards):
         if shard.format != "jsonl":  # tar, or any format read whole: one block
             blocks.append(Block(index))
         elif shard.codec is None and shard.size is not None:
-            blocks.extend(_byte_ranges(index, shard.size, block_size))
+            blocks.extend(_byte_ranges(index, shard.size, block_size, small))
         elif shard.frames is not None:
-            blocks.extend(_frame_runs(index, shard, block_size))
+            blocks.extend(_frame_runs(index, shard, block_size, small))
         else:
             blocks.append(Block(index))
     return blocks

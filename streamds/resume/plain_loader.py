@@ -24,7 +24,14 @@ from ..shards import Shard
 from ..shuffle import Shuffle, pack_positions, unpack_positions
 from .replay import replay
 
-__all__ = ["batches_per_reader", "pipeline_state_after"]
+__all__ = ["batches_per_reader", "epoch_batches", "pipeline_state_after"]
+
+
+def epoch_batches(records: Sequence[int], *, batch_size: int, drop_last: bool) -> int:
+    """Batches a plain DataLoader yields in one epoch when worker w yields `records[w]`
+    records (each worker batches its own records)."""
+    rounding = math.floor if drop_last else math.ceil
+    return sum(rounding(count / batch_size) for count in records)
 
 
 def batches_per_reader(
