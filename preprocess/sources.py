@@ -1,10 +1,11 @@
 """Conversion inputs -> raw records, in input order, each with the position it starts at.
 
 An input is a JSONL file (plain, .zst, .gz, .bz2 or .xz; any name but .json and .tar counts
-as JSONL, so PubMed's ``train.txt`` is one), a ``.json`` file (ONE document, possibly
-pretty-printed), a tar shard (webdataset layout: each ``.json`` member is one record, each
-``.jsonl`` member one record per line), a directory, or a glob. Inputs expand to *leaves*
-(single files) lazily:
+as JSONL, so PubMed's ``train.txt`` is one), a ``.json`` file (one document, possibly
+pretty-printed, an array being its elements, or JSON lines: the reader's rule, see
+`streamds.formats.documents`), a tar shard (webdataset layout: each ``.json`` member is one
+record, each ``.jsonl`` member one record per line), a directory, or a glob. Inputs expand
+to *leaves* (single files) lazily:
 
 - a directory or a glob, expanded by the reader's rule (`streamds.formats.trees`): a
   directory names every record-looking file at any depth (``.json``, ``.jsonl``,
@@ -21,10 +22,11 @@ One file under two names (a symbolic link, ``d//a.jsonl``, an input listed twice
 inside a directory also listed) is refused before a record is read: see `Inputs.leaves`.
 
 A `Position` (input index, path under the input, offset, line) names where a record
-begins: the decoded byte offset of its line in a JSONL file, its ordinal in a tar shard, 0
-for a ``.json`` file. `Inputs.records(start=position)` restarts exactly there, without
-listing or reading what lies before beyond one listing per directory level (compressed files
-decode and discard up to the offset). This is what makes an interrupted conversion resume.
+begins: the decoded byte offset of its line in a JSONL file (a ``.json`` file of lines too),
+its ordinal in a tar shard or an array document, 0 for any other document.
+`Inputs.records(start=position)` restarts exactly there, without listing or reading what
+lies before beyond one listing per directory level (compressed files decode and discard up
+to the offset). This is what makes an interrupted conversion resume.
 """
 
 from __future__ import annotations
@@ -36,11 +38,12 @@ import tarfile
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, BinaryIO, NamedTuple
 
 from streamds.errors import CorruptShardError
 from streamds.formats.codecs import decode, require_codec, strip_codec
+from streamds.formats.documents import LINES, document_records, probe
 from streamds.formats.filenames import TAR_LINES_MEMBERS, TAR_RECORD_MEMBERS, format_of
 from streamds.formats.trees import (
     Rel,
@@ -69,7 +72,7 @@ class Leaf:
     input: int
     rel: Rel | None
     path: str
-    kind: str  # "jsonl", "json" (one document) or "tar"
+    kind: str  # "jsonl", "json" (a document or JSON lines, decided when read) or "tar"
     codec: str | None
 
 
@@ -102,9 +105,10 @@ class RawRecord(NamedTuple):
 
     data: bytes
     leaf: Leaf
-    offset: int  # decoded byte offset of the line (JSONL), ordinal (tar), 0 (.json)
-    line: int  # 1-based line number (JSONL), ordinal + 1 (tar), 1 (.json)
+    offset: int  # decoded byte offset of the line (JSONL), ordinal (tar, array element)
+    line: int  # 1-based line number (JSONL), ordinal + 1 (tar, array element), 1 (document)
     member: str | None = None  # tar member name
+    element: int | None = None  # the ordinal of an array document's element
 
     @property
     def position(self) -> Position:
@@ -115,6 +119,8 @@ class RawRecord(NamedTuple):
         """The record's place for an error message: file and line, or tar member."""
         if self.member is not None:
             return f"{self.leaf.path}: member {self.member} (record {self.line})"
+        if self.element is not None:
+            return f"{self.leaf.path}: element {self.element} of the JSON array"
         if self.leaf.kind == "json":
             return self.leaf.path
         return f"{self.leaf.path}: line {self.line}"
@@ -212,13 +218,38 @@ def _read_jsonl(leaf: Leaf, offset: int, line: int, meter: Meter) -> Iterator[Ra
         raw.close()
 
 
-def _read_document(leaf: Leaf, meter: Meter) -> bytes:
+def _read_json_file(leaf: Leaf, meter: Meter) -> bytes | None:
+    """A ``.json`` file's whole document, or None when it is JSON lines (read as such), by
+    the reader's rule (`streamds.formats.documents`). Only a document's bytes are metered
+    here: a file of lines is metered as it is read."""
+    probed = Meter()
     with open(leaf.path, "rb", buffering=0) as f:
-        raw = _Counted(f, meter)  # type: ignore[arg-type]
-        if leaf.codec is None:
-            return raw.readall()
-        stream = decode(raw, leaf.codec, leaf.path)  # type: ignore[arg-type]
-        return b"".join(iter(lambda: stream.read(READ_SIZE), b""))
+        raw = _Counted(f, probed)  # type: ignore[arg-type]
+        stream: Any = raw
+        if leaf.codec is not None:
+            stream = decode(raw, leaf.codec, leaf.path)  # type: ignore[arg-type]
+        found, head = probe(stream.read)
+        if found == LINES:
+            return None
+        data = b"".join([head, *iter(lambda: stream.read(READ_SIZE), b"")])
+    meter.stored_bytes += probed.stored_bytes
+    return data
+
+
+def _json_records(
+    leaf: Leaf, offset: int, line: int, meter: Meter, document: bytes | None
+) -> Iterator[RawRecord]:
+    """The records of a ``.json`` leaf from `offset` (a byte offset in a file of lines, an
+    element's ordinal in an array document); `document` is its bytes when already read."""
+    if document is None:
+        yield from _read_jsonl(replace(leaf, kind="jsonl"), offset, line, meter)
+        return
+    records, is_array = document_records(document)
+    if not is_array:
+        yield RawRecord(records[0], leaf, 0, 1)
+        return
+    for ordinal in range(offset, len(records)):
+        yield RawRecord(records[ordinal], leaf, ordinal, ordinal + 1, element=ordinal)
 
 
 def _read_tar(leaf: Leaf, first: int, meter: Meter) -> Iterator[RawRecord]:
@@ -375,11 +406,11 @@ class Inputs:
             for leaf in leaves:
                 yield from self._leaf_records(leaf, start, meter, None, on_corrupt)
             return
-        window: deque[tuple[Leaf, Future[bytes] | None]] = deque()
+        window: deque[tuple[Leaf, Future[bytes | None] | None]] = deque()
         with ThreadPoolExecutor(prefetch, thread_name_prefix="streamds-read") as pool:
             try:
                 for leaf in leaves:
-                    doc = pool.submit(_read_document, leaf, meter) if leaf.kind == "json" else None
+                    doc = pool.submit(_read_json_file, leaf, meter) if leaf.kind == "json" else None
                     window.append((leaf, doc))
                     while len(window) > 8 * prefetch or (window and window[-1][1] is None):
                         head, future = window.popleft()
@@ -397,15 +428,15 @@ class Inputs:
         leaf: Leaf,
         start: Position | None,
         meter: Meter,
-        doc: Future[bytes] | None,
+        doc: Future[bytes | None] | None,
         on_corrupt: Callable[[Leaf, CorruptShardError], None] | None,
     ) -> Iterator[RawRecord]:
         here = start is not None and start.input == leaf.input and start.file == leaf.rel
         offset, line = (start.offset, start.line) if here and start is not None else (0, 1)
         try:
             if leaf.kind == "json":
-                data = doc.result() if doc is not None else _read_document(leaf, meter)
-                yield RawRecord(data, leaf, 0, 1)
+                document = doc.result() if doc is not None else _read_json_file(leaf, meter)
+                yield from _json_records(leaf, offset, line, meter, document)
             elif leaf.kind == "tar":
                 yield from _read_tar(leaf, offset, meter)
             else:

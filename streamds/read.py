@@ -24,6 +24,7 @@ from typing import BinaryIO
 
 from .errors import CorruptShardError
 from .formats.codecs import READ_SIZE, TransientReadError, decode
+from .formats.documents import LINES, document_records, probe
 from .formats.filenames import TAR_LINES_MEMBERS, TAR_RECORD_MEMBERS
 from .plan import Block
 from .retry import DEFAULT_RETRY, RetryPolicy, is_transient
@@ -48,9 +49,9 @@ Opener = Callable[[Shard, int], BinaryIO]
 class LineChunk:
     """Consecutive raw lines of one block.
 
-    `offsets[i]` is where `lines[i]` begins in the shard's decoded bytes (for tar shards: the
-    record's ordinal); `offsets[-1]` is where the line after the chunk begins. `labels` names
-    tar members, for error messages.
+    `offsets[i]` is where `lines[i]` begins in the shard's decoded bytes (for tar shards and
+    JSON documents: the record's ordinal); `offsets[-1]` is where the line after the chunk
+    begins. `labels` names tar members and document parts, for error messages.
     """
 
     block: int
@@ -265,6 +266,35 @@ def _tar_records(
             )
 
 
+_DOCUMENT_CHUNK = 1024  # records per chunk of an array document
+
+
+def _json_chunks(
+    opener: Opener, shard: Shard, block: Block, block_id: int, cursor: _Cursor, read_size: int
+) -> Iterator[LineChunk]:
+    """Records of a ``.json`` shard, by the rule of `streamds.formats.documents`: JSON lines
+    (offsets are bytes, as in any JSONL file), or one document (offsets are record
+    ordinals: 0 for the document, i for an array's element i, so a resume skips that many).
+    """
+    with closing(opener(shard, 0)) as stream:
+        found, head = probe(stream.read)
+        if found != LINES:
+            data = b"".join([head, *iter(lambda: stream.read(read_size), b"")])
+    if found == LINES:
+        yield from _line_chunks(opener, shard, block, block_id, cursor, read_size)
+        return
+    records, is_array = document_records(data)
+    label = "element of the JSON array" if is_array else "the JSON document"
+    first = cursor.next_line or 0
+    cursor.next_line = first
+    for begin in range(first, len(records), _DOCUMENT_CHUNK):
+        end = min(begin + _DOCUMENT_CHUNK, len(records))
+        cursor.next_line = end
+        yield LineChunk(
+            block_id, list(range(begin, end + 1)), records[begin:end], [label] * (end - begin)
+        )
+
+
 def read_lines(
     shard: Shard,
     block: Block,
@@ -287,6 +317,8 @@ def read_lines(
         try:
             if shard.format == "tar":
                 chunks = _tar_chunks(opener, shard, block_id, cursor, read_size)
+            elif shard.format == "json":
+                chunks = _json_chunks(opener, shard, block, block_id, cursor, read_size)
             else:
                 chunks = _line_chunks(opener, shard, block, block_id, cursor, read_size)
             for chunk in chunks:

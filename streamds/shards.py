@@ -1,8 +1,10 @@
 """Sources -> shards: resolve a path, list, directory, glob or fsspec URL to sorted files.
 
 A `Shard` is one file with what planning needs to know about it: its size, its format
-(JSON lines or a tar of JSON members), its codec and, for seekable zstd files, its frames.
-Resolving lists and stats files but keeps nothing open, so shards pickle into workers.
+(JSON lines, a tar of JSON members, or a ``.json`` file read whole as a document or as lines
+by the rule of `streamds.formats.documents`), its codec and, for seekable zstd files, its
+frames. Resolving lists and stats files but keeps nothing open, so shards pickle into
+workers.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from fsspec.core import url_to_fs
 
 from .errors import CorruptShardError
 from .formats.codecs import require_codec
+from .formats.documents import LINES, RESOLVE_ABOVE, is_document_name, probe
 from .formats.filenames import RECORD_SUFFIXES, format_of
 from .formats.manifest import MANIFEST_NAME, parse_manifest
 from .formats.seekable import Frame, SeekTableError, read_seek_table
@@ -81,7 +84,7 @@ class Shard:
     url: str  # how the user and error messages name it
     path: str  # the path within `fs`
     size: int | None  # stored bytes; None when the storage does not say (some HTTP servers)
-    format: str  # "jsonl" or "tar"
+    format: str  # "jsonl", "tar", or "json": a .json file read whole (a document or lines)
     codec: str | None  # "zst", "gz", "bz2", "xz" or None
     frames: tuple[Frame, ...] | None = None  # seekable zstd frames, when the file has a seek table
     frame_records: tuple[int, ...] | None = None  # records per frame, from a manifest
@@ -265,15 +268,36 @@ def _manifest_frames(fs: fsspec.AbstractFileSystem, infos: list[dict]) -> dict[s
     return known
 
 
+def _probe_plain(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    with fs.open(path, mode="rb") as raw:
+        return probe(raw.read)[0]
+
+
+def _json_format(
+    fs: fsspec.AbstractFileSystem, path: str, size: int | None, codec: str | None, url: str
+) -> str:
+    """The format of a ``.json`` file (`streamds.formats.documents`): "jsonl" for a large
+    plain file of JSON lines, which then splits into blocks; otherwise "json", one block
+    whose reader decides between a document and JSON lines (so resolving a tree of small
+    files opens none of them)."""
+    if codec is not None or size is None or size <= RESOLVE_ABOVE:
+        return "json"
+    found = retrying(lambda: _probe_plain(fs, path), DEFAULT_RETRY, f"{url}: first line")
+    return "jsonl" if found == LINES else "json"
+
+
 def _shard_of(
     fs: fsspec.AbstractFileSystem, info: dict, given: str, known: dict, on_error: str
 ) -> Shard:
     path = info["name"]
     url = _url_of(fs, path, given)
-    fmt, codec = format_of(path.rsplit("/", 1)[-1])
+    name = path.rsplit("/", 1)[-1]
+    fmt, codec = format_of(name)
     require_codec(codec, url)
     size = info.get("size")
     frames = frame_records = None
+    if fmt == "jsonl" and is_document_name(name):
+        fmt = _json_format(fs, path, size, codec, url)
     if codec == "zst" and fmt == "jsonl":
         listed = known.get(path)
         if listed is not None and listed[0] == size:
