@@ -29,6 +29,7 @@ __all__ = [
     "TokenBudgetBatches",
     "World",
     "as_list",
+    "counts_of",
     "detect_world",
     "merge_states",
     "padding_of",
@@ -52,6 +53,7 @@ _HOMES = {
     "StateMismatchError": "errors",
     "DevicePrefetcher": "train.prefetch",
     "merge_states": "resume.merge",
+    "counts_of": "resume.totals",
     "RetryPolicy": "retry",
     "StallMeter": "train.stall",
     "World": "world",
@@ -81,6 +83,7 @@ if TYPE_CHECKING:
         StateMismatchError,
     )
     from .resume.merge import merge_states
+    from .resume.totals import counts_of
     from .retry import RetryPolicy
     from .train.batching import Batches, BucketBatches, PaddingStats, TokenBudgetBatches, padding_of
     from .train.collate import PadCollate, as_list

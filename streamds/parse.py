@@ -3,27 +3,50 @@
 A chunk parses in one list comprehension; only a chunk that holds a bad or blank line takes
 the slow path, where blank lines become `BLANK` (not records) and malformed ones either raise
 `CorruptRecordError` (naming the file, the 1-based line and the offset) or become `BAD`, so
-the next stage can count them exactly where the stream passes them.
+the next stage can count them exactly where the stream passes them. Skipped lines are also
+logged, per reader: the first `WARN_BAD_LINES` of each file with their line, then only counted
+(the reader's end-of-epoch summary has the totals).
+
+`LineNumbers` turns a (block, offset) into "line 12 (byte offset 345)" for messages; the
+transform stage uses it too.
 """
 
 from __future__ import annotations
 
+import logging
+from bisect import bisect_right
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from .chunks import Chunk
 from .errors import CorruptRecordError
-from .read import Opener, count_lines_before, open_decoded_at
+from .formats.codecs import READ_SIZE
+from .read import Opener, open_decoded_at
 
 if TYPE_CHECKING:
     from .plan import Block
     from .shards import Shard
 
-__all__ = ["BAD", "BLANK", "DROPPED", "ON_ERROR", "Marker", "Parse", "parse_chunk"]
+__all__ = [
+    "BAD",
+    "BLANK",
+    "DROPPED",
+    "ON_ERROR",
+    "WARN_BAD_LINES",
+    "LineNumbers",
+    "Marker",
+    "Parse",
+    "parse_chunk",
+]
+
+log = logging.getLogger(__name__)
 
 ON_ERROR = ("raise", "skip")
+WARN_BAD_LINES = 5  # skipped malformed lines logged one by one, per file and reader
 _SNIPPET = 80  # bytes of a bad line quoted in the error
 
 
@@ -45,6 +68,65 @@ DROPPED = Marker("dropped")  # a record a transform or filter removed
 
 # Locates a bad line: chunk index -> (1-based line number or None, "line 12 (byte offset 345)")
 Locate = Callable[[int], tuple[int | None, str]]
+
+
+class LineNumbers:
+    """Where a record's line is, for messages: ``"line 12 (byte offset 345)"``, or a tar
+    member's name.
+
+    Line numbers cost a read of the shard's decoded bytes up to the line, so they are asked
+    for on error and warning paths only. What was counted is kept (per shard, offset ->
+    newlines before it) and the next count starts from the nearest known offset below, so
+    messages about one shard read it about once. A read that fails leaves the line out of
+    the message rather than hiding the error being reported.
+    """
+
+    def __init__(
+        self, shards: Sequence[Shard], blocks: Sequence[Block],
+        opener: Opener = open_decoded_at,
+    ) -> None:
+        self.shards = shards
+        self.blocks = blocks
+        self.opener = opener
+        self._known: dict[int, tuple[list[int], list[int]]] = {}  # shard -> offsets, newlines
+
+    def url(self, block: int) -> str:
+        return self.shards[self.blocks[block].shard].url
+
+    def line(self, block: int, offset: int) -> int | None:
+        """The 1-based line that begins at decoded `offset` (None: the read failed)."""
+        index = self.blocks[block].shard
+        offsets, newlines = self._known.setdefault(index, ([0], [0]))
+        nearest = bisect_right(offsets, offset) - 1
+        start, count = offsets[nearest], newlines[nearest]
+        try:
+            with closing(self.opener(self.shards[index], start)) as stream:
+                remaining = offset - start
+                while remaining > 0:
+                    data = stream.read(min(READ_SIZE, remaining))
+                    if not data:
+                        break
+                    count += data.count(b"\n")
+                    remaining -= len(data)
+        except OSError as err:
+            log.debug("could not count the lines of %s: %s", self.shards[index].url, err)
+            return None
+        if remaining > 0:  # the decoded data ends before `offset`: no line begins there
+            return None
+        if offsets[nearest] != offset:
+            offsets.insert(nearest + 1, offset)
+            newlines.insert(nearest + 1, count)
+        return count + 1
+
+    def describe(self, chunk: Chunk, index: int) -> tuple[int | None, str]:
+        """(1-based line or None, where item `index` of `chunk` is, in words)."""
+        offset = chunk.offsets[index]
+        if chunk.labels is not None:
+            return None, f"{chunk.labels[index]} (record {offset + 1})"
+        line = self.line(chunk.block, offset)
+        if line is None:
+            return None, f"byte offset {offset}"
+        return line, f"line {line} (byte offset {offset})"
 _BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark some editors put at the start of a file
 
 
@@ -98,12 +180,15 @@ class Parse:
     def __init__(
         self, source: Any, shards: Sequence[Shard], blocks: Sequence[Block], *,
         on_error: str = "raise", opener: Opener = open_decoded_at,
+        where: LineNumbers | None = None,
     ) -> None:
         self.source = source
         self.shards = shards
         self.blocks = blocks
         self.on_error = on_error
         self.opener = opener
+        self.where = LineNumbers(shards, blocks, opener) if where is None else where
+        self.skipped: Counter[str] = Counter()  # malformed lines per file, in this process
         self.reset()
 
     def reset(self, state: dict[str, Any] | None = None) -> None:
@@ -121,25 +206,50 @@ class Parse:
 
     def parse(self, chunk: Chunk) -> Chunk:
         """`chunk` with its lines parsed (also used to re-read buffered records)."""
-        shard = self.shards[self.blocks[chunk.block].shard]
-        items, clean = parse_chunk(chunk, on_error=self.on_error, url=shard.url,
-                                   locate=self._locate(chunk, shard))
-        return Chunk(chunk.item, chunk.block, chunk.offsets, items, clean, chunk.labels)
+        where = self.where
 
-    def _locate(self, chunk: Chunk, shard: Shard) -> Locate:
         def locate(index: int) -> tuple[int | None, str]:
-            if chunk.labels is not None:
-                return None, f"{chunk.labels[index]} (record {chunk.offsets[index] + 1})"
-            offset = chunk.offsets[index]
-            line = count_lines_before(shard, offset, self.opener) + 1
-            return line, f"line {line} (byte offset {offset})"
+            return where.describe(chunk, index)
 
-        return locate
+        items, clean = parse_chunk(chunk, on_error=self.on_error,
+                                   url=where.url(chunk.block), locate=locate)
+        return Chunk(chunk.item, chunk.block, chunk.offsets, items, clean, chunk.labels)
 
     def __iter__(self) -> Iterator[Chunk]:
         for raw in self.source:
             chunk = self.parse(raw)
-            if not chunk.clean:
-                self._bad += chunk.items.count(BAD)
+            if not chunk.clean:  # the slow path: count (and log) what holds no record
+                bad = chunk.items.count(BAD)
+                self._bad += bad
                 self._blank += chunk.items.count(BLANK)
+                if bad:
+                    self._warn(raw, chunk)
             yield chunk
+
+    def _warn(self, raw: Chunk, chunk: Chunk) -> None:
+        """Log the skipped lines of `chunk`: the first `WARN_BAD_LINES` of each file one by
+        one, with their line; the rest are counted in `skipped` for the epoch's summary."""
+        url = self.where.url(chunk.block)
+        for index, item in enumerate(chunk.items):
+            if item is not BAD:
+                continue
+            self.skipped[url] += 1
+            seen = self.skipped[url]
+            if seen > WARN_BAD_LINES:
+                continue
+            line = raw.items[index]
+            if raw.offsets[index] == 0 and raw.labels is None and line.startswith(_BOM):
+                line = line[len(_BOM) :]
+            try:
+                orjson.loads(line)
+                reason = "invalid JSON"
+            except orjson.JSONDecodeError as err:
+                reason = f"invalid JSON ({err})"
+            _, where = self.where.describe(chunk, index)
+            more = ""
+            if seen == WARN_BAD_LINES:
+                more = (f"; further malformed lines of {url} are counted, not logged (the "
+                        "reader logs its totals at the end of the epoch; "
+                        "streamds.counts_of(loader.state_dict()) sums every reader's)")
+            log.warning("skipped a malformed line (on_error='skip'): %s: %s: %s: %r%s",
+                        url, where, reason, line[:_SNIPPET], more)

@@ -1,11 +1,14 @@
 """The reader: one `ReaderState` -> the stages that yield its records.
 
 `Spec` is what every reader of a dataset shares (shards, blocks, plan, steps, options);
-`Reader` builds one reader's pipeline from a `ReaderState` and gives its state back.
+`Reader` builds one reader's pipeline from a `ReaderState` and gives its state back. When its
+epoch ends, a reader logs what it counted (skipped, blank and dropped lines, damaged blocks):
+a warning when lines were lost to errors, else an info line.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -14,7 +17,7 @@ from typing import Any
 from .balance import EvenRanks
 from .chunks import Chunk, ChunkCursor, Position, WorkItem
 from .lines import Lines
-from .parse import Parse
+from .parse import WARN_BAD_LINES, LineNumbers, Parse
 from .plan import Block, Plan
 from .read import Opener, open_decoded_at
 from .records import Records, fetch_records
@@ -26,7 +29,18 @@ from .shuffle import Shuffle
 from .timing import StageTimer, Timed
 from .transform import Step, Transform
 
-__all__ = ["Reader", "Spec"]
+__all__ = ["Reader", "Spec", "describe_counts"]
+
+log = logging.getLogger(__name__)
+
+# counter -> how a summary says it
+_COUNTED = {
+    "bad": "malformed lines skipped (on_error='skip')",
+    "corrupt_blocks": "damaged blocks skipped (on_error='skip')",
+    "blank": "blank lines",
+    "dropped": "records dropped by map (None) or filter",
+}
+_LOST = ("bad", "corrupt_blocks")  # counters of data lost to errors: a warning
 
 
 @dataclass(frozen=True)
@@ -65,11 +79,12 @@ class Reader:
         # -> chunks of raw lines of this reader's blocks (then pad blocks, under even ranks)
         self.lines = Lines(spec.shards, spec.blocks, work, on_error=spec.on_error,
                            opener=spec.opener, retry=spec.retry, pad_work=pad)
+        where = LineNumbers(spec.shards, spec.blocks, spec.opener)  # for messages
         # -> chunks of JSON values; BAD and BLANK markers where a line holds no record
         self.parse = Parse(timed(self.lines, "lines"), spec.shards, spec.blocks,
-                           on_error=spec.on_error, opener=spec.opener)
+                           on_error=spec.on_error, opener=spec.opener, where=where)
         # -> chunks of the user's records after map and filter; DROPPED where removed
-        self.transform = Transform(timed(self.parse, "parse"), spec.steps)
+        self.transform = Transform(timed(self.parse, "parse"), spec.steps, where=where)
         # -> chunks holding exactly `quota` records in all (even ranks), else all of them
         quota = None if state.quota is None else max(0, state.quota - len(state.prefill))
         self.even = EvenRanks(timed(self.transform, "transform"), quota,
@@ -79,11 +94,12 @@ class Reader:
         if spec.plan.shuffle:
             parts = shuffle_seed_parts(spec.plan.seed, state.epoch, world.rank, world.worker)
             self.top = Shuffle(timed(self.even, "even_ranks"), size=spec.buffer_size,
-                               seed_parts=parts, fetch=self.fetch, prefill=state.prefill)
+                               seed_parts=parts, fetch=self.fetch, prefill=state.prefill,
+                               on_end=self.log_summary)
         elif state.prefill:
             raise ValueError("buffered records to carry over need shuffle=True")
         else:
-            self.top = Records(timed(self.even, "even_ranks"))
+            self.top = Records(timed(self.even, "even_ranks"), on_end=self.log_summary)
         self.top.reset(state.pipeline)
         self.finished = state.finished
 
@@ -133,6 +149,25 @@ class Reader:
             counts[name] = counts.get(name, 0) + value
         return counts
 
+    def log_summary(self) -> None:
+        """Log what this reader counted in its epoch (called once, when the epoch ends)."""
+        counts = self.counts
+        w = self.state.world
+        reader = (f"streamds reader (rank {w.rank} of {w.world_size}, worker {w.worker} of "
+                  f"{w.num_workers}), epoch {self.state.epoch} done")
+        if not any(counts.values()):
+            log.debug("%s: every line was a record", reader)
+            return
+        said = describe_counts(counts)
+        files = self.parse.skipped
+        if files:
+            listed = ", ".join(f"{url}: {n}" for url, n in files.most_common(5))
+            more = f" and {len(files) - 5} more files" if len(files) > 5 else ""
+            said += (f"; malformed lines per file in this process (the first {WARN_BAD_LINES} "
+                     f"of each logged): {listed}{more}")
+        lost = any(counts.get(name) for name in _LOST)
+        log.log(logging.WARNING if lost else logging.INFO, "%s: %s", reader, said)
+
     def position_at(self, item: int, offset: int | None) -> dict[str, Any]:
         """A `ChunkCursor` position at work item `item`, offset `offset`, with counters at 0
         (for resumes computed from record counts)."""
@@ -144,6 +179,14 @@ class Reader:
         lines[Lines.ITEM], lines[Lines.OFFSET] = item, offset
         return {ChunkCursor.SOURCE: source, ChunkCursor.ITEM: item,
                 ChunkCursor.OFFSET: -1 if offset is None else offset}
+
+
+def describe_counts(counts: dict[str, int]) -> str:
+    """``"3 malformed lines skipped (on_error='skip'), 12 blank lines"``: the non-zero ones."""
+    parts = [f"{counts[name]} {words}" for name, words in _COUNTED.items() if counts.get(name)]
+    parts += [f"{name}={n}" for name, n in sorted(counts.items())
+              if name not in _COUNTED and n]
+    return ", ".join(parts) or "nothing skipped or dropped"
 
 
 def counting_fetch(positions: Sequence[Position]) -> list[Position]:

@@ -24,10 +24,14 @@ __all__ = ["Records", "fetch_records"]
 
 
 class Records:
-    """Stage: chunks -> records. State: a `ChunkCursor` position."""
+    """Stage: chunks -> records. State: a `ChunkCursor` position.
 
-    def __init__(self, source: ChunkStage) -> None:
+    `on_end` is called once when the last record has been handed out (the epoch is over).
+    """
+
+    def __init__(self, source: ChunkStage, *, on_end: Callable[[], None] | None = None) -> None:
         self.cursor = ChunkCursor(source)
+        self.on_end = on_end
         self.reset()
 
     def reset(self, state: dict[str, Any] | None = None) -> None:
@@ -69,6 +73,8 @@ class Records:
                     yield item
         self._chunk = None
         self.done = True
+        if self.on_end is not None:
+            self.on_end()
 
 
 def fetch_records(

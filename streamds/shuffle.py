@@ -8,7 +8,9 @@ packed, and where the source stood) that it renews every `size` records handed o
 cost of packing is spread over them; the state is that snapshot plus how many records were
 handed out since. A resume rebuilds the buffer from the snapshot (re-reading its records)
 and replays those few steps. Draws come from a generator seeded by (seed parts, round), where
-a round is the span between two snapshots, so no generator state is kept either.
+a round is the span between two snapshots, so no generator state is kept either. With the
+last record, a final snapshot stands at the end of the source (an empty buffer): the state
+taken once the last record is out says the epoch is done and carries its exact counts.
 
 State: ``{"source": <position at the snapshot>, "positions": packed, "round": r,
 "since": n, "draining": bool}``.
@@ -50,7 +52,8 @@ class Shuffle:
     """Stage: chunks -> records, shuffled through a buffer of `size` records.
 
     `fetch(positions)` re-reads the records at positions (used on resume and for `prefill`,
-    records carried over from another world's buffers).
+    records carried over from another world's buffers). `on_end` is called once when the
+    last record has been handed out.
     """
 
     SOURCE = "source"
@@ -68,6 +71,7 @@ class Shuffle:
         fetch: Callable[[Sequence[Position]], list[Any]],
         prefill: Sequence[Position] = (),
         round_size: int | None = None,
+        on_end: Callable[[], None] | None = None,
     ) -> None:
         if size < 1:
             raise ValueError(f"buffer size must be >= 1, got {size}")
@@ -78,6 +82,7 @@ class Shuffle:
         self.prefill = list(prefill)
         # records handed out per round (a smaller round_size only to test rounds)
         self.period = max(size, MIN_ROUND) if round_size is None else round_size
+        self.on_end = on_end  # called once the last record has been handed out
         self.reset()
 
     # -- state ---------------------------------------------------------------------------
@@ -180,5 +185,17 @@ class Shuffle:
             blocks.pop()
             offsets.pop()
             self._since += 1
-            yield records.pop()
+            record = records.pop()
+            if not records:  # the last record: a state taken once it is out is the end
+                self._finish()
+            yield record
+        if not self.done:  # nothing was buffered at the end of the source
+            self._finish()
+
+    def _finish(self) -> None:
+        """A last snapshot, past every record (O(1): the buffer is empty), so the state at the
+        end says "finished" and carries the epoch's exact counts."""
+        self._next_round(self.cursor.position(None, 0))
         self.done = True
+        if self.on_end is not None:
+            self.on_end()

@@ -3,40 +3,69 @@
 Steps compose into one function per record, run over a whole chunk in one comprehension. A
 map returning None, or a filter returning a false value, turns the record into `DROPPED`,
 which is counted here. For exact resume, steps must be deterministic functions of the record.
+
+A step that raises keeps its exception type; the exception gains a note naming the file, the
+1-based line, the stage and the step (``err.add_note``; before Python 3.11 an exception of
+the same type, chained, where one can be built from a message). Finding the record costs
+nothing until a step raises: the chunk's iterator says how far it got.
+
+Steps travel to DataLoader workers by pickling under the "spawn" and "forkserver" start
+methods; a `Step` holding a lambda or a nested function refuses to pickle with a message that
+names it and the fix (`unpicklable_step` says the same of any list of steps).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+import functools
+import logging
+import pickle
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
 
 from .chunks import Chunk
-from .parse import DROPPED, Marker
+from .parse import DROPPED, LineNumbers, Marker
 
-__all__ = ["Composed", "Step", "Transform", "compose", "transform_items"]
+__all__ = [
+    "Composed",
+    "Step",
+    "Transform",
+    "compose",
+    "describe_step",
+    "transform_items",
+    "unpicklable_step",
+]
 
-Step = tuple[str, Callable[[Any], Any]]  # ("map", fn) or ("filter", predicate)
+log = logging.getLogger(__name__)
+
+HAS_NOTES = sys.version_info >= (3, 11)  # BaseException.add_note
 
 
 class Composed:
     """`steps` applied in order to one record; counts the records it drops in `dropped`
-    (so a chunk's cleanliness is known without comparing items to a marker)."""
+    (so a chunk's cleanliness is known without comparing items to a marker) and remembers
+    the step that raised in `failed`."""
 
     def __init__(self, steps: Sequence[Step]) -> None:
         self.steps = tuple(steps)
         self.dropped = 0
+        self.failed: Step | None = None
 
     def __call__(self, record: Any) -> Any:
-        for kind, fn in self.steps:
-            if kind == "map":
-                record = fn(record)
-                if record is None:
+        try:  # free until something raises (and one setup opcode before Python 3.11)
+            for kind, fn in self.steps:
+                if kind == "map":
+                    record = fn(record)
+                    if record is None:
+                        self.dropped += 1
+                        return DROPPED
+                elif not fn(record):
                     self.dropped += 1
                     return DROPPED
-            elif not fn(record):
-                self.dropped += 1
-                return DROPPED
-        return record
+            return record
+        except Exception:
+            self.failed = (kind, fn)
+            raise
 
 
 def compose(steps: Sequence[Step]) -> Composed | None:
@@ -44,23 +73,118 @@ def compose(steps: Sequence[Step]) -> Composed | None:
     return Composed(steps) if steps else None
 
 
-def transform_items(apply: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+def transform_items(apply: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
     """`items` with `apply` run on every record; markers pass through untouched."""
     return [item if item.__class__ is Marker else apply(item) for item in items]
+
+
+def _name(fn: Any) -> str:
+    if isinstance(fn, functools.partial):
+        return f"partial({_name(fn.func)})"
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    module = getattr(fn, "__module__", None)
+    return f"{module}.{name}" if module else name
+
+
+def describe_step(steps: Sequence[Step], step: Step) -> str:
+    """``"map step 2 of 3 (mymodule.tokenize)"``."""
+    kind, fn = step
+    number = next((i for i, s in enumerate(steps, 1) if s[0] == kind and s[1] is fn), 0)
+    return f"{kind} step {number} of {len(steps)} ({_name(fn)})"
+
+
+def _unpicklable(fn: Any) -> str | None:
+    """What `fn` is when pickle cannot send it by name: "a lambda", "a function defined
+    inside a function" (None: nothing known against it). Looks at names only, so it costs
+    nothing; a step that fails for another reason still fails in pickle, with its message."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    name = getattr(fn, "__qualname__", "")
+    if not isinstance(name, str):
+        return None
+    if "<lambda>" in name:
+        return "a lambda"
+    if "<locals>" in name:
+        return "a function defined inside a function"
+    return None
+
+
+def _refusal(step: str, what: str) -> str:
+    return (
+        f"{step} is {what}, which pickle cannot send to DataLoader workers started by "
+        "'spawn' or 'forkserver' (the default on macOS and Windows, and on Linux from Python "
+        "3.14); define it with `def` at the top level of a module and pass that function "
+        "(functools.partial of it for arguments)"
+    )
+
+
+def unpicklable_step(steps: Sequence[Step]) -> str | None:
+    """Why `steps` cannot travel to a worker started by "spawn" or "forkserver" (a lambda or
+    a function defined inside another function), naming the step and the fix; None when
+    nothing is known to stop them."""
+    for step in steps:
+        what = _unpicklable(step[1])
+        if what is not None:
+            return _refusal(describe_step(steps, step), what)
+    return None
+
+
+class Step(NamedTuple):
+    """One step: ``Step("map", fn)`` or ``Step("filter", predicate)`` (a plain 2-tuple works
+    alike). Pickling one whose function is a lambda or a nested function raises
+    `pickle.PicklingError` naming the step and the fix, instead of pickle's "attribute lookup
+    <lambda> on __main__ failed"; copies share the function."""
+
+    kind: str
+    fn: Callable[[Any], Any]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        what = _unpicklable(self.fn)
+        if what is not None:
+            raise pickle.PicklingError(_refusal(f"the {self.kind} step {_name(self.fn)}", what))
+        return (Step, (self.kind, self.fn))
+
+    def __copy__(self) -> Step:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Step:
+        return self
+
+
+def _annotated(err: Exception, note: str) -> Exception | None:
+    """`err` with `note` added (returns None: re-raise `err` itself), or, before Python 3.11,
+    an exception of the same type saying both, to raise from `err` (None where the type
+    cannot be built from one message: `err` is raised unchanged and the note logged)."""
+    if HAS_NOTES:
+        err.add_note(note)
+        return None
+    try:
+        wrapped = type(err)(f"{err}; {note}")
+    except Exception:
+        wrapped = None
+    if wrapped is None or type(wrapped) is not type(err):
+        log.error("%s: %s", type(err).__name__, note)
+        return None
+    return wrapped
 
 
 class Transform:
     """Stage: chunks of records -> chunks of transformed records (DROPPED where removed).
 
-    State: ``{"source": ..., "counts": {"dropped": n}}``.
+    State: ``{"source": ..., "counts": {"dropped": n}}``. `where` names the file and line of
+    a record whose step raised (without it, the block and byte offset).
     """
 
     SOURCE = "source"
     COUNTS = "counts"
 
-    def __init__(self, source: Any, steps: Sequence[Step]) -> None:
+    def __init__(
+        self, source: Any, steps: Sequence[Step], *, where: LineNumbers | None = None
+    ) -> None:
         self.source = source
+        self.steps = tuple(steps)
         self.apply = compose(steps)
+        self.where = where
         self.reset()
 
     def reset(self, state: dict[str, Any] | None = None) -> None:
@@ -80,12 +204,30 @@ class Transform:
         if apply is None:
             return chunk
         before = apply.dropped
-        if chunk.clean:  # every item a record: no marker checks per item
-            items = [apply(item) for item in chunk.items]
-        else:
-            items = transform_items(apply, chunk.items)
+        records: Iterator[Any] = iter(chunk.items)
+        try:
+            if chunk.clean:  # every item a record: no marker checks per item
+                items = [apply(item) for item in records]
+            else:
+                items = transform_items(apply, records)
+        except Exception as err:
+            # the iterator stands just past the record whose step raised
+            index = len(chunk.items) - records.__length_hint__() - 1  # type: ignore[attr-defined]
+            wrapped = _annotated(err, self._note(chunk, index, apply.failed))
+            if wrapped is None:
+                raise
+            raise wrapped from err
         clean = chunk.clean and apply.dropped == before
         return Chunk(chunk.item, chunk.block, chunk.offsets, items, clean, chunk.labels)
+
+    def _note(self, chunk: Chunk, index: int, step: Step | None) -> str:
+        which = "a step" if step is None else describe_step(self.steps, step)
+        offset = chunk.offsets[index]
+        if self.where is None:
+            place = f"block {chunk.block}, byte offset {offset}"
+        else:
+            place = f"{self.where.url(chunk.block)}: {self.where.describe(chunk, index)[1]}"
+        return f"streamds: raised in the transform stage, {which}, on the record at {place}"
 
     def __iter__(self) -> Iterator[Chunk]:
         apply = self.apply

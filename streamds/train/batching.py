@@ -259,6 +259,8 @@ class _PoolBatcher(IterableDataset):
             pool = list(islice(records_in, self.pool_size))
             if not pool:
                 cursor.finished = True
+                if stateful:  # the source's state at its end: its counts are the epoch's
+                    cursor.source = self.source.state_dict()
                 return
             cursor.next_consumed = cursor.consumed + len(pool)
             cursor.next_source = self.source.state_dict() if stateful else None

@@ -1,0 +1,376 @@
+"""Visible counts (issue 9, bullet 5): lines without a record are counted where a user looks.
+
+- every reader logs its skipped malformed lines with file and line (the first few of each
+  file, then only counts) and a summary when its epoch ends;
+- `streamds.counts_of(state)` sums the counts of every reader behind a dataset, batcher or
+  StatefulDataLoader state (each worker counts in its own process; the state carries them);
+- a transform that raises keeps its exception type and names the file, the 1-based line,
+  the stage and the step.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+from pathlib import Path
+from typing import Any
+
+import corpus
+import orjson
+import pytest
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+import streamds
+import streamds.transform
+from streamds import Batches, StreamingJsonl
+
+BAD_LINE = b'{"id": "cut'
+START = (1000, 5000)  # the first record id of each shard
+
+
+def keep(batch: list) -> list:
+    return batch
+
+
+def even_ids(record: dict[str, Any]) -> bool:
+    return record["id"] % 2 == 0
+
+
+def needs_title(record: dict[str, Any], *, bad_id: int = 1300) -> dict[str, Any]:
+    if record["id"] == bad_id:
+        return {"title": record["title"]}  # no "title": KeyError on one record
+    return record
+
+
+def none_for_fives(record: dict[str, Any]) -> dict[str, Any] | None:
+    return None if record["id"] % 5 == 0 else record
+
+
+def drop_all(record: dict[str, Any]) -> bool:
+    return False
+
+
+class TwoArgumentError(Exception):
+    """An exception type that cannot be built from one message."""
+
+    def __init__(self, code: int, detail: str) -> None:
+        super().__init__(code, detail)
+
+
+def raises_custom(record: dict[str, Any]) -> dict[str, Any]:
+    if record["id"] == 1300:
+        raise TwoArgumentError(7, "bad record")
+    return record
+
+
+def write_lines(path: Path, lines: list[bytes]) -> Path:
+    """`lines` as the format `path`'s suffix names."""
+    suffix = next(s for s in sorted(corpus.WRITERS, key=len, reverse=True)
+                  if path.name.endswith(s))
+    return corpus.WRITERS[suffix](path, b"\n".join(lines) + b"\n")
+
+
+@pytest.fixture(scope="module")
+def defects(tmp_path_factory) -> dict[str, Any]:
+    """Two shards of records with malformed and blank lines at known 1-based lines, in
+    many 64 KiB blocks (so every worker and rank reads some)."""
+    root = tmp_path_factory.mktemp("counts")
+    files = {}
+    for shard, (count, bad_every, blank_every) in enumerate([(2000, 150, 170), (1200, 400, 0)]):
+        lines, bad_at, blank_at = [], [], []
+        for record in corpus.make_records(count, start=START[shard]):
+            if len(lines) % bad_every == bad_every - 1:
+                lines.append(BAD_LINE)
+                bad_at.append(len(lines))
+            if blank_every and len(lines) % blank_every == blank_every - 1:
+                lines.append(b"")
+                blank_at.append(len(lines))
+            lines.append(orjson.dumps({**record, "pad": "x" * 200}))
+        path = write_lines(root / f"part-{shard}.jsonl", lines)
+        files[path.name] = {"bad": bad_at, "blank": blank_at, "records": count}
+    ids = [i for shard, count in enumerate((2000, 1200))
+           for i in range(START[shard], START[shard] + count)]
+    return {"root": root, "files": files, "ids": ids,
+            "bad": sum(len(f["bad"]) for f in files.values()),
+            "blank": sum(len(f["blank"]) for f in files.values())}
+
+
+def skipping(root: Path, **options: Any) -> StreamingJsonl:
+    return StreamingJsonl(root, on_error="skip", block_size=64 << 10, buffer_size=100,
+                          **options)
+
+
+# -- the log ------------------------------------------------------------------------------
+
+
+def skipped_messages(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.getMessage().startswith("skipped a malformed line")]
+
+
+def test_skipped_lines_are_logged_with_file_and_line_then_only_counted(defects, caplog):
+    caplog.set_level(logging.INFO, logger="streamds")
+    records = list(skipping(defects["root"]))
+    assert len(records) == len(defects["ids"])
+    said = skipped_messages(caplog)
+    limit = streamds.parse.WARN_BAD_LINES
+    expected = []
+    for name, where in defects["files"].items():
+        expected += [(name, line) for line in where["bad"][:limit]]
+        assert len(where["bad"]) > limit or name == "part-1.jsonl"
+    assert len(said) == len(expected)  # the first few of each file, no more
+    for message, (name, line) in zip(said, expected, strict=True):
+        assert f"{name}: line {line} (byte offset " in message, message
+        assert "invalid JSON" in message and "'{\"id\": \"cut'" in message
+    assert "further malformed lines of" in said[limit - 1]
+    assert all(r.levelno == logging.WARNING for r in caplog.records
+               if r.getMessage().startswith("skipped"))
+
+
+def test_each_reader_logs_a_summary_when_its_epoch_ends(defects, caplog):
+    caplog.set_level(logging.INFO, logger="streamds")
+    ds = skipping(defects["root"], shuffle=True).filter(even_ids)
+    records = list(ds)
+    summaries = [r for r in caplog.records if "epoch 0 done" in r.getMessage()]
+    assert len(summaries) == 1  # once, when the last record is out
+    message = summaries[0].getMessage()
+    assert summaries[0].levelno == logging.WARNING  # lines were lost to errors
+    dropped = len(defects["ids"]) - len(records)
+    for part in (f"{defects['bad']} malformed lines skipped (on_error='skip')",
+                 f"{defects['blank']} blank lines", f"{dropped} records dropped",
+                 "rank 0 of 1, worker 0 of 1", "part-0.jsonl: "):
+        assert part in message, message
+
+
+def test_a_clean_epoch_with_a_filter_logs_its_summary_as_info(tmp_path, caplog):
+    caplog.set_level(logging.DEBUG, logger="streamds")
+    path = corpus.write(tmp_path / "clean.jsonl", corpus.make_records(50))
+    list(StreamingJsonl(path).map(none_for_fives))
+    [summary] = [r for r in caplog.records if "epoch 0 done" in r.getMessage()]
+    assert summary.levelno == logging.INFO
+    assert "10 records dropped by map (None) or filter" in summary.getMessage()
+
+
+def test_every_worker_logs_its_own_lines_and_summary(defects, tmp_path):
+    """Workers log in their own processes: a handler set up before the loader starts them
+    (inherited by fork) receives each worker's messages."""
+    log_file = tmp_path / "workers.log"
+    handler = logging.FileHandler(log_file)
+    logger = logging.getLogger("streamds")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        loader = DataLoader(skipping(defects["root"]), batch_size=32, num_workers=2,
+                            collate_fn=keep, multiprocessing_context="fork")
+        assert sum(len(batch) for batch in loader) == len(defects["ids"])
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+        handler.close()
+    text = log_file.read_text()
+    for worker in (0, 1):
+        assert f"worker {worker} of 2), epoch 0 done" in text
+    assert text.count("skipped a malformed line") >= streamds.parse.WARN_BAD_LINES
+
+
+# -- counts_of: the totals in the main process -----------------------------------------------
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_counts_of_a_stateful_loader_state_sums_every_worker(defects, shuffle, workers):
+    ds = skipping(defects["root"], shuffle=shuffle).filter(even_ids)
+    loader = StatefulDataLoader(ds, batch_size=32, num_workers=workers, collate_fn=keep)
+    seen = sum(len(batch) for batch in loader)
+    if workers:
+        assert ds.counts == {}  # the workers counted, in their own processes
+    counts = streamds.counts_of(loader.state_dict())
+    assert counts == {"bad": defects["bad"], "blank": defects["blank"],
+                      "dropped": len(defects["ids"]) - seen, "corrupt_blocks": 0}
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
+def test_counts_survive_a_resume_and_count_the_whole_epoch(defects, shuffle, caplog):
+    def loader() -> StatefulDataLoader:
+        return StatefulDataLoader(skipping(defects["root"], shuffle=shuffle), batch_size=32,
+                                  num_workers=2, collate_fn=keep)
+
+    first = loader()
+    for step, _ in enumerate(first):
+        if step == 40:
+            break
+    state = first.state_dict()
+    middle = streamds.counts_of(state)
+    assert middle["bad"] < defects["bad"]  # counted up to where the state resumes
+    assert middle["bad"] > 0 or shuffle  # (a shuffle's state lags by up to a buffer)
+    second = loader()
+    second.load_state_dict(state)
+    for _ in second:
+        pass
+    counts = streamds.counts_of(second.state_dict())
+    assert (counts["bad"], counts["blank"]) == (defects["bad"], defects["blank"])
+
+
+def test_counts_of_batcher_rank_and_merged_states(defects):
+    def ranks(shuffle: bool) -> list[StreamingJsonl]:
+        return [skipping(defects["root"], rank=rank, world_size=2, shuffle=shuffle)
+                for rank in (0, 1)]
+
+    states = []
+    for ds in ranks(True):
+        batches = Batches(ds, batch_size=8, length=len)
+        loader = StatefulDataLoader(batches, batch_size=None, num_workers=1)
+        for _ in loader:
+            pass
+        states.append(loader.state_dict())
+    expected = {"bad": defects["bad"], "blank": defects["blank"], "dropped": 0,
+                "corrupt_blocks": 0}
+    assert streamds.counts_of(states) == expected  # every rank's batcher, ended
+    assert streamds.counts_of({}) == dict.fromkeys(expected, 0)
+
+    halfway = []
+    for ds in ranks(False):
+        stream = iter(ds)
+        for _ in range(700):
+            next(stream)
+        halfway.append(ds.state_dict())
+    merged = streamds.merge_states(halfway)
+    assert streamds.counts_of(merged) == streamds.counts_of(halfway)
+    assert 0 < streamds.counts_of(halfway)["bad"] < defects["bad"]
+
+
+def test_a_filter_that_drops_everything_yields_nothing_and_says_so(defects, caplog):
+    caplog.set_level(logging.INFO, logger="streamds")
+    ds = StreamingJsonl(defects["root"], block_size=64 << 10, on_error="skip").filter(drop_all)
+    loader = StatefulDataLoader(ds, batch_size=32, num_workers=0, collate_fn=keep)
+    assert list(loader) == []
+    counts = streamds.counts_of(loader.state_dict())
+    assert counts["dropped"] == len(defects["ids"]) and counts["bad"] == defects["bad"]
+    [summary] = [r.getMessage() for r in caplog.records if "epoch 0 done" in r.getMessage()]
+    assert f"{len(defects['ids'])} records dropped by map (None) or filter" in summary
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_damaged_block_skipped_in_a_worker_is_counted_in_the_main_process(
+    tmp_path, workers, caplog
+):
+    caplog.set_level(logging.INFO, logger="streamds")
+    corpus.write(tmp_path / "good.jsonl", corpus.make_records(500))
+    damaged = corpus.write(tmp_path / "cut.jsonl.gz", corpus.make_records(3000, start=10_000))
+    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
+    ds = StreamingJsonl(tmp_path, on_error="skip")
+    loader = StatefulDataLoader(ds, batch_size=32, num_workers=workers, collate_fn=keep)
+    seen = sum(len(batch) for batch in loader)
+    assert 500 <= seen < 3500  # the good file, and what came before the cut
+    counts = streamds.counts_of(loader.state_dict())
+    assert counts["corrupt_blocks"] + counts["bad"] == 1
+    if workers == 0:
+        [summary] = [r for r in caplog.records if "epoch 0 done" in r.getMessage()]
+        assert summary.levelno == logging.WARNING
+        assert "cut.jsonl.gz" in caplog.text  # the block's own warning names the file
+
+
+def test_a_byte_order_mark_at_the_start_of_a_file_is_not_a_bad_line(tmp_path):
+    records = corpus.make_records(20)
+    path = corpus.write_plain(tmp_path / "bom.jsonl", b"\xef\xbb\xbf" + corpus.jsonl(records))
+    ds = StreamingJsonl(path)
+    assert list(ds) == records
+    assert ds.counts["bad"] == 0
+
+
+# -- line numbers ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".jsonl.zst"])
+def test_line_numbers_in_any_order_match_a_plain_count(tmp_path, suffix):
+    lines = [orjson.dumps({"id": i, "pad": "z" * (i % 97)}) for i in range(3000)]
+    path = write_lines(tmp_path / f"data{suffix}", lines)
+    ds = StreamingJsonl(path, block_size=64 << 10)
+    starts, offset = [], 0
+    for line in lines:
+        starts.append(offset)
+        offset += len(line) + 1
+    where = streamds.parse.LineNumbers(ds.shards, ds._block_list)
+    picks = random.Random(4).sample(range(len(lines)), 60)
+    for number in picks:
+        assert where.line(0, starts[number]) == number + 1
+
+
+# -- a transform that raises ------------------------------------------------------------------
+
+
+def notes(err: BaseException) -> str:
+    return "\n".join(getattr(err, "__notes__", []))
+
+
+def line_of_id(defects: dict[str, Any], wanted: int, name: str = "part-0.jsonl") -> int:
+    """The 1-based line of record `wanted` in shard `name`."""
+    path = defects["root"] / name
+    for number, line in enumerate(path.read_bytes().split(b"\n"), 1):
+        if line.startswith(b'{"id":%d,' % wanted):
+            return number
+    raise AssertionError(wanted)
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
+@pytest.mark.parametrize(("bad_id", "name"), [(1300, "part-0.jsonl"), (5008, "part-1.jsonl")],
+                         ids=["chunk-with-markers", "clean-chunk"])
+def test_a_raising_transform_keeps_its_type_and_names_file_line_and_stage(
+    defects, shuffle, bad_id, name
+):
+    ds = (skipping(defects["root"], shuffle=shuffle).filter(even_ids)
+          .map(functools.partial(needs_title, bad_id=bad_id)))
+    with pytest.raises(KeyError) as raised:
+        list(ds)
+    assert type(raised.value) is KeyError and raised.value.args == ("title",)
+    said = notes(raised.value)
+    line = line_of_id(defects, bad_id, name)
+    for part in ("transform stage", "map step 2 of 2 (partial(test_counts.needs_title))",
+                 f"{name}: line {line} (byte offset "):
+        assert part in said, said
+
+
+def test_a_raising_transform_in_a_worker_names_the_line_in_the_main_process(defects):
+    ds = skipping(defects["root"]).map(needs_title)
+    loader = DataLoader(ds, batch_size=32, num_workers=2, collate_fn=keep)
+    with pytest.raises(KeyError) as raised:
+        for _ in loader:
+            pass
+    line = line_of_id(defects, 1300)
+    assert f"part-0.jsonl: line {line} (byte offset " in str(raised.value)
+    assert "map step 1 of 1 (test_counts.needs_title)" in str(raised.value)
+
+
+def test_without_exception_notes_a_chained_error_of_the_same_type(defects, monkeypatch):
+    """Python 3.10 has no add_note: an exception of the same type, chained, says it."""
+    monkeypatch.setattr(streamds.transform, "HAS_NOTES", False)
+    with pytest.raises(KeyError) as raised:
+        list(skipping(defects["root"]).map(needs_title))
+    assert type(raised.value) is KeyError
+    assert isinstance(raised.value.__cause__, KeyError)
+    line = line_of_id(defects, 1300)
+    assert f"part-0.jsonl: line {line}" in str(raised.value)
+
+
+def test_without_notes_a_type_that_needs_more_arguments_is_raised_as_it_is(
+    defects, monkeypatch, caplog
+):
+    monkeypatch.setattr(streamds.transform, "HAS_NOTES", False)
+    with pytest.raises(TwoArgumentError) as raised:
+        list(skipping(defects["root"]).map(raises_custom))
+    assert raised.value.args == (7, "bad record")
+    line = line_of_id(defects, 1300)
+    assert any(f"part-0.jsonl: line {line}" in r.getMessage() and r.levelno == logging.ERROR
+               for r in caplog.records)
+
+
+def test_a_raising_filter_in_a_tar_shard_names_the_member(tmp_path):
+    path = corpus.write(tmp_path / "data.tar", corpus.make_records(30, start=1000))
+    ds = StreamingJsonl(path).filter(functools.partial(needs_title, bad_id=1008))
+    with pytest.raises(KeyError) as raised:
+        list(ds)
+    said = notes(raised.value)
+    assert "filter step 1 of 1" in said and "data.tar: " in said and "(record 9)" in said
