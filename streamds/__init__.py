@@ -31,6 +31,7 @@ __all__ = [
     "as_list",
     "counts_of",
     "detect_world",
+    "load_loader_state",
     "merge_states",
     "padding_of",
 ]
@@ -54,6 +55,7 @@ _HOMES = {
     "DevicePrefetcher": "train.prefetch",
     "merge_states": "resume.merge",
     "counts_of": "resume.totals",
+    "load_loader_state": "resume.loader_state",
     "RetryPolicy": "retry",
     "StallMeter": "train.stall",
     "World": "world",
@@ -82,6 +84,7 @@ if TYPE_CHECKING:
         MissingCodecError,
         StateMismatchError,
     )
+    from .resume.loader_state import load_loader_state
     from .resume.merge import merge_states
     from .resume.totals import counts_of
     from .retry import RetryPolicy

@@ -51,7 +51,7 @@ class StreamingJsonl(IterableDataset):
     Example::
 
         ds = StreamingJsonl("data/train-*.jsonl.zst", shuffle=True, seed=0)
-        ds = ds.map(lambda r: {"text": r["article_text"]})
+        ds = ds.map(to_text)  # a function defined at module level (workers pickle it)
         loader = DataLoader(ds, batch_size=32, num_workers=4)
     """
 
@@ -103,7 +103,7 @@ class StreamingJsonl(IterableDataset):
         self.even_ranks = even_ranks
         self.retry = RetryPolicy()
         self.epoch = 0
-        self._steps: tuple[Step, ...] = (("map", transform),) if transform is not None else ()
+        self._steps: tuple[Step, ...] = (Step("map", transform),) if transform is not None else ()
         self._shards: list[Shard] = resolve_shards(source, storage_options, on_error=on_error)
         # even ranks cut a small corpus finer, so that ranks' shares differ by little
         self._fine_piece = small_corpus_piece(self._shards) if even_ranks is not None else None
@@ -167,13 +167,13 @@ class StreamingJsonl(IterableDataset):
         """A new dataset whose records are `fn(record)`; None drops the record."""
         if not callable(fn):
             raise ValueError(f"map needs a callable, got {fn!r}")
-        return self._with_step(("map", fn))
+        return self._with_step(Step("map", fn))
 
     def filter(self, predicate: Callable[[Any], bool]) -> StreamingJsonl:
         """A new dataset keeping the records for which `predicate(record)` is true."""
         if not callable(predicate):
             raise ValueError(f"filter needs a callable, got {predicate!r}")
-        return self._with_step(("filter", predicate))
+        return self._with_step(Step("filter", predicate))
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: it seeds the block order and the shuffle buffer.
@@ -302,7 +302,12 @@ class StreamingJsonl(IterableDataset):
 
     @property
     def counts(self) -> dict[str, int]:
-        """This process's counts of lines without a record (bad, blank, dropped, ...)."""
+        """This process's counts of lines without a record (bad, blank, dropped, ...).
+
+        With DataLoader workers each worker counts in its own process, so this is {} in the
+        main process; use `streamds.counts_of(loader.state_dict())` or each worker's
+        end-of-epoch log line.
+        """
         return {} if self._active is None else self._active.counts
 
     # -- state ---------------------------------------------------------------------------

@@ -156,11 +156,6 @@ def test_a_lambda_under_spawn_fails_in_the_main_process_naming_the_fix(messy, co
         next(iter(dl))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs dataset.py to build its steps as streamds.transform.Step (another "
-           "engineer's file; see the report)",
-)
 def test_pickling_a_dataset_with_a_lambda_names_the_step_and_the_fix(messy):
     ds = StreamingJsonl(messy["root"]).map(tag).map(lambda record: record)
     with pytest.raises(pickle.PicklingError, match=r"map step .*lambda.*top level of a module"):

@@ -18,7 +18,7 @@ from typing import Any
 from ..chunks import ChunkCursor, Position, WorkItem
 from ..errors import StateMismatchError
 from ..lines import Lines
-from ..parse import Marker, Parse
+from ..parse import LineNumbers, Marker, Parse
 from ..pipeline import Spec
 from ..plan import Plan
 from ..seeds import shuffle_seed_parts
@@ -167,7 +167,8 @@ def _read_after(
     lines = Lines(spec.shards, spec.blocks, work, on_error=spec.on_error, opener=spec.opener,
                   retry=spec.retry)
     chunks = Transform(Parse(lines, spec.shards, spec.blocks, on_error=spec.on_error,
-                             opener=spec.opener), spec.steps)
+                             opener=spec.opener), spec.steps,
+                       where=LineNumbers(spec.shards, spec.blocks, spec.opener))
     found: list[tuple[int, Position]] = []
     if limit == 0:
         return found, list(work)
