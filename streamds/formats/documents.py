@@ -96,13 +96,10 @@ def layout(head: bytes, *, at_end: bool) -> str | None:
 def probe(read: Callable[[int], bytes]) -> tuple[str, bytes]:
     """The layout of a ``.json`` file read with `read(size)` from its start, and the bytes
     read to decide it (the caller goes on from there, or reopens)."""
-    pieces: list[bytes] = []
+    head = b""
     while True:
-        data = read(PROBE_SIZE)
-        if data:
-            pieces.append(data)
-        head = b"".join(pieces)
-        pieces = [head]
+        data = read(max(PROBE_SIZE, len(head)))  # doubling: a long first line costs O(size)
+        head += data
         found = layout(head, at_end=not data)
         if found is not None:
             return found, head
