@@ -285,3 +285,21 @@ def test_corrupt_stream_keeps_the_lines_before_the_damage(tmp_path):
     with pytest.raises(CorruptShardError, match=r"corrupt \.gz data before compressed offset \d+ "
                        r"\(after decoded offset \d+\)"):
         list(StreamingJsonl(path))
+
+
+def test_concatenated_gzip_members_with_zero_padding_read_whole(tmp_path):
+    path = tmp_path / "joined.jsonl.gz"
+    path.write_bytes(gzip.compress(b'{"id": 0}\n', mtime=0) + b"\x00" * 7
+                     + gzip.compress(b'{"id": 1}\n', mtime=0))
+    assert ids(list(StreamingJsonl(path))) == [0, 1]
+
+
+def test_garbage_after_a_gzip_stream_is_damage_after_the_good_lines(tmp_path):
+    path = tmp_path / "tail.jsonl.gz"
+    path.write_bytes(gzip.compress(JSONL, mtime=0) + b"not gzip at all")
+    got: list[int] = []
+    with pytest.raises(CorruptShardError, match=r"tail\.jsonl\.gz: corrupt \.gz data") as raised:
+        for record in StreamingJsonl(path):
+            got.append(record["id"])
+    assert got == [0, 1]
+    assert f"after decoded offset {len(JSONL)})" in str(raised.value)
