@@ -250,3 +250,13 @@ def test_converter_counts_a_malformed_document_once(tmp_path):
     result = convert([tmp_path], tmp_path.parent / "out-bad", on_error="skip")
     assert result.manifest.counts["bad"] == 1
     assert result.manifest.counts["records_out"] == 1
+
+
+def test_pretty_printed_jsonl_is_lines_by_its_name_and_fails_at_line_1(tmp_path):
+    path = pretty(tmp_path / "record.jsonl", {"a": 1})  # the name says JSON lines
+    with pytest.raises(CorruptRecordError) as raised:
+        list(StreamingJsonl(path))
+    assert raised.value.line == 1 and "record.jsonl: line 1" in str(raised.value)
+    ds = StreamingJsonl(path, on_error="skip")
+    assert list(ds) == []
+    assert ds.counts["bad"] == 3  # "{", '"a": 1' and "}": each a malformed line, counted
