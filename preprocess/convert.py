@@ -35,6 +35,7 @@ from streamds.checks import check_choice, check_int
 from streamds.formats.manifest import Manifest, ShardEntry, write_manifest
 from streamds.formats.seekable import MAX_FRAME_SIZE
 from streamds.parse import ON_ERROR
+from streamds.shards import source_items
 from streamds.tools.spec import load_function
 
 from .commit import CommitQueue
@@ -122,7 +123,7 @@ def convert(
     _check_options(shard_size, format, level, frame_size, on_error, workers)
     started = time.perf_counter()
     out = Path(output)
-    items = [os.fspath(item) for item in inputs]
+    items = source_items(inputs, name="inputs")
     source = Inputs(items)
     apply = load_function(transform) if isinstance(transform, str) else transform
     if apply is not None and not callable(apply):

@@ -83,10 +83,10 @@ def _count_records(shard: Any) -> tuple[int, int]:
     from ..plan import Block
     from ..read import open_decoded_at, read_lines
 
-    if shard.format == "tar":
+    if shard.format in ("tar", "json"):  # members, or a document's records: as the reader
         records = decoded = 0
         for chunk in read_lines(shard, Block(0), 0):
-            records += len(chunk.lines)
+            records += sum(1 for line in chunk.lines if line.strip())
             decoded += sum(map(len, chunk.lines))
         return records, decoded
     newlines = decoded = 0
