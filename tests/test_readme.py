@@ -28,3 +28,14 @@ def test_readme_block_runs(block: str, tmp_path: Path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_every_bad_input_row_names_a_test_that_exists():
+    text = README.read_text()
+    table = text[text.index("### What each bad input does"):]
+    table = table[: table.index("\n## ")]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) - 1 >= 30  # the header row, then one row per bad input
+    tests = Path(__file__).resolve().parent
+    for file, name in re.findall(r"`(test_\w+\.py)::(?:\*::)?(\w+)`", table):
+        assert f"def {name}(" in (tests / file).read_text(), f"{file}::{name} is not a test"
