@@ -17,15 +17,13 @@ import logging
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import closing
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from .chunks import Chunk
 from .errors import CorruptRecordError
-from .formats.codecs import READ_SIZE
-from .read import Opener, open_decoded_at
+from .read import Opener, count_newlines, open_decoded_at
 
 if TYPE_CHECKING:
     from .plan import Block
@@ -100,14 +98,8 @@ class LineNumbers:
         nearest = bisect_right(offsets, offset) - 1
         start, count = offsets[nearest], newlines[nearest]
         try:
-            with closing(self.opener(self.shards[index], start)) as stream:
-                remaining = offset - start
-                while remaining > 0:
-                    data = stream.read(min(READ_SIZE, remaining))
-                    if not data:
-                        break
-                    count += data.count(b"\n")
-                    remaining -= len(data)
+            more, remaining = count_newlines(self.shards[index], start, offset, self.opener)
+            count += more
         except OSError as err:
             log.debug("could not count the lines of %s: %s", self.shards[index].url, err)
             return None

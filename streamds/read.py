@@ -34,7 +34,7 @@ __all__ = [
     "LineChunk",
     "Opener",
     "RetryPolicy",
-    "count_lines_before",
+    "count_newlines",
     "open_decoded_at",
     "read_lines",
 ]
@@ -343,18 +343,21 @@ def read_lines(
             time.sleep(delay)
 
 
-def count_lines_before(shard: Shard, offset: int, opener: Opener = open_decoded_at) -> int:
-    """Newlines in the shard's decoded bytes before `offset` (for 1-based line numbers).
+def count_newlines(
+    shard: Shard, start: int, end: int, opener: Opener = open_decoded_at
+) -> tuple[int, int]:
+    """Newlines in the shard's decoded bytes [start, end), and how many of those bytes were
+    missing (the data ended first; 0 normally).
 
-    Reads the shard from its start, so it is only called on the error path.
+    Reads the shard from `start`, so it is only called on error and warning paths (line
+    numbers for messages).
     """
-    newlines = 0
-    with closing(opener(shard, 0)) as stream:
-        remaining = offset
+    newlines, remaining = 0, end - start
+    with closing(opener(shard, start)) as stream:
         while remaining > 0:
             data = stream.read(min(READ_SIZE, remaining))
             if not data:
                 break
             newlines += data.count(b"\n")
             remaining -= len(data)
-    return newlines
+    return newlines, remaining
