@@ -187,10 +187,3 @@ def describe_counts(counts: dict[str, int]) -> str:
     parts += [f"{name}={n}" for name, n in sorted(counts.items())
               if name not in _COUNTED and n]
     return ", ".join(parts) or "nothing skipped or dropped"
-
-
-def counting_fetch(positions: Sequence[Position]) -> list[Position]:
-    """A stand-in fetch whose records are their own positions (for replays on numbers)."""
-    return list(positions)
-
-
