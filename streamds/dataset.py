@@ -18,6 +18,7 @@ import orjson
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .balance import EVEN_RANKS, check_split, quotas
+from .batch import Batch, BatchSpec
 from .checks import check_bool, check_choice, check_int
 from .chunks import WorkItem
 from .errors import StateMismatchError
@@ -104,6 +105,7 @@ class StreamingJsonl(IterableDataset):
         self.retry = RetryPolicy()
         self.epoch = 0
         self._steps: tuple[Step, ...] = (Step("map", transform),) if transform is not None else ()
+        self._batch: BatchSpec | None = None  # whole batches out of the workers (.batch)
         self._shards: list[Shard] = resolve_shards(source, storage_options, on_error=on_error)
         # even ranks cut a small corpus finer, so that ranks' shares differ by little
         self._fine_piece = small_corpus_piece(self._shards) if even_ranks is not None else None
@@ -154,7 +156,7 @@ class StreamingJsonl(IterableDataset):
 
     def _spec(self) -> Spec:
         return Spec(self._shards, self._block_list, self._plan, self._steps, self.on_error,
-                    self.buffer_size, self.retry)
+                    self.buffer_size, self.retry, batch=self._batch)
 
     def _with_step(self, step: Step) -> StreamingJsonl:
         clone = copy.copy(self)
@@ -174,6 +176,29 @@ class StreamingJsonl(IterableDataset):
         if not callable(predicate):
             raise ValueError(f"filter needs a callable, got {predicate!r}")
         return self._with_step(Step("filter", predicate))
+
+    def batch(
+        self, size: int, *, collate: Callable[[list[Any]], Any] | None = None,
+        drop_last: bool = False,
+    ) -> StreamingJsonl:
+        """A new dataset that yields whole batches of `size` records, made in the workers.
+
+        Use it with ``DataLoader(ds.batch(n, collate=...), batch_size=None)``: each worker
+        sends one message per batch instead of one per record, which is what makes workers
+        pay off with dict records. `collate` (a module-level function, so spawned workers can
+        pickle it) turns the list of records into what the model takes, e.g. a
+        `streamds.PadCollate` for padded tensors; None leaves the list as it is (no per-record
+        work; torch's default collate would walk every record). `.map()`/`.filter()` still
+        apply to records. A state taken after any batch resumes exactly.
+        """
+        check_int("size", size, 1, "the number of records per batch")
+        check_bool("drop_last", drop_last)
+        if collate is not None and not callable(collate):
+            raise ValueError(f"collate must be callable or None, got {collate!r}")
+        clone = copy.copy(self)
+        clone._batch = BatchSpec(size, collate, drop_last)
+        clone._active = None
+        return clone
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: it seeds the block order and the shuffle buffer.
@@ -345,6 +370,14 @@ class StreamingJsonl(IterableDataset):
                 "version?); finish the epoch with the version that took the state, or "
                 "restart the epoch"
             )
+        batched = loaded.pipeline is not None and set(loaded.pipeline) == {Batch.SOURCE}
+        if loaded.pipeline is not None and batched != (self._batch is not None):
+            made, taking = ("with", "without") if batched else ("without", "with")
+            raise StateMismatchError(
+                f"the state was taken from a dataset {made} .batch(n) but is loaded into one "
+                f"{taking} it; build the dataset the same way (records positions are the same, "
+                "so streamds.merge_states() of it resumes either)"
+            )
         self._active = None
         if not loaded.finished:
             self.epoch = loaded.epoch
@@ -397,6 +430,12 @@ class StreamingJsonl(IterableDataset):
         check_int("consumed", consumed, 0, "pass the number of batches the loader yielded")
         check_int("batch_size", batch_size, 1, "pass the DataLoader's batch_size")
         check_int("num_workers", num_workers, 0, "pass the DataLoader's num_workers")
+        if self._batch is not None and (batch_size, drop_last) != (self._batch.size,
+                                                                   self._batch.drop_last):
+            raise ValueError(
+                f"batch_size={batch_size}, drop_last={drop_last}: this dataset makes batches of "
+                f"{self._batch.size} (drop_last={self._batch.drop_last}) itself; pass those"
+            )
         if self.even_ranks is not None or self._merged is not None:
             raise ValueError(
                 "resume_after_batches does not combine with even_ranks or resume_from; use "
@@ -436,6 +475,8 @@ class StreamingJsonl(IterableDataset):
                 shuffle=self.shuffle, buffer_size=self.buffer_size,
                 seed_parts=shuffle_seed_parts(self.seed, self.epoch, here.rank, old),
             )
+            if self._batch is not None:  # the Batch stage wraps the records stage's state
+                state.pipeline = {Batch.SOURCE: state.pipeline}
             clone._batch_starts[worker] = state
         return clone
 

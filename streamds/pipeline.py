@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .balance import EvenRanks
+from .batch import Batch, BatchSpec
 from .chunks import Chunk, ChunkCursor, Position, WorkItem
 from .lines import Lines
 from .parse import WARN_BAD_LINES, LineNumbers, Parse
@@ -55,6 +56,7 @@ class Spec:
     buffer_size: int
     retry: RetryPolicy = DEFAULT_RETRY
     opener: Opener = open_decoded_at
+    batch: BatchSpec | None = None  # whole batches out of the reader (`StreamingJsonl.batch`)
 
 
 class Reader:
@@ -100,7 +102,10 @@ class Reader:
             raise ValueError("buffered records to carry over need shuffle=True")
         else:
             self.top = Records(timed(self.even, "even_ranks"), on_end=self.log_summary)
-        self.top.reset(state.pipeline)
+        # -> whole batches, when the dataset was made with .batch(n)
+        emit = timed(self.top, "emit")
+        self.out = emit if spec.batch is None else Batch(emit, spec.batch)
+        self.out.reset(state.pipeline)
         self.finished = state.finished
 
     def prepare(self, chunk: Chunk) -> Chunk:
@@ -115,7 +120,7 @@ class Reader:
     def __iter__(self) -> Iterator[Any]:
         if self.finished:
             return iter(())
-        return iter(self.top if self.timer is None else Timed(self.top, "emit", self.timer))
+        return iter(self.out)
 
     @property
     def done(self) -> bool:
@@ -139,7 +144,7 @@ class Reader:
         return ReaderState(
             fingerprint=old.fingerprint, epoch=old.epoch, world=old.world, plan=old.plan,
             seat=old.seat, work=old.work, prefill=[], carried=old.carried, quota=quota,
-            finished=self.done, pipeline=self.top.get_state(),
+            finished=self.done, pipeline=self.out.get_state(),
         )
 
     @property

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+from ..batch import Batch
 from ..chunks import ChunkCursor, Position, WorkItem
 from ..errors import StateMismatchError
 from ..lines import Lines
@@ -102,9 +103,12 @@ def _unfinished(state: ReaderState) -> tuple[list[WorkItem], list[Position], dic
         return [], [], None
     if state.pipeline is None:  # the reader had not started
         return list(work), list(state.prefill), None
+    pipeline = state.pipeline
+    if set(pipeline) == {Batch.SOURCE}:  # a Batch stage wraps the records stage's state
+        pipeline = pipeline[Batch.SOURCE]
     if not shuffle:
-        return _from_position(work, state.pipeline), [], None
-    snapshot = state.pipeline
+        return _from_position(work, pipeline), [], None
+    snapshot = pipeline
     tail = {
         "work": [list(item) for item in _from_position(work, snapshot[Shuffle.SOURCE])],
         "snapshot": {key: snapshot[key] for key in

@@ -1,0 +1,53 @@
+"""Batch: records -> whole batches, made in the worker (`StreamingJsonl.batch`).
+
+With ``DataLoader(ds.batch(n, collate=...), batch_size=None)`` each message from a worker is
+one batch, so pipe and pickling costs are paid per batch, not per record. The state is the
+source's state at the batch boundary, so a state taken after any batch resumes exactly.
+
+State: ``{"source": <the records stage's state>}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any
+
+__all__ = ["Batch", "BatchSpec"]
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    size: int
+    collate: Callable[[list[Any]], Any] | None = None  # None: the list of records as it is
+    drop_last: bool = False
+
+
+class Batch:
+    """Stage: records -> `collate(list of size records)`; the last batch may be short unless
+    `drop_last`."""
+
+    SOURCE = "source"
+
+    def __init__(self, source: Any, spec: BatchSpec) -> None:
+        self.source = source
+        self.spec = spec
+
+    def reset(self, state: dict[str, Any] | None = None) -> None:
+        self.source.reset(None if state is None else state[self.SOURCE])
+
+    def get_state(self) -> dict[str, Any]:
+        return {self.SOURCE: self.source.get_state()}
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return self.source.counts
+
+    def __iter__(self) -> Iterator[Any]:
+        records = iter(self.source)
+        size, collate, drop_last = self.spec.size, self.spec.collate, self.spec.drop_last
+        while batch := list(islice(records, size)):
+            if drop_last and len(batch) < size:
+                return
+            yield batch if collate is None else collate(batch)

@@ -1,0 +1,103 @@
+"""`StreamingJsonl.batch`: whole batches out of the workers, exactly once, exact resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from resume_contract import ids, run_test_save_load_state, write_mixed
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from streamds import StateMismatchError, StreamingJsonl, merge_states
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
+]
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
+    directory = tmp_path_factory.mktemp("batch") / "mixed"
+    return directory, write_mixed(directory)
+
+
+def odd(record: dict[str, Any]) -> bool:
+    return record["id"] % 2 == 1
+
+
+def dataset(source: Path, *, shuffle: bool, **batch: Any) -> StreamingJsonl:
+    ds = StreamingJsonl(str(source), shuffle=shuffle, seed=3, buffer_size=16).filter(odd)
+    return ds.batch(7, collate=ids, **batch)
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_batches_hold_every_record_once_and_resume_exactly(
+    mixed: tuple[Path, list[int]], shuffle: bool, num_workers: int
+) -> None:
+    source, every = mixed
+
+    def make() -> StatefulDataLoader:
+        return StatefulDataLoader(dataset(source, shuffle=shuffle), batch_size=None,
+                                  num_workers=num_workers)
+
+    reference = run_test_save_load_state(make, [0, 1, 5, 17])
+    flat = [i for batch in reference for i in batch]
+    assert sorted(flat) == sorted(i for i in every if i % 2 == 1)
+    assert all(len(batch) == 7 for batch in reference[:-num_workers or None][:-1])
+    # the same records, in the same order, as batching in the main process
+    plain = DataLoader(StreamingJsonl(str(source), shuffle=shuffle, seed=3,
+                                      buffer_size=16).filter(odd),
+                       batch_size=7, num_workers=num_workers, collate_fn=ids)
+    assert reference == list(plain)
+
+
+def test_drop_last_drops_each_readers_short_batch(mixed: tuple[Path, list[int]]) -> None:
+    source, _ = mixed
+    kept = list(dataset(source, shuffle=False, drop_last=True))
+    every = list(dataset(source, shuffle=False))
+    assert all(len(batch) == 7 for batch in kept)
+    assert kept == every[: len(kept)] and len(every[-1]) < 7
+
+
+def test_a_state_of_the_unbatched_dataset_is_refused(mixed: tuple[Path, list[int]]) -> None:
+    source, _ = mixed
+    plain = StreamingJsonl(str(source))
+    iterator = iter(plain)
+    next(iterator)
+    with pytest.raises(StateMismatchError, match=r"without \.batch\(n\) but is loaded"):
+        StreamingJsonl(str(source)).batch(7).load_state_dict(plain.state_dict())
+    batched = StreamingJsonl(str(source)).batch(7)
+    next(iter(batched))
+    with pytest.raises(StateMismatchError, match=r"with \.batch\(n\) but is loaded"):
+        StreamingJsonl(str(source)).load_state_dict(batched.state_dict())
+
+
+def test_batched_states_merge_for_an_elastic_resume(mixed: tuple[Path, list[int]]) -> None:
+    source, every = mixed
+    states, seen = [], []
+    for rank in (0, 1):
+        ds = StreamingJsonl(str(source), shuffle=True, seed=3, buffer_size=16, rank=rank,
+                            world_size=2).batch(5, collate=ids)
+        iterator = iter(ds)
+        seen += [i for _ in range(3) for i in next(iterator)]
+        states.append(ds.state_dict())
+    merged = merge_states(states)
+    rest = [i for batch in StreamingJsonl(str(source), shuffle=True, seed=3, buffer_size=16,
+                                          resume_from=merged).batch(5, collate=ids)
+            for i in batch]
+    assert sorted(seen + rest) == sorted(every)
+
+
+def test_bad_batch_arguments_name_the_fix(mixed: tuple[Path, list[int]]) -> None:
+    source, _ = mixed
+    ds = StreamingJsonl(str(source))
+    with pytest.raises(ValueError, match="size must be an integer >= 1"):
+        ds.batch(0)
+    with pytest.raises(ValueError, match="collate must be callable"):
+        ds.batch(4, collate="ids")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="makes batches of 4"):
+        ds.batch(4).resume_after_batches(1, batch_size=8, num_workers=0)
