@@ -183,10 +183,12 @@ class StreamingJsonl(IterableDataset):
     ) -> StreamingJsonl:
         """A new dataset that yields whole batches of `size` records, made in the workers.
 
-        Use it with ``DataLoader(ds.batch(n, collate=...), batch_size=None)``: each worker
-        sends one message per batch instead of one per record, which is what makes workers
-        pay off with dict records. `collate` (a module-level function, so spawned workers can
-        pickle it) turns the list of records into what the model takes, e.g. a
+        Use it with ``DataLoader(ds.batch(n, collate=...), batch_size=None,
+        collate_fn=streamds.as_list)``: each worker sends one message per batch, and the batch
+        is made where the records are (`as_list` keeps the DataLoader from converting every
+        record again: with ``batch_size=None`` its default walks each one). `collate` (a
+        module-level function, so spawned workers can pickle it) turns the list of records
+        into what the model takes, e.g. a
         `streamds.PadCollate` for padded tensors; None leaves the list as it is (no per-record
         work; torch's default collate would walk every record). `.map()`/`.filter()` still
         apply to records. A state taken after any batch resumes exactly.
