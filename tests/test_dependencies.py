@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from import_walk import RuntimeImportVisitor
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -112,12 +113,6 @@ class _Scope:
     guards: list[tuple[str, ...]] = field(default_factory=list)  # innermost last
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    if isinstance(test, ast.Name):
-        return test.id == "TYPE_CHECKING"
-    return isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-
-
 def _catches_import_error(handler: ast.ExceptHandler) -> bool:
     kinds = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
     names = {
@@ -137,7 +132,7 @@ def _strings(node: ast.AST) -> tuple[str, ...]:
     )
 
 
-class _ImportVisitor(ast.NodeVisitor):
+class _ImportVisitor(RuntimeImportVisitor):
     """Collects every import of one module that can run, with its scope and guard."""
 
     def __init__(self, module: str, path: Path) -> None:
@@ -171,13 +166,6 @@ class _ImportVisitor(ast.NodeVisitor):
         self.scope = outer
 
     visit_FunctionDef = visit_AsyncFunctionDef = _function
-
-    def visit_If(self, node: ast.If) -> None:
-        if _is_type_checking(node.test):
-            for child in node.orelse:  # `else:` of TYPE_CHECKING runs
-                self.visit(child)
-            return
-        self.generic_visit(node)
 
     def visit_Try(self, node: ast.Try) -> None:
         handlers = [h for h in node.handlers if _catches_import_error(h)]

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from import_walk import RuntimeImportVisitor
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("streamds", "preprocess")
@@ -73,12 +74,6 @@ def walk_modules(root: Path, packages: Iterable[str]) -> dict[str, tuple[Path, b
     return modules
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    if isinstance(test, ast.Name):
-        return test.id == "TYPE_CHECKING"
-    return isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-
-
 def _resolve(module: str, is_package: bool, level: int, name: str | None) -> str:
     """The absolute name that ``from <level dots><name> import ...`` in `module` means."""
     if level == 0:
@@ -91,7 +86,7 @@ def _resolve(module: str, is_package: bool, level: int, name: str | None) -> str
     return ".".join([*base, name] if name else base)
 
 
-class _ImportVisitor(ast.NodeVisitor):
+class _ImportVisitor(RuntimeImportVisitor):
     """Collects (imported name, line, module level) for every import a module can run."""
 
     def __init__(self, module: str, is_package: bool) -> None:
@@ -109,13 +104,6 @@ class _ImportVisitor(ast.NodeVisitor):
         self.depth -= 1
 
     visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _function
-
-    def visit_If(self, node: ast.If) -> None:
-        if _is_type_checking(node.test):
-            for child in node.orelse:  # `else:` of TYPE_CHECKING runs
-                self.visit(child)
-            return
-        self.generic_visit(node)
 
     def visit_Import(self, node: ast.Import) -> None:
         self._add([alias.name for alias in node.names], node.lineno)
