@@ -220,3 +220,20 @@ def test_merge_refuses_states_of_different_runs(source: tuple[str, list[int]]) -
     _, other_seed = stop_part_way(path, True, 2, 0, batches=[1, 1], seed=12)
     with pytest.raises(StateMismatchError, match="different datasets or epochs"):
         merge_states([first[0], other_seed[1]])
+
+
+def test_merge_finds_reader_states_inside_a_batchers_loader_state(tmp_path) -> None:
+    """A batcher's state (its own format) holds the dataset's reader state: merge_states
+    looks inside it rather than refusing it as an unknown reader state."""
+    from streamds import Batches, as_list
+
+    directory = tmp_path / "mixed"
+    write_mixed(directory)
+    batcher = Batches(StreamingJsonl(str(directory), shuffle=True, buffer_size=16),
+                      batch_size=8, length="text")
+    loader = StatefulDataLoader(batcher, batch_size=None, num_workers=2, collate_fn=as_list)
+    iterator = iter(loader)
+    for _ in range(3):
+        next(iterator)
+    merged = merge_states([loader.state_dict()])
+    assert merged["epoch"] == 0 and (merged["remaining"] or merged["tails"])

@@ -27,7 +27,7 @@ from ..shuffle import Shuffle
 from ..transform import Transform
 from ..world import World
 from .replay import NEW, replay
-from .state import ReaderState
+from .state import OLD_FORMATS, STATE_FORMAT, ReaderState
 
 __all__ = ["MERGED_FORMAT", "merge_states", "resolve_tails", "share_of"]
 
@@ -38,9 +38,9 @@ COUNTERS = ("bad", "blank", "dropped", "corrupt_blocks")
 def _reader_states(found: Any) -> Iterator[dict[str, Any]]:
     """Every reader state nested anywhere in `found` (StatefulDataLoader states included)."""
     if isinstance(found, dict):
-        if "format" in found and str(found["format"]).startswith("streamds."):
+        if found.get("format") in (STATE_FORMAT, *OLD_FORMATS):  # old ones: refused by name
             yield found
-            return
+            return  # anything else (a batcher's state, a loader's) may hold reader states
         for value in found.values():
             yield from _reader_states(value)
     elif isinstance(found, (list, tuple)):
