@@ -62,6 +62,7 @@ class _Server(http.server.ThreadingHTTPServer):
     """The socket server; holds the fault settings, the log and the ranged-GET counter."""
 
     daemon_threads = True
+    request_queue_size = 128  # many clients connect at once (read-ahead threads, workers)
 
     def __init__(self, root: Path, faults: Faults) -> None:
         handler = functools.partial(_Handler, directory=os.fspath(root))
