@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["check_bool", "check_choice", "check_int", "check_optional_int", "is_int"]
+from .tools.units import parse_size
+
+__all__ = [
+    "check_bool", "check_choice", "check_int", "check_optional_int", "is_int", "size_setting",
+]
 
 
 def is_int(value: Any) -> bool:
@@ -47,3 +51,17 @@ def check_choice(name: str, value: Any, choices: tuple[Any, ...], fix: str = "")
     if value not in choices:
         tail = f"; {fix}" if fix else ""
         raise ValueError(f"{name} must be one of {choices}, got {value!r}{tail}")
+
+
+def size_setting(name: str, value: Any, fix: str) -> int:
+    """Bytes of a size setting: an int >= 0, a string such as "64MB" or "1GiB", or None/0
+    (off: 0)."""
+    if value is None:
+        return 0
+    if isinstance(value, str):
+        try:
+            return parse_size(value)
+        except ValueError as err:
+            raise ValueError(f"{name}: {err}; {fix}") from None
+    check_int(name, value, 0, f"or a size such as '64MB'; {fix}")
+    return value

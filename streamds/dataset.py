@@ -8,6 +8,7 @@ or computed from a plain loader's batch count) and builds its pipeline from it: 
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import logging
 import os
@@ -19,12 +20,15 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .balance import EVEN_RANKS, check_split, quotas
 from .batch import Batch, BatchSpec
-from .checks import check_bool, check_choice, check_int
+from .cache import CacheSpec, namespace_of
+from .checks import check_bool, check_choice, check_int, size_setting
 from .chunks import WorkItem
 from .errors import StateMismatchError
 from .parse import ON_ERROR
 from .pipeline import Reader, Spec
 from .plan import DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE, Plan, make_blocks, small_corpus_piece
+from .read import open_decoded_at
+from .readahead import DEFAULT_READAHEAD
 from .resume.counts import count_block_records, count_from
 from .resume.merge import MERGED_FORMAT, resolve_tails, share_of
 from .resume.plain_loader import batches_per_reader, epoch_batches, pipeline_state_after
@@ -41,6 +45,22 @@ __all__ = ["StreamingJsonl"]
 log = logging.getLogger(__name__)
 
 MAX_SEED = (1 << 64) - 1  # seeds are 64-bit, as torch's and numpy's are
+
+
+def _cache_spec(
+    cache_dir: str | os.PathLike | None, limit: int | None, shards: Sequence[Shard]
+) -> CacheSpec | None:
+    if cache_dir is None:
+        return None
+    if not isinstance(cache_dir, (str, os.PathLike)) or "://" in os.fspath(cache_dir):
+        raise ValueError(
+            f"cache_dir must be a local directory, got {cache_dir!r}; on Colab use the "
+            "runtime's own disk, e.g. cache_dir='/content/cache'"
+        )
+    directory = os.path.abspath(os.fspath(cache_dir))
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise ValueError(f"cache_dir {directory!r} is a file; pass a directory")
+    return CacheSpec(directory, limit, namespace_of(shards))
 
 
 class StreamingJsonl(IterableDataset):
@@ -71,6 +91,10 @@ class StreamingJsonl(IterableDataset):
         block_size: int = DEFAULT_BLOCK_SIZE,
         resume_from: dict[str, Any] | None = None,
         even_ranks: str | None = None,
+        readahead: int | str | None = DEFAULT_READAHEAD,
+        retry: RetryPolicy | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        cache_limit: int | str | None = None,
     ) -> None:
         super().__init__()
         check_bool("shuffle", shuffle)
@@ -94,6 +118,11 @@ class StreamingJsonl(IterableDataset):
                      "the largest")
         if storage_options is not None and not isinstance(storage_options, dict):
             raise ValueError(f"storage_options must be a dict, got {storage_options!r}")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ValueError(
+                f"retry must be a streamds.RetryPolicy or None, got {retry!r}; e.g. "
+                "RetryPolicy(give_up_after=600) to retry a failing read for 10 minutes"
+            )
         self.shuffle = shuffle
         self.seed = seed
         self.buffer_size = buffer_size
@@ -102,7 +131,10 @@ class StreamingJsonl(IterableDataset):
         self.rank = rank
         self.world_size = world_size
         self.even_ranks = even_ranks
-        self.retry = RetryPolicy()
+        self.retry = RetryPolicy() if retry is None else retry
+        self.readahead = size_setting("readahead", readahead,
+                                      "0 or None turns read-ahead off")
+        limit = size_setting("cache_limit", cache_limit, "None: as much as the disk holds")
         self.epoch = 0
         self._steps: tuple[Step, ...] = (Step("map", transform),) if transform is not None else ()
         self._batch: BatchSpec | None = None  # whole batches out of the workers (.batch)
@@ -110,6 +142,7 @@ class StreamingJsonl(IterableDataset):
         # even ranks cut a small corpus finer, so that ranks' shares differ by little
         self._fine_piece = small_corpus_piece(self._shards) if even_ranks is not None else None
         self._fingerprint = self._make_fingerprint()
+        self._cache = _cache_spec(cache_dir, limit or None, self._shards)
         # -> Block(shard, start, end) list: the corpus cut into line-aligned units, once
         self._block_list = make_blocks(self._shards, self.block_size,
                                        fine=self._fine_piece is not None)
@@ -155,8 +188,10 @@ class StreamingJsonl(IterableDataset):
         return hashlib.blake2b(orjson.dumps(layout), digest_size=12).hexdigest()
 
     def _spec(self) -> Spec:
+        opener = functools.partial(open_decoded_at, retry=self.retry, cache=self._cache)
         return Spec(self._shards, self._block_list, self._plan, self._steps, self.on_error,
-                    self.buffer_size, self.retry, batch=self._batch)
+                    self.buffer_size, self.retry, opener, batch=self._batch,
+                    readahead=self.readahead, cache=self._cache)
 
     def _with_step(self, step: Step) -> StreamingJsonl:
         clone = copy.copy(self)

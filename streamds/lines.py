@@ -3,7 +3,9 @@
 Reads each work item's block with `read.read_lines` (line alignment, retries) and hands its
 lines on in chunks of one read each. With `pad_work` (even ranks), after `work` it cycles
 through `pad_work` for as long as the consumer pulls. A damaged block under
-on_error="skip" is counted and left.
+on_error="skip" is counted and left. With `readahead` bytes, the stored bytes of the coming
+work items are fetched ahead (`streamds.readahead`, through the local `cache` when given) and
+handed to the opener as ``ahead=``.
 
 State: ``{"item": k, "offset": o | None, "counts": {"corrupt_blocks": n}}``: continue work
 item k at the line beginning at offset o (None: where the item starts).
@@ -11,14 +13,17 @@ item k at the line beginning at offset o (None: where the item starts).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from .cache import CacheSpec
 from .chunks import Chunk, WorkItem
 from .errors import CorruptShardError
 from .plan import Block
 from .read import Opener, open_decoded_at, read_lines
+from .readahead import ReadAhead, Span, block_span
 from .retry import DEFAULT_RETRY, RetryPolicy
 from .shards import Shard
 
@@ -42,6 +47,8 @@ class Lines:
         opener: Opener = open_decoded_at,
         retry: RetryPolicy = DEFAULT_RETRY,
         pad_work: Sequence[WorkItem] = (),
+        readahead: int = 0,
+        cache: CacheSpec | None = None,
     ) -> None:
         self.shards = shards
         self.blocks = blocks
@@ -50,6 +57,8 @@ class Lines:
         self.on_error = on_error
         self.opener = opener
         self.retry = retry
+        self.readahead = readahead
+        self.cache = cache
         self.reset()
 
     def reset(self, state: dict[str, Any] | None = None) -> None:
@@ -77,7 +86,31 @@ class Lines:
     def _pass_begins(self, k: int) -> bool:
         return k >= len(self.work) and (k - len(self.work)) % len(self.pad_work) == 0
 
+    def _spans(self, first: int, offset: int | None) -> Iterator[Span]:
+        """The stored bytes of work items `first`... (the first from `offset`), in order."""
+        for k in range(first, len(self.work)):
+            block_id, start = self.work[k]
+            block = self.blocks[block_id]
+            if k == first and offset is not None:
+                start = offset
+            span = block_span(self.shards[block.shard],
+                              block.start if start is None else start, block.end,
+                              at_line=start is not None)
+            if span is not None:
+                yield span
+
     def __iter__(self) -> Iterator[Chunk]:
+        if not self.readahead:
+            yield from self._chunks(self.opener)
+            return
+        ahead = ReadAhead(self._spans(self._item, self._offset), budget=self.readahead,
+                          retry=self.retry, cache=self.cache)
+        try:
+            yield from self._chunks(functools.partial(self.opener, ahead=ahead))
+        finally:
+            ahead.close()
+
+    def _chunks(self, opener: Opener) -> Iterator[Chunk]:
         lines_in_pass: int | None = None  # lines of the current pass over pad_work
         while self._more(self._item):
             k = self._item
@@ -91,7 +124,7 @@ class Lines:
             chunks = read_lines(
                 shard, block, block_id,
                 resume_at=start if self._offset is None else self._offset,
-                opener=self.opener, retry=self.retry,
+                opener=opener, retry=self.retry,
             )
             try:
                 for raw in chunks:

@@ -16,6 +16,7 @@ from typing import Any
 
 from .balance import EvenRanks
 from .batch import Batch, BatchSpec
+from .cache import CacheSpec
 from .chunks import Chunk, ChunkCursor, Position, WorkItem
 from .lines import Lines
 from .parse import WARN_BAD_LINES, LineNumbers, Parse
@@ -57,6 +58,8 @@ class Spec:
     retry: RetryPolicy = DEFAULT_RETRY
     opener: Opener = open_decoded_at
     batch: BatchSpec | None = None  # whole batches out of the reader (`StreamingJsonl.batch`)
+    readahead: int = 0  # stored bytes fetched ahead of each reader (0: none)
+    cache: CacheSpec | None = None  # the local copy of remote or mounted shards
 
 
 class Reader:
@@ -80,7 +83,8 @@ class Reader:
         pad = list(pad_work) if state.quota is not None else []
         # -> chunks of raw lines of this reader's blocks (then pad blocks, under even ranks)
         self.lines = Lines(spec.shards, spec.blocks, work, on_error=spec.on_error,
-                           opener=spec.opener, retry=spec.retry, pad_work=pad)
+                           opener=spec.opener, retry=spec.retry, pad_work=pad,
+                           readahead=spec.readahead, cache=spec.cache)
         where = LineNumbers(spec.shards, spec.blocks, spec.opener)  # for messages
         # -> chunks of JSON values; BAD and BLANK markers where a line holds no record
         self.parse = Parse(timed(self.lines, "lines"), spec.shards, spec.blocks,

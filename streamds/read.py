@@ -10,11 +10,12 @@ beginning at or after `start` and stops after the line that crosses `end`.
 
 from __future__ import annotations
 
+import errno
 import io
 import logging
 import tarfile
 import time
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass
@@ -22,12 +23,15 @@ from itertools import accumulate
 from operator import add
 from typing import BinaryIO
 
+from .cache import CacheSpec
 from .errors import CorruptShardError
-from .formats.codecs import READ_SIZE, TransientReadError, decode
+from .formats.codecs import READ_SIZE, decode
 from .formats.documents import LINES, document_records, probe
 from .formats.filenames import TAR_LINES_MEMBERS, TAR_RECORD_MEMBERS
 from .plan import Block
-from .retry import DEFAULT_RETRY, RetryPolicy, is_transient
+from .ranges import RangeFile, RangeReader, stored_span
+from .readahead import ReadAhead
+from .retry import DEFAULT_RETRY, GaveUpError, RetryPolicy, is_transient
 from .shards import Shard
 
 __all__ = [
@@ -41,9 +45,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-Opener = Callable[[Shard, int], BinaryIO]
-
-
+# decoded bytes of a shard from an offset, meant to be read up to an end offset (None: all)
+Opener = Callable[..., BinaryIO]
 
 @dataclass(frozen=True)
 class LineChunk:
@@ -73,26 +76,28 @@ def _skip(stream: BinaryIO, count: int, url: str) -> None:
         count -= len(data)
 
 
-def open_decoded_at(shard: Shard, offset: int) -> BinaryIO:
-    """The shard's decoded bytes from `offset` on.
+def open_decoded_at(
+    shard: Shard, offset: int, end: int | None = None, *, retry: RetryPolicy = DEFAULT_RETRY,
+    cache: CacheSpec | None = None, ahead: ReadAhead | None = None,
+) -> BinaryIO:
+    """The shard's decoded bytes from `offset` on; the caller means to read up to `end`
+    (None: to the end), so storage is asked for no more than that (`ranges.stored_span`).
 
-    Plain files seek; seekable zstd files seek to the frame holding `offset` and decode from
-    there; other compressed files decode from the start and discard `offset` bytes.
+    Plain files start at `offset`; seekable zstd files at the frame holding `offset`,
+    decoding from there; other compressed files decode from the start and discard `offset`
+    bytes. Stored bytes come from `ahead`'s prefetched pieces when it holds them, else by
+    ranged requests retried per `retry`, through `cache` when given.
     """
-    raw = shard.open_raw()
+    stored_start, decoded_start, stored_end = stored_span(shard, offset, end)
+    if ahead is not None:
+        raw = RangeFile(ahead.reader, shard, stored_start, stored_end, ahead=ahead)
+    else:
+        raw = RangeFile(RangeReader(retry, cache), shard, stored_start, stored_end,
+                        owns_reader=True)
     try:
-        if shard.codec is None:
-            raw.seek(offset)
-            return decode(raw, None, shard.url)
-        skip, decoded_start = offset, 0
-        if shard.frames:
-            starts = [frame.decompressed_offset for frame in shard.frames]
-            frame = shard.frames[max(0, bisect_right(starts, offset) - 1)]
-            raw.seek(frame.compressed_offset)
-            decoded_start = frame.decompressed_offset
-            skip = offset - decoded_start
-        stream = decode(raw, shard.codec, shard.url, start=raw.tell(), decoded_start=decoded_start)
-        _skip(stream, skip, shard.url)
+        stream = decode(raw, shard.codec, shard.url, start=stored_start,
+                        decoded_start=decoded_start)
+        _skip(stream, offset - decoded_start, shard.url)
         return stream
     except BaseException:
         raw.close()
@@ -107,12 +112,6 @@ class _Cursor:
 
 
 _PROBE = 64 << 10  # bytes read past a block's end (or before its start) to find a newline
-
-
-def _frames_end_lines(shard: Shard) -> bool:
-    """Whether every frame of the shard ends a line: true of shards that `streamds convert`
-    wrote (their manifest lists records per frame); other seekable files may cut lines."""
-    return shard.frames is not None and shard.frame_records is not None
 
 
 def _align(stream: BinaryIO, start: int, end: int | None, read_size: int) -> tuple[int, bytes]:
@@ -138,14 +137,14 @@ def _line_chunks(
     opener: Opener, shard: Shard, block: Block, block_id: int, cursor: _Cursor, read_size: int
 ) -> Iterator[LineChunk]:
     end = block.end
-    if cursor.next_line is None and block.start > 0 and _frames_end_lines(shard):
+    if cursor.next_line is None and block.start > 0 and shard.frames_end_lines:
         cursor.next_line = block.start  # a frame boundary of a converted shard: a line starts
     if cursor.next_line is None and block.start > 0:
-        stream = opener(shard, block.start - 1)
+        stream = opener(shard, block.start - 1, end)
         pos, tail = _align(stream, block.start, end, read_size)
     else:
         pos = block.start if cursor.next_line is None else cursor.next_line
-        stream, tail = opener(shard, pos), b""
+        stream, tail = opener(shard, pos, end), b""
     cursor.next_line = pos
     with closing(stream):
         pending = [tail] if tail else []  # bytes from `pos` on that hold no full line yet
@@ -312,7 +311,7 @@ def read_lines(
     or repeated; damaged data raises `CorruptShardError` at once.
     """
     cursor = _Cursor(resume_at)
-    failures = 0
+    failures, first_failure = 0, 0.0
     while True:
         try:
             if shard.format == "tar":
@@ -325,15 +324,24 @@ def read_lines(
                 failures = 0
                 yield chunk
             return
+        except GaveUpError as err:  # the storage layer's retries ran out: say where we were
+            at = block.start if cursor.next_line is None else cursor.next_line
+            raise GaveUpError(
+                err.errno, f"{shard.url}: gave up at decoded offset {at}: {err.strerror}"
+            ) from err
         except OSError as err:
             if not is_transient(err):
                 raise
             failures += 1
-            if failures >= retry.attempts:
+            if failures == 1:
+                first_failure = time.monotonic()
+            if retry.gives_up(failures, first_failure):
                 at = block.start if cursor.next_line is None else cursor.next_line
-                raise TransientReadError(
+                raise GaveUpError(
+                    err.errno or errno.EIO,
                     f"{shard.url}: reading failed {failures} times in a row at decoded offset "
-                    f"{at}: {err}; check the storage or raise the retry limit"
+                    f"{at}: {err}; check the storage, or give the dataset a longer "
+                    "retry=streamds.RetryPolicy(give_up_after=...)",
                 ) from err
             delay = retry.delay(failures)
             log.warning(
@@ -353,7 +361,7 @@ def count_newlines(
     numbers for messages).
     """
     newlines, remaining = 0, end - start
-    with closing(opener(shard, start)) as stream:
+    with closing(opener(shard, start, end)) as stream:
         while remaining > 0:
             data = stream.read(min(READ_SIZE, remaining))
             if not data:

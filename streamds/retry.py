@@ -1,12 +1,17 @@
-"""Retrying transient storage errors with exponential backoff.
+"""Retrying transient storage errors with jittered exponential backoff, for minutes.
 
-Transient: any OSError except the permanent kinds (missing file, permission, a directory)
-and damaged data (`CorruptShardError`), which retrying cannot fix.
+Transient: any OSError except the permanent kinds (missing file, permission, a directory, a
+request the server refuses for good), damaged data (`CorruptShardError`) and a read that
+already ran out of retries (`GaveUpError`): retrying cannot fix those. `as_os_error` turns
+what remote filesystems raise (aiohttp's HTTP statuses and dropped connections, timeouts)
+into these kinds, so one rule decides everywhere.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,29 +19,102 @@ from typing import TypeVar
 
 from .errors import CorruptShardError
 
-__all__ = ["DEFAULT_RETRY", "PERMANENT_ERRORS", "RetryPolicy", "is_transient", "retrying"]
+__all__ = [
+    "DEFAULT_RETRY",
+    "PERMANENT_ERRORS",
+    "GaveUpError",
+    "PermanentReadError",
+    "RetryPolicy",
+    "as_os_error",
+    "is_transient",
+    "retrying",
+]
 
 log = logging.getLogger(__name__)
 
+
+class PermanentReadError(OSError):
+    """The storage refused a read for good (an HTTP 4xx other than 404, 403, 408 and 429)."""
+
+
+class GaveUpError(OSError):
+    """A read still failed after the retry policy's time or attempts ran out."""
+
+
 # "this file is not there / not allowed": retrying cannot fix these
-PERMANENT_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
+PERMANENT_ERRORS = (
+    FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,
+    PermanentReadError, GaveUpError,
+)
+_RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How often and how patiently a failed read is retried (exponential backoff)."""
+    """How long and how patiently a failed read is retried.
 
-    attempts: int = 6
-    backoff: float = 0.5  # seconds before the first retry, doubled after each failure
+    Waits `backoff` seconds after the first failure, doubling up to `max_backoff`, each wait
+    scaled by a random factor in [1 - jitter, 1 + jitter] so that many readers hit by one
+    outage do not retry in lockstep. Gives up when a read has failed for `give_up_after`
+    seconds in a row (a Drive hiccup can last minutes), or after `attempts` failures in a row
+    when that is set. Progress resets both counts.
+    """
+
+    attempts: int | None = None
+    backoff: float = 0.5
     max_backoff: float = 20.0
+    give_up_after: float = 300.0
+    jitter: float = 0.25
 
     def delay(self, failure: int) -> float:
-        return min(self.max_backoff, self.backoff * 2 ** (failure - 1))
+        """The wait before retry number `failure` (1-based)."""
+        base = min(self.max_backoff, self.backoff * 2 ** (failure - 1))
+        if self.jitter <= 0:
+            return base
+        return base * random.uniform(1 - self.jitter, 1 + self.jitter)
+
+    def gives_up(self, failures: int, first_failure: float) -> bool:
+        """Whether to stop after `failures` in a row, the first at `first_failure`
+        (`time.monotonic()`)."""
+        if self.attempts is not None and failures >= self.attempts:
+            return True
+        return time.monotonic() - first_failure >= self.give_up_after
 
 
 DEFAULT_RETRY = RetryPolicy()
+
+
+def _http_status(err: BaseException) -> int | None:
+    status = getattr(err, "status", None)
+    return status if isinstance(status, int) else None
+
+
+def as_os_error(err: BaseException, url: str) -> BaseException:
+    """`err` as the OSError kind that says whether retrying can help; other errors as they are.
+
+    HTTP 404/410 -> FileNotFoundError, 401/403 -> PermissionError, 408/425/429/5xx and lost
+    connections -> a transient OSError, any other 4xx -> PermanentReadError, each naming `url`.
+    """
+    if isinstance(err, OSError):
+        return err
+    module = type(err).__module__
+    status = _http_status(err)
+    if status is not None and module.startswith(("aiohttp", "fsspec", "requests")):
+        what = f"{url}: HTTP {status}"
+        if status in (404, 410):
+            return FileNotFoundError(errno.ENOENT, f"{what}: the file is gone; make the "
+                                     "dataset again from what the server has now")
+        if status in (401, 403):
+            return PermissionError(errno.EACCES, f"{what}: access denied; check the "
+                                   "credentials in storage_options or the URL's signature")
+        if status in _RETRY_STATUSES or status >= 500:
+            return OSError(errno.EIO, f"{what} ({err})")
+        return PermanentReadError(errno.EIO, f"{what}: the server refuses the request ({err})")
+    if module.startswith("aiohttp") or isinstance(err, TimeoutError):
+        return ConnectionError(errno.ECONNRESET, f"{url}: {type(err).__name__}: {err}")
+    return err
 
 
 def is_transient(err: BaseException) -> bool:
@@ -48,19 +126,32 @@ def is_transient(err: BaseException) -> bool:
 
 
 def retrying(call: Callable[[], T], policy: RetryPolicy, what: str) -> T:
-    """`call()`, retried on transient OSErrors per `policy`; `what` names it in logs."""
-    failures = 0
+    """`call()`, retried on transient errors per `policy`; `what` names it in messages.
+
+    Errors come out as `as_os_error` kinds; when the policy gives up, `GaveUpError` says how
+    many times and for how long it failed.
+    """
+    failures, first = 0, 0.0
     while True:
         try:
             return call()
-        except OSError as err:
+        except Exception as raised:
+            err = as_os_error(raised, what)
             if not is_transient(err):
-                raise
+                if err is raised:
+                    raise
+                raise err from raised
             failures += 1
-            if failures >= policy.attempts:
-                raise OSError(
-                    err.errno, f"{what}: failed {failures} times in a row: {err}"
-                ) from err
+            if failures == 1:
+                first = time.monotonic()
+            if policy.gives_up(failures, first):
+                waited = time.monotonic() - first
+                raise GaveUpError(
+                    getattr(err, "errno", None) or errno.EIO,
+                    f"{what}: failed {failures} times in a row over {waited:.0f}s: {err}; "
+                    "check the storage, or give the dataset a longer "
+                    "retry=streamds.RetryPolicy(give_up_after=...)",
+                ) from raised
             delay = policy.delay(failures)
             log.warning("%s failed (%s); retry %d in %.1fs", what, err, failures, delay)
             time.sleep(delay)

@@ -43,6 +43,7 @@ __all__ = [
     "canonical_path",
     "has_magic",
     "natural_key",
+    "process_fs",
     "resolve_shards",
     "same_file_error",
     "source_items",
@@ -67,7 +68,7 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
-def _process_fs(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
+def process_fs(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
     """`fs`, or in a forked child an equivalent instance made in this process."""
     if not _forked:
         return fs
@@ -88,6 +89,7 @@ class Shard:
     codec: str | None  # "zst", "gz", "bz2", "xz" or None
     frames: tuple[Frame, ...] | None = None  # seekable zstd frames, when the file has a seek table
     frame_records: tuple[int, ...] | None = None  # records per frame, from a manifest
+    checksum: str | None = None  # the manifest's xxh64 hex digest of the stored file
     fs: fsspec.AbstractFileSystem = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
     @property
@@ -99,9 +101,15 @@ class Shard:
             return sum(frame.decompressed_size for frame in self.frames)
         return None
 
+    @property
+    def frames_end_lines(self) -> bool:
+        """Whether every frame ends a line: true of shards `streamds convert` wrote (their
+        manifest lists records per frame); other seekable files may cut lines."""
+        return self.frames is not None and self.frame_records is not None
+
     def open_raw(self) -> BinaryIO:
         """The stored bytes, unbuffered by fsspec's read-ahead beyond its default block."""
-        return _process_fs(self.fs).open(self.path, mode="rb")
+        return process_fs(self.fs).open(self.path, mode="rb")
 
 
 def _url_of(fs: fsspec.AbstractFileSystem, path: str, given: str) -> str:
@@ -248,7 +256,8 @@ def _frames_of(
 
 
 def _manifest_frames(fs: fsspec.AbstractFileSystem, infos: list[dict]) -> dict[str, Any]:
-    """path -> (bytes, frames, records per frame) from the manifest.json beside .zst files.
+    """path -> (bytes, frames, records per frame, checksum) from the manifest.json beside
+    .zst files.
 
     Saves opening every shard for its seek table. A missing or unreadable manifest is
     skipped (the seek tables are read instead); so is an entry whose size is not the file's.
@@ -263,7 +272,8 @@ def _manifest_frames(fs: fsspec.AbstractFileSystem, infos: list[dict]) -> dict[s
         if manifest.shard_format == "jsonl.zst":
             for entry in manifest.shards:
                 known[f"{parent}/{entry.name}"] = (
-                    entry.bytes, entry.seek_frames(), tuple(entry.records_per_frame)
+                    entry.bytes, entry.seek_frames(), tuple(entry.records_per_frame),
+                    entry.checksum,
                 )
     return known
 
@@ -295,18 +305,18 @@ def _shard_of(
     fmt, codec = format_of(name)
     require_codec(codec, url)
     size = info.get("size")
-    frames = frame_records = None
+    frames = frame_records = checksum = None
     if fmt == "jsonl" and is_document_name(name):
         fmt = _json_format(fs, path, size, codec, url)
     if codec == "zst" and fmt == "jsonl":
         listed = known.get(path)
         if listed is not None and listed[0] == size:
-            frames, frame_records = listed[1], listed[2] or None
+            frames, frame_records, checksum = listed[1], listed[2] or None, listed[3]
         else:
             frames = _frames_of(fs, path, size, url, on_error)
     return Shard(
         url=url, path=path, size=size, format=fmt, codec=codec, frames=frames,
-        frame_records=frame_records, fs=fs,
+        frame_records=frame_records, checksum=checksum, fs=fs,
     )
 
 

@@ -149,15 +149,34 @@ def tar_of_members(count: int) -> bytes:
 
 def test_tar_memory_does_not_grow_with_its_members(tmp_path):
     peaks = {}
-    for count in (1000, 6000):
+    for count in (6000, 16000):  # tars over one 4 MiB request
         path = tmp_path / f"members-{count}.tar"
         path.write_bytes(tar_of_members(count))
-        ds = StreamingJsonl(path)
+        ds = StreamingJsonl(path, readahead=0)  # the tar reader alone (read-ahead: below)
         tracemalloc.start()
         try:
             assert sum(1 for _ in ds) == count
             peaks[count] = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
-    # a member header kept per record would add ~2 MiB for the 5000 more
-    assert peaks[6000] - peaks[1000] < 1 << 20, peaks
+    # a member header kept per record would add ~4 MiB for the 10000 more
+    assert peaks[16000] - peaks[6000] < 1 << 20, peaks
+
+
+@pytest.mark.parametrize("budget_mb", [1, 4])
+def test_read_ahead_holds_about_its_budget_whatever_the_file_size(tmp_path, budget_mb):
+    line = orjson.dumps({"text": "x" * 1000}) + b"\n"
+    peaks = {}
+    for mb in (8, 24):
+        path = tmp_path / f"{mb}.jsonl"
+        path.write_bytes(line * (mb * 1000))
+        ds = StreamingJsonl(path, readahead=budget_mb << 20)
+        tracemalloc.start()
+        try:
+            assert sum(1 for _ in ds) == mb * 1000
+            peaks[mb] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    # the budget, one piece being read and a decoded read or two: not the file
+    assert peaks[8] < (budget_mb + 3) << 20, peaks
+    assert peaks[24] < (budget_mb + 3) << 20, peaks

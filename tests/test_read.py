@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 
 from streamds import CorruptShardError, StreamingJsonl
 from streamds.plan import Block
+from streamds.ranges import RangeReader
 from streamds.read import RetryPolicy, read_lines
+from streamds.retry import is_transient
 from streamds.shards import Shard
 
 NO_WAIT = RetryPolicy(backoff=0)
@@ -71,7 +73,7 @@ class FakeStorage:
         self.reads = 0
         self.failed = 0  # injected errors raised
 
-    def __call__(self, shard: Shard, offset: int) -> FakeFile:
+    def __call__(self, shard: Shard, offset: int, end: int | None = None) -> FakeFile:
         self.opens.append(offset)
         return FakeFile(self, offset)
 
@@ -242,11 +244,38 @@ def test_backoff_doubles_up_to_its_cap(monkeypatch):
     monkeypatch.setattr("streamds.read.time.sleep", slept.append)
     data = b'{"a": 1}\n' * 10
     storage = FakeStorage(data, fail_reads={1, 2, 3, 4})
-    retry = RetryPolicy(attempts=6, backoff=0.5, max_backoff=1.5)
+    retry = RetryPolicy(attempts=6, backoff=0.5, max_backoff=1.5, jitter=0)
     assert list(read_block(data, Block(0, 0, None), storage, read_size=64, retry=retry)) == (
         file_lines(data)
     )
     assert slept == [0.5, 1.0, 1.5, 1.5]
+
+
+def test_backoff_is_jittered_around_its_doubling(monkeypatch):
+    slept: list[float] = []
+    monkeypatch.setattr("streamds.read.time.sleep", slept.append)
+    data = b'{"a": 1}\n' * 10
+    storage = FakeStorage(data, fail_reads=set(range(1, 9)))
+    retry = RetryPolicy(backoff=1.0, max_backoff=4.0, jitter=0.25)
+    assert list(read_block(data, Block(0, 0, None), storage, read_size=64, retry=retry)) == (
+        file_lines(data)
+    )
+    bases = [1.0, 2.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0]
+    assert all(0.75 * b <= s <= 1.25 * b for s, b in zip(slept, bases, strict=True))
+    assert slept != bases  # readers hit by one outage do not retry in lockstep
+
+
+def test_retry_gives_up_after_its_time(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr("streamds.retry.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("streamds.read.time.sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    data = b'{"a": 1}\n' * 10
+    storage = FakeStorage(data, fail_reads=set(range(1, 10_000)))
+    retry = RetryPolicy(backoff=1.0, max_backoff=10.0, give_up_after=60.0, jitter=0)
+    with pytest.raises(OSError, match=r"failed 10 times in a row.*give_up_after") as raised:
+        list(read_block(data, Block(0, 0, None), storage, read_size=64, retry=retry))
+    assert not is_transient(raised.value)  # a caller up the stack does not retry again
+    assert clock[0] == 65  # waited 1 + 2 + 4 + 8 + 5 x 10 s; failing at 65 s >= 60: gave up
 
 
 def tar_of(members: dict[str, bytes]) -> bytes:
@@ -294,46 +323,39 @@ def test_tar_read_errors_are_retried_from_the_next_record():
 # -- end to end: the real opener, through every codec -----------------------------------------
 
 
-class FlakyFile:
-    """A stored file whose reads number across all opens; `fail_reads` of them raise EIO."""
+def flaky_requests(monkeypatch, fail: set[int]) -> list[int]:
+    """Make the storage requests numbered in `fail` (from 1, over all shards) raise EIO,
+    in small requests so that a shard takes many; returns the request counter."""
+    counter = [0]
+    real = RangeReader._read_once
 
-    def __init__(self, raw, counter: list[int], fail_reads: set[int]) -> None:
-        self._raw = raw
-        self._counter = counter
-        self._fail_reads = fail_reads
-
-    def read(self, size: int = -1) -> bytes:
-        self._counter[0] += 1
-        if self._counter[0] in self._fail_reads:
+    def read_once(self, shard, start, end):
+        counter[0] += 1
+        if counter[0] in fail:
             raise eio()
-        return self._raw.read(size)
+        return real(self, shard, start, end)
 
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self._raw.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self._raw.tell()
-
-    def close(self) -> None:
-        self._raw.close()
+    monkeypatch.setattr(RangeReader, "_read_once", read_once)
+    monkeypatch.setattr("streamds.ranges.DIRECT_REQUEST", 1024)
+    monkeypatch.setattr("streamds.readahead.MIN_PIECE", 1024)
+    monkeypatch.setattr("streamds.formats.codecs.READ_SIZE", 1024)  # compressed reads too
+    return counter
 
 
+@pytest.mark.parametrize("readahead", [0, 4 << 10], ids=["direct", "readahead"])
 @pytest.mark.parametrize(
     "name",
     ["p.jsonl", "s.jsonl.zst", "f.jsonl.zst", "g.jsonl.gz", "b.jsonl.bz2", "x.jsonl.xz", "t.tar"],
 )
-def test_storage_errors_are_retried_through_every_codec(tmp_path, monkeypatch, name):
+def test_storage_errors_are_retried_through_every_codec(tmp_path, monkeypatch, name, readahead):
     records = corpus.make_records(3000)
     if name == "f.jsonl.zst":
         path = corpus.write_foreign_zst(tmp_path / name, corpus.jsonl(records))
     else:
         path = corpus.write(tmp_path / name, records)
-    counter, slept = [0], []
-    real_open = Shard.open_raw
+    slept: list[float] = []
     monkeypatch.setattr("streamds.read.time.sleep", slept.append)
-    monkeypatch.setattr(
-        Shard, "open_raw", lambda shard: FlakyFile(real_open(shard), counter, {2, 3, 5})
-    )
-    ds = StreamingJsonl(path)
+    ds = StreamingJsonl(path, readahead=readahead)
+    counter = flaky_requests(monkeypatch, {2, 3, 5})
     assert list(ds) == records
     assert counter[0] > 5 and len(slept) >= 3  # the errors were hit, and waited out

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from ..errors import CorruptShardError, MissingCodecError
-from ..retry import PERMANENT_ERRORS
+from ..retry import is_transient
 
 __all__ = [
     "CODEC_SUFFIXES",
@@ -180,9 +180,9 @@ class _MarkTransient(_Stream):
     def read(self, size: int = -1) -> bytes:
         try:
             return self._raw.read(size)
-        except PERMANENT_ERRORS:
-            raise
         except OSError as err:
+            if not is_transient(err):
+                raise
             raise TransientReadError(f"{self._url}: read failed: {err}") from err
 
     def close(self) -> None:

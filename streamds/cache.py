@@ -1,0 +1,257 @@
+"""A local write-through cache of remote or mounted shards, shared by every process on a node.
+
+Layout: ``cache_dir/<namespace>/<key>-<name>``, where the namespace is a digest of the
+dataset's shard list (URL, size, checksum: two corpora never collide) and the key a digest of
+the shard's URL. Beside each copy, ``<file>.lock`` (an `fcntl.flock` lock) and, while it is
+being written, ``<file>.partial-<random>``.
+
+- The first process to find a shard missing takes the shard's lock exclusively (without
+  waiting) and copies it in the background in large requests; its readers, and every other
+  process's, keep reading the source meanwhile, so nobody stalls on a download and a node
+  downloads each shard once. The copy is checked against the listed size and the manifest's
+  checksum, then renamed into place: a partial file is never read as complete.
+- A process using a complete copy holds the lock shared until it closes the copy; it checks
+  the copy's size, and its checksum once, when it first opens it. A damaged copy is removed
+  and the shard is read from the source (and copied again).
+- Under `limit` bytes, least-recently-used complete copies are removed to make room; a copy
+  whose lock someone holds (a reader using it, a download) is never removed. A shard larger
+  than the limit is not cached.
+
+A dead process's lock goes with it; its partial file is removed by the next download of that
+shard.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import secrets
+import shutil
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .shards import Shard
+
+__all__ = ["Cache", "CacheSpec", "namespace_of"]
+
+log = logging.getLogger(__name__)
+
+COPY_REQUEST = 8 << 20  # bytes per request while copying a shard into the cache
+_LOCK, _PARTIAL = ".lock", ".partial-"
+
+Fetch = Callable[[Shard, int, int], bytes]  # stored bytes [start, end) from the source
+
+
+def namespace_of(shards: Sequence[Shard]) -> str:
+    """A digest of the shard list: what the cache of one dataset is filed under."""
+    digest = hashlib.blake2b(digest_size=8)
+    for shard in shards:
+        digest.update(f"{shard.url}\0{shard.size}\0{shard.checksum}\n".encode())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """Where and how much to cache: a picklable description (no files open)."""
+
+    directory: str
+    limit: int | None  # bytes of complete copies in `directory`, all namespaces; None: no limit
+    namespace: str
+
+
+def _checksum(path: Path) -> str:
+    import xxhash
+
+    digest = xxhash.xxh64()
+    with path.open("rb") as f:
+        while data := f.read(1 << 20):
+            digest.update(data)
+    return digest.hexdigest()
+
+
+def _try_lock(fd: int, kind: int) -> bool:
+    try:
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
+    except OSError as err:
+        if err.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+class Cache:
+    """One process's use of a `CacheSpec`: thread-safe; `close()` releases its copies."""
+
+    def __init__(self, spec: CacheSpec, fetch: Fetch) -> None:
+        self.spec = spec
+        self._fetch = fetch
+        self._root = Path(spec.directory) / spec.namespace
+        self._lock = threading.Lock()
+        self._open: dict[str, tuple[int, int]] = {}  # shard path -> (lock fd, data fd)
+        self._copying: set[str] = set()
+        self._refused: set[str] = set()  # shards larger than the limit: never cached
+        self._closed = False
+
+    def path_of(self, shard: Shard) -> Path:
+        key = hashlib.blake2b(shard.url.encode(), digest_size=6).hexdigest()
+        name = shard.path.rstrip("/").rsplit("/", 1)[-1]
+        return self._root / f"{key}-{name}"
+
+    def local_fd(self, shard: Shard) -> int | None:
+        """A descriptor of the shard's complete local copy, or None (read the source; a copy
+        is started when nobody is making one)."""
+        with self._lock:
+            held = self._open.get(shard.path)
+            if held is not None:
+                return held[1]
+            if self._closed or shard.path in self._copying or shard.path in self._refused:
+                return None
+            fd = self._use_copy(shard)
+            if fd is None:
+                self._start_copy(shard)
+            return fd
+
+    def _lock_fd(self, path: Path) -> int:
+        self._root.mkdir(parents=True, exist_ok=True)
+        return os.open(f"{path}{_LOCK}", os.O_RDWR | os.O_CREAT, 0o644)
+
+    def _use_copy(self, shard: Shard) -> int | None:
+        path = self.path_of(shard)
+        if not path.exists():
+            return None
+        lock = self._lock_fd(path)
+        if not _try_lock(lock, fcntl.LOCK_SH):  # being written or removed right now
+            os.close(lock)
+            return None
+        try:
+            problem = self._check(shard, path)
+        except FileNotFoundError:  # removed between the look and the lock
+            problem = "gone"
+        if problem is not None:
+            if problem != "gone":
+                log.warning("%s: cached copy %s is damaged (%s); reading the source",
+                            shard.url, path, problem)
+                _remove_if_unused(path, lock)
+            os.close(lock)
+            return None
+        fd = os.open(path, os.O_RDONLY)
+        os.utime(path)  # most recently used
+        self._open[shard.path] = (lock, fd)
+        return fd
+
+    def _check(self, shard: Shard, path: Path) -> str | None:
+        size = path.stat().st_size
+        if shard.size is not None and size != shard.size:
+            return f"{size} bytes, the source has {shard.size}"
+        if shard.checksum is not None and (found := _checksum(path)) != shard.checksum:
+            return f"checksum {found}, the manifest says {shard.checksum}"
+        return None
+
+    def _start_copy(self, shard: Shard) -> None:
+        if shard.size is None:
+            self._refused.add(shard.path)  # the size bounds the copy and checks it
+            return
+        if self.spec.limit is not None and shard.size > self.spec.limit:
+            log.warning("%s: %d bytes is more than cache_limit=%d; not cached",
+                        shard.url, shard.size, self.spec.limit)
+            self._refused.add(shard.path)
+            return
+        path = self.path_of(shard)
+        lock = self._lock_fd(path)
+        if not _try_lock(lock, fcntl.LOCK_EX):  # another process is copying it
+            os.close(lock)
+            return
+        self._copying.add(shard.path)
+        # not a daemon: a DataLoader worker whose epoch ends waits for its copies to finish
+        threading.Thread(target=self._copy, args=(shard, path, lock), daemon=False,
+                         name="streamds-cache").start()
+
+    def _copy(self, shard: Shard, path: Path, lock: int) -> None:
+        """Copy `shard` to `path` under the exclusive `lock`, then keep using it shared."""
+        assert shard.size is not None
+        partial = Path(f"{path}{_PARTIAL}{secrets.token_hex(4)}")
+        try:
+            for stale in path.parent.glob(f"{path.name}{_PARTIAL}*"):
+                stale.unlink(missing_ok=True)  # left by a process that died copying
+            if not path.exists() or self._check(shard, path) is not None:
+                self._make_room(shard.size)
+                with partial.open("wb") as out:
+                    for start in range(0, shard.size, COPY_REQUEST):
+                        out.write(self._fetch(shard, start, min(start + COPY_REQUEST,
+                                                                shard.size)))
+                    out.flush()
+                    os.fsync(out.fileno())
+                problem = self._check(shard, partial)
+                if problem is not None:
+                    raise OSError(errno.EIO, f"the copy has {problem}")
+                os.replace(partial, path)
+            fcntl.flock(lock, fcntl.LOCK_SH)  # complete: from now on only in use
+            with self._lock:
+                if self._closed:
+                    os.close(lock)
+                else:
+                    self._open[shard.path] = (lock, os.open(path, os.O_RDONLY))
+        except BaseException as err:  # a failed copy costs only speed: the source is read
+            log.warning("%s: copying into the cache failed (%s); reading the source", shard.url,
+                        err)
+            partial.unlink(missing_ok=True)
+            os.close(lock)
+            with self._lock:
+                self._refused.add(shard.path)
+        finally:
+            with self._lock:
+                self._copying.discard(shard.path)
+
+    def _make_room(self, needed: int) -> None:
+        """Remove least-recently-used complete copies nobody uses until `needed` more bytes
+        fit under the limit."""
+        limit = self.spec.limit
+        if limit is None:
+            free = shutil.disk_usage(self._root).free
+            if needed > free:
+                raise OSError(errno.ENOSPC, f"{needed} bytes do not fit in {self._root}")
+            return
+        copies = []
+        for entry in Path(self.spec.directory).glob("*/*"):
+            name = entry.name
+            if name.endswith(_LOCK) or _PARTIAL in name or not entry.is_file():
+                continue
+            stat = entry.stat()
+            copies.append((stat.st_mtime, stat.st_size, entry))
+        used = sum(size for _, size, _ in copies)
+        for _, size, entry in sorted(copies):
+            if used + needed <= limit:
+                return
+            lock = os.open(f"{entry}{_LOCK}", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                if _remove_if_unused(entry, lock):
+                    used -= size
+            finally:
+                os.close(lock)
+        if used + needed > limit:
+            raise OSError(errno.ENOSPC, f"cache_limit={limit} bytes: {used} are in use and "
+                          f"{needed} more do not fit")
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            held, self._open = list(self._open.values()), {}
+        for lock, fd in held:
+            os.close(fd)
+            os.close(lock)  # releases the shared lock
+
+
+def _remove_if_unused(path: Path, lock: int) -> bool:
+    """Remove `path` if nobody else holds its lock (`lock`: our descriptor of it)."""
+    if not _try_lock(lock, fcntl.LOCK_EX):
+        return False
+    try:
+        path.unlink(missing_ok=True)
+        return True
+    finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)

@@ -1,0 +1,247 @@
+"""Raw byte ranges of shards: one request per range, retried, and a file made of them.
+
+The storage seam under the reader. `RangeReader.read(shard, start, end)` fetches stored bytes
+[start, end) of one shard in one request: `os.pread` on one descriptor per shard for local
+files (so a slow mount sees one open per shard and parallel reads), one ranged GET
+(`fs.cat_file`) for remote filesystems, never more than asked. Transient failures are retried
+at the same offset per the `RetryPolicy`; permanent ones (missing, forbidden, a file that
+shrank since it was listed) raise at once, naming the URL.
+
+`RangeFile` is a read-only file over those ranges, from an offset on. Its reads come from a
+`ReadAhead`'s prefetched pieces when one holds the bytes, else straight from storage in
+requests sized to what the caller planned to read (`planned_end`), so a block never fetches
+much past its end.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+from bisect import bisect_left, bisect_right
+from typing import Protocol
+
+from fsspec.implementations.local import LocalFileSystem
+
+from .cache import Cache, CacheSpec
+from .errors import CorruptShardError
+from .retry import DEFAULT_RETRY, RetryPolicy, as_os_error, retrying
+from .shards import Shard, process_fs
+
+__all__ = ["DIRECT_REQUEST", "LINE_PROBE", "Prefetched", "RangeFile", "RangeReader",
+           "stored_span"]
+
+DIRECT_REQUEST = 4 << 20  # bytes per request when nothing was fetched ahead
+LINE_PROBE = 64 << 10  # bytes planned past a plain block's end, for the line crossing it
+_TAIL_REQUEST = 64 << 10  # bytes per request past the planned end
+
+
+def stored_span(shard: Shard, start: int, end: int | None) -> tuple[int, int, int | None]:
+    """Where decoded bytes [start, end) of `shard` lie in the stored file.
+
+    Returns (stored start, the decoded offset there, stored end or None: to the file's end).
+    Plain files: the same bytes plus LINE_PROBE for the line crossing `end`; seekable zstd
+    files: the frames holding them; other compressed files and tars: the whole file.
+    """
+    if shard.codec is None:
+        if end is None or shard.size is None:
+            return start, start, shard.size
+        return start, start, min(end + LINE_PROBE, shard.size)
+    if not shard.frames:
+        return 0, 0, shard.size
+    starts = [frame.decompressed_offset for frame in shard.frames]
+    first = shard.frames[max(0, bisect_right(starts, start) - 1)]
+    last = shard.frames[-1 if end is None else max(0, bisect_left(starts, end) - 1)]
+    if last.compressed_offset < first.compressed_offset:
+        last = first
+    return (first.compressed_offset, first.decompressed_offset,
+            last.compressed_offset + last.compressed_size)
+
+
+class RangeReader:
+    """Stored bytes of shards by range; thread-safe. Close it to release its descriptors."""
+
+    def __init__(self, retry: RetryPolicy = DEFAULT_RETRY, cache: CacheSpec | None = None
+                 ) -> None:
+        self.retry = retry
+        self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._cache = None if cache is None else Cache(cache, self._read_source)
+
+    def read(self, shard: Shard, start: int, end: int) -> bytes:
+        """Bytes [start, end) of `shard`; fewer only where the file ends (at its listed size
+        when it has one: ending earlier means it shrank, a `CorruptShardError`). With a
+        cache, from the shard's local copy once there is one."""
+        if end <= start:
+            return b""
+        fd = None if self._cache is None else self._cache.local_fd(shard)
+        if fd is not None:
+            return _pread_full(fd, start, end)
+        return self._read_source(shard, start, end)
+
+    def _read_source(self, shard: Shard, start: int, end: int) -> bytes:
+        data = retrying(lambda: self._read_once(shard, start, end), self.retry,
+                        f"{shard.url} (bytes {start}-{end})")
+        if len(data) < end - start and shard.size is not None and start + len(data) < min(
+            end, shard.size
+        ):
+            raise CorruptShardError(
+                f"{shard.url}: the file ends at byte {start + len(data)} but was "
+                f"{shard.size} bytes when the dataset was made; it shrank or is being "
+                "rewritten: make the dataset again once the file is complete",
+                url=shard.url,
+                offset=start + len(data),
+            )
+        return data
+
+    def _read_once(self, shard: Shard, start: int, end: int) -> bytes:
+        fs = process_fs(shard.fs)
+        if type(fs) is LocalFileSystem:
+            return self._pread(shard, start, end)
+        if isinstance(fs, LocalFileSystem):  # a local filesystem with its own file class
+            with fs.open(shard.path, mode="rb") as f:
+                f.seek(start)
+                return _read_full(f, end - start)
+        if shard.size is not None:
+            end = min(end, shard.size)
+            if end <= start:
+                return b""
+        try:
+            data = fs.cat_file(shard.path, start=start, end=end)
+        except Exception as err:
+            if getattr(err, "status", None) == 416:  # asked past the end of a file of unknown size
+                return b""
+            raise as_os_error(err, shard.url) from err
+        if len(data) > end - start:  # the server ignored the Range header: sent the whole file
+            data = data[start:end]
+        return data
+
+    def _pread(self, shard: Shard, start: int, end: int) -> bytes:
+        return _pread_full(self._fd(shard.path), start, end)
+
+    def _fd(self, path: str) -> int:
+        with self._lock:
+            fd = self._fds.get(path)
+            if fd is None:
+                fd = self._fds[path] = os.open(path, os.O_RDONLY)
+            return fd
+
+    def close(self) -> None:
+        if self._cache is not None:
+            self._cache.close()
+        with self._lock:
+            fds, self._fds = list(self._fds.values()), {}
+        for fd in fds:
+            os.close(fd)
+
+
+def _pread_full(fd: int, start: int, end: int) -> bytes:
+    parts, pos = [], start
+    while pos < end:
+        data = os.pread(fd, end - pos, pos)
+        if not data:
+            break
+        parts.append(data)
+        pos += len(data)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _read_full(f: io.RawIOBase, size: int) -> bytes:
+    parts = []
+    while size > 0:
+        data = f.read(size)
+        if not data:
+            break
+        parts.append(data)
+        size -= len(data)
+    return b"".join(parts)
+
+
+class Prefetched(Protocol):
+    """Where a `RangeFile` looks first: bytes already fetched ahead."""
+
+    def take(self, shard: Shard, pos: int) -> tuple[int, bytes] | None:
+        """(start, data) of a fetched piece of `shard` holding stored byte `pos`, or None."""
+
+
+class RangeFile(io.RawIOBase):
+    """Stored bytes of one shard from `start` on, read by ranges.
+
+    Reads up to `planned_end` (None: the file's end) come from `ahead` when it holds them,
+    else in requests of up to DIRECT_REQUEST bytes that stop at `planned_end`; past it, in
+    requests of the size asked (at least _TAIL_REQUEST). With `owns_reader`, closing the
+    file closes `reader`.
+    """
+
+    def __init__(
+        self, reader: RangeReader, shard: Shard, start: int, planned_end: int | None = None,
+        *, ahead: Prefetched | None = None, owns_reader: bool = False,
+    ) -> None:
+        self._reader = reader
+        self._owns_reader = owns_reader
+        self._shard = shard
+        self._pos = start
+        self._planned_end = planned_end
+        self._ahead = ahead
+        self._buffer = memoryview(b"")
+        self._buffer_start = start
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_CUR:
+            offset += self._pos
+        elif whence != io.SEEK_SET:
+            raise io.UnsupportedOperation("a RangeFile seeks from the start or the current spot")
+        self._pos = offset
+        return offset
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def read(self, size: int | None = -1) -> bytes:
+        if size is None or size < 0:
+            return _read_full(self, 1 << 62)  # type: ignore[arg-type]
+        if size == 0:
+            return b""
+        held = self._pos - self._buffer_start
+        if not 0 <= held < len(self._buffer) and not self._fill(size):
+            return b""
+        held = self._pos - self._buffer_start
+        data = bytes(self._buffer[held : held + size])
+        self._pos += len(data)
+        return data
+
+    def _fill(self, size: int) -> bool:
+        """Load the bytes at the current position; False at the end of the file."""
+        self._buffer = memoryview(b"")  # let the bytes read go before asking for more
+        found = None if self._ahead is None else self._ahead.take(self._shard, self._pos)
+        if found is not None:
+            self._buffer_start, data = found
+        else:
+            end = self._pos + max(size, _TAIL_REQUEST)
+            if self._planned_end is None or self._pos < self._planned_end:
+                end = self._pos + max(size, DIRECT_REQUEST)
+                if self._planned_end is not None:
+                    end = max(self._pos + size, min(end, self._planned_end))
+            if self._shard.size is not None:
+                end = min(end, self._shard.size)
+            data = self._reader.read(self._shard, self._pos, end)
+            self._buffer_start = self._pos
+        self._buffer = memoryview(data)
+        return len(data) > self._pos - self._buffer_start
+
+    def close(self) -> None:
+        self._buffer = memoryview(b"")
+        if self._owns_reader:
+            self._reader.close()
+        super().close()

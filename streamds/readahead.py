@@ -1,0 +1,195 @@
+"""Read-ahead: the stored bytes a reader will read next, fetched by threads while it parses.
+
+A reader's work is known from the plan, so its coming stored byte ranges are too: the spans
+of its blocks, in order, across block and shard boundaries. `ReadAhead` cuts them into
+pieces (up to MAX_PIECE bytes, never a line at a time) and keeps pieces in flight on a few
+threads, never more than `budget` bytes fetched or in flight and not yet passed by the
+reader. The reader's `RangeFile`s take pieces as they reach them (`take`); pieces the reader
+has moved past are dropped. Bytes not fetched ahead (a retry that reopens behind, a line
+crossing a block's end) are read directly, so what comes out never depends on what was
+prefetched: only speed does. A fetch that fails after its retries raises in the reader when
+it reaches that piece, never in a thread nobody waits on.
+
+Threads are daemons started per `ReadAhead` (one per reader and epoch, in the process that
+reads), so nothing here crosses a fork or keeps a process from exiting.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from .cache import CacheSpec
+from .ranges import RangeReader, stored_span
+from .retry import DEFAULT_RETRY, RetryPolicy
+from .shards import Shard
+
+__all__ = ["DEFAULT_READAHEAD", "ReadAhead", "Span", "block_span"]
+
+DEFAULT_READAHEAD = 32 << 20  # bytes fetched ahead per reader, by default
+MAX_THREADS = 16  # requests in flight per reader: a slow mount serves each one at a time
+MAX_PIECE = 4 << 20  # bytes per request: a quarter of the budget, within these bounds
+MIN_PIECE = 64 << 10
+
+Span = tuple[Shard, int, int]  # stored bytes [start, end) of a shard
+
+
+def block_span(shard: Shard, start: int, end: int | None, *, at_line: bool) -> Span | None:
+    """The stored bytes a reader reads for decoded bytes [start, end) of a block of `shard`
+    (tar and ``.json`` shards: the whole file); None when the file's size is unknown.
+    `at_line`: a line begins at `start` (a resume point); else, unless the shard's frames
+    end lines, the reader looks for the newline before `start` first."""
+    if shard.format != "jsonl":
+        first, last = 0, shard.size
+    else:
+        if not at_line and start > 0 and not shard.frames_end_lines:
+            start -= 1
+        first, _, last = stored_span(shard, start, end)
+    return None if last is None else (shard, first, last)
+
+
+def _holds(piece: tuple[Shard, int, int], shard: Shard, pos: int) -> bool:
+    return piece[1] <= pos < piece[2] and piece[0].path == shard.path
+
+
+@dataclass
+class _Piece:
+    shard: Shard
+    start: int
+    end: int
+    future: Future[bytes]
+
+
+class ReadAhead:
+    """Pieces of `spans` fetched ahead of the reader, at most `budget` bytes at a time.
+
+    `take(shard, pos)` gives the piece holding stored byte `pos` (waiting for it if it is in
+    flight) or None when none was planned there; `reader` serves direct reads with the same
+    descriptors and retry policy. Close it when the reader stops.
+    """
+
+    def __init__(
+        self, spans: Iterable[Span], *, budget: int, retry: RetryPolicy = DEFAULT_RETRY,
+        cache: CacheSpec | None = None, threads: int = MAX_THREADS,
+    ) -> None:
+        self.reader = RangeReader(retry, cache)
+        self._pieces = self._cut(iter(spans), min(MAX_PIECE, max(MIN_PIECE, budget // 4)))
+        self._budget = budget
+        self._next: tuple[Shard, int, int] | None = None  # cut, waiting for room in the budget
+        self._ahead: deque[_Piece] = deque()
+        self._held = 0  # bytes of the pieces in _ahead
+        self._jobs: queue.SimpleQueue[_Piece | None] = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._fetch_loop, name="streamds-readahead", daemon=True)
+            for _ in range(threads)
+        ]
+        self._started = False
+        self._closed = False
+
+    @staticmethod
+    def _cut(spans: Iterator[Span], largest: int) -> Iterator[tuple[Shard, int, int]]:
+        """Pieces of the spans: the first MIN_PIECE bytes, each next one twice as large up
+        to `largest`, so the first bytes arrive soon and later requests are large."""
+        size = MIN_PIECE
+        for shard, start, end in spans:
+            at = start
+            while at < end:
+                yield shard, at, min(at + size, end)
+                at += size
+                size = min(largest, size * 2)
+
+    def _fetch_loop(self) -> None:
+        while (piece := self._jobs.get()) is not None:
+            self._fetch(piece)
+            del piece  # hold no piece while waiting for the next: the budget counts them all
+
+    def _fetch(self, piece: _Piece) -> None:
+        if not piece.future.set_running_or_notify_cancel():
+            return
+        try:
+            data = self.reader.read(piece.shard, piece.start, piece.end)
+        except BaseException as err:  # handed to the reader, raised where it waits
+            piece.future.set_exception(err)
+        else:
+            piece.future.set_result(data)
+
+    def _fill(self) -> None:
+        if not self._started:
+            self._started = True
+            for thread in self._threads:
+                thread.start()
+        while True:
+            if self._next is None:
+                self._next = next(self._pieces, None)
+                if self._next is None:
+                    return
+            shard, start, end = self._next
+            if self._ahead and self._held + (end - start) > self._budget:
+                return
+            self._next = None
+            piece = _Piece(shard, start, end, Future())
+            self._ahead.append(piece)
+            self._held += end - start
+            self._jobs.put(piece)
+
+    def _drop_first(self) -> None:
+        piece = self._ahead.popleft()
+        piece.future.cancel()
+        self._held -= piece.end - piece.start
+
+    def _find(self, shard: Shard, pos: int) -> int | None:
+        for index, piece in enumerate(self._ahead):
+            if _holds((piece.shard, piece.start, piece.end), shard, pos):
+                return index
+        return None
+
+    def take(self, shard: Shard, pos: int) -> tuple[int, bytes] | None:
+        """(start, data) of the fetched piece holding stored byte `pos` of `shard`, or None.
+
+        Pieces planned before it are dropped (the reader has moved past them); a fetch error
+        of this piece is raised here.
+        """
+        if self._closed:
+            return None
+        if not self._started:
+            self._fill()
+        passed = self._find(shard, pos)  # pieces before the one holding `pos`: passed
+        if passed is None:
+            upcoming = self._next
+            if upcoming is None or not _holds(upcoming, shard, pos):
+                return None
+            passed = len(self._ahead)  # the reader is past every fetched piece: make room
+        for _ in range(passed):
+            self._drop_first()
+        self._fill()
+        piece = self._ahead[0]
+        try:
+            data = piece.future.result()
+        except BaseException:
+            self._drop_first()
+            self._fill()
+            raise
+        return piece.start, data
+
+    def close(self) -> None:
+        """Stop fetching; descriptors close once the requests in flight return."""
+        if self._closed:
+            return
+        self._closed = True
+        while self._ahead:
+            self._drop_first()
+        if not self._started:
+            self.reader.close()
+            return
+        for _ in self._threads:
+            self._jobs.put(None)
+        threading.Thread(target=self._close_when_idle, daemon=True).start()
+
+    def _close_when_idle(self) -> None:
+        for thread in self._threads:
+            thread.join()
+        self.reader.close()

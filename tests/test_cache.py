@@ -1,0 +1,211 @@
+"""The local shard cache (`cache_dir=`): one verified copy per node, read in later epochs.
+
+Shards are real converted seekable zstd shards with a manifest (so copies are checked against
+the manifest's size and checksum). Copies are made by background threads named
+"streamds-cache"; tests wait for them by joining those threads.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+from pathlib import Path
+
+import corpus
+import pytest
+from torch.utils.data import DataLoader
+
+from preprocess.convert import convert
+from streamds import StreamingJsonl
+from streamds.cache import Cache, CacheSpec, namespace_of
+from streamds.ranges import RangeReader
+from streamds.shards import resolve_shards
+
+RECORDS = corpus.make_records(3000)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Four or more seekable shards of ~50 KB decoded, with a manifest."""
+    root = tmp_path_factory.mktemp("cache-src")
+    source = corpus.write(root / "all.jsonl", RECORDS)
+    out = root / "shards"
+    convert([source], out, shard_size=50_000, frame_size=16 << 10, progress=None)
+    assert len(list(out.glob("*.jsonl.zst"))) >= 4
+    return out
+
+
+def wait_for_copies() -> None:
+    for thread in threading.enumerate():
+        if thread.name == "streamds-cache":
+            thread.join()
+
+
+def copies(cache_dir: Path) -> list[Path]:
+    return sorted(p for p in cache_dir.glob("*/*") if p.suffix == ".zst")
+
+
+def count_source_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    counter = [0]
+    real = RangeReader._read_once
+
+    def read_once(self, shard, start, end):
+        counter[0] += 1
+        return real(self, shard, start, end)
+
+    monkeypatch.setattr(RangeReader, "_read_once", read_once)
+    return counter
+
+
+def ids(ds: StreamingJsonl, num_workers: int = 0) -> list[int]:
+    if num_workers == 0:
+        return [record["id"] for record in ds]
+    loader = DataLoader(ds, batch_size=50, num_workers=num_workers, collate_fn=corpus.as_list)
+    return [record["id"] for batch in loader for record in batch]
+
+
+def test_second_epoch_reads_only_the_local_copies(shards, tmp_path, monkeypatch):
+    reads = count_source_reads(monkeypatch)
+    ds = StreamingJsonl(shards, cache_dir=tmp_path / "cache")
+    assert ids(ds) == [r["id"] for r in RECORDS]
+    wait_for_copies()
+    assert reads[0] > 0
+    made = copies(tmp_path / "cache")
+    assert sorted(p.name.split("-", 1)[1] for p in made) == sorted(
+        p.name for p in shards.glob("*.jsonl.zst"))
+    for copy in made:  # byte for byte the source
+        assert copy.read_bytes() == (shards / copy.name.split("-", 1)[1]).read_bytes()
+    assert not list((tmp_path / "cache").glob("*/*.partial-*"))
+    before = reads[0]
+    ds.set_epoch(1)
+    assert sorted(ids(ds)) == [r["id"] for r in RECORDS]
+    assert reads[0] == before  # the second epoch never touched the source
+
+
+def test_workers_in_several_processes_share_one_copy_per_shard(shards, tmp_path, monkeypatch):
+    log = tmp_path / "copies.log"
+    real_copy = Cache._copy
+
+    def logged_copy(self, shard, path, lock):  # runs in the forked workers: log to a file
+        with open(log, "a") as f:
+            f.write(f"{shard.path}\n")
+        return real_copy(self, shard, path, lock)
+
+    monkeypatch.setattr(Cache, "_copy", logged_copy)
+    cache = tmp_path / "cache"
+    for epoch in range(2):
+        ds = StreamingJsonl(shards, cache_dir=cache, shuffle=True, seed=epoch)
+        got = ids(ds, num_workers=3)
+        assert sorted(got) == [r["id"] for r in RECORDS]  # every record once, in each epoch
+    copied = log.read_text().split()
+    assert len(copied) == len(set(copied))  # no shard was copied twice on this node
+    assert len(copies(cache)) == len(set(copied)) >= 1
+    assert not list(cache.glob("*/*.partial-*"))
+
+
+def test_a_dead_copiers_partial_file_is_never_read_and_is_cleaned_up(shards, tmp_path):
+    cache = tmp_path / "cache"
+    first = StreamingJsonl(shards, cache_dir=cache)
+    shard = first.shards[0]
+    spec = first._cache
+    target = Cache(spec, RangeReader()._read_source).path_of(shard)
+    target.parent.mkdir(parents=True)
+    # what a process killed mid-copy leaves: half the bytes under a partial name and the lock
+    # file (its lock went with it)
+    Path(f"{target}.partial-dead").write_bytes(Path(shard.path).read_bytes()[: 1000])
+    Path(f"{target}.lock").touch()
+    assert ids(first) == [r["id"] for r in RECORDS]
+    wait_for_copies()
+    assert not Path(f"{target}.partial-dead").exists()
+    assert target.read_bytes() == Path(shard.path).read_bytes()
+
+
+@pytest.mark.parametrize("damage", ["flipped", "truncated"])
+def test_a_damaged_copy_is_replaced_and_never_read(shards, tmp_path, caplog, damage):
+    cache = tmp_path / "cache"
+    ds = StreamingJsonl(shards, cache_dir=cache)
+    assert ids(ds) == [r["id"] for r in RECORDS]
+    wait_for_copies()
+    victim = copies(cache)[0]
+    data = bytearray(victim.read_bytes())
+    if damage == "flipped":
+        data[len(data) // 2] ^= 0xFF
+    else:
+        del data[len(data) // 2 :]
+    victim.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="streamds.cache"):
+        assert ids(StreamingJsonl(shards, cache_dir=cache)) == [r["id"] for r in RECORDS]
+    assert "is damaged" in caplog.text and victim.name in caplog.text
+    wait_for_copies()
+    assert victim.read_bytes() == (shards / victim.name.split("-", 1)[1]).read_bytes()
+
+
+def test_eviction_removes_the_least_recently_used_copy_nobody_uses(shards, tmp_path):
+    found = resolve_shards(shards)
+    a, b, c = found[0], found[1], found[2]
+    limit = a.size + b.size + c.size // 2  # room for two shards, not three
+    spec = CacheSpec(str(tmp_path / "cache"), limit, namespace_of(found))
+
+    def use(cache: Cache, shard) -> None:
+        assert cache.local_fd(shard) is None  # first touch: copying starts
+        wait_for_copies()
+        assert cache.local_fd(shard) is not None
+
+    reader = RangeReader()
+    first = Cache(spec, reader._read_source)
+    use(first, a)
+    use(first, b)
+    first.close()  # a and b: complete, unused; a is older
+    os.utime(first.path_of(a), (1, 1))
+    third = Cache(spec, reader._read_source)
+    use(third, c)
+    assert not third.path_of(a).exists() and third.path_of(b).exists()
+    total = sum(p.stat().st_size for p in copies(tmp_path / "cache"))
+    assert total <= limit
+
+    # a copy in use is never removed: b is held by `holder`, c by `third`; a cannot fit
+    holder = Cache(spec, reader._read_source)
+    assert holder.local_fd(b) is not None
+    fourth = Cache(spec, reader._read_source)
+    assert fourth.local_fd(a) is None
+    wait_for_copies()  # the copy gives up for want of room: nothing in use was removed
+    assert third.path_of(b).exists() and third.path_of(c).exists()
+    assert not third.path_of(a).exists()
+    assert fourth.local_fd(a) is None  # read from the source instead
+    for cache in (third, holder, fourth):
+        cache.close()
+
+
+def test_two_corpora_never_share_a_namespace(shards, tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    corpus.write(other / "x.jsonl", RECORDS[:10])
+    one = StreamingJsonl(shards, cache_dir=tmp_path / "cache")._cache
+    two = StreamingJsonl(other, cache_dir=tmp_path / "cache")._cache
+    assert one is not None and two is not None and one.namespace != two.namespace
+
+
+def test_a_lock_held_elsewhere_means_the_source_is_read_meanwhile(shards, tmp_path):
+    found = resolve_shards(shards)
+    spec = CacheSpec(str(tmp_path / "cache"), None, namespace_of(found))
+    cache = Cache(spec, RangeReader()._read_source)
+    target = cache.path_of(found[0])
+    target.parent.mkdir(parents=True)
+    fd = os.open(f"{target}.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another process is copying this shard
+    try:
+        assert cache.local_fd(found[0]) is None
+        assert not [t for t in threading.enumerate() if t.name == "streamds-cache"]
+    finally:
+        os.close(fd)
+    cache.close()
+
+
+def test_cache_dir_must_be_a_local_directory(tmp_path):
+    with pytest.raises(ValueError, match="cache_dir must be a local directory"):
+        StreamingJsonl(corpus.write(tmp_path / "a.jsonl", RECORDS[:3]), cache_dir="s3://b/c")
+    with pytest.raises(ValueError, match="cache_limit"):
+        StreamingJsonl(corpus.write(tmp_path / "b.jsonl", RECORDS[:3]), cache_dir=tmp_path,
+                       cache_limit="lots")
