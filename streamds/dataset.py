@@ -28,7 +28,7 @@ from .parse import ON_ERROR
 from .pipeline import Reader, Spec
 from .plan import DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE, Plan, make_blocks, small_corpus_piece
 from .read import open_decoded_at
-from .readahead import DEFAULT_READAHEAD
+from .readahead import DEFAULT_READAHEAD, wants_readahead
 from .resume.counts import count_block_records, count_from
 from .resume.merge import MERGED_FORMAT, resolve_tails, share_of
 from .resume.plain_loader import batches_per_reader, epoch_batches, pipeline_state_after
@@ -91,7 +91,7 @@ class StreamingJsonl(IterableDataset):
         block_size: int = DEFAULT_BLOCK_SIZE,
         resume_from: dict[str, Any] | None = None,
         even_ranks: str | None = None,
-        readahead: int | str | None = DEFAULT_READAHEAD,
+        readahead: int | str | None = "auto",
         retry: RetryPolicy | None = None,
         cache_dir: str | os.PathLike | None = None,
         cache_limit: int | str | None = None,
@@ -118,6 +118,9 @@ class StreamingJsonl(IterableDataset):
                      "the largest")
         if storage_options is not None and not isinstance(storage_options, dict):
             raise ValueError(f"storage_options must be a dict, got {storage_options!r}")
+        if readahead != "auto":
+            ahead = size_setting("readahead", readahead,
+                                 "'auto' (the default) or 0/None to turn it off")
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise ValueError(
                 f"retry must be a streamds.RetryPolicy or None, got {retry!r}; e.g. "
@@ -132,8 +135,6 @@ class StreamingJsonl(IterableDataset):
         self.world_size = world_size
         self.even_ranks = even_ranks
         self.retry = RetryPolicy() if retry is None else retry
-        self.readahead = size_setting("readahead", readahead,
-                                      "0 or None turns read-ahead off")
         limit = size_setting("cache_limit", cache_limit, "None: as much as the disk holds")
         self.epoch = 0
         self._steps: tuple[Step, ...] = (Step("map", transform),) if transform is not None else ()
@@ -143,6 +144,9 @@ class StreamingJsonl(IterableDataset):
         self._fine_piece = small_corpus_piece(self._shards) if even_ranks is not None else None
         self._fingerprint = self._make_fingerprint()
         self._cache = _cache_spec(cache_dir, limit or None, self._shards)
+        if readahead == "auto":  # remote and mounted shards: on; local disks: off
+            ahead = DEFAULT_READAHEAD if wants_readahead(self._shards) else 0
+        self.readahead = ahead
         # -> Block(shard, start, end) list: the corpus cut into line-aligned units, once
         self._block_list = make_blocks(self._shards, self.block_size,
                                        fine=self._fine_piece is not None)

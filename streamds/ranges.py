@@ -80,8 +80,15 @@ class RangeReader:
         return self._read_source(shard, start, end)
 
     def _read_source(self, shard: Shard, start: int, end: int) -> bytes:
-        data = retrying(lambda: self._read_once(shard, start, end), self.retry,
-                        f"{shard.url} (bytes {start}-{end})")
+        try:
+            data = retrying(lambda: self._read_once(shard, start, end), self.retry,
+                            f"{shard.url} (bytes {start}-{end})")
+        except (FileNotFoundError, PermissionError) as err:
+            if shard.url in str(err):
+                raise
+            fix = ("make the dataset again from what the storage holds now"
+                   if isinstance(err, FileNotFoundError) else "check the credentials")
+            raise type(err)(err.errno, f"{shard.url}: {err}; {fix}") from err
         if len(data) < end - start and shard.size is not None and start + len(data) < min(
             end, shard.size
         ):
@@ -169,14 +176,15 @@ class RangeFile(io.RawIOBase):
 
     Reads up to `planned_end` (None: the file's end) come from `ahead` when it holds them,
     else in requests of up to DIRECT_REQUEST bytes that stop at `planned_end`; past it, in
-    requests of the size asked (at least _TAIL_REQUEST). With `owns_reader`, closing the
-    file closes `reader`.
+    requests of the size asked (at least _TAIL_REQUEST). The file ends at `stop` (None: where
+    the stored file ends). With `owns_reader`, closing the file closes `reader`.
     """
 
     def __init__(
         self, reader: RangeReader, shard: Shard, start: int, planned_end: int | None = None,
-        *, ahead: Prefetched | None = None, owns_reader: bool = False,
+        *, stop: int | None = None, ahead: Prefetched | None = None, owns_reader: bool = False,
     ) -> None:
+        self._stop = shard.size if stop is None else stop
         self._reader = reader
         self._owns_reader = owns_reader
         self._shard = shard
@@ -211,7 +219,9 @@ class RangeFile(io.RawIOBase):
     def read(self, size: int | None = -1) -> bytes:
         if size is None or size < 0:
             return _read_full(self, 1 << 62)  # type: ignore[arg-type]
-        if size == 0:
+        if self._stop is not None:
+            size = min(size, self._stop - self._pos)
+        if size <= 0:
             return b""
         held = self._pos - self._buffer_start
         if not 0 <= held < len(self._buffer) and not self._fill(size):
@@ -233,8 +243,8 @@ class RangeFile(io.RawIOBase):
                 end = self._pos + max(size, DIRECT_REQUEST)
                 if self._planned_end is not None:
                     end = max(self._pos + size, min(end, self._planned_end))
-            if self._shard.size is not None:
-                end = min(end, self._shard.size)
+            if self._stop is not None:
+                end = min(end, self._stop)
             data = self._reader.read(self._shard, self._pos, end)
             self._buffer_start = self._pos
         self._buffer = memoryview(data)

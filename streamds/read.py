@@ -89,10 +89,13 @@ def open_decoded_at(
     ranged requests retried per `retry`, through `cache` when given.
     """
     stored_start, decoded_start, stored_end = stored_span(shard, offset, end)
+    stop = None  # a seekable file's data ends at its last frame (its seek table follows)
+    if shard.frames:
+        stop = shard.frames[-1].compressed_offset + shard.frames[-1].compressed_size
     if ahead is not None:
-        raw = RangeFile(ahead.reader, shard, stored_start, stored_end, ahead=ahead)
+        raw = RangeFile(ahead.reader, shard, stored_start, stored_end, stop=stop, ahead=ahead)
     else:
-        raw = RangeFile(RangeReader(retry, cache), shard, stored_start, stored_end,
+        raw = RangeFile(RangeReader(retry, cache), shard, stored_start, stored_end, stop=stop,
                         owns_reader=True)
     try:
         stream = decode(raw, shard.codec, shard.url, start=stored_start,

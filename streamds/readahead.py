@@ -12,10 +12,16 @@ it reaches that piece, never in a thread nobody waits on.
 
 Threads are daemons started per `ReadAhead` (one per reader and epoch, in the process that
 reads), so nothing here crosses a fork or keeps a process from exiting.
+
+By default (`wants_readahead`) it runs for remote URLs and for local paths on network and FUSE
+mounts (a mounted Drive), not on local disks, whose kernel read-ahead already keeps up (there
+the extra copies and threads measured slower).
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import queue
 import threading
 from collections import deque
@@ -26,9 +32,9 @@ from dataclasses import dataclass
 from .cache import CacheSpec
 from .ranges import RangeReader, stored_span
 from .retry import DEFAULT_RETRY, RetryPolicy
-from .shards import Shard
+from .shards import Shard, process_fs
 
-__all__ = ["DEFAULT_READAHEAD", "ReadAhead", "Span", "block_span"]
+__all__ = ["DEFAULT_READAHEAD", "ReadAhead", "Span", "block_span", "wants_readahead"]
 
 DEFAULT_READAHEAD = 32 << 20  # bytes fetched ahead per reader, by default
 MAX_THREADS = 16  # requests in flight per reader: a slow mount serves each one at a time
@@ -36,6 +42,48 @@ MAX_PIECE = 4 << 20  # bytes per request: a quarter of the budget, within these 
 MIN_PIECE = 64 << 10
 
 Span = tuple[Shard, int, int]  # stored bytes [start, end) of a shard
+
+# filesystem types (as /proc/self/mountinfo names them) whose every request crosses a network
+# or a user-space daemon: a Colab Drive is "fuse.drive"-like, sshfs "fuse.sshfs"
+_REMOTE_MOUNTS = ("fuse", "nfs", "cifs", "smb", "9p", "ceph", "lustre", "glusterfs", "afs",
+                  "davfs", "gcsfuse", "virtiofs")
+
+
+@functools.lru_cache(maxsize=1)
+def _mounts() -> tuple[tuple[str, str], ...]:
+    """(mount point, filesystem type) of this machine's mounts, longest point first."""
+    found = []
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                if " - " not in line or len(fields) < 5:
+                    continue
+                after = line.split(" - ", 1)[1].split()
+                point = fields[4].replace("\\040", " ")
+                found.append((point, after[0] if after else ""))
+    except OSError:  # not Linux: no mount table to read
+        return ()
+    return tuple(sorted(found, key=lambda m: len(m[0]), reverse=True))
+
+
+def _on_remote_mount(path: str) -> bool:
+    real = os.path.realpath(path)
+    for point, kind in _mounts():
+        if real == point or real.startswith(point.rstrip("/") + "/"):
+            return kind.startswith(_REMOTE_MOUNTS)
+    return False
+
+
+def wants_readahead(shards: Iterable[Shard]) -> bool:
+    """Whether any shard is remote (an fsspec URL) or on a network or FUSE mount."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    for shard in shards:
+        fs = process_fs(shard.fs)
+        if not isinstance(fs, LocalFileSystem) or _on_remote_mount(shard.path):
+            return True
+    return False
 
 
 def block_span(shard: Shard, start: int, end: int | None, *, at_line: bool) -> Span | None:

@@ -157,10 +157,13 @@ def _remote_files(fs: fsspec.AbstractFileSystem, path: str, glob: bool) -> list[
                     found.update(fs.find(name, detail=True))
             else:
                 found[name] = info
-    return [
+    infos = [
         info for name, info in found.items()
         if info.get("type") != "directory" and pattern.matches(_rel(name, root))
     ]
+    # an HTTP listing gives names without sizes: ask each file once (a HEAD), here in the
+    # constructor, so blocks can be cut and requests stop at the file's end
+    return [fs.info(info["name"]) if info.get("size") is None else info for info in infos]
 
 
 def _list_files(item: str, storage_options: dict[str, Any]) -> tuple[Any, list[dict]]:

@@ -14,9 +14,11 @@ import threading
 from pathlib import Path
 
 import corpus
+import fsspec
 import pytest
 from torch.utils.data import DataLoader
 
+import streamds.readahead as readahead
 from preprocess.convert import convert
 from streamds import StreamingJsonl
 from streamds.cache import Cache, CacheSpec, namespace_of
@@ -209,3 +211,16 @@ def test_cache_dir_must_be_a_local_directory(tmp_path):
     with pytest.raises(ValueError, match="cache_limit"):
         StreamingJsonl(corpus.write(tmp_path / "b.jsonl", RECORDS[:3]), cache_dir=tmp_path,
                        cache_limit="lots")
+
+
+def test_read_ahead_is_on_for_mounts_and_urls_and_off_on_local_disk(tmp_path, monkeypatch):
+    path = corpus.write(tmp_path / "a.jsonl", RECORDS[:10])
+    assert StreamingJsonl(path).readahead == 0  # a local disk: the kernel reads ahead
+    mounts = ((str(tmp_path.resolve()), "fuse.drive"), ("/", "ext4"))
+    monkeypatch.setattr(readahead, "_mounts", lambda: mounts)
+    assert StreamingJsonl(path).readahead == readahead.DEFAULT_READAHEAD  # a mounted Drive
+    assert StreamingJsonl(path, readahead="8MB").readahead == 8_000_000
+    assert StreamingJsonl(path, readahead=0).readahead == 0
+    with fsspec.open("memory://corpus/a.jsonl", "wb") as f:
+        f.write(path.read_bytes())
+    assert StreamingJsonl("memory://corpus/a.jsonl").readahead == readahead.DEFAULT_READAHEAD
