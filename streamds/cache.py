@@ -1,9 +1,10 @@
 """A local write-through cache of remote or mounted shards, shared by every process on a node.
 
 Layout: ``cache_dir/<namespace>/<key>-<name>``, where the namespace is a digest of the
-dataset's shard list (URL, size, checksum: two corpora never collide) and the key a digest of
-the shard's URL. Beside each copy, ``<file>.lock`` (an `fcntl.flock` lock) and, while it is
-being written, ``<file>.partial-<random>``.
+dataset's shard list (per shard its manifest checksum, name and size, or without a manifest
+its URL and size: two corpora never collide, and a corpus mounted or served elsewhere finds
+its copies) and the key is the shard's checksum (or a digest of its URL). Beside each copy,
+``<file>.lock`` (an `fcntl.flock` lock) and, while it is being written, ``<file>.partial-<random>``.
 
 - The first process to find a shard missing takes the shard's lock exclusively (without
   waiting) and copies it in the background in large requests; its readers, and every other
@@ -45,13 +46,25 @@ COPY_REQUEST = 8 << 20  # bytes per request while copying a shard into the cache
 _LOCK, _PARTIAL = ".lock", ".partial-"
 
 Fetch = Callable[[Shard, int, int], bytes]  # stored bytes [start, end) from the source
+_VERIFIED: set[tuple[str, int, int, int]] = set()  # copies whose checksum this process checked
+
+
+def _name(shard: Shard) -> str:
+    return shard.path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _identity(shard: Shard) -> str:
+    """What names a shard's bytes: its manifest checksum and name, else its URL."""
+    if shard.checksum is not None:
+        return f"{shard.checksum}\0{_name(shard)}\0{shard.size}"
+    return f"{shard.url}\0{shard.size}"
 
 
 def namespace_of(shards: Sequence[Shard]) -> str:
     """A digest of the shard list: what the cache of one dataset is filed under."""
     digest = hashlib.blake2b(digest_size=8)
     for shard in shards:
-        digest.update(f"{shard.url}\0{shard.size}\0{shard.checksum}\n".encode())
+        digest.update(_identity(shard).encode() + b"\n")
     return digest.hexdigest()
 
 
@@ -98,9 +111,8 @@ class Cache:
         self._closed = False
 
     def path_of(self, shard: Shard) -> Path:
-        key = hashlib.blake2b(shard.url.encode(), digest_size=6).hexdigest()
-        name = shard.path.rstrip("/").rsplit("/", 1)[-1]
-        return self._root / f"{key}-{name}"
+        key = hashlib.blake2b(_identity(shard).encode(), digest_size=6).hexdigest()
+        return self._root / f"{key}-{_name(shard)}"
 
     def local_fd(self, shard: Shard) -> int | None:
         """A descriptor of the shard's complete local copy, or None (read the source; a copy
@@ -145,11 +157,16 @@ class Cache:
         return fd
 
     def _check(self, shard: Shard, path: Path) -> str | None:
-        size = path.stat().st_size
-        if shard.size is not None and size != shard.size:
-            return f"{size} bytes, the source has {shard.size}"
-        if shard.checksum is not None and (found := _checksum(path)) != shard.checksum:
-            return f"checksum {found}, the manifest says {shard.checksum}"
+        """What is wrong with `path` as a copy of `shard` (None: nothing). The checksum is
+        computed once per process for a given file (inode, size, modification time)."""
+        stat = path.stat()
+        if shard.size is not None and stat.st_size != shard.size:
+            return f"{stat.st_size} bytes, the source has {shard.size}"
+        seen = (str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        if shard.checksum is not None and seen not in _VERIFIED:
+            if (found := _checksum(path)) != shard.checksum:
+                return f"checksum {found}, the manifest says {shard.checksum}"
+            _VERIFIED.add(seen)
         return None
 
     def _start_copy(self, shard: Shard) -> None:

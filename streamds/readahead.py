@@ -20,7 +20,6 @@ the extra copies and threads measured slower).
 
 from __future__ import annotations
 
-import functools
 import os
 import queue
 import threading
@@ -49,9 +48,9 @@ _REMOTE_MOUNTS = ("fuse", "nfs", "cifs", "smb", "9p", "ceph", "lustre", "gluster
                   "davfs", "gcsfuse", "virtiofs")
 
 
-@functools.lru_cache(maxsize=1)
 def _mounts() -> tuple[tuple[str, str], ...]:
-    """(mount point, filesystem type) of this machine's mounts, longest point first."""
+    """(mount point, filesystem type) of this machine's mounts, longest point first (read
+    afresh: mounts come and go while a program runs)."""
     found = []
     try:
         with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
