@@ -20,6 +20,16 @@ What runs (``--scale`` shrinks both; medians of ``--repeats`` timed runs, page c
   same settings for both; "open" is the dataset constructor (listing the files), "epoch"
   the iteration, records/s counts both.
 
+With ``--mount-latency SECONDS`` (e.g. 0.02), conversion straight from a slow mount: a tree of
+20,000 PubMed-layout ``.json`` files of 10-20 KB (``--scale`` shrinks it), in folders of
+3,000, converted from local disk and through a `testbed.slowfs` FUSE mirror that adds the
+latency to every request (a fresh mount per run, so nothing is cached): one file at a time
+(``read_ahead=0``) against the default read-ahead (``--mount-read-ahead`` to add other
+counts). Each mount row is one run (latency, not CPU, sets its time); the shards of every
+row must be byte-identical. ``--mount-baseline-files N`` times one at a time on a tree of
+the first N files of the same layout instead (it is linear in files and takes ~30 minutes
+for 20,000 at 20 ms). ``--mount-only`` skips everything else.
+
 Other programs distort timings, so before each timed run the script waits (up to
 ``--quiet-wait`` seconds) until the rest of the machine is nearly idle, and reports the CPU
 others used during the timed runs.
@@ -27,11 +37,13 @@ others used during the timed runs.
     python benchmarks/convert_bench.py                  # full size: a few minutes on 2 cores
     python benchmarks/convert_bench.py --scale 0.1      # a quick look
     python benchmarks/convert_bench.py --write-readme   # also fill README.md's section
+    python benchmarks/convert_bench.py --mount-only --mount-latency 0.02   # mount rows only
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shutil
 import statistics
@@ -64,6 +76,8 @@ PER_FOLDER = 3000
 READ_WORKERS = (0, 2)
 BATCH_SIZE = 64
 SECTION = "convert"
+MOUNT_FILES_AT_SCALE_1 = 20_000
+MOUNT_RECORD_CHARS = 7000  # PubMed-layout records of ~15 KB (10-20 KB)
 
 
 def keep_batch(batch: list) -> list:
@@ -78,16 +92,15 @@ def log(message: str) -> None:
 # -- inputs --------------------------------------------------------------------------------
 
 
-def small_tree(files: int) -> Path:
+def small_tree(files: int, record_chars: int = SMALL_RECORD_CHARS) -> Path:
     from corpora.synthetic import write_small_files
 
-    path = DATA_DIR / f"small-files-{files}-c{SMALL_RECORD_CHARS}-s0"
+    path = DATA_DIR / f"small-files-{files}-c{record_chars}-s0"
     if not path.is_dir():
         log(f"generating {path.name}/ ({files:,} files)")
         tmp = path.with_name(path.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        write_small_files(tmp, records=files, per_folder=PER_FOLDER,
-                          record_chars=SMALL_RECORD_CHARS)
+        write_small_files(tmp, records=files, per_folder=PER_FOLDER, record_chars=record_chars)
         os.replace(tmp, path)
     return path
 
@@ -228,6 +241,99 @@ def time_read(source: Path, workers: int, repeats: int) -> tuple[float, float, i
     return statistics.median(opens), statistics.median(epochs), records
 
 
+# -- conversion through a slow mount ------------------------------------------------------
+
+
+_RUNS = itertools.count()
+
+
+@dataclass(frozen=True)
+class MountRow:
+    label: str
+    files: int
+    seconds: float
+    read_ahead: int
+
+
+def time_mount_convert(tree: Path, label: str, latency: float | None, read_ahead: int,
+                       scratch: Path) -> tuple[MountRow, Path]:
+    """One conversion of `tree` (through a fresh slowfs mount when `latency` is set)."""
+    from contextlib import nullcontext
+
+    from preprocess.convert import convert
+    from testbed.slowfs import mount
+
+    out = scratch / f"mount-out-{next(_RUNS)}"
+    place = (mount(tree, scratch / "mnt", latency=latency) if latency is not None
+             else nullcontext(tree))
+    with place as source, Quiet():
+        start = time.perf_counter()
+        result = convert([source], out, read_ahead=read_ahead)
+        seconds = time.perf_counter() - start
+    files = result.manifest.totals["records"]  # one record per file
+    log(f"  {label}: {files:,} files in {seconds:.1f} s = {files / seconds:,.1f} files/s")
+    return MountRow(label, files, seconds, read_ahead), out
+
+
+def shard_bytes(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.glob("shard-*"))}
+
+
+def mount_rows(args, scratch: Path) -> tuple[list[MountRow], str]:
+    from preprocess.convert import DEFAULT_READ_AHEAD
+    from testbed.slowfs import fuse_available
+
+    reason = fuse_available()
+    if reason is not None:
+        raise SystemExit(f"--mount-latency needs FUSE: {reason}")
+    files = max(100, round(MOUNT_FILES_AT_SCALE_1 * args.scale))
+    tree = small_tree(files, MOUNT_RECORD_CHARS)
+    latency = args.mount_latency
+    ms = f"{latency * 1000:g} ms mount"
+    counts = sorted({DEFAULT_READ_AHEAD, *args.mount_read_ahead})
+    rows, outs = [], []
+    log(f"conversion of {files:,} .json files: local disk vs a {ms}")
+    row, out = time_mount_convert(tree, "local disk, default read-ahead", None,
+                                  DEFAULT_READ_AHEAD, scratch)
+    rows.append(row)
+    outs.append(out)
+    baseline_tree = tree
+    if args.mount_baseline_files and args.mount_baseline_files < files:
+        baseline_tree = small_tree(args.mount_baseline_files, MOUNT_RECORD_CHARS)
+    row, out = time_mount_convert(baseline_tree, f"{ms}, one file at a time", latency, 0,
+                                  scratch)
+    rows.append(row)
+    if baseline_tree == tree:
+        outs.append(out)
+    for count in counts:
+        row, out = time_mount_convert(tree, f"{ms}, read-ahead {count}", latency, count,
+                                      scratch)
+        rows.append(row)
+        outs.append(out)
+    first = shard_bytes(outs[0])
+    if any(shard_bytes(out) != first for out in outs[1:]):
+        raise SystemExit("the shards differ between rows: the output must not depend on "
+                         "where the files are or on read-ahead")
+    base = rows[1].files / rows[1].seconds
+    lines = [
+        f"Conversion of {files:,} PubMed-layout `.json` files (~15 KB, folders of "
+        f"{PER_FOLDER:,}) from local disk and through `testbed.slowfs` adding {latency * 1000:g} "
+        "ms to every request (fresh mount per run); shards byte-identical in every row. "
+        f"Command: `{command_line()}`.",
+        "",
+        "| source | read-ahead | files | time | files/s | vs one at a time |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        rate = row.files / row.seconds
+        lines.append(f"| {row.label} | {row.read_ahead} | {row.files:,} | {row.seconds:,.2f} s "
+                     f"| {rate:,.1f} | {rate / base:,.1f}x |")
+    if baseline_tree != tree:
+        lines += ["", f"One at a time was timed on the first {rows[1].files:,} files (same "
+                  "layout): its cost is per file."]
+    return rows, "\n".join(lines)
+
+
 # -- report --------------------------------------------------------------------------------
 
 
@@ -291,8 +397,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="max seconds to wait for an idle machine before each run")
     parser.add_argument("--write-readme", action="store_true",
                         help=f"replace the bench:{SECTION} section of README.md")
+    parser.add_argument("--mount-latency", type=float, default=None, metavar="SECONDS",
+                        help="also convert through a testbed.slowfs mount with this latency")
+    parser.add_argument("--mount-read-ahead", type=int, nargs="*", default=[], metavar="N",
+                        help="read-ahead counts to time through the mount besides the default")
+    parser.add_argument("--mount-baseline-files", type=int, default=0, metavar="N",
+                        help="time one file at a time on a tree of N files (default: all)")
+    parser.add_argument("--mount-only", action="store_true",
+                        help="run only the mount rows (needs --mount-latency)")
     args = parser.parse_args(argv)
     Quiet.max_wait = args.quiet_wait
+    if args.mount_only:
+        if args.mount_latency is None:
+            parser.error("--mount-only needs --mount-latency")
+        with tempfile.TemporaryDirectory(prefix="convert-bench-", dir=DATA_DIR) as scratch:
+            print(mount_rows(args, Path(scratch))[1])
+        return 0
     files = max(100, round(FILES_AT_SCALE_1 * args.scale))
     big_bytes = max(10**6, round(BIG_BYTES_AT_SCALE_1 * args.scale / 10**6) * 10**6)
 
@@ -334,7 +454,11 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"  {label}, num_workers={workers}: open {opened:.2f}s, epoch {epoch:.2f}s")
                 reads.append((label, workers, opened, epoch, records))
 
+        mount_text = mount_rows(args, scratch)[1] if args.mount_latency is not None else ""
+
     text = report(rows, limits, reads, args)
+    if mount_text:
+        text += "\n\n" + mount_text
     print(text)
     if args.write_readme:
         replace_section(README, SECTION, text)

@@ -5,6 +5,11 @@
     python -m preprocess INPUT... --output DIR [--shard-size 256MB] [--format jsonl.zst|tar]
                          [--workers N] [--level 3] [--frame-size 4MiB]
                          [--transform module:function] [--on-error raise|skip] [--quiet]
+                         [--read-ahead 64] [--read-ahead-bytes 256MiB]
+                         [--storage-options JSON]
+
+INPUT may be an fsspec URL (``https://host/d/train.jsonl.zst``, ``s3://bucket/d/``, a remote
+folder or glob of ``.json`` files).
 
 Exit status: 0 on success, 2 for bad arguments or input (the reason on stderr), 130 when
 interrupted (rerun the same command to resume). Results go to stdout, the progress bar to
@@ -16,14 +21,23 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
+
+import orjson
 
 from streamds.parse import ON_ERROR
 from streamds.tools.units import human_bytes, size_argument
 
-from .convert import DEFAULT_FRAME_SIZE, DEFAULT_SHARD_SIZE, ConvertResult, convert
+from .convert import (
+    DEFAULT_FRAME_SIZE,
+    DEFAULT_READ_AHEAD,
+    DEFAULT_READ_AHEAD_BYTES,
+    DEFAULT_SHARD_SIZE,
+    ConvertResult,
+    convert,
+)
 from .counts import Progress
 from .errors import ConversionError
-from .sources import Inputs
 from .writers import FORMATS
 
 __all__ = ["build_parser", "main", "summary"]
@@ -54,8 +68,56 @@ def build_parser(prog: str = "python -m preprocess") -> argparse.ArgumentParser:
     parser.add_argument("--on-error", choices=ON_ERROR, default="raise",
                         help="malformed records and damaged files: stop (default) or skip "
                         "and count them")
+    parser.add_argument("--read-ahead", type=int, default=DEFAULT_READ_AHEAD, metavar="N",
+                        help=".json files opened at once, spread over folders, and local "
+                        f"folders listed at once (default {DEFAULT_READ_AHEAD}; 0: one at a "
+                        "time); for trees of small files on a mount or behind a URL")
+    parser.add_argument("--read-ahead-bytes", type=size_argument,
+                        default=DEFAULT_READ_AHEAD_BYTES, metavar="SIZE",
+                        help="memory for files read ahead of the next N "
+                        f"(default {DEFAULT_READ_AHEAD_BYTES >> 20}MiB)")
+    parser.add_argument("--storage-options", type=_json_object, default=None, metavar="JSON",
+                        help='fsspec options for URL inputs, e.g. \'{"anon": true}\'')
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     return parser
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """--storage-options: a JSON object, or a usage error naming the value."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON ({err}): {text!r}") from err
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object ({{...}}), got {text!r}")
+    return value
+
+
+class _Bar:
+    """The progress bar: bytes when every input size is known, else files. Made at the first
+    report, which comes once the conversion has listed the inputs (listed once only)."""
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+
+    def __call__(self, p: Progress) -> None:
+        from tqdm import tqdm
+
+        by_bytes = p.bytes_total is not None or p.files_total is None
+        if self.bar is None:
+            total = p.bytes_total if by_bytes else p.files_total
+            self.bar = tqdm(total=total or None, unit="B" if by_bytes else " files",
+                            unit_scale=by_bytes, desc="converting", file=sys.stderr,
+                            dynamic_ncols=True, smoothing=0.1)
+        done = p.resumed_bytes + p.stored_bytes if by_bytes else p.files
+        self.bar.update(done - self.bar.n)
+        files = f"/{p.files_total:,}" if p.files_total is not None else ""
+        self.bar.set_postfix_str(f"files {p.files:,}{files} records {p.records:,} "
+                                 f"shards {p.shards}", refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def summary(result: ConvertResult) -> str:
@@ -82,27 +144,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m preprocess") 
     if argv[:1] == ["convert"]:
         argv = argv[1:]
     args = build_parser(prog).parse_args(argv)
-    bar = None
-    if not args.quiet:
-        from tqdm import tqdm
-
-        try:
-            files, total = Inputs(args.inputs).stored_size()
-        except (OSError, ValueError):
-            files, total = 0, 0
-        bar = tqdm(total=total or None, unit="B", unit_scale=True, desc="converting",
-                   file=sys.stderr, dynamic_ncols=True, smoothing=0.1)
-
-        def show(p: Progress) -> None:
-            bar.update(p.resumed_bytes + p.stored_bytes - bar.n)
-            bar.set_postfix_str(f"files {p.files:,}/{files:,} records {p.records:,} "
-                                f"shards {p.shards}", refresh=False)
+    bar = _Bar() if not args.quiet else None
     try:
         result = convert(
             args.inputs, args.output, shard_size=args.shard_size, format=args.format,
             level=args.level, frame_size=args.frame_size, transform=args.transform,
-            on_error=args.on_error, workers=args.workers,
-            progress=show if bar is not None else None,
+            on_error=args.on_error, workers=args.workers, read_ahead=args.read_ahead,
+            read_ahead_bytes=args.read_ahead_bytes, storage_options=args.storage_options,
+            progress=bar,
         )
     except (ConversionError, ValueError, FileNotFoundError) as err:
         if bar is not None:

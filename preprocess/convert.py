@@ -9,11 +9,13 @@ The pipeline, one stage per line::
       -> write_manifest                         # last, atomically
 
 Output is a function of the inputs and options only: ``--workers`` changes how many shards
-compress at once (in threads: zstd releases the GIL) and how many ``.json`` files are read
-ahead, never the bytes. After a crash (even ``kill -9``), the same command verifies the
-shards the journal lists, deletes anything else, and continues from the input position the
-journal recorded after the last good shard, so every record lands exactly once and finished
-shards are not rewritten. The manifest is written last, atomically.
+compress at once (in threads: zstd releases the GIL), ``--read-ahead`` how many ``.json``
+files are opened at once (`preprocess.readahead`), never the bytes. Inputs may be fsspec URLs
+(``https://``, ``s3://``, ``memory://``), listed and ordered by the same rule as local ones.
+After a crash (even ``kill -9``), the same command verifies the shards the journal lists,
+deletes anything else, and continues from the input position the journal recorded after the
+last good shard, so every record lands exactly once and finished shards are not rewritten.
+The manifest is written last, atomically.
 
 Library use::
 
@@ -35,6 +37,7 @@ from streamds.checks import check_choice, check_int
 from streamds.formats.manifest import Manifest, ShardEntry, write_manifest
 from streamds.formats.seekable import MAX_FRAME_SIZE
 from streamds.parse import ON_ERROR
+from streamds.retry import DEFAULT_RETRY, RetryPolicy
 from streamds.shards import source_items
 from streamds.tools.spec import load_function
 
@@ -44,11 +47,13 @@ from .errors import ConversionError
 from .journal import JOURNAL_NAME, Journal
 from .recovery import prepare_output
 from .run import ConversionRun
-from .sources import Inputs, Meter
+from .sources import DEFAULT_READ_AHEAD, DEFAULT_READ_AHEAD_BYTES, Inputs, Meter
 from .writers import FORMATS
 
 __all__ = [
     "DEFAULT_FRAME_SIZE",
+    "DEFAULT_READ_AHEAD",
+    "DEFAULT_READ_AHEAD_BYTES",
     "DEFAULT_SHARD_SIZE",
     "JOURNAL_NAME",
     "ConversionError",
@@ -87,12 +92,17 @@ def _transform_name(transform: str | Callable[[Any], Any] | None) -> str | None:
 
 
 def _check_options(shard_size: int, fmt: str, level: int, frame_size: int, on_error: str,
-                   workers: int) -> None:
+                   workers: int, read_ahead: int, read_ahead_bytes: int) -> None:
     check_int("shard_size", shard_size, 1, "e.g. 256MB (the default)", maximum=1 << 50)
     check_int("level", level, -7, "3 (the default) for speed, 19 for size", maximum=22)
     check_int("frame_size", frame_size, 1, "a few MiB (the default, 4 MiB)",
               maximum=MAX_FRAME_SIZE)
     check_int("workers", workers, 1, "about the number of CPU cores", maximum=256)
+    check_int("read_ahead", read_ahead, 0,
+              f"{DEFAULT_READ_AHEAD} (the default) for a mount or URL, 0 for one file at a time",
+              maximum=1024)
+    check_int("read_ahead_bytes", read_ahead_bytes, 0,
+              f"e.g. {DEFAULT_READ_AHEAD_BYTES >> 20} MiB (the default)", maximum=1 << 40)
     check_choice("format", fmt, tuple(FORMATS))
     check_choice("on_error", on_error, ON_ERROR)
 
@@ -108,6 +118,10 @@ def convert(
     transform: str | Callable[[Any], Any] | None = None,
     on_error: str = "raise",
     workers: int = 1,
+    read_ahead: int = DEFAULT_READ_AHEAD,
+    read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES,
+    storage_options: dict[str, Any] | None = None,
+    retry: RetryPolicy = DEFAULT_RETRY,
     progress: Callable[[Progress], None] | None = None,
 ) -> ConvertResult:
     """Convert `inputs` into shards in `output`; resume there if a conversion was interrupted.
@@ -116,15 +130,22 @@ def convert(
     the record that would overflow it. `transform` is a callable or a ``module:function``
     spec applied to each record (None drops it). `on_error="skip"` skips and counts
     malformed records and unreadable compressed or tar files instead of raising
-    ConversionError. `workers` > 1 compresses that many shards at once in threads and reads
-    ``.json`` files ahead; the output does not depend on it. Memory: one frame per shard in
-    flight plus ~16 MiB of queued lines per background shard.
+    ConversionError. `workers` > 1 compresses that many shards at once in threads.
+    `read_ahead` ``.json`` files open at once (and local folders list at once; 0: one at a
+    time), spread over folders, with up to `read_ahead_bytes` read beyond the next
+    `read_ahead` files: what makes a tree of small files on a mount or behind a URL fast.
+    `storage_options` go to fsspec for URL inputs (they are not recorded anywhere);
+    `retry` says how transient read errors are retried. The output depends on none of these.
+    Memory: one frame per shard in flight, ~16 MiB of queued lines per background shard,
+    `read_ahead_bytes` plus one file per read-ahead thread, and the list of input files.
     """
-    _check_options(shard_size, format, level, frame_size, on_error, workers)
+    _check_options(shard_size, format, level, frame_size, on_error, workers, read_ahead,
+                   read_ahead_bytes)
     started = time.perf_counter()
     out = Path(output)
     items = source_items(inputs, name="inputs")
-    source = Inputs(items)
+    source = Inputs(items, storage_options=storage_options, read_ahead=read_ahead,
+                    read_ahead_bytes=read_ahead_bytes, retry=retry)
     apply = load_function(transform) if isinstance(transform, str) else transform
     if apply is not None and not callable(apply):
         raise ValueError(f"transform must be callable or 'module:function', got {transform!r}")

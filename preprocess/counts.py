@@ -27,3 +27,5 @@ class Progress:
     stored_bytes: int  # read in this run
     resumed_bytes: int  # read by earlier runs up to where this one resumed (approximate)
     shards: int
+    files_total: int | None = None  # files the inputs hold, once listed
+    bytes_total: int | None = None  # their stored bytes, when known without a request per file

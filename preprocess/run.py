@@ -66,6 +66,8 @@ class ConversionRun:
         self.index = 0
         self.counts = Counts()
         self.resumed_bytes = 0
+        self.files_total: int | None = None
+        self.bytes_total: int | None = None
 
     def run(self) -> None:
         """Convert the rest of the input, journaling each shard; end the journal."""
@@ -76,12 +78,12 @@ class ConversionRun:
         self.resumed_bytes = 0 if last is None else last["stored_bytes"]
         pool = ThreadPoolExecutor(self.workers, "streamds-shard") if self.workers > 1 else None
         records = self.source.records(
-            start,
-            meter=self.meter,
-            prefetch=4 * self.workers if self.workers > 1 else 0,
-            on_corrupt=self._count_corrupt if self.skip_errors else None,
+            start, meter=self.meter, on_corrupt=self._count_corrupt if self.skip_errors else None
         )
         try:
+            if self.progress is not None:
+                self.files_total, self.bytes_total = self.source.totals()
+                self._report()
             try:
                 self._loop(records, pool)
             except (CorruptShardError, SourceError) as err:
@@ -184,4 +186,6 @@ class ConversionRun:
             stored_bytes=self.meter.stored_bytes,
             resumed_bytes=self.resumed_bytes,
             shards=len(self.journal.shards),
+            files_total=self.files_total,
+            bytes_total=self.bytes_total,
         ))

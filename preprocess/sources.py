@@ -5,7 +5,8 @@ as JSONL, so PubMed's ``train.txt`` is one), a ``.json`` file (one document, pos
 pretty-printed, an array being its elements, or JSON lines: the reader's rule, see
 `streamds.formats.documents`), a tar shard (webdataset layout: each ``.json`` member is one
 record, each ``.jsonl`` member one record per line), a directory, or a glob. Inputs expand
-to *leaves* (single files) lazily:
+to *leaves* (single files), listed once before the first record is read and kept (a few
+hundred bytes per file):
 
 - a directory or a glob, expanded by the reader's rule (`streamds.formats.trees`): a
   directory names every record-looking file at any depth (``.json``, ``.jsonl``,
@@ -15,31 +16,41 @@ to *leaves* (single files) lazily:
   pattern without ``**`` whose last component matches a directory takes that directory's
   files. Hidden files and folders (``.ipynb_checkpoints``, dotfiles) are skipped unless a
   pattern spells the dot; symbolic links are followed. Each directory is listed with one
-  ``os.scandir`` call and sorted in natural order (``part_2`` before ``part_10``), so
-  memory is one listing per level.
+  ``os.scandir`` call and sorted in natural order (``part_2`` before ``part_10``); up to
+  `read_ahead` directories are listed at once (`preprocess.listing`).
 
 One file under two names (a symbolic link, ``d//a.jsonl``, an input listed twice, a file
 inside a directory also listed) is refused before a record is read: see `Inputs.leaves`.
 
+An input may also be an fsspec URL (``https://host/d/train.jsonl.zst``, ``s3://bucket/d/``,
+``memory://tree/*/*.json``; options in `storage_options`): a remote file, or a remote
+directory or glob expanded by the same rule (listed once with fsspec, sorted the same way).
+
+Reading: every open and read retries transient errors (Drive's ``[Errno 5]``, a dropped
+connection) per a `RetryPolicy`, reopening at the same byte, so nothing is lost or repeated.
+``.json`` files are read ahead by a `ReadAhead` pool (`read_ahead` opens in flight, spread
+over folders, bounded in bytes). The records and their order never depend on either.
+
 A `Position` (input index, path under the input, offset, line) names where a record
 begins: the decoded byte offset of its line in a JSONL file (a ``.json`` file of lines too),
 its ordinal in a tar shard or an array document, 0 for any other document.
-`Inputs.records(start=position)` restarts exactly there, without listing or reading what
-lies before beyond one listing per directory level (compressed files decode and discard up
-to the offset). This is what makes an interrupted conversion resume.
+`Inputs.records(start=position)` restarts exactly there, without reading the files before
+it (a plain file, local or remote, is read from the offset; compressed files decode and
+discard up to it). This is what makes an interrupted conversion resume.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
-import stat
 import tarfile
-from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO, NamedTuple
+
+from fsspec import AbstractFileSystem
+from fsspec.core import url_to_fs
 
 from streamds.errors import CorruptShardError
 from streamds.formats.codecs import decode, require_codec, strip_codec
@@ -47,18 +58,33 @@ from streamds.formats.documents import LINES, document_records, probe
 from streamds.formats.filenames import TAR_LINES_MEMBERS, TAR_RECORD_MEMBERS, format_of
 from streamds.formats.trees import (
     Rel,
-    Walk,
     canonical_path,
     directory_walk,
     glob_walk,
     has_magic,
+    natural_key,
 )
-from streamds.retry import PERMANENT_ERRORS
+from streamds.retry import DEFAULT_RETRY, PERMANENT_ERRORS, RetryPolicy, retrying
 from streamds.shards import same_file_error, source_items
 
-__all__ = ["Inputs", "Leaf", "Meter", "Position", "RawRecord", "SourceError"]
+from .listing import ListingWalk, RemoteTree, remote_tree
+from .readahead import ReadAhead
+
+__all__ = [
+    "DEFAULT_READ_AHEAD",
+    "DEFAULT_READ_AHEAD_BYTES",
+    "Inputs",
+    "Leaf",
+    "Meter",
+    "Position",
+    "RawRecord",
+    "SourceError",
+]
 
 READ_SIZE = 1 << 20  # raw bytes per read of a JSONL file
+HOLD_LINES = 4 << 20  # a .json file of JSON lines up to this size is read ahead whole
+DEFAULT_READ_AHEAD = 64  # .json files opening or reading at once (and folders listed at once)
+DEFAULT_READ_AHEAD_BYTES = 256 << 20  # bytes read ahead, beyond the next `read_ahead` files
 
 
 class SourceError(ValueError):
@@ -67,13 +93,31 @@ class SourceError(ValueError):
 
 @dataclass(frozen=True)
 class Leaf:
-    """One input file. `rel` is its path under the input's root (None: the input itself)."""
+    """One input file. `rel` is its path under the input's root (None: the input itself).
+
+    `path` names it in messages: a local path, or a URL for a file on `fs` (a remote
+    fsspec filesystem) at `fs_path`.
+    """
 
     input: int
     rel: Rel | None
     path: str
     kind: str  # "jsonl", "json" (a document or JSON lines, decided when read) or "tar"
     codec: str | None
+    size: int | None = None  # stored bytes, when known without asking (a listing, a stat)
+    fs: AbstractFileSystem | None = field(default=None, compare=False, repr=False)
+    fs_path: str = ""
+
+    @property
+    def folder(self) -> tuple[int, Rel]:
+        """The folder the file lies in (what a mount serialises lookups by)."""
+        return self.input, () if self.rel is None else self.rel[:-1]
+
+    def open(self) -> BinaryIO:
+        """The stored bytes, unbuffered where local."""
+        if self.fs is None:
+            return open(self.path, "rb", buffering=0)
+        return self.fs.open(self.fs_path, "rb")
 
 
 @dataclass(frozen=True)
@@ -127,26 +171,62 @@ class RawRecord(NamedTuple):
 
 
 class Meter:
-    """Reading progress: files finished and stored (raw, possibly compressed) bytes read."""
+    """Reading progress: files passed (those before a resumed run's start included) and
+    stored (raw, possibly compressed) bytes read. Updated by the consuming thread only."""
 
     def __init__(self) -> None:
         self.files = 0
         self.stored_bytes = 0
 
 
-class _Counted(io.RawIOBase):
-    """A raw file whose reads add to `meter.stored_bytes`."""
+class _Reopening(io.RawIOBase):
+    """A leaf's stored bytes from byte `start`, each read added to `count`.
 
-    def __init__(self, raw: BinaryIO, meter: Meter) -> None:
-        self._raw = raw
-        self._meter = meter
+    A transient error while opening or reading (`streamds.retry`) closes the file, and the
+    read is tried again per `policy` on a new handle at the same byte, so a decoder above
+    never sees the failure. Opens at once (retried), so a missing file raises here.
+    """
+
+    def __init__(self, leaf: Leaf, policy: RetryPolicy, start: int = 0) -> None:
+        self.leaf = leaf
+        self.policy = policy
+        self.pos = start
+        self.count = 0
+        self._file: BinaryIO | None = retrying(self._open, policy, f"{leaf.path}: open")
+
+    def _open(self) -> BinaryIO:
+        file = self.leaf.open()
+        if self.pos:
+            try:
+                file.seek(self.pos)
+            except (OSError, ValueError, io.UnsupportedOperation):  # a stream: read up to it
+                left = self.pos
+                while left > 0:
+                    data = file.read(min(left, READ_SIZE))
+                    if not data:
+                        break
+                    left -= len(data)
+        return file
+
+    def _read(self, size: int) -> bytes:
+        if self._file is None:
+            self._file = self._open()
+        try:
+            return self._file.read(size)
+        except OSError:
+            file, self._file = self._file, None
+            with contextlib.suppress(OSError):
+                file.close()
+            raise
 
     def readable(self) -> bool:
         return True
 
     def read(self, size: int = -1) -> bytes:
-        data = self._raw.read(size)
-        self._meter.stored_bytes += len(data)
+        data = retrying(lambda: self._read(size), self.policy,
+                        f"{self.leaf.path}: read at byte {self.pos}")
+        self.pos += len(data)
+        self.count += len(data)
         return data
 
     def readinto(self, buffer) -> int:  # type: ignore[override]
@@ -154,11 +234,10 @@ class _Counted(io.RawIOBase):
         buffer[: len(data)] = data
         return len(data)
 
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self._raw.seek(offset, whence)
-
     def close(self) -> None:
-        self._raw.close()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
         super().close()
 
 
@@ -175,14 +254,41 @@ def leaf_kind(name: str) -> tuple[str, str | None]:
     return fmt, codec
 
 
+def _is_url(item: str) -> bool:
+    return "://" in item or "::" in item
+
+
 # -- reading -----------------------------------------------------------------------------
 
 
-def _read_jsonl(leaf: Leaf, offset: int, line: int, meter: Meter) -> Iterator[RawRecord]:
-    raw = _Counted(open(leaf.path, "rb", buffering=0), meter)
+def _lines(
+    chunks: Iterator[bytes], leaf: Leaf, pos: int, line: int
+) -> Iterator[RawRecord]:
+    """The non-blank lines in decoded `chunks`, the first beginning at offset `pos`."""
+    pending: list[bytes] = []
+    for data in chunks:
+        if data.find(b"\n") < 0:
+            pending.append(data)
+            continue
+        pending.append(data)
+        lines = b"".join(pending).split(b"\n")
+        tail = lines.pop()
+        pending = [tail] if tail else []
+        for text in lines:
+            if text and not text.isspace():
+                yield RawRecord(text, leaf, pos, line)
+            pos += len(text) + 1
+            line += 1
+    tail = b"".join(pending)
+    if tail and not tail.isspace():
+        yield RawRecord(tail, leaf, pos, line)
+
+
+def _read_jsonl(
+    leaf: Leaf, offset: int, line: int, meter: Meter, policy: RetryPolicy
+) -> Iterator[RawRecord]:
+    raw = _Reopening(leaf, policy, offset if leaf.codec is None else 0)
     try:
-        if leaf.codec is None and offset:
-            raw.seek(offset)
         stream = decode(raw, leaf.codec, leaf.path)  # type: ignore[arg-type]
         skip = offset if leaf.codec is not None else 0
         while skip > 0:
@@ -193,58 +299,69 @@ def _read_jsonl(leaf: Leaf, offset: int, line: int, meter: Meter) -> Iterator[Ra
                     "stopped; the input changed since, so convert into a new directory"
                 )
             skip -= len(data)
-        pos = offset
-        pending: list[bytes] = []
-        while True:
-            data = stream.read(READ_SIZE)
-            if not data:
-                break
-            if data.find(b"\n") < 0:
-                pending.append(data)
-                continue
-            pending.append(data)
-            lines = b"".join(pending).split(b"\n")
-            tail = lines.pop()
-            pending = [tail] if tail else []
-            for text in lines:
-                if text and not text.isspace():
-                    yield RawRecord(text, leaf, pos, line)
-                pos += len(text) + 1
-                line += 1
-        tail = b"".join(pending)
-        if tail and not tail.isspace():
-            yield RawRecord(tail, leaf, pos, line)
+        yield from _lines(iter(lambda: stream.read(READ_SIZE), b""), leaf, offset, line)
     finally:
+        meter.stored_bytes += raw.count
         raw.close()
 
 
-def _read_json_file(leaf: Leaf, meter: Meter) -> bytes | None:
-    """A ``.json`` file's whole document, or None when it is JSON lines (read as such), by
-    the reader's rule (`streamds.formats.documents`). Only a document's bytes are metered
-    here: a file of lines is metered as it is read."""
-    probed = Meter()
-    with open(leaf.path, "rb", buffering=0) as f:
-        raw = _Counted(f, probed)  # type: ignore[arg-type]
+class Fetched(NamedTuple):
+    """A ``.json`` file read ahead: its layout by the reader's rule, and its decoded bytes
+    (None: JSON lines too long to hold, streamed when reached)."""
+
+    layout: str
+    data: bytes | None
+    stored: int  # stored bytes read (0 when `data` is None: the stream counts its own)
+
+
+def fetch_json(leaf: Leaf, policy: RetryPolicy = DEFAULT_RETRY) -> Fetched:
+    """Read a ``.json`` file whole (a document, or JSON lines up to `HOLD_LINES`), or as
+    far as its first lines when it is longer JSON lines. Transient errors are retried."""
+    if leaf.fs is not None and leaf.size is not None and leaf.size <= HOLD_LINES:
+        stored = retrying(lambda: leaf.fs.cat_file(leaf.fs_path), policy,  # type: ignore[union-attr]
+                          f"{leaf.path}: read")
+        raw: Any = io.BytesIO(stored)
+        count = len(stored)
+    else:
+        raw = _Reopening(leaf, policy)
+        count = -1
+    with raw:
         stream: Any = raw
         if leaf.codec is not None:
-            stream = decode(raw, leaf.codec, leaf.path)  # type: ignore[arg-type]
-        found, head = probe(stream.read)
-        if found == LINES:
-            return None
-        data = b"".join([head, *iter(lambda: stream.read(READ_SIZE), b"")])
-    meter.stored_bytes += probed.stored_bytes
-    return data
+            stream = decode(raw, leaf.codec, leaf.path)
+        ended = False
+
+        def read(size: int) -> bytes:
+            nonlocal ended
+            data = b"" if ended else stream.read(size)
+            ended = not data
+            return data
+
+        found, head = probe(read)
+        parts, held = [head], len(head)
+        while not ended and (found != LINES or held <= HOLD_LINES):
+            data = read(READ_SIZE)
+            parts.append(data)
+            held += len(data)
+        if ended:
+            return Fetched(found, b"".join(parts), count if count >= 0 else raw.count)
+    return Fetched(LINES, None, 0)
 
 
 def _json_records(
-    leaf: Leaf, offset: int, line: int, meter: Meter, document: bytes | None
+    leaf: Leaf, offset: int, line: int, meter: Meter, fetched: Fetched, policy: RetryPolicy
 ) -> Iterator[RawRecord]:
     """The records of a ``.json`` leaf from `offset` (a byte offset in a file of lines, an
-    element's ordinal in an array document); `document` is its bytes when already read."""
-    if document is None:
-        yield from _read_jsonl(replace(leaf, kind="jsonl"), offset, line, meter)
+    element's ordinal in an array document)."""
+    data = fetched.data
+    if fetched.layout == LINES:
+        if data is None:
+            yield from _read_jsonl(replace(leaf, kind="jsonl"), offset, line, meter, policy)
+        else:
+            yield from _lines(iter((data[offset:],)), replace(leaf, kind="jsonl"), offset, line)
         return
-    records, is_array = document_records(document)
+    assert data is not None
+    records, is_array = document_records(data)
     if not is_array:
         yield RawRecord(records[0], leaf, 0, 1)
         return
@@ -252,8 +369,8 @@ def _json_records(
         yield RawRecord(records[ordinal], leaf, ordinal, ordinal + 1, element=ordinal)
 
 
-def _read_tar(leaf: Leaf, first: int, meter: Meter) -> Iterator[RawRecord]:
-    raw = _Counted(open(leaf.path, "rb", buffering=0), meter)
+def _read_tar(leaf: Leaf, first: int, meter: Meter, policy: RetryPolicy) -> Iterator[RawRecord]:
+    raw = _Reopening(leaf, policy)
     stream = io.BufferedReader(decode(raw, leaf.codec, leaf.path), READ_SIZE)  # type: ignore[arg-type]
     ordinal = 0
     try:
@@ -282,6 +399,7 @@ def _read_tar(leaf: Leaf, first: int, meter: Meter) -> Iterator[RawRecord]:
             offset=ordinal,
         ) from err
     finally:
+        meter.stored_bytes += raw.count
         stream.close()
 
 
@@ -293,46 +411,95 @@ def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
 # -- inputs ------------------------------------------------------------------------------
 
 
-class Inputs:
-    """The conversion inputs, in the order given; each expands to leaves lazily.
+@dataclass(frozen=True)
+class _LocalFile:
+    path: str
 
-    Raises FileNotFoundError at construction for a path that does not exist or a glob whose
-    fixed directory does not exist. `exclude` names a directory never walked into (the
-    conversion's output, when it lies inside an input directory).
+
+@dataclass(frozen=True)
+class _RemoteFile:
+    fs: AbstractFileSystem
+    path: str
+    size: int | None
+
+
+_Plan = _LocalFile | _RemoteFile | ListingWalk | RemoteTree
+
+
+class Inputs:
+    """The conversion inputs, in the order given; each expands to leaves (files).
+
+    Raises FileNotFoundError at construction for a path that does not exist, a glob whose
+    fixed directory does not exist, or a remote directory or glob with no record files.
+    `exclude` names a directory never walked into (the conversion's output, when it lies
+    inside an input directory). `storage_options` go to fsspec for URLs; `read_ahead` is
+    how many ``.json`` files open at once and how many local folders list at once (0 or 1:
+    one at a time), `read_ahead_bytes` how much read-ahead data may wait beyond the next
+    `read_ahead` files; `retry` how transient errors are retried. None of these changes the
+    records or their order.
 
     >>> inputs = Inputs(["data/train.txt", "data/small/"])      # doctest: +SKIP
     >>> next(inputs.records()).where                            # doctest: +SKIP
     'data/train.txt: line 1'
     """
 
-    def __init__(self, items: Any) -> None:
+    def __init__(
+        self,
+        items: Any,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        read_ahead: int = DEFAULT_READ_AHEAD,
+        read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES,
+        retry: RetryPolicy = DEFAULT_RETRY,
+    ) -> None:
         if isinstance(items, (list, tuple)) and not items:
             raise ValueError("no inputs given; name JSONL files, directories, globs or tar files")
         self.items = tuple(source_items(items, name="inputs"))
+        self.storage_options = dict(storage_options or {})
+        self.read_ahead = read_ahead
+        self.read_ahead_bytes = read_ahead_bytes
+        self.retry = retry
         self._exclude: set[tuple[int, int]] = set()
-        self._walks: list[Walk | None] = []
-        self._checked = False  # every file was found under one name only
-        for item in self.items:
-            self._walks.append(self._plan(item))
+        self._plans: list[_Plan] = [self._plan(item) for item in self.items]
+        self._all: list[Leaf] | None = None  # every leaf, once listed and checked
 
     def exclude(self, directory: str | os.PathLike) -> None:
         """Never walk into `directory` (an existing one): the output, when inside an input."""
         info = os.stat(directory)
         self._exclude.add((info.st_dev, info.st_ino))
 
-    def _plan(self, item: str) -> Walk | None:
+    def _plan(self, item: str) -> _Plan:
+        if _is_url(item):
+            fs, path = url_to_fs(item, **self.storage_options)
+            protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
+            if protocol not in ("file", "local"):
+                return self._plan_remote(item, fs, path)
+            item = path
         if os.path.exists(item) and not os.path.isdir(item):
             _kind, codec = leaf_kind(item)
             require_codec(codec, item)
-            return None
+            return _LocalFile(item)
+        threads = self.read_ahead if self.read_ahead > 1 else 0
         if os.path.isdir(item):
-            return directory_walk(item, self._exclude)
+            return ListingWalk(directory_walk(item, self._exclude), threads)
         if has_magic(item):
-            walk = glob_walk(item, self._exclude)
+            walk = ListingWalk(glob_walk(item, self._exclude), threads)
             if not os.path.isdir(walk.root or "."):
                 raise FileNotFoundError(f"no files match {item!r}: {walk.root!r} is no directory")
             return walk
         raise FileNotFoundError(f"input {item!r} does not exist; check the path")
+
+    def _plan_remote(self, item: str, fs: AbstractFileSystem, path: str) -> _Plan:
+        try:
+            tree = retrying(lambda: remote_tree(fs, path), self.retry, item)
+        except FileNotFoundError as err:
+            raise FileNotFoundError(f"input {item!r}: {err}") from err
+        if tree is not None:
+            return tree
+        _kind, codec = leaf_kind(path.rsplit("/", 1)[-1])
+        require_codec(codec, item)
+        size = retrying(lambda: fs.size(path), self.retry, item)
+        return _RemoteFile(fs, path, size)
 
     def leaves(self, start: Position | None = None) -> Iterator[Leaf]:
         """Every input file in order, from the one holding `start` on.
@@ -340,107 +507,126 @@ class Inputs:
         The first call lists every input once to refuse a file found under two names
         (ValueError from `same_file_error`), before a record is read.
         """
-        if not self._checked:
-            self._check_identities()
-        return self._leaves(start)
+        return iter(self._leaf_list(start)[1])
 
-    def _check_identities(self) -> None:
-        """Raise ValueError when two leaves are one file (its real path), whatever the names."""
+    def _leaf_list(self, start: Position | None) -> tuple[int, list[Leaf]]:
+        """(files before `start`, the leaves from the one holding it on)."""
+        if self._all is None:
+            self._all = self._checked_leaves()
+        if start is None:
+            return 0, self._all
+        for index, leaf in enumerate(self._all):
+            if leaf.input == start.input and leaf.rel == start.file:
+                return index, self._all[index:]
+        rest = list(self._leaves(start))  # the file is gone: the walk finds what follows
+        return len(self._all) - len(rest), rest
+
+    def _checked_leaves(self) -> list[Leaf]:
+        """Every leaf; ValueError when two are one file (its real path), whatever the names."""
         named: dict[str, str] = {}
         real_dirs: dict[str, str] = {}
+        leaves = []
         for leaf in self._leaves(None):
-            real = canonical_path(leaf.path, is_link=os.path.islink(leaf.path),
-                                  real_dirs=real_dirs)
+            real = self._identity(leaf, real_dirs)
             if real in named:
                 raise same_file_error(named[real], leaf.path, real, named_by="the inputs name")
             named[real] = leaf.path
-        self._checked = True
+            leaves.append(leaf)
+        return leaves
+
+    def _identity(self, leaf: Leaf, real_dirs: dict[str, str]) -> str:
+        if leaf.fs is not None:
+            return leaf.fs.unstrip_protocol(leaf.fs._strip_protocol(leaf.fs_path))
+        plan = self._plans[leaf.input]
+        if isinstance(plan, ListingWalk) and leaf.rel is not None:
+            is_link = leaf.rel in plan.links  # from the listing: no request per file
+        else:
+            is_link = os.path.islink(leaf.path)
+        return canonical_path(leaf.path, is_link=is_link, real_dirs=real_dirs)
 
     def _leaves(self, start: Position | None) -> Iterator[Leaf]:
         first = 0 if start is None else start.input
         for index in range(first, len(self.items)):
-            item, walk = self.items[index], self._walks[index]
-            if walk is None:
-                kind, codec = leaf_kind(item)
-                yield Leaf(index, None, item, kind, codec)
-                continue
+            item, plan = self.items[index], self._plans[index]
             resume = start.file if start is not None and index == start.input else None
-            for rel in walk.files(resume):
-                kind, codec = leaf_kind(rel[-1])
-                if codec is not None:
-                    require_codec(codec, rel[-1])
-                yield Leaf(index, rel, os.path.join(walk.root, *rel), kind, codec)
+            if isinstance(plan, _LocalFile):
+                kind, codec = leaf_kind(plan.path)
+                yield Leaf(index, None, plan.path, kind, codec, _local_size(plan.path))
+            elif isinstance(plan, _RemoteFile):
+                kind, codec = leaf_kind(plan.path.rsplit("/", 1)[-1])
+                yield Leaf(index, None, item, kind, codec, plan.size, plan.fs, plan.path)
+            elif isinstance(plan, RemoteTree):
+                for rel in plan.files:
+                    if resume is not None and _before(rel, resume):
+                        continue
+                    kind, codec = leaf_kind(rel[-1])
+                    if codec is not None:
+                        require_codec(codec, rel[-1])
+                    path = plan.path_of(rel)
+                    yield Leaf(index, rel, plan.fs.unstrip_protocol(path), kind, codec,
+                               plan.sizes[rel], plan.fs, path)
+            else:
+                for rel in plan.files(resume):
+                    kind, codec = leaf_kind(rel[-1])
+                    if codec is not None:
+                        require_codec(codec, rel[-1])
+                    yield Leaf(index, rel, os.path.join(plan.root, *rel), kind, codec)
 
-    def stored_size(self) -> tuple[int, int]:
-        """(files, stored bytes) of all inputs: a listing and a stat per file, no reads."""
-        files = size = 0
-        for leaf in self.leaves():
-            files += 1
-            try:
-                info = os.stat(leaf.path)
-            except OSError:
-                continue
-            if stat.S_ISREG(info.st_mode):
-                size += info.st_size
-        return files, size
+    def totals(self) -> tuple[int, int | None]:
+        """(files, stored bytes) of all inputs; bytes None unless every size is known without
+        a request per file (local files named as inputs, remote listings)."""
+        leaves = self._leaf_list(None)[1]
+        sizes = [leaf.size for leaf in leaves]
+        return len(leaves), None if None in sizes else sum(sizes)  # type: ignore[arg-type]
 
     def records(
         self,
         start: Position | None = None,
         *,
         meter: Meter | None = None,
-        prefetch: int = 0,
         on_corrupt: Callable[[Leaf, CorruptShardError], None] | None = None,
     ) -> Iterator[RawRecord]:
         """Raw records in input order, from `start` on (a position a record began at).
 
-        With `prefetch` > 0, that many threads read ``.json`` files ahead of the consumer
-        (a bounded window, results in order): small files on network storage are latency
-        bound, not CPU bound. A damaged compressed or tar file raises CorruptShardError
-        naming it, or, with `on_corrupt`, is reported there and the rest of it skipped.
-        A file that cannot be opened raises SourceError.
+        ``.json`` files are read ahead (see the class). A damaged compressed or tar file
+        raises CorruptShardError naming it, or, with `on_corrupt`, is reported there and
+        the rest of it skipped. A file that cannot be opened raises SourceError.
         """
         meter = meter if meter is not None else Meter()
-        leaves = self.leaves(start)
-        if prefetch <= 0:
-            for leaf in leaves:
-                yield from self._leaf_records(leaf, start, meter, None, on_corrupt)
-            return
-        window: deque[tuple[Leaf, Future[bytes | None] | None]] = deque()
-        with ThreadPoolExecutor(prefetch, thread_name_prefix="streamds-read") as pool:
-            try:
-                for leaf in leaves:
-                    doc = pool.submit(_read_json_file, leaf, meter) if leaf.kind == "json" else None
-                    window.append((leaf, doc))
-                    while len(window) > 8 * prefetch or (window and window[-1][1] is None):
-                        head, future = window.popleft()
-                        yield from self._leaf_records(head, start, meter, future, on_corrupt)
-                while window:
-                    head, future = window.popleft()
-                    yield from self._leaf_records(head, start, meter, future, on_corrupt)
-            finally:
-                for _, future in window:
-                    if future is not None:
-                        future.cancel()
+        meter.files, leaves = self._leaf_list(start)  # counting the files before `start`
+        policy = self.retry
+        ahead: ReadAhead[Leaf, Fetched] = ReadAhead(
+            leaves,
+            lambda leaf: fetch_json(leaf, policy),
+            wants=lambda leaf: leaf.kind == "json",
+            group=lambda leaf: leaf.folder,
+            size=lambda fetched: len(fetched.data or b""),
+            threads=self.read_ahead,
+            max_bytes=self.read_ahead_bytes,
+        )
+        for leaf, fetched in ahead:
+            yield from self._leaf_records(leaf, start, meter, fetched, on_corrupt)
 
-    @staticmethod
     def _leaf_records(
+        self,
         leaf: Leaf,
         start: Position | None,
         meter: Meter,
-        doc: Future[bytes | None] | None,
+        fetched: Any,
         on_corrupt: Callable[[Leaf, CorruptShardError], None] | None,
     ) -> Iterator[RawRecord]:
         here = start is not None and start.input == leaf.input and start.file == leaf.rel
         offset, line = (start.offset, start.line) if here and start is not None else (0, 1)
+        policy = self.retry
         try:
             if leaf.kind == "json":
-                document = doc.result() if doc is not None else _read_json_file(leaf, meter)
-                yield from _json_records(leaf, offset, line, meter, document)
+                got: Fetched = fetched.result()
+                meter.stored_bytes += got.stored
+                yield from _json_records(leaf, offset, line, meter, got, policy)
             elif leaf.kind == "tar":
-                yield from _read_tar(leaf, offset, meter)
+                yield from _read_tar(leaf, offset, meter, policy)
             else:
-                yield from _read_jsonl(leaf, offset, line, meter)
+                yield from _read_jsonl(leaf, offset, line, meter, policy)
         except CorruptShardError as err:
             if on_corrupt is None:
                 raise
@@ -448,3 +634,15 @@ class Inputs:
         except PERMANENT_ERRORS as err:
             raise SourceError(f"{leaf.path}: cannot read: {err}") from err
         meter.files += 1
+
+
+def _before(rel: Rel, start: Rel) -> bool:
+    """Whether `rel` comes before `start` in a remote tree's order (a resume skips it)."""
+    return natural_key("/".join(rel)) < natural_key("/".join(start))
+
+
+def _local_size(path: str) -> int | None:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return None
