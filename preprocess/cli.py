@@ -153,7 +153,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m preprocess") 
             read_ahead_bytes=args.read_ahead_bytes, storage_options=args.storage_options,
             progress=bar,
         )
-    except (ConversionError, ValueError, FileNotFoundError) as err:
+    except (ConversionError, ValueError, FileNotFoundError, ImportError) as err:
         if bar is not None:
             bar.close()
         print(f"{prog}: error: {err}", file=sys.stderr)

@@ -94,7 +94,7 @@ class ListingWalk(Walk):
 
 
 class _Ahead:
-    """Lists the folders of a `ListingWalk` in threads, those the walk reaches first first.
+    """Lists the folders of a `ListingWalk` in threads, the ones the walk reaches first first.
 
     The walk asks for folders in increasing `_order`; a listing it has passed is dropped.
     State, under one lock: `pending` (a heap of folders found, not started), `claimed`

@@ -470,7 +470,14 @@ class Inputs:
 
     def _plan(self, item: str) -> _Plan:
         if _is_url(item):
-            fs, path = url_to_fs(item, **self.storage_options)
+            try:
+                fs, path = url_to_fs(item, **self.storage_options)
+            except ImportError as err:
+                raise ImportError(
+                    f"input {item!r} needs a filesystem library that is not installed ({err}); "
+                    "for https:// install the 'remote' extra (pip install 'streamds[remote]'), "
+                    "for s3:// s3fs, for gs:// gcsfs"
+                ) from err
             protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
             if protocol not in ("file", "local"):
                 return self._plan_remote(item, fs, path)
@@ -494,6 +501,13 @@ class Inputs:
             tree = retrying(lambda: remote_tree(fs, path), self.retry, item)
         except FileNotFoundError as err:
             raise FileNotFoundError(f"input {item!r}: {err}") from err
+        except (OSError, ValueError):
+            raise
+        except Exception as err:  # e.g. botocore's NoCredentialsError, which is no OSError
+            raise SourceError(
+                f"input {item!r} cannot be listed: {type(err).__name__}: {err}; check the URL "
+                "and the credentials (--storage-options)"
+            ) from err
         if tree is not None:
             return tree
         _kind, codec = leaf_kind(path.rsplit("/", 1)[-1])

@@ -547,3 +547,22 @@ def test_a_resume_whose_file_is_gone_goes_on_with_the_next(tmp_path, where):
     finally:
         if where == "memory":
             fs.rm(f"{MEMORY_ROOT}-gone", recursive=True)
+
+
+def test_a_url_without_its_library_or_credentials_says_what_to_do(memory, monkeypatch, tmp_path,
+                                                                  capsys):
+    def no_library(*args: Any, **kwargs: Any) -> Any:
+        raise ImportError("HTTPFileSystem requires 'aiohttp' to be installed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(sources, "url_to_fs", no_library)
+        with pytest.raises(ImportError, match=r"streamds\[remote\]"):
+            Inputs(["https://example.invalid/tree/"])
+
+    def no_credentials(*args: Any) -> Any:
+        raise RuntimeError("Unable to locate credentials")  # botocore's is no OSError
+
+    monkeypatch.setattr(sources, "remote_tree", no_credentials)
+    assert main([f"{memory}/tree", "--output", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be listed" in err and "credentials" in err and f"{memory}/tree" in err
