@@ -103,6 +103,18 @@ def server(www: Path):
 
 
 @pytest.fixture(scope="module")
+def s3(www: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The same files in a bucket of moto's S3 server on 127.0.0.1; yields (URL, options)."""
+    pytest.importorskip("moto", reason="S3 tests need moto[server] (the 'dev' extra)")
+    pytest.importorskip("s3fs", reason="S3 tests need s3fs (the 'dev' extra)")
+    from testbed.s3 import serve_s3, upload_folder
+
+    with serve_s3() as (endpoint_url, options):
+        upload_folder(www, "convert-remote", endpoint_url=endpoint_url)
+        yield "s3://convert-remote", options
+
+
+@pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory, www: Path):
     """Local conversions, one file at a time, by input list (made once each)."""
     made: dict[tuple[str, ...], Path] = {}
@@ -158,6 +170,13 @@ def test_a_remote_tree_converts_to_the_bytes_of_the_local_tree(
     result = convert([url], tmp_path / "out", **OPTIONS)
     same_output(tmp_path / "out", reference([f"{www}/{spelling}"]))
     assert result.manifest.inputs == (url,)
+
+
+@pytest.mark.parametrize("spelling", ["tree/", "tree/part_*/*.json", "big.jsonl"])
+def test_s3_converts_to_the_bytes_of_local_files(www, s3, reference, tmp_path, spelling):
+    base, options = s3
+    convert([f"{base}/{spelling}"], tmp_path / "out", storage_options=options, **OPTIONS)
+    same_output(tmp_path / "out", reference([f"{www}/{spelling}"]))
 
 
 def test_remote_single_files_convert_like_local_ones(www, memory, server, reference, tmp_path):
@@ -494,6 +513,17 @@ def test_cli_takes_urls_read_ahead_and_storage_options(www, memory, reference, t
     same_output(out, reference([str(www / "tree")]))
     assert main([str(www / "tree"), "--output", str(tmp_path / "bar")]) == 0
     assert " files" in capsys.readouterr().err  # a tree's progress counts files
+
+
+def test_cli_passes_storage_options_to_s3(www, s3, reference, tmp_path):
+    base, options = s3
+    out = tmp_path / "out"
+    assert main([f"{base}/tree/", "--output", str(out), "--shard-size", "20000",
+                 "--frame-size", "4000", "--storage-options", json.dumps(options),
+                 "--quiet"]) == 0
+    same_output(out, reference([str(www / "tree")]))
+    manifest = (out / MANIFEST_NAME).read_text()
+    assert options["key"] not in manifest and "endpoint_url" not in manifest  # not recorded
 
 
 def test_cli_refuses_bad_storage_options_and_missing_urls(memory, tmp_path, capsys):
