@@ -26,7 +26,6 @@ import pytest
 
 import preprocess.readahead as readahead
 import preprocess.sources as sources
-import streamds.retry
 from corpora.synthetic import write_pubmed, write_small_files
 from preprocess.cli import main
 from preprocess.convert import ConversionError, convert
@@ -447,8 +446,6 @@ def test_without_retries_the_same_faults_stop_the_conversion(www, tmp_path, monk
 
 
 def test_http_errors_are_retried_to_the_same_bytes(www, server, reference, tmp_path):
-    if not hasattr(streamds.retry, "as_os_error"):
-        pytest.skip("needs streamds.retry.as_os_error (HTTP 503 as a transient OSError)")
     expected = reference([f"{www}/tree/", str(www / "big.jsonl")])
     server.faults = Faults(fail_every=3)
     server.reset_log()
