@@ -9,8 +9,8 @@ in the reader's order (`streamds.formats.trees`: natural order of full paths):
   kernel serialises the lookups within one folder, so only listing several folders at once
   makes a deep tree list fast. It also notes which entries are symbolic links, so checking
   that no file is named twice costs no request per file.
-- `remote_tree` lists a remote directory or glob with fsspec, filters it with the same
-  `Pattern` and sorts it naturally.
+- `remote_tree` lists a remote directory or glob with the reader's own rule
+  (`streamds.formats.trees.remote_record_files`) and sorts it naturally.
 """
 
 from __future__ import annotations
@@ -23,7 +23,15 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 
-from streamds.formats.trees import Pattern, Rel, Walk, has_magic, natural_key
+from streamds.formats.trees import (
+    Rel,
+    Walk,
+    has_magic,
+    natural_key,
+    remote_is_folder,
+    remote_record_files,
+    remote_rel,
+)
 
 __all__ = ["ListingWalk", "RemoteTree", "remote_tree"]
 
@@ -182,26 +190,12 @@ class RemoteTree:
         self.fs = fs
         self.root = root
         self.sizes: dict[Rel, int | None] = {
-            _rel(name, root): info.get("size") for name, info in found.items()
+            remote_rel(name, root): info.get("size") for name, info in found.items()
         }
         self.files = sorted(self.sizes, key=lambda rel: natural_key("/".join(rel)))
 
     def path_of(self, rel: Rel) -> str:
         return "/".join((self.root, *rel))
-
-
-def _rel(name: str, root: str) -> Rel:
-    return tuple(name[len(root):].strip("/").split("/"))
-
-
-def _split_glob(path: str) -> tuple[str, Rel]:
-    """A remote glob's fixed part and its components after it, split on "/" only (so
-    ``http://host/d/*.json`` keeps its "//")."""
-    parts = path.split("/")
-    static = 0
-    while static < len(parts) - 1 and not has_magic(parts[static]):
-        static += 1
-    return "/".join(parts[:static]), tuple(parts[static:])
 
 
 def remote_tree(fs: AbstractFileSystem, path: str) -> RemoteTree | None:
@@ -216,25 +210,9 @@ def remote_tree(fs: AbstractFileSystem, path: str) -> RemoteTree | None:
             info = fs.info(path)
         except FileNotFoundError as err:
             raise FileNotFoundError(f"{path!r} does not exist; check the URL") from err
-        listing_page = info.get("mimetype") == "text/html" or path.endswith("/")
-        if info.get("type") != "directory" and not (listing_page and fs.isdir(path)):
-            return None  # HTTP calls a folder's listing page a file: fs.isdir parses it
-        root, pattern = path.rstrip("/"), Pattern(None)
-        found = fs.find(path, detail=True)
-    else:
-        root, parts = _split_glob(path)
-        pattern = Pattern(parts)
-        found = {}
-        for name, info in fs.glob(path, detail=True).items():
-            if info.get("type") == "directory":  # a matched directory: its record files
-                if not pattern.recursive:
-                    found.update(fs.find(name, detail=True))
-            else:
-                found[name] = info
-    named = {
-        name: info for name, info in found.items()
-        if info.get("type") != "directory" and pattern.matches(_rel(name, root))
-    }
+        if not remote_is_folder(fs, path, info):
+            return None
+    root, named = remote_record_files(fs, path, glob)
     if not named:
         what = "no files match" if glob else "no record files under"
         raise FileNotFoundError(

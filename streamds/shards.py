@@ -27,14 +27,13 @@ from .formats.filenames import RECORD_SUFFIXES, format_of
 from .formats.manifest import MANIFEST_NAME, parse_manifest
 from .formats.seekable import Frame, SeekTableError, read_seek_table
 from .formats.trees import (
-    Pattern,
-    Rel,
     canonical_path,
     directory_walk,
     glob_walk,
     has_magic,
     natural_key,
-    split_glob,
+    remote_is_folder,
+    remote_record_files,
 )
 from .retry import DEFAULT_RETRY, retrying
 
@@ -124,10 +123,6 @@ def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return protocol in ("file", "local")
 
 
-def _rel(found: str, root: str) -> Rel:
-    return tuple(found[len(root.rstrip("/")) :].strip("/").split("/"))
-
-
 def _local_info(fs: fsspec.AbstractFileSystem, path: str, item: str) -> dict:
     """The info of a file a local walk found (a symbolic link: of what it points to)."""
     try:
@@ -144,26 +139,10 @@ def _local_info(fs: fsspec.AbstractFileSystem, path: str, item: str) -> dict:
 
 def _remote_files(fs: fsspec.AbstractFileSystem, path: str, glob: bool) -> list[dict]:
     """The record files of a remote directory or glob, by the rule of `formats.trees`."""
-    if not glob:
-        pattern, root = Pattern(None), path
-        found = fs.find(path, detail=True)
-    else:
-        root, parts = split_glob(path)
-        pattern = Pattern(parts)
-        found = {}
-        for name, info in fs.glob(path, detail=True).items():
-            if info.get("type") == "directory":  # a matched directory: its record files
-                if not pattern.recursive:
-                    found.update(fs.find(name, detail=True))
-            else:
-                found[name] = info
-    infos = [
-        info for name, info in found.items()
-        if info.get("type") != "directory" and pattern.matches(_rel(name, root))
-    ]
+    _, found = remote_record_files(fs, path, glob)
     # an HTTP listing gives names without sizes: ask each file once (a HEAD), here in the
     # constructor, so blocks can be cut and requests stop at the file's end
-    return [fs.info(info["name"]) if info.get("size") is None else info for info in infos]
+    return [fs.info(name) if info.get("size") is None else info for name, info in found.items()]
 
 
 def _list_files(item: str, storage_options: dict[str, Any]) -> tuple[Any, list[dict]]:
@@ -181,7 +160,9 @@ def _list_files(item: str, storage_options: dict[str, Any]) -> tuple[Any, list[d
             raise FileNotFoundError(
                 f"source {item!r} does not exist; check the path or URL"
             ) from err
-        if info.get("type") != "directory":
+        if info.get("type") != "directory" and (
+            _is_local(fs) or not remote_is_folder(fs, path, info)
+        ):
             return fs, [info]
     if _is_local(fs):
         walk = glob_walk(path) if glob else directory_walk(path)

@@ -64,3 +64,16 @@ def test_http_missing_file_names_the_url(served):
     server, _ = served
     with pytest.raises(FileNotFoundError, match=r"nothere\.jsonl"):
         StreamingJsonl(f"{server.url}/nothere.jsonl")
+
+
+def test_http_folder_url_and_nested_glob_read_the_folders_files(tmp_path):
+    """A folder's URL is its listing page to HTTP, and a glob keeps the URL's "//": both name
+    the record files below, by the rule local folders and the converter use."""
+    for part in ("a", "b"):
+        (tmp_path / "t" / part).mkdir(parents=True)
+        (tmp_path / "t" / part / "x.jsonl").write_bytes(
+            b"".join(orjson.dumps({"id": f"{part}{i}"}) + b"\n" for i in range(3)))
+    expected = [f"{part}{i}" for part in ("a", "b") for i in range(3)]
+    with serve(tmp_path) as server:
+        for source in (f"{server.url}/t/", f"{server.url}/t/*/*.jsonl"):
+            assert [r["id"] for r in StreamingJsonl(source)] == expected, source

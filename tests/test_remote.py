@@ -116,7 +116,7 @@ class HttpBackend:
         shutil.copytree(root, self.www / name)
         base = f"{self.server.url}/{name}"
         if not self.by_url:  # a glob: fsspec's HTTP filesystem takes any URL for a file
-            return Remote(f"{base}/*")
+            return Remote(f"{base}/*.jsonl*")  # the record files, not manifest.json
         files = sorted(p.name for p in root.iterdir() if p.suffix != ".json")  # no manifest
         return Remote([f"{base}/{file}" for file in files])
 
@@ -281,7 +281,7 @@ def http_source(server: RangeServer, corpus: Corpus, named: str) -> str | list[s
     """The corpus on `server` by a glob (sizes unknown until read) or by URLs (one HEAD each)."""
     if named == "by url":
         return [f"{server.url}/{name}" for name in record_files(corpus)]
-    return f"{server.url}/*"
+    return f"{server.url}/*.jsonl*"
 
 
 NAMED = ["by glob", "by url"]
@@ -357,7 +357,7 @@ def test_forbidden_shard_fails_at_once_naming_the_url(corpus, when):
         if when == "construction":
             server.faults.status_for[f"/{name}"] = 403
         with pytest.raises(OSError, match=re.escape(url)):
-            dataset = StreamingJsonl(f"{server.url}/*", block_size=BLOCK,
+            dataset = StreamingJsonl(f"{server.url}/*.jsonl*", block_size=BLOCK,
                                      retry=RetryPolicy(attempts=2, backoff=30))
             server.faults.status_for[f"/{name}"] = 403
             list(dataset)

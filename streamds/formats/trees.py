@@ -38,6 +38,9 @@ __all__ = [
     "glob_walk",
     "has_magic",
     "natural_key",
+    "remote_is_folder",
+    "remote_record_files",
+    "remote_rel",
     "split_glob",
 ]
 
@@ -203,6 +206,53 @@ def split_glob(pattern: str) -> tuple[str, Rel]:
     while static < len(parts) - 1 and not has_magic(parts[static]):
         static += 1
     return (os.path.join(*parts[:static]) if static else ""), tuple(parts[static:])
+
+
+def remote_rel(name: str, root: str) -> Rel:
+    """The components of the remote file `name` under `root`."""
+    return tuple(name[len(root.rstrip("/")) :].strip("/").split("/"))
+
+
+def _split_remote_glob(path: str) -> tuple[str, Rel]:
+    """A remote glob's fixed part and its components after it, split on "/" only (so
+    ``http://host/d/*.json`` keeps its "//", which `split_glob`'s PurePath would collapse)."""
+    parts = path.split("/")
+    static = 0
+    while static < len(parts) - 1 and not has_magic(parts[static]):
+        static += 1
+    return "/".join(parts[:static]), tuple(parts[static:])
+
+
+def remote_is_folder(fs: Any, path: str, info: dict[str, Any]) -> bool:
+    """Whether remote `path` (with fsspec `info`) is a folder; over HTTP a folder's URL is a
+    "file", its listing page, which `fs.isdir` parses."""
+    if info.get("type") == "directory":
+        return True
+    listing_page = info.get("mimetype") == "text/html" or path.endswith("/")
+    return listing_page and fs.isdir(path)
+
+
+def remote_record_files(fs: Any, path: str, glob: bool) -> tuple[str, dict[str, dict]]:
+    """(root, {name: fsspec info}) of the record files that the remote folder or glob `path`
+    names on the fsspec filesystem `fs`, by the same `Pattern` as local walks (empty when
+    nothing matches)."""
+    if glob:
+        root, parts = _split_remote_glob(path)
+        pattern = Pattern(parts)
+        found: dict[str, dict] = {}
+        for name, info in fs.glob(path, detail=True).items():
+            if info.get("type") == "directory":  # a matched directory: its record files
+                if not pattern.recursive:
+                    found.update(fs.find(name, detail=True))
+            else:
+                found[name] = info
+    else:
+        root, pattern = path.rstrip("/"), Pattern(None)
+        found = fs.find(path, detail=True)
+    return root, {
+        name: info for name, info in found.items()
+        if info.get("type") != "directory" and pattern.matches(remote_rel(name, root))
+    }
 
 
 def directory_walk(root: str, exclude: set[tuple[int, int]] | None = None) -> Walk:
