@@ -19,6 +19,7 @@ __all__ = [
     "CorruptRecordError",
     "CorruptShardError",
     "DevicePrefetcher",
+    "LengthBuckets",
     "MissingCodecError",
     "PadCollate",
     "PaddingStats",
@@ -26,6 +27,7 @@ __all__ = [
     "StallMeter",
     "StateMismatchError",
     "StreamingJsonl",
+    "TokenBudget",
     "TokenBudgetBatches",
     "World",
     "as_list",
@@ -45,6 +47,8 @@ _HOMES = {
     "PaddingStats": "train.batching",
     "TokenBudgetBatches": "train.batching",
     "padding_of": "train.batching",
+    "LengthBuckets": "buckets",
+    "TokenBudget": "buckets",
     "PadCollate": "train.collate",
     "as_list": "train.collate",
     "StreamingJsonl": "dataset",
@@ -77,6 +81,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from .buckets import LengthBuckets, TokenBudget
     from .dataset import StreamingJsonl
     from .errors import (
         CorruptRecordError,

@@ -4,7 +4,8 @@ With ``DataLoader(ds.batch(n, collate=...), batch_size=None)`` each message from
 one batch, so pipe and pickling costs are paid per batch, not per record. The state is the
 source's state at the batch boundary, so a state taken after any batch resumes exactly.
 
-State: ``{"source": <the records stage's state>}``.
+State: ``{"source": <the records stage's state>}``. Batches cut by length (a `BatchSpec` with a
+`rule`) come from the `streamds.buckets.PoolBatch` stage instead.
 """
 
 from __future__ import annotations
@@ -12,16 +13,20 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .buckets import Rule
 
 __all__ = ["Batch", "BatchSpec"]
 
 
 @dataclass(frozen=True)
 class BatchSpec:
-    size: int
+    size: int | None  # records per batch; None: as many as the rule's token budget allows
     collate: Callable[[list[Any]], Any] | None = None  # None: the list of records as it is
     drop_last: bool = False
+    rule: Rule | None = None  # cut pools by length (`streamds.buckets`); None: fixed `size`
 
 
 class Batch:
@@ -44,9 +49,15 @@ class Batch:
     def counts(self) -> dict[str, int]:
         return self.source.counts
 
+    @property
+    def done(self) -> bool:
+        """Whether the last batch has been handed out (its records are the source's last)."""
+        return self.source.done
+
     def __iter__(self) -> Iterator[Any]:
         records = iter(self.source)
         size, collate, drop_last = self.spec.size, self.spec.collate, self.spec.drop_last
+        assert size is not None, "a BatchSpec with a rule goes to PoolBatch"
         while batch := list(islice(records, size)):
             if drop_last and len(batch) < size:
                 return

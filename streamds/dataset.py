@@ -20,6 +20,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .balance import EVEN_RANKS, check_split, quotas
 from .batch import Batch, BatchSpec
+from .buckets import RULES, LengthBuckets, PoolBatch, TokenBudget, is_pool_state
 from .cache import CacheSpec, namespace_of
 from .checks import check_bool, check_choice, check_int, size_setting
 from .chunks import WorkItem
@@ -217,27 +218,42 @@ class StreamingJsonl(IterableDataset):
         return self._with_step(Step("filter", predicate))
 
     def batch(
-        self, size: int, *, collate: Callable[[list[Any]], Any] | None = None,
-        drop_last: bool = False,
+        self, size: int | LengthBuckets | TokenBudget, *,
+        collate: Callable[[list[Any]], Any] | None = None, drop_last: bool = False,
     ) -> StreamingJsonl:
-        """A new dataset that yields whole batches of `size` records, made in the workers.
+        """A new dataset that yields whole batches, made in the workers.
+
+        `size` is the number of records per batch, or a rule that cuts batches of similar
+        length from pools of records: ``streamds.LengthBuckets(32, buffer_size=2048)`` (fixed
+        size, little padding) or ``streamds.TokenBudget(16384)`` (as many records as fit in a
+        budget of padded tokens).
 
         Use it with ``DataLoader(ds.batch(n, collate=...), batch_size=None,
         collate_fn=streamds.as_list)``: each worker sends one message per batch, and the batch
         is made where the records are (`as_list` keeps the DataLoader from converting every
         record again: with ``batch_size=None`` its default walks each one). `collate` (a
         module-level function, so spawned workers can pickle it) turns the list of records
-        into what the model takes, e.g. a
-        `streamds.PadCollate` for padded tensors; None leaves the list as it is (no per-record
-        work; torch's default collate would walk every record). `.map()`/`.filter()` still
-        apply to records. A state taken after any batch resumes exactly.
+        into what the model takes, e.g. a `streamds.PadCollate` for padded tensors; None
+        leaves the list as it is. `.map()`/`.filter()` still apply to records. A state taken
+        after any batch resumes exactly.
         """
-        check_int("size", size, 1, "the number of records per batch")
-        check_bool("drop_last", drop_last)
         if collate is not None and not callable(collate):
             raise ValueError(f"collate must be callable or None, got {collate!r}")
+        check_bool("drop_last", drop_last)
+        if isinstance(size, RULES):
+            if drop_last:
+                raise ValueError(
+                    f"drop_last=True with {size!r}: pass drop_last to LengthBuckets instead "
+                    "(a token budget drops nothing)"
+                )
+            spec = BatchSpec(getattr(size, "batch_size", None), collate,
+                             getattr(size, "drop_last", False), rule=size)
+        else:
+            check_int("size", size, 1, "the number of records per batch, or a "
+                      "streamds.LengthBuckets / TokenBudget rule")
+            spec = BatchSpec(size, collate, drop_last)
         clone = copy.copy(self)
-        clone._batch = BatchSpec(size, collate, drop_last)
+        clone._batch = spec
         clone._active = None
         return clone
 
@@ -411,18 +427,24 @@ class StreamingJsonl(IterableDataset):
                 "version?); finish the epoch with the version that took the state, or "
                 "restart the epoch"
             )
-        batched = loaded.pipeline is not None and set(loaded.pipeline) == {Batch.SOURCE}
-        if loaded.pipeline is not None and batched != (self._batch is not None):
-            made, taking = ("with", "without") if batched else ("without", "with")
-            raise StateMismatchError(
-                f"the state was taken from a dataset {made} .batch(n) but is loaded into one "
-                f"{taking} it; build the dataset the same way (records positions are the same, "
-                "so streamds.merge_states() of it resumes either)"
-            )
+        if loaded.pipeline is not None:
+            made, taking = _batching(loaded.pipeline), self._batching()
+            if made != taking:
+                raise StateMismatchError(
+                    f"the state was taken from a dataset {made} but is loaded into one "
+                    f"{taking}; build the dataset the same way (streamds.merge_states() of it "
+                    "resumes a dataset batched any way)"
+                )
         self._active = None
         if not loaded.finished:
             self.epoch = loaded.epoch
         self._loaded = copy.deepcopy(loaded)
+
+    def _batching(self) -> str:
+        """How this dataset batches, in the words of `_batching(pipeline state)`."""
+        if self._batch is None:
+            return "without .batch()"
+        return "with .batch(n)" if self._batch.rule is None else "with .batch(rule)"
 
     def _check_merged(self, merged: dict[str, Any] | None) -> dict[str, Any] | None:
         if merged is None:
@@ -471,6 +493,13 @@ class StreamingJsonl(IterableDataset):
         check_int("consumed", consumed, 0, "pass the number of batches the loader yielded")
         check_int("batch_size", batch_size, 1, "pass the DataLoader's batch_size")
         check_int("num_workers", num_workers, 0, "pass the DataLoader's num_workers")
+        rule = None if self._batch is None else self._batch.rule
+        if isinstance(rule, TokenBudget):
+            raise ValueError(
+                "resume_after_batches cannot count batches cut by a token budget (how many a "
+                "worker yields depends on the lengths of its records); use torchdata's "
+                "StatefulDataLoader and state_dict(), or LengthBuckets"
+            )
         if self._batch is not None and (batch_size, drop_last) != (self._batch.size,
                                                                    self._batch.drop_last):
             raise ValueError(
@@ -509,17 +538,31 @@ class StreamingJsonl(IterableDataset):
             old = (worker + next_worker) % readers  # the next worker in line becomes worker 0
             state = self._fresh(seats[worker])
             state.seat = (here.rank, old)
+            # records handed out before the resume point: whole batches, or whole pools
+            pool, emitted = divmod(taken[old] * batch_size, rule.pool_size) if rule else (0, 0)
+            before = pool * rule.pool_size if rule else taken[old] * batch_size
             state.pipeline = pipeline_state_after(
-                min(taken[old] * batch_size, records[old]),
+                min(before, records[old]),
                 reader=Reader(spec, state), work=works[old],
                 counts=[counts[block] for block, _ in works[old]],
                 shuffle=self.shuffle, buffer_size=self.buffer_size,
                 seed_parts=shuffle_seed_parts(self.seed, self.epoch, here.rank, old),
             )
-            if self._batch is not None:  # the Batch stage wraps the records stage's state
+            if rule is not None:  # the pool's batches handed out: re-read, cut, skip them
+                state.pipeline = {PoolBatch.SOURCE: state.pipeline,
+                                  PoolBatch.RULE: rule.config(), PoolBatch.POOL: pool,
+                                  PoolBatch.EMITTED: emitted // batch_size}
+            elif self._batch is not None:  # the Batch stage wraps the records stage's state
                 state.pipeline = {Batch.SOURCE: state.pipeline}
             clone._batch_starts[worker] = state
         return clone
+
+
+def _batching(pipeline: dict[str, Any]) -> str:
+    """How the dataset that took a pipeline state batched."""
+    if is_pool_state(pipeline):
+        return "with .batch(rule)"
+    return "with .batch(n)" if set(pipeline) == {Batch.SOURCE} else "without .batch()"
 
 
 def _tuple(world: World) -> tuple[int, int, int, int]:

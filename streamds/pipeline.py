@@ -16,6 +16,7 @@ from typing import Any
 
 from .balance import EvenRanks
 from .batch import Batch, BatchSpec
+from .buckets import PoolBatch
 from .cache import CacheSpec
 from .chunks import Chunk, ChunkCursor, Position, WorkItem
 from .lines import Lines
@@ -106,9 +107,15 @@ class Reader:
             raise ValueError("buffered records to carry over need shuffle=True")
         else:
             self.top = Records(timed(self.even, "even_ranks"), on_end=self.log_summary)
-        # -> whole batches, when the dataset was made with .batch(n)
+        # -> whole batches, when the dataset was made with .batch(n) or .batch(rule)
         emit = timed(self.top, "emit")
-        self.out = emit if spec.batch is None else Batch(emit, spec.batch)
+        self.out: Any = emit
+        if spec.batch is not None and spec.batch.rule is not None:
+            parts = shuffle_seed_parts(spec.plan.seed, state.epoch, world.rank, world.worker)
+            self.out = PoolBatch(emit, spec.batch.rule, collate=spec.batch.collate,
+                                 seed_parts=parts)
+        elif spec.batch is not None:
+            self.out = Batch(emit, spec.batch)
         self.out.reset(state.pipeline)
         self.finished = state.finished
 
@@ -129,7 +136,7 @@ class Reader:
     @property
     def done(self) -> bool:
         """Whether the reader has handed out its last record (its epoch is over)."""
-        return self.finished or self.top.done
+        return self.finished or self.out.done
 
     def reader_state(self) -> ReaderState:
         """The state to resume exactly here: O(1) to take."""

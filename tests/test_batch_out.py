@@ -68,7 +68,7 @@ def test_a_state_of_the_unbatched_dataset_is_refused(mixed: tuple[Path, list[int
     plain = StreamingJsonl(str(source))
     iterator = iter(plain)
     next(iterator)
-    with pytest.raises(StateMismatchError, match=r"without \.batch\(n\) but is loaded"):
+    with pytest.raises(StateMismatchError, match=r"without \.batch\(\) but is loaded"):
         StreamingJsonl(str(source)).batch(7).load_state_dict(plain.state_dict())
     batched = StreamingJsonl(str(source)).batch(7)
     next(iter(batched))

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..batch import Batch
-from ..chunks import ChunkCursor, Position, WorkItem
+from ..buckets import PoolBatch, is_pool_state, pool_rng
+from ..chunks import Chunk, ChunkCursor, Position, WorkItem
 from ..errors import StateMismatchError
 from ..lines import Lines
 from ..parse import LineNumbers, Marker, Parse
 from ..pipeline import Spec
 from ..plan import Plan
+from ..records import fetch_records
 from ..seeds import shuffle_seed_parts
 from ..shuffle import Shuffle
 from ..transform import Transform
@@ -104,6 +106,20 @@ def _unfinished(state: ReaderState) -> tuple[list[WorkItem], list[Position], dic
     if state.pipeline is None:  # the reader had not started
         return list(work), list(state.prefill), None
     pipeline = state.pipeline
+    pool = None
+    if is_pool_state(pipeline):  # batches cut from pools: the pool's start, batches out of it
+        pool = {key: pipeline[key] for key in (PoolBatch.RULE, PoolBatch.POOL,
+                                               PoolBatch.EMITTED)}
+        pipeline = pipeline[PoolBatch.SOURCE]
+        if not pool[PoolBatch.EMITTED]:
+            pool = None  # nothing handed out of this pool yet: its source state says it all
+        elif not shuffle:
+            raise ValueError(
+                "merge_states cannot carry over the rest of a pool of batches cut by length "
+                "with shuffle=False (a reader without a shuffle buffer has nowhere to put "
+                "them); use shuffle=True with .batch(LengthBuckets/TokenBudget), or resume "
+                "in the same world with load_state_dict()"
+            )
     if set(pipeline) == {Batch.SOURCE}:  # a Batch stage wraps the records stage's state
         pipeline = pipeline[Batch.SOURCE]
     if not shuffle:
@@ -117,6 +133,8 @@ def _unfinished(state: ReaderState) -> tuple[list[WorkItem], list[Position], dic
         "seed": list(shuffle_seed_parts(seed, state.epoch, state.share.rank,
                                         state.share.worker)),
     }
+    if pool is not None:
+        tail["pool"] = pool
     return [], [], tail
 
 
@@ -187,22 +205,62 @@ def _read_after(
     return found, []
 
 
-def _resolve(tail: dict[str, Any], spec: Spec) -> tuple[list[WorkItem], list[Position]]:
-    """A shuffling reader's tail -> (work left, buffered positions)."""
+def _resolve(
+    tail: dict[str, Any], spec: Spec, *, then: int = 0
+) -> tuple[list[WorkItem], list[Position], list[Position]]:
+    """A shuffling reader's tail, `then` more records handed out -> (work left, buffered
+    positions, positions of those `then` records in the order they came out)."""
     work = [(block, start) for block, start in tail["work"]]
     since = tail["since"]
-    ahead = since + spec.buffer_size  # the most records the buffer can have read since
+    ahead = since + then + spec.buffer_size  # the most records the buffer can have read
     found, after_all = _read_after(spec, work, ahead)
     total = None if len(found) == ahead else len(found)
+    handed: list[Position] = []
     shuffle, numbers = replay(size=spec.buffer_size, seed_parts=tuple(tail["seed"]),
-                              handed_out=since, total=total, snapshot=tail["snapshot"])
-    buffered = [found[offset][1] if block == NEW else (block, offset)
-                for block, offset in shuffle.buffered()]
+                              handed_out=since + then, total=total, snapshot=tail["snapshot"],
+                              handed=handed)
+
+    def position(block: int, offset: int) -> Position:
+        return found[offset][1] if block == NEW else (block, offset)
+
+    buffered = [position(*at) for at in shuffle.buffered()]
+    out = [position(*at) for at in handed[since:]]
     read = numbers.next  # records the reader had taken from its stream since the snapshot
     if read < len(found):
         item, (block, offset) = found[read]
-        return [(block, offset), *work[item + 1 :]], buffered
-    return (after_all if total is None else []), buffered
+        return [(block, offset), *work[item + 1 :]], buffered, out
+    return (after_all if total is None else []), buffered, out
+
+
+def _resolve_pool(tail: dict[str, Any], spec: Spec) -> tuple[list[WorkItem], list[Position]]:
+    """A tail whose reader had handed out some batches of a pool -> (work left, buffered
+    positions and the pool's records not yet handed out)."""
+    pool = tail["pool"]
+    rule = None if spec.batch is None else spec.batch.rule
+    if rule is None or rule.config() != pool[PoolBatch.RULE]:
+        raise StateMismatchError(
+            f"the merged state stopped inside a pool of batches cut by {pool[PoolBatch.RULE]}; "
+            "resume it with a dataset batched by the same rule (.batch(LengthBuckets(...)) "
+            "or .batch(TokenBudget(...)) with the same arguments)"
+        )
+    work, buffered, members = _resolve(tail, spec, then=rule.pool_size)
+    records = fetch_records(members, shards=spec.shards, blocks=spec.blocks,
+                            prepare=_preparer(spec), opener=spec.opener, retry=spec.retry)
+    batches = rule.cut([rule.length(record) for record in records],
+                       pool_rng(tail["seed"], pool[PoolBatch.POOL]))
+    out = {index for batch in batches[: pool[PoolBatch.EMITTED]] for index in batch}
+    return work, buffered + [p for i, p in enumerate(members) if i not in out]
+
+
+def _preparer(spec: Spec) -> Callable[[Chunk], Chunk]:
+    """Raw lines -> the records the reader's pipeline makes of them (parse, transform)."""
+    where = LineNumbers(spec.shards, spec.blocks, spec.opener)
+    lines = Lines(spec.shards, spec.blocks, [], on_error=spec.on_error, opener=spec.opener,
+                  retry=spec.retry)
+    parse = Parse(lines, spec.shards, spec.blocks, on_error=spec.on_error, opener=spec.opener,
+                  where=where)
+    transform = Transform(parse, spec.steps, where=where)
+    return lambda chunk: transform.transform(parse.parse(chunk))
 
 
 def resolve_tails(merged: dict[str, Any], spec: Spec) -> dict[str, Any]:
@@ -212,7 +270,10 @@ def resolve_tails(merged: dict[str, Any], spec: Spec) -> dict[str, Any]:
     """
     resolved = copy.deepcopy(merged)
     for tail in resolved.pop("tails"):
-        work, buffered = _resolve(tail, spec)
+        if "pool" in tail:
+            work, buffered = _resolve_pool(tail, spec)
+        else:
+            work, buffered, _ = _resolve(tail, spec)
         resolved["remaining"].extend(list(item) for item in work)
         resolved["pending"].extend(list(position) for position in buffered)
     return resolved

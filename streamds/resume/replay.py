@@ -52,19 +52,23 @@ def _identity(positions: Sequence[Position]) -> list[Any]:
 
 def replay(
     *, size: int, seed_parts: tuple[int | str, ...], handed_out: int, total: int | None,
-    snapshot: dict[str, Any] | None = None,
+    snapshot: dict[str, Any] | None = None, handed: list[Any] | None = None,
 ) -> tuple[Shuffle, Numbers]:
     """A shuffle over numbers that has handed out `handed_out` records, from the start of the
     epoch or from a `snapshot` (the shuffle state's fields other than its source).
 
     Returns the shuffle (its `buffered()` and `get_state()`) and the numbers source (how many
-    records it read: `.next`).
+    records it read: `.next`). `handed`, if given, receives the records handed out, in order.
     """
     numbers = Numbers(total)
     shuffle = Shuffle(numbers, size=size, seed_parts=seed_parts, fetch=_identity)
     if snapshot is not None:
         start = {ChunkCursor.SOURCE: {"next": 0}, ChunkCursor.ITEM: -1, ChunkCursor.OFFSET: 0}
         shuffle.reset({**snapshot, Shuffle.SOURCE: start, Shuffle.SINCE: 0})
-    for _ in islice(iter(shuffle), handed_out):
-        pass
+    out = islice(iter(shuffle), handed_out)
+    if handed is None:
+        for _ in out:
+            pass
+    else:
+        handed.extend(out)
     return shuffle, numbers

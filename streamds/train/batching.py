@@ -11,6 +11,11 @@ buffer), cuts each pool into batches and yields them; use it with
   `max_tokens` padded tokens (longest length x records); a record longer than the budget
   comes alone.
 
+The cutting rules are `streamds.LengthBuckets` and `streamds.TokenBudget`, the same ones
+``StreamingJsonl.batch(rule)`` applies inside the reader. For a `StreamingJsonl` source prefer
+that: the batches are made in the workers as one stage of the pipeline, and its state nests in
+the reader's (elastic merge included). These wrappers serve any other re-iterable source.
+
 Every record of the source lands in exactly one batch (`drop_last` drops the short batch at
 the end). Order depends on (seed, epoch, rank, worker) only.
 
@@ -24,13 +29,14 @@ iterables) are fast-forwarded by record count instead.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from itertools import islice, pairwise
+from itertools import islice
 from typing import Any
 
 from torch.utils.data import IterableDataset
 
+from ..buckets import Length, LengthBuckets, TokenBudget, as_length
 from ..checks import check_int
 from ..errors import StateMismatchError
 from ..seeds import derive_seed
@@ -45,7 +51,6 @@ __all__ = [
 ]
 
 STATE_FORMAT = "streamds.batches/2"
-Length = Callable[[Any], int]
 
 
 @dataclass
@@ -89,34 +94,11 @@ class PaddingStats:
 
 def padding_of(batches: Iterable[Sequence[Any]], length: Length | str) -> PaddingStats:
     """The padding statistics of `batches` (lists of records) under `length`."""
-    measure = _as_length(length)
+    measure = as_length(length)
     stats = PaddingStats()
     for batch in batches:
         stats.add([measure(record) for record in batch])
     return stats
-
-
-class FieldLength:
-    """``len(record[key])``: a picklable length function for DataLoader workers."""
-
-    def __init__(self, key: str) -> None:
-        self.key = key
-
-    def __call__(self, record: Any) -> int:
-        return len(record[self.key])
-
-    def __repr__(self) -> str:
-        return f"FieldLength({self.key!r})"
-
-
-def _as_length(length: Length | str) -> Length:
-    if isinstance(length, str):
-        return FieldLength(length)
-    if not callable(length):
-        raise ValueError(
-            f"length must be a field name or a callable record -> int, got {length!r}"
-        )
-    return length
 
 
 class _Cursor:
@@ -168,7 +150,7 @@ class _PoolBatcher(IterableDataset):
         if not isinstance(drop_last, bool):
             raise ValueError(f"drop_last must be True or False, got {drop_last!r}")
         self.source = source
-        self.length = _as_length(length)
+        self.length = as_length(length)
         self.pool_size = pool_size
         self.seed = seed
         self.drop_last = drop_last
@@ -340,37 +322,6 @@ class Batches(_PoolBatcher):
         return [list(range(len(lengths)))]
 
 
-def _sorted_indices(lengths: list[int], rng: random.Random) -> list[int]:
-    """Pool indices by length, equal lengths in an order drawn from `rng`."""
-    order = list(range(len(lengths)))
-    rng.shuffle(order)
-    order.sort(key=lengths.__getitem__)  # stable: ties keep the shuffled order
-    return order
-
-
-def _short_batch_start(ascending: list[int], size: int, short: int) -> int:
-    """Where, in sorted order, the one short batch pads least.
-
-    The pool is cut into contiguous runs of the sorted lengths; a run costs its size times
-    its last (longest) length. Trying every place for the short run between the full ones
-    finds the cheapest cut, which never pads more than any other grouping of the pool into
-    the same batch sizes, plain arrival-order batching included.
-    """
-    full = len(ascending) // size
-    before = [size * ascending[(i + 1) * size - 1] for i in range(full)]  # short run later
-    after = [size * ascending[(i + 1) * size + short - 1] for i in range(full)]  # earlier
-    best, best_cost = 0, None
-    cost_before, cost_after = 0, sum(after)
-    for j in range(full + 1):  # j full batches precede the short one
-        cost = cost_before + short * ascending[j * size + short - 1] + cost_after
-        if best_cost is None or cost < best_cost:
-            best, best_cost = j, cost
-        if j < full:
-            cost_before += before[j]
-            cost_after -= after[j]
-    return best * size
-
-
 class BucketBatches(_PoolBatcher):
     """Batches of `batch_size` records of similar length.
 
@@ -399,26 +350,17 @@ class BucketBatches(_PoolBatcher):
         seed: int = 0,
         drop_last: bool = False,
     ) -> None:
-        check_int("batch_size", batch_size, 1, "the number of records per batch")
-        check_int("buffer_size", buffer_size, 1, "records sorted together; try 64 batches")
-        pool = -(-buffer_size // batch_size) * batch_size
-        super().__init__(source, length=length, pool_size=pool, seed=seed, drop_last=drop_last)
+        self.rule = LengthBuckets(batch_size, buffer_size=buffer_size, length=length,
+                                  drop_last=drop_last)
+        super().__init__(source, length=length, pool_size=self.rule.pool_size, seed=seed,
+                         drop_last=drop_last)
         self.batch_size = batch_size
 
     def _config(self) -> list[Any]:
         return [*super()._config(), self.batch_size]
 
     def _cut(self, lengths: list[int], rng: random.Random) -> list[list[int]]:
-        order = _sorted_indices(lengths, rng)
-        size = self.batch_size
-        short = len(order) % size
-        at = _short_batch_start(sorted(lengths), size, short) if short else len(order)
-        cuts = [*range(0, at + 1, size), *range(at + short, len(order) + 1, size)]
-        batches = [order[a:b] for a, b in pairwise(cuts) if b > a]
-        if short and self.drop_last:
-            batches = [batch for batch in batches if len(batch) == size]
-        rng.shuffle(batches)
-        return batches
+        return self.rule.cut(lengths, rng)
 
 
 class TokenBudgetBatches(_PoolBatcher):
@@ -446,10 +388,8 @@ class TokenBudgetBatches(_PoolBatcher):
         length: Length | str = "input_ids",
         seed: int = 0,
     ) -> None:
-        check_int("max_tokens", max_tokens, 1, "the padded tokens one batch may hold")
-        check_int("buffer_size", buffer_size, 1, "records sorted together")
-        if max_batch_size is not None:
-            check_int("max_batch_size", max_batch_size, 1, "or None for no limit")
+        self.rule = TokenBudget(max_tokens, buffer_size=buffer_size,
+                                max_batch_size=max_batch_size, length=length)
         super().__init__(source, length=length, pool_size=buffer_size, seed=seed,
                          drop_last=False)
         self.max_tokens = max_tokens
@@ -459,16 +399,4 @@ class TokenBudgetBatches(_PoolBatcher):
         return [*super()._config(), self.max_tokens, self.max_batch_size]
 
     def _cut(self, lengths: list[int], rng: random.Random) -> list[list[int]]:
-        budget, cap = self.max_tokens, self.max_batch_size
-        batches: list[list[int]] = []
-        batch: list[int] = []
-        for index in _sorted_indices(lengths, rng):
-            longest = lengths[index]  # ascending order: the newcomer is the longest
-            if batch and ((len(batch) + 1) * longest > budget or len(batch) == cap):
-                batches.append(batch)
-                batch = []
-            batch.append(index)
-        if batch:
-            batches.append(batch)
-        rng.shuffle(batches)
-        return batches
+        return self.rule.cut(lengths, rng)
