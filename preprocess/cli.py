@@ -7,9 +7,18 @@
                          [--transform module:function] [--on-error raise|skip] [--quiet]
                          [--read-ahead 64] [--read-ahead-bytes 256MiB]
                          [--storage-options JSON]
+                         [--parts N] [--executor local|process|process:N|dask://HOST:PORT]
+                         [--part K | --merge]
 
 INPUT may be an fsspec URL (``https://host/d/train.jsonl.zst``, ``s3://bucket/d/``, a remote
 folder or glob of ``.json`` files).
+
+``--parts N`` cuts the input into N parts (default: one per GiB), each converted into its own
+folder by a task; ``--executor`` says where the tasks run (``local``: here, one after another;
+``process``: a pool of one process per core, ``process:N`` of N; ``dask://HOST:PORT``: the
+Dask scheduler there, with the ``cluster`` extra). For launchers that start one process per
+part (a Slurm job array): ``--part K`` converts part K only, ``--merge`` writes the manifest
+once every part is done. The output is the same bytes whichever ran the parts.
 
 Exit status: 0 on success, 2 for bad arguments or input (the reason on stderr), 130 when
 interrupted (rerun the same command to resume). Results go to stdout, the progress bar to
@@ -19,8 +28,12 @@ stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import multiprocessing
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor
 from typing import Any
 
 import orjson
@@ -35,6 +48,8 @@ from .convert import (
     DEFAULT_SHARD_SIZE,
     ConvertResult,
     convert,
+    convert_part,
+    merge_parts,
 )
 from .counts import Progress
 from .errors import ConversionError
@@ -78,8 +93,56 @@ def build_parser(prog: str = "python -m preprocess") -> argparse.ArgumentParser:
                         f"(default {DEFAULT_READ_AHEAD_BYTES >> 20}MiB)")
     parser.add_argument("--storage-options", type=_json_object, default=None, metavar="JSON",
                         help='fsspec options for URL inputs, e.g. \'{"anon": true}\'')
+    parser.add_argument("--parts", type=int, default=None, metavar="N",
+                        help="cut the input into N parts of similar size, each a task "
+                        "(default: one per GiB of input); the output depends on it")
+    parser.add_argument("--executor", default="local", type=_executor_argument,
+                        metavar="local|process|process:N|dask://HOST:PORT",
+                        help="where the parts run (default local: here, one after another); "
+                        "the output does not depend on it")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--part", type=int, default=None, metavar="K",
+                      help="convert part K only (0-based), e.g. one task of a job array")
+    only.add_argument("--merge", action="store_true",
+                      help="write the manifest of a conversion whose parts are all done")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     return parser
+
+
+def _executor_argument(text: str) -> str:
+    """--executor: local, process, process:N or dask://HOST:PORT (checked, not yet made)."""
+    kind, _, rest = text.partition(":")
+    ok = (text == "local" or text == "process"
+          or (kind == "process" and rest.isdigit() and int(rest) >= 1)
+          or (text.startswith("dask://") and len(text) > len("dask://")))
+    if not ok:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: use local, process, process:N (N processes) or dask://HOST:PORT"
+        )
+    return text
+
+
+@contextlib.contextmanager
+def open_executor(spec: str) -> Iterator[Executor | None]:
+    """The executor `--executor` names, shut down (or disconnected) on leaving."""
+    if spec == "local":
+        yield None
+        return
+    if spec.startswith("process"):
+        count = int(spec.partition(":")[2] or 0) or os.cpu_count() or 1
+        # spawn: a fresh interpreter per worker, whatever threads this process has
+        with ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("spawn")) as pool:
+            yield pool
+        return
+    try:
+        from distributed import Client
+    except ImportError as err:
+        raise ImportError(
+            f"--executor {spec} needs Dask's distributed ({err}); install the 'cluster' "
+            "extra: pip install 'streamds[cluster]'"
+        ) from err
+    with Client("tcp://" + spec.removeprefix("dask://")) as client:
+        yield client.get_executor()
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -111,9 +174,12 @@ class _Bar:
                             dynamic_ncols=True, smoothing=0.1)
         done = p.resumed_bytes + p.stored_bytes if by_bytes else p.files
         self.bar.update(done - self.bar.n)
-        files = f"/{p.files_total:,}" if p.files_total is not None else ""
-        self.bar.set_postfix_str(f"files {p.files:,}{files} records {p.records:,} "
-                                 f"shards {p.shards}", refresh=False)
+        if p.parts_total is not None:
+            what = f"parts {p.parts:,}/{p.parts_total:,}"
+        else:
+            what = f"files {p.files:,}" + (f"/{p.files_total:,}" if p.files_total else "")
+        self.bar.set_postfix_str(f"{what} records {p.records:,} shards {p.shards}",
+                                 refresh=False)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -144,16 +210,24 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m preprocess") 
     if argv[:1] == ["convert"]:
         argv = argv[1:]
     args = build_parser(prog).parse_args(argv)
-    bar = _Bar() if not args.quiet else None
+    bar = _Bar() if not args.quiet and not args.merge else None
+    options: dict[str, Any] = dict(
+        shard_size=args.shard_size, format=args.format, level=args.level,
+        frame_size=args.frame_size, transform=args.transform, on_error=args.on_error,
+        workers=args.workers, read_ahead=args.read_ahead,
+        read_ahead_bytes=args.read_ahead_bytes, storage_options=args.storage_options,
+        parts=args.parts,
+    )
     try:
-        result = convert(
-            args.inputs, args.output, shard_size=args.shard_size, format=args.format,
-            level=args.level, frame_size=args.frame_size, transform=args.transform,
-            on_error=args.on_error, workers=args.workers, read_ahead=args.read_ahead,
-            read_ahead_bytes=args.read_ahead_bytes, storage_options=args.storage_options,
-            progress=bar,
-        )
-    except (ConversionError, ValueError, FileNotFoundError, ImportError) as err:
+        if args.merge:
+            result = merge_parts(args.inputs, args.output, **options)
+        elif args.part is not None:
+            result = convert_part(args.inputs, args.output, args.part, **options)
+        else:
+            with open_executor(args.executor) as executor:
+                result = convert(args.inputs, args.output, executor=executor, progress=bar,
+                                 **options)
+    except (ConversionError, ValueError, FileNotFoundError, ImportError, OSError) as err:
         if bar is not None:
             bar.close()
         print(f"{prog}: error: {err}", file=sys.stderr)

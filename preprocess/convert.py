@@ -2,53 +2,50 @@
 
 The pipeline, one stage per line::
 
-    check the options, load the transform       # here
-      -> Journal + prepare_output               # journal.py, recovery.py: verify, clean up
-      -> ConversionRun.run()                    # run.py: records -> shards, in input order
-           -> CommitQueue -> Journal            # commit.py: each shard journaled in order
-      -> write_manifest                         # last, atomically
+    Job: check the options, load the transform  # job.py
+      -> prepare: the plan of parts             # parts.py, plan.py: _plan.json (or one part)
+      -> one part: convert_directory(out)       # job.py: journal, run, manifest
+         parts: run_plan(executor)              # parts.py: a task per part, then the merge
 
-Output is a function of the inputs and options only: ``--workers`` changes how many shards
-compress at once (in threads: zstd releases the GIL), ``--read-ahead`` how many ``.json``
-files are opened at once (`preprocess.readahead`), never the bytes. Inputs may be fsspec URLs
-(``https://``, ``s3://``, ``memory://``), listed and ordered by the same rule as local ones.
-After a crash (even ``kill -9``), the same command verifies the shards the journal lists,
-deletes anything else, and continues from the input position the journal recorded after the
-last good shard, so every record lands exactly once and finished shards are not rewritten.
-The manifest is written last, atomically.
+Output is a function of the inputs and options only (`parts` included): ``--workers``
+changes how many shards compress at once (in threads: zstd releases the GIL), ``--read-ahead``
+how many ``.json`` files are opened at once (`preprocess.readahead`), the executor where the
+parts run, never the bytes. Inputs may be fsspec URLs (``https://``, ``s3://``,
+``memory://``), listed and ordered by the same rule as local ones. After a crash (even
+``kill -9``), the same command verifies the shards the journal lists, deletes anything else,
+and continues from the input position the journal recorded after the last good shard, so
+every record lands exactly once and finished shards are not rewritten; in parts, finished
+parts are skipped. The manifest is written last, atomically.
 
 Library use::
 
     from preprocess.convert import convert
     result = convert(["data/train.txt"], "shards/", shard_size=64 << 20, workers=2)
     result.manifest.totals["records"]
+
+    from distributed import Client            # the same conversion on a Dask cluster
+    convert(["big.jsonl"], "shards/", parts=64, executor=Client("tcp://host:8786").get_executor())
 """
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
-from streamds.checks import check_choice, check_int
-from streamds.formats.manifest import Manifest, ShardEntry, write_manifest
-from streamds.formats.seekable import MAX_FRAME_SIZE
-from streamds.parse import ON_ERROR
+from streamds.checks import check_int
 from streamds.retry import DEFAULT_RETRY, RetryPolicy
 from streamds.shards import source_items
-from streamds.tools.spec import load_function
 
-from .commit import CommitQueue
 from .counts import Counts, Progress
 from .errors import ConversionError
-from .journal import JOURNAL_NAME, Journal
-from .recovery import prepare_output
-from .run import ConversionRun
-from .sources import DEFAULT_READ_AHEAD, DEFAULT_READ_AHEAD_BYTES, Inputs, Meter
-from .writers import FORMATS
+from .job import DEFAULT_FRAME_SIZE, DEFAULT_SHARD_SIZE, ConvertResult, Job, convert_directory
+from .journal import JOURNAL_NAME
+from .parts import PartTask, merge, prepare, run_part, run_plan
+from .plan import MAX_PARTS, Plan
+from .sources import DEFAULT_READ_AHEAD, DEFAULT_READ_AHEAD_BYTES
 
 __all__ = [
     "DEFAULT_FRAME_SIZE",
@@ -61,50 +58,9 @@ __all__ = [
     "Counts",
     "Progress",
     "convert",
+    "convert_part",
+    "merge_parts",
 ]
-
-DEFAULT_SHARD_SIZE = 256 * 10**6
-DEFAULT_FRAME_SIZE = 4 << 20
-
-
-@dataclass(frozen=True)
-class ConvertResult:
-    """A finished conversion: the manifest, plus what this run did (not in the manifest)."""
-
-    output: Path
-    manifest: Manifest
-    shards_reused: int  # verified shards kept from an interrupted run
-    shards_written: int
-    stored_bytes: int  # input bytes read by this run
-    seconds: float
-
-    @property
-    def counts(self) -> Counts:
-        return Counts(**self.manifest.counts)
-
-
-def _transform_name(transform: str | Callable[[Any], Any] | None) -> str | None:
-    if transform is None or isinstance(transform, str):
-        return transform
-    module = getattr(transform, "__module__", None) or type(transform).__module__
-    name = getattr(transform, "__qualname__", None) or repr(transform)
-    return f"{module}:{name}"
-
-
-def _check_options(shard_size: int, fmt: str, level: int, frame_size: int, on_error: str,
-                   workers: int, read_ahead: int, read_ahead_bytes: int) -> None:
-    check_int("shard_size", shard_size, 1, "e.g. 256MB (the default)", maximum=1 << 50)
-    check_int("level", level, -7, "3 (the default) for speed, 19 for size", maximum=22)
-    check_int("frame_size", frame_size, 1, "a few MiB (the default, 4 MiB)",
-              maximum=MAX_FRAME_SIZE)
-    check_int("workers", workers, 1, "about the number of CPU cores", maximum=256)
-    check_int("read_ahead", read_ahead, 0,
-              f"{DEFAULT_READ_AHEAD} (the default) for a mount or URL, 0 for one file at a time",
-              maximum=1024)
-    check_int("read_ahead_bytes", read_ahead_bytes, 0,
-              f"e.g. {DEFAULT_READ_AHEAD_BYTES >> 20} MiB (the default)", maximum=1 << 40)
-    check_choice("format", fmt, tuple(FORMATS))
-    check_choice("on_error", on_error, ON_ERROR)
 
 
 def convert(
@@ -122,6 +78,8 @@ def convert(
     read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES,
     storage_options: dict[str, Any] | None = None,
     retry: RetryPolicy = DEFAULT_RETRY,
+    parts: int | None = None,
+    executor: Executor | None = None,
     progress: Callable[[Progress], None] | None = None,
 ) -> ConvertResult:
     """Convert `inputs` into shards in `output`; resume there if a conversion was interrupted.
@@ -136,51 +94,82 @@ def convert(
     `read_ahead` files: what makes a tree of small files on a mount or behind a URL fast.
     `storage_options` go to fsspec for URL inputs (they are not recorded anywhere);
     `retry` says how transient read errors are retried. The output depends on none of these.
-    Memory: one frame per shard in flight, ~16 MiB of queued lines per background shard,
-    `read_ahead_bytes` plus one file per read-ahead thread, and the list of input files.
+
+    `parts` cuts the input into that many parts of similar size (`preprocess.plan`; None:
+    one per GiB, or what `output` was started with), each converted into its own folder by
+    a task that `executor` runs (any `concurrent.futures.Executor`: a process pool, a Dask
+    cluster's ``Client.get_executor()``; None: here, one after another); the output depends
+    on `parts`, never on the executor. One part writes straight into `output`.
+    Memory per task: one frame per shard in flight, ~16 MiB of queued lines per background
+    shard, `read_ahead_bytes` plus one file per read-ahead thread, and its list of files.
     """
-    _check_options(shard_size, format, level, frame_size, on_error, workers, read_ahead,
-                   read_ahead_bytes)
-    started = time.perf_counter()
+    job = Job(tuple(source_items(inputs, name="inputs")), format=format, shard_size=shard_size,
+              level=level, frame_size=frame_size, transform=transform, on_error=on_error,
+              workers=workers, read_ahead=read_ahead, read_ahead_bytes=read_ahead_bytes,
+              storage_options=storage_options, retry=retry)
+    planned = _prepared(job, output, parts)
+    if isinstance(planned, Plan):
+        return run_plan(job, Path(output), planned, executor, progress)
+    source, apply = planned
+    return convert_directory(job, Path(output), source=source, apply=apply,
+                             fingerprint=_fingerprint(job), progress=progress)
+
+
+def convert_part(inputs: Sequence[str | os.PathLike], output: str | os.PathLike, part: int, *,
+                 parts: int | None = None, **options: Any) -> ConvertResult:
+    """Convert part `part` of the conversion `convert(inputs, output, parts=parts,
+    **options)` would run (the whole of it when it has one part); for launchers that start
+    one process per part, such as a Slurm job array. Skips a finished part. Makes and
+    writes the plan if no task has yet, so every task may start at once."""
+    job = Job(tuple(source_items(inputs, name="inputs")), **options)
+    planned = _prepared(job, output, parts)
+    if not isinstance(planned, Plan):
+        if part != 0:
+            raise ConversionError(
+                f"the conversion into {output} has 1 part; part {part} does not exist"
+            )
+        source, apply = planned
+        return convert_directory(job, Path(output), source=source, apply=apply,
+                                 fingerprint=_fingerprint(job))
+    if not 0 <= part < len(planned.parts):
+        raise ConversionError(
+            f"the conversion into {output} has {len(planned.parts)} parts, 0 to "
+            f"{len(planned.parts) - 1}; part {part} does not exist"
+        )
+    return run_part(PartTask(job, str(output), planned.parts[part], planned.fingerprint))
+
+
+def merge_parts(inputs: Sequence[str | os.PathLike], output: str | os.PathLike, *,
+                parts: int | None = None, **options: Any) -> ConvertResult:
+    """Write the manifest of a conversion whose parts `convert_part` ran; ConversionError
+    naming the parts that are not finished. A conversion in one part is already merged."""
+    job = Job(tuple(source_items(inputs, name="inputs")), **options)
     out = Path(output)
-    items = source_items(inputs, name="inputs")
-    source = Inputs(items, storage_options=storage_options, read_ahead=read_ahead,
-                    read_ahead_bytes=read_ahead_bytes, retry=retry)
-    apply = load_function(transform) if isinstance(transform, str) else transform
-    if apply is not None and not callable(apply):
-        raise ValueError(f"transform must be callable or 'module:function', got {transform!r}")
-    options = {
-        "format": format,
-        "shard_size": shard_size,
-        "level": level if format == "jsonl.zst" else None,
-        "frame_size": frame_size if format == "jsonl.zst" else None,
-        "transform": _transform_name(transform),
-        "on_error": on_error,
-    }
-    journal = Journal(out, {"inputs": items, "options": options})
-    reused = prepare_output(out, journal, format)
+    planned = _prepared(job, output, parts)
+    if not isinstance(planned, Plan):
+        if (out / JOURNAL_NAME).exists():
+            return convert_part(inputs, output, 0, parts=parts, **options)  # finished: reread
+        raise ConversionError(f"{out} holds no plan of parts; run the parts (--part K) first")
+    return ConvertResult(out, merge(job, out, planned), 0, 0, 0, 0.0)
+
+
+def _fingerprint(job: Job) -> dict[str, Any]:
+    return {"inputs": list(job.inputs), "options": job.options}
+
+
+def _prepared(job: Job, output: str | os.PathLike, parts: int | None
+              ) -> Plan | tuple[Any, Callable[[Any], Any] | None]:
+    """The plan of `output`, or, for one part, the listed source and the loaded transform.
+
+    Everything that can be refused is checked before `output` is made.
+    """
+    if parts is not None:
+        check_int("parts", parts, 1, "about 1 per GiB of input (the default)",
+                  maximum=MAX_PARTS)
+    apply = job.load_transform()
+    source = job.source()
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
     source.exclude(out)
-    meter = Meter()
-    commits = CommitQueue(journal, workers)
-    if not journal.complete:
-        ConversionRun(
-            source, out, format=format, level=level, frame_size=frame_size, shard_size=shard_size,
-            apply=apply, skip_errors=on_error == "skip", workers=workers, commits=commits,
-            meter=meter, progress=progress,
-        ).run()
-    manifest = Manifest(
-        shard_format=format,
-        shards=tuple(ShardEntry.from_json(item["shard"]) for item in journal.shards),
-        counts=dict(journal.end or {}),
-        options=options,
-        inputs=tuple(items),
-    )
-    write_manifest(out, manifest)
-    return ConvertResult(
-        output=out,
-        manifest=manifest,
-        shards_reused=reused,
-        shards_written=commits.written,
-        stored_bytes=meter.stored_bytes,
-        seconds=time.perf_counter() - started,
-    )
+    plan = prepare(job, out, parts, source)
+    return plan if plan is not None else (source, apply)

@@ -29,3 +29,5 @@ class Progress:
     shards: int
     files_total: int | None = None  # files the inputs hold, once listed
     bytes_total: int | None = None  # their stored bytes, when known without a request per file
+    parts: int = 0  # a conversion in parts: parts finished
+    parts_total: int | None = None  # and planned (None: one part, reported as it goes)

@@ -65,6 +65,8 @@ class Journal:
             ]
             if theirs["inputs"] != ours["inputs"]:
                 diff.append(f"inputs: {theirs['inputs']} -> {ours['inputs']}")
+            if theirs.get("part") != ours.get("part"):
+                diff.append("the plan of parts (the inputs changed since it was made?)")
             raise ConversionError(
                 f"{self.path.parent} holds a conversion made with other inputs or options "
                 f"({'; '.join(diff)}); rerun the same command to resume it, or convert into "

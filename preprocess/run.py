@@ -27,7 +27,7 @@ from streamds.errors import CorruptShardError
 from .commit import CommitQueue
 from .counts import Counts, Progress
 from .errors import ConversionError
-from .sources import Inputs, Leaf, Meter, Position, RawRecord, SourceError
+from .sources import Inputs, Leaf, Meter, Position, RawRecord, SourceError, Span
 from .writers import BackgroundShard, ShardFile, open_shard, tar_member_size
 
 __all__ = ["PROGRESS_EVERY", "ConversionRun"]
@@ -47,7 +47,8 @@ class ConversionRun:
     def __init__(self, source: Inputs, output: Path, *, format: str, level: int,
                  frame_size: int, shard_size: int, apply: Callable[[Any], Any] | None,
                  skip_errors: bool, workers: int, commits: CommitQueue, meter: Meter,
-                 progress: Callable[[Progress], None] | None) -> None:
+                 progress: Callable[[Progress], None] | None, span: Span | None = None,
+                 tar_prefix: str = "") -> None:
         self.source = source
         self.output = output
         self.format = format
@@ -60,6 +61,8 @@ class ConversionRun:
         self.commits = commits
         self.meter = meter
         self.progress = progress
+        self.span = span  # one part of the input (None: all of it)
+        self.tar_prefix = tar_prefix
         self.journal = commits.journal
         self.shard: ShardFile | BackgroundShard | None = None
         self.shard_bytes = 0
@@ -78,10 +81,11 @@ class ConversionRun:
         self.resumed_bytes = 0 if last is None else last["stored_bytes"]
         pool = ThreadPoolExecutor(self.workers, "streamds-shard") if self.workers > 1 else None
         records = self.source.records(
-            start, meter=self.meter, on_corrupt=self._count_corrupt if self.skip_errors else None
+            start, span=self.span, meter=self.meter,
+            on_corrupt=self._count_corrupt if self.skip_errors else None,
         )
         try:
-            if self.progress is not None:
+            if self.progress is not None and self.span is None:
                 self.files_total, self.bytes_total = self.source.totals()
                 self._report()
             try:
@@ -113,7 +117,7 @@ class ConversionRun:
     def _open(self, pool: ThreadPoolExecutor | None) -> None:
         shard = open_shard(
             self.output, self.index, self.format, level=self.level, frame_size=self.frame_size,
-            first_record=self.counts.records_out,
+            first_record=self.counts.records_out, key_prefix=self.tar_prefix,
         )
         self.shard = shard if pool is None else BackgroundShard(shard, pool)
         self.shard_bytes = 0

@@ -73,12 +73,14 @@ from .readahead import ReadAhead
 __all__ = [
     "DEFAULT_READ_AHEAD",
     "DEFAULT_READ_AHEAD_BYTES",
+    "Cut",
     "Inputs",
     "Leaf",
     "Meter",
     "Position",
     "RawRecord",
     "SourceError",
+    "Span",
 ]
 
 READ_SIZE = 1 << 20  # raw bytes per read of a JSONL file
@@ -107,6 +109,7 @@ class Leaf:
     size: int | None = None  # stored bytes, when known without asking (a listing, a stat)
     fs: AbstractFileSystem | None = field(default=None, compare=False, repr=False)
     fs_path: str = ""
+    lines_from: int = 0  # decoded offset its line numbers count from (a part cut inside it)
 
     @property
     def folder(self) -> tuple[int, Rel]:
@@ -144,6 +147,44 @@ class Position:
                    data["line"])
 
 
+@dataclass(frozen=True)
+class Cut:
+    """Where a part of the input begins: a line beginning (or a file's start) in the file
+    `file` of input `input`, at decoded byte `offset` and stored byte `stored` (they differ
+    at a seekable zstd frame boundary)."""
+
+    input: int
+    file: Rel | None
+    offset: int
+    stored: int
+
+    def holds(self, leaf: Leaf) -> bool:
+        return leaf.input == self.input and leaf.rel == self.file
+
+    def position(self) -> Position:
+        return Position(self.input, self.file, self.offset, 1)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"input": self.input, "file": None if self.file is None else list(self.file),
+                "offset": self.offset, "stored": self.stored}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Cut:
+        file = data["file"]
+        return cls(data["input"], None if file is None else tuple(file), data["offset"],
+                   data["stored"])
+
+
+@dataclass(frozen=True)
+class Span:
+    """The records from `begin` up to `end` (None: the end of the input), `begin`'s own
+    record included and `end`'s not: one part of a planned conversion. `begin` None: the
+    part is empty (it begins at the input's end)."""
+
+    begin: Cut | None
+    end: Cut | None
+
+
 class RawRecord(NamedTuple):
     """The bytes of one record before parsing, and where they came from."""
 
@@ -167,6 +208,9 @@ class RawRecord(NamedTuple):
             return f"{self.leaf.path}: element {self.element} of the JSON array"
         if self.leaf.kind == "json":
             return self.leaf.path
+        if self.leaf.lines_from:
+            return (f"{self.leaf.path}: byte {self.offset} (line {self.line} of the part that "
+                    f"begins at byte {self.leaf.lines_from})")
         return f"{self.leaf.path}: line {self.line}"
 
 
@@ -187,10 +231,12 @@ class _Reopening(io.RawIOBase):
     never sees the failure. Opens at once (retried), so a missing file raises here.
     """
 
-    def __init__(self, leaf: Leaf, policy: RetryPolicy, start: int = 0) -> None:
+    def __init__(self, leaf: Leaf, policy: RetryPolicy, start: int = 0,
+                 end: int | None = None) -> None:
         self.leaf = leaf
         self.policy = policy
         self.pos = start
+        self.end = end  # reads stop here (None: at the end of the file)
         self.count = 0
         self._file: BinaryIO | None = retrying(self._open, policy, f"{leaf.path}: open")
 
@@ -223,6 +269,10 @@ class _Reopening(io.RawIOBase):
         return True
 
     def read(self, size: int = -1) -> bytes:
+        if self.end is not None:
+            size = max(0, min(self.end - self.pos, READ_SIZE if size < 0 else size))
+            if size == 0:
+                return b""
         data = retrying(lambda: self._read(size), self.policy,
                         f"{self.leaf.path}: read at byte {self.pos}")
         self.pos += len(data)
@@ -285,12 +335,21 @@ def _lines(
 
 
 def _read_jsonl(
-    leaf: Leaf, offset: int, line: int, meter: Meter, policy: RetryPolicy
+    leaf: Leaf, offset: int, line: int, meter: Meter, policy: RetryPolicy,
+    anchor: tuple[int, int] = (0, 0), stop: int | None = None,
 ) -> Iterator[RawRecord]:
-    raw = _Reopening(leaf, policy, offset if leaf.codec is None else 0)
+    """The records of a JSONL leaf from decoded `offset`, up to stored byte `stop`.
+
+    A plain file is read from `offset`; a compressed one decodes from `anchor` (stored,
+    decoded offset: a seekable zstd frame's start at or before `offset`, or the file's) and
+    discards up to `offset`.
+    """
+    stored, decoded = (offset, offset) if leaf.codec is None else anchor
+    raw = _Reopening(leaf, policy, stored, stop)
     try:
-        stream = decode(raw, leaf.codec, leaf.path)  # type: ignore[arg-type]
-        skip = offset if leaf.codec is not None else 0
+        stream = decode(raw, leaf.codec, leaf.path, start=stored,  # type: ignore[arg-type]
+                        decoded_start=decoded)
+        skip = offset - decoded
         while skip > 0:
             data = stream.read(min(skip, READ_SIZE))
             if not data:
@@ -597,17 +656,25 @@ class Inputs:
         self,
         start: Position | None = None,
         *,
+        span: Span | None = None,
         meter: Meter | None = None,
         on_corrupt: Callable[[Leaf, CorruptShardError], None] | None = None,
     ) -> Iterator[RawRecord]:
-        """Raw records in input order, from `start` on (a position a record began at).
+        """Raw records in input order, from `start` on (a position a record began at), or
+        those of one part, `span`, from `start` (within it) or its beginning.
 
         ``.json`` files are read ahead (see the class). A damaged compressed or tar file
         raises CorruptShardError naming it, or, with `on_corrupt`, is reported there and
         the rest of it skipped. A file that cannot be opened raises SourceError.
         """
         meter = meter if meter is not None else Meter()
-        meter.files, leaves = self._leaf_list(start)  # counting the files before `start`
+        if span is None:
+            meter.files, leaves = self._leaf_list(start)  # counting the files before `start`
+        elif span.begin is None:
+            return  # an empty part at the end of the input
+        else:
+            start = start or span.begin.position()
+            leaves = [self._within(leaf, span) for leaf in self._span_leaves(start, span.end)]
         policy = self.retry
         ahead: ReadAhead[Leaf, Fetched] = ReadAhead(
             leaves,
@@ -619,7 +686,26 @@ class Inputs:
             max_bytes=self.read_ahead_bytes,
         )
         for leaf, fetched in ahead:
-            yield from self._leaf_records(leaf, start, meter, fetched, on_corrupt)
+            yield from self._leaf_records(leaf, start, meter, fetched, on_corrupt, span)
+
+    def _span_leaves(self, start: Position, end: Cut | None) -> Iterator[Leaf]:
+        """The leaves from the one holding `start` up to the one `end` cuts (included when
+        the cut lies inside it). Lists only as far as that, and checks nothing: the plan
+        that made the cuts checked every leaf."""
+        for leaf in self._leaves(start):
+            if end is not None and end.holds(leaf):
+                if end.offset > 0:
+                    yield leaf
+                return
+            yield leaf
+
+    @staticmethod
+    def _within(leaf: Leaf, span: Span) -> Leaf:
+        """`leaf`, numbering lines from the part's first byte when the part begins in it."""
+        begin = span.begin
+        if begin is not None and begin.holds(leaf) and begin.offset > 0 and leaf.kind == "jsonl":
+            return replace(leaf, lines_from=begin.offset)
+        return leaf
 
     def _leaf_records(
         self,
@@ -628,10 +714,17 @@ class Inputs:
         meter: Meter,
         fetched: Any,
         on_corrupt: Callable[[Leaf, CorruptShardError], None] | None,
+        span: Span | None,
     ) -> Iterator[RawRecord]:
         here = start is not None and start.input == leaf.input and start.file == leaf.rel
         offset, line = (start.offset, start.line) if here and start is not None else (0, 1)
         policy = self.retry
+        anchor, stop = (0, 0), None
+        if span is not None:
+            if span.begin is not None and span.begin.holds(leaf):
+                anchor = (span.begin.stored, span.begin.offset)
+            if span.end is not None and span.end.holds(leaf):
+                stop = span.end.stored
         try:
             if leaf.kind == "json":
                 got: Fetched = fetched.result()
@@ -640,7 +733,7 @@ class Inputs:
             elif leaf.kind == "tar":
                 yield from _read_tar(leaf, offset, meter, policy)
             else:
-                yield from _read_jsonl(leaf, offset, line, meter, policy)
+                yield from _read_jsonl(leaf, offset, line, meter, policy, anchor, stop)
         except CorruptShardError as err:
             if on_corrupt is None:
                 raise

@@ -164,21 +164,24 @@ class ZstdShard:
 
 
 class TarShard:
-    """A webdataset tar shard: record k of the output becomes member ``{k:010d}.json``."""
+    """A webdataset tar shard: record k of the output becomes member ``{k:010d}.json``
+    (``{key_prefix}{k:010d}.json``, k counted within the part, when the output is in parts)."""
 
-    def __init__(self, directory: Path, name: str, *, first_record: int) -> None:
+    def __init__(self, directory: Path, name: str, *, first_record: int,
+                 key_prefix: str = "") -> None:
         from webdataset import TarWriter  # imports torch: only when tar output is asked for
 
         self.name = name
         self._temp = _TempFile(directory, name)
         self._next = first_record
+        self._prefix = key_prefix
         self._records = 0
         self._writer = TarWriter(
             self._temp.out, encoder=False, mtime=0, user="streamds", group="streamds", mode=0o444
         )
 
     def write(self, line: bytes) -> None:
-        self._writer.write({"__key__": f"{self._next:010d}", "json": line})
+        self._writer.write({"__key__": f"{self._prefix}{self._next:010d}", "json": line})
         self._next += 1
         self._records += 1
 
@@ -203,12 +206,13 @@ class TarShard:
 
 
 def open_shard(
-    directory: Path, index: int, fmt: str, *, level: int, frame_size: int, first_record: int
+    directory: Path, index: int, fmt: str, *, level: int, frame_size: int, first_record: int,
+    key_prefix: str = "",
 ) -> ShardFile:
     """A new shard file number `index` in format `fmt` ("jsonl.zst" or "tar")."""
     name = shard_name(index, fmt)
     if fmt == "tar":
-        return TarShard(directory, name, first_record=first_record)
+        return TarShard(directory, name, first_record=first_record, key_prefix=key_prefix)
     return ZstdShard(directory, name, level=level, frame_size=frame_size)
 
 

@@ -21,7 +21,9 @@ version 1; one shard per line so a diff or `grep` reads it)::
 
 `frame_sizes` is the seek table as (compressed, decompressed) bytes per frame, so a reader
 can plan frame blocks without opening each shard. Tar shards have no frames (`frames` 0).
-Nothing time-dependent goes in: the same input and options give the same bytes.
+Nothing time-dependent goes in: the same input and options give the same bytes. A shard's
+`name` is a path relative to the manifest's directory: a file name, or for a conversion in
+parts ``part-00003/shard-000000.jsonl.zst`` (shards listed in part order).
 """
 
 from __future__ import annotations
@@ -124,8 +126,11 @@ class ShardEntry:
                 f"{len(entry.frame_sizes)} frame sizes and {len(entry.records_per_frame)} "
                 "record counts; the manifest was edited or damaged"
             )
-        if "/" in entry.name or entry.name.startswith("."):
-            raise ManifestError(f"{where}: shard name {entry.name!r} must be a plain file name")
+        if any(not part or part.startswith(".") for part in entry.name.split("/")):
+            raise ManifestError(
+                f"{where}: shard name {entry.name!r} must be a file name, or a relative path of "
+                "plain names (a conversion in parts: part-00003/shard-000000.jsonl.zst)"
+            )
         return entry
 
 

@@ -1,0 +1,179 @@
+"""A conversion described by value (`Job`), and converting records into one directory.
+
+A `Job` holds the inputs (paths and URLs) and every option: it is what a task carries to
+another process or machine, never records. `convert_directory` is one conversion into one
+directory, the whole input or one part of it::
+
+    Journal + prepare_output                # journal.py, recovery.py: verify, clean up
+      -> ConversionRun.run()                # run.py: records -> shards, in input order
+           -> CommitQueue -> Journal        # commit.py: each shard journaled in order
+      -> write_manifest                     # last, atomically
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from streamds.checks import check_choice, check_int
+from streamds.formats.manifest import Manifest, ShardEntry, write_manifest
+from streamds.formats.seekable import MAX_FRAME_SIZE
+from streamds.parse import ON_ERROR
+from streamds.retry import DEFAULT_RETRY, RetryPolicy
+from streamds.tools.spec import load_function
+
+from .commit import CommitQueue
+from .counts import Counts, Progress
+from .journal import Journal
+from .recovery import prepare_output
+from .run import ConversionRun
+from .sources import DEFAULT_READ_AHEAD, DEFAULT_READ_AHEAD_BYTES, Inputs, Meter, Span
+from .writers import FORMATS
+
+__all__ = [
+    "DEFAULT_FRAME_SIZE",
+    "DEFAULT_SHARD_SIZE",
+    "ConvertResult",
+    "Job",
+    "convert_directory",
+]
+
+DEFAULT_SHARD_SIZE = 256 * 10**6
+DEFAULT_FRAME_SIZE = 4 << 20
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    """A finished conversion: the manifest, plus what this run did (not in the manifest)."""
+
+    output: Path
+    manifest: Manifest
+    shards_reused: int  # verified shards kept from an interrupted run
+    shards_written: int
+    stored_bytes: int  # input bytes read by this run
+    seconds: float
+
+    @property
+    def counts(self) -> Counts:
+        return Counts(**self.manifest.counts)
+
+
+def _transform_name(transform: str | Callable[[Any], Any] | None) -> str | None:
+    if transform is None or isinstance(transform, str):
+        return transform
+    module = getattr(transform, "__module__", None) or type(transform).__module__
+    name = getattr(transform, "__qualname__", None) or repr(transform)
+    return f"{module}:{name}"
+
+
+@dataclass(frozen=True)
+class Job:
+    """The inputs and options of a conversion; checked when made, picklable.
+
+    `options` are the ones that shape the output (recorded in the journal and manifest);
+    `workers`, `read_ahead`, `read_ahead_bytes`, `storage_options` and `retry` only change
+    how fast it goes.
+    """
+
+    inputs: tuple[str, ...]
+    format: str = "jsonl.zst"
+    shard_size: int = DEFAULT_SHARD_SIZE
+    level: int = 3
+    frame_size: int = DEFAULT_FRAME_SIZE
+    transform: str | Callable[[Any], Any] | None = None
+    on_error: str = "raise"
+    workers: int = 1
+    read_ahead: int = DEFAULT_READ_AHEAD
+    read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES
+    storage_options: dict[str, Any] | None = field(default=None, repr=False)  # may hold keys
+    retry: RetryPolicy = DEFAULT_RETRY
+
+    def __post_init__(self) -> None:
+        check_int("shard_size", self.shard_size, 1, "e.g. 256MB (the default)", maximum=1 << 50)
+        check_int("level", self.level, -7, "3 (the default) for speed, 19 for size", maximum=22)
+        check_int("frame_size", self.frame_size, 1, "a few MiB (the default, 4 MiB)",
+                  maximum=MAX_FRAME_SIZE)
+        check_int("workers", self.workers, 1, "about the number of CPU cores", maximum=256)
+        check_int("read_ahead", self.read_ahead, 0,
+                  f"{DEFAULT_READ_AHEAD} (the default) for a mount or URL, 0 for one file at a "
+                  "time", maximum=1024)
+        check_int("read_ahead_bytes", self.read_ahead_bytes, 0,
+                  f"e.g. {DEFAULT_READ_AHEAD_BYTES >> 20} MiB (the default)", maximum=1 << 40)
+        check_choice("format", self.format, tuple(FORMATS))
+        check_choice("on_error", self.on_error, ON_ERROR)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The options that shape the output, as the journal and manifest record them."""
+        zstd = self.format == "jsonl.zst"
+        return {
+            "format": self.format,
+            "shard_size": self.shard_size,
+            "level": self.level if zstd else None,
+            "frame_size": self.frame_size if zstd else None,
+            "transform": _transform_name(self.transform),
+            "on_error": self.on_error,
+        }
+
+    def source(self) -> Inputs:
+        """The inputs to read (FileNotFoundError for one that does not exist)."""
+        return Inputs(list(self.inputs), storage_options=self.storage_options,
+                      read_ahead=self.read_ahead, read_ahead_bytes=self.read_ahead_bytes,
+                      retry=self.retry)
+
+    def load_transform(self) -> Callable[[Any], Any] | None:
+        """The transform as a callable (loading a ``module:function`` spec), or None."""
+        transform = self.transform
+        apply = load_function(transform) if isinstance(transform, str) else transform
+        if apply is not None and not callable(apply):
+            raise ValueError(f"transform must be callable or 'module:function', got {transform!r}")
+        return apply
+
+
+def convert_directory(
+    job: Job,
+    out: Path,
+    *,
+    source: Inputs,
+    apply: Callable[[Any], Any] | None,
+    fingerprint: dict[str, Any],
+    span: Span | None = None,
+    tar_prefix: str = "",
+    progress: Callable[[Progress], None] | None = None,
+) -> ConvertResult:
+    """Convert `source` (or its part `span`) into shards in `out`, resuming there.
+
+    `fingerprint` (inputs, options, the part) is what the journal must match to resume;
+    `tar_prefix` starts every tar member key (a part's number: keys stay unique).
+    """
+    started = time.perf_counter()
+    journal = Journal(out, fingerprint)
+    reused = prepare_output(out, journal, job.format)
+    meter = Meter()
+    commits = CommitQueue(journal, job.workers)
+    if not journal.complete:
+        ConversionRun(
+            source, out, format=job.format, level=job.level, frame_size=job.frame_size,
+            shard_size=job.shard_size, apply=apply, skip_errors=job.on_error == "skip",
+            workers=job.workers, commits=commits, meter=meter, progress=progress, span=span,
+            tar_prefix=tar_prefix,
+        ).run()
+    manifest = Manifest(
+        shard_format=job.format,
+        shards=tuple(ShardEntry.from_json(item["shard"]) for item in journal.shards),
+        counts=dict(journal.end or {}),
+        options=fingerprint["options"],
+        inputs=job.inputs,
+    )
+    write_manifest(out, manifest)
+    return ConvertResult(
+        output=out,
+        manifest=manifest,
+        shards_reused=reused,
+        shards_written=commits.written,
+        stored_bytes=meter.stored_bytes,
+        seconds=time.perf_counter() - started,
+    )

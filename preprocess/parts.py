@@ -1,0 +1,282 @@
+"""A conversion in parts: the plan, one task per part on any executor, then the merge.
+
+::
+
+    prepare                             # _plan.json made once (or loaded), checked
+      -> PartTask per unfinished part   # the job (paths, options) and the part, never records
+      -> executor.submit(run_part, ...) # in-process, a process pool, a Dask cluster, Ray, ...
+           -> convert_directory         # part-0000K/: its own journal; its manifest.json last
+      -> merge                          # manifest.json: every part's shards, in part order
+
+The output, a function of the inputs and options only (the number of parts included)::
+
+    out/_plan.json                          # the parts, as plan.py cut them
+    out/part-00000/shard-000000.jsonl.zst   # part 0's shards, journal (hidden), manifest.json
+    out/part-00001/...
+    out/manifest.json                       # names part-00000/shard-000000.jsonl.zst, ...
+
+A part is finished when its folder holds its manifest, its journal says it ended, and its
+shards are there with their sizes; a rerun (after a crash, a killed node, a pre-empted job)
+skips finished parts and resumes the others from their journals. Readers of ``out/`` read
+the shards in part order (natural order of their paths) and skip ``_plan.json`` and the
+manifests.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor, as_completed
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from streamds.formats.manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
+
+from .counts import Counts, Progress
+from .errors import ConversionError
+from .job import ConvertResult, Job, convert_directory
+from .journal import JOURNAL_NAME, Journal
+from .plan import PLAN_NAME, Part, Plan, make_plan, read_plan, write_plan
+from .sources import Inputs
+
+__all__ = ["PartTask", "finished_part", "merge", "prepare", "run_part", "run_plan"]
+
+
+@dataclass(frozen=True)
+class PartTask:
+    """What one task carries: the job, the output directory and its part of the plan."""
+
+    job: Job
+    output: str
+    part: Part
+    plan_fingerprint: dict[str, Any]
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.output) / self.part.folder
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        """What the part's journal must match: the plan's inputs and options, and the part."""
+        return {**self.plan_fingerprint, "part": self.part.to_json()}
+
+
+def run_part(task: PartTask) -> ConvertResult:
+    """Convert one part into its folder (or find it finished); the part's result.
+
+    Picklable and self-contained: any executor can run it on any machine that sees the
+    inputs and the output directory.
+    """
+    started = time.perf_counter()
+    if finished_part(task) is not None:
+        manifest = read_manifest(task.folder)
+        return ConvertResult(task.folder, manifest, len(manifest.shards), 0, 0,
+                             time.perf_counter() - started)
+    job = task.job
+    source = job.source()
+    source.exclude(task.output)  # the output may lie inside an input directory
+    task.folder.mkdir(exist_ok=True)
+    return convert_directory(
+        job, task.folder, source=source, apply=job.load_transform(),
+        fingerprint=task.fingerprint, span=task.part.span, tar_prefix=f"{task.part.index:05d}-",
+    )
+
+
+def finished_part(task: PartTask) -> Journal | None:
+    """The part's journal when the part is finished (see the module), else None.
+
+    ConversionError when its folder holds another conversion's journal.
+    """
+    if not (task.folder / MANIFEST_NAME).is_file():
+        return None
+    journal = Journal(task.folder, task.fingerprint)
+    if not journal.load() or not journal.complete:
+        return None
+    for item in journal.shards:
+        try:
+            if (task.folder / item["shard"]["name"]).stat().st_size != item["shard"]["bytes"]:
+                return None
+        except FileNotFoundError:
+            return None
+    return journal
+
+
+def prepare(job: Job, out: Path, parts: int | None, source: Inputs) -> Plan | None:
+    """The plan `out` is converted by (made and written, or read and checked), or None for a
+    conversion in one part, which writes straight into `out` as it always did.
+
+    ConversionError when `out` holds a conversion made otherwise.
+    """
+    fingerprint = {"inputs": list(job.inputs), "options": job.options}
+    recorded = read_plan(out)
+    if recorded is not None:
+        return _checked(recorded, fingerprint, parts, out)
+    if (out / JOURNAL_NAME).exists() or parts == 1:
+        if parts not in (None, 1):
+            raise ConversionError(
+                f"{out} holds a conversion in one part; rerun it without --parts (or with "
+                "--parts 1), or convert into an empty directory"
+            )
+        return None
+    _check_unused(out)
+    plan = make_plan(source, parts, fingerprint)
+    if len(plan.parts) == 1:
+        return None
+    written = read_plan(out)  # a task started at the same time may have written it
+    if written is None:
+        write_plan(out, plan)
+        return plan
+    if written != plan:
+        raise ConversionError(
+            f"{out}: another task wrote a different plan of parts meanwhile; the inputs changed "
+            "while they were planned: convert into an empty directory"
+        )
+    return written
+
+
+def _checked(plan: Plan, fingerprint: dict[str, Any], parts: int | None, out: Path) -> Plan:
+    theirs = plan.fingerprint
+    options = {key: value for key, value in theirs["options"].items() if key != "parts"}
+    if theirs["inputs"] != fingerprint["inputs"] or options != fingerprint["options"]:
+        diff = [f"{key}: {options.get(key)!r} -> {value!r}"
+                for key, value in fingerprint["options"].items() if options.get(key) != value]
+        if theirs["inputs"] != fingerprint["inputs"]:
+            diff.append(f"inputs: {theirs['inputs']} -> {fingerprint['inputs']}")
+        raise ConversionError(
+            f"{out} holds a conversion made with other inputs or options ({'; '.join(diff)}); "
+            "rerun the same command to resume it, or convert into an empty directory"
+        )
+    if parts is not None and parts != len(plan.parts):
+        raise ConversionError(
+            f"{out} holds a conversion in {len(plan.parts)} parts, not {parts}; pass --parts "
+            f"{len(plan.parts)} (or leave it out) to resume it, or convert into an empty "
+            "directory"
+        )
+    return plan
+
+
+def _check_unused(out: Path) -> None:
+    """`out` may hold only what tasks planning the same conversion at once leave there."""
+    leftovers = sorted(
+        name for name in os.listdir(out)
+        if not (name == PLAN_NAME or name.startswith(f".{PLAN_NAME}.") or name.startswith("part-"))
+    )
+    if leftovers:
+        shown = ", ".join(leftovers[:3]) + (", ..." if len(leftovers) > 3 else "")
+        raise ConversionError(
+            f"{out} is not empty ({shown}) and holds no conversion ({PLAN_NAME} or "
+            f"{JOURNAL_NAME}); convert into an empty or new directory"
+        )
+
+
+def tasks_of(job: Job, out: Path, plan: Plan) -> list[PartTask]:
+    return [PartTask(job, str(out), part, plan.fingerprint) for part in plan.parts]
+
+
+def run_plan(job: Job, out: Path, plan: Plan, executor: Executor | None,
+             progress: Callable[[Progress], None] | None = None) -> ConvertResult:
+    """Run every unfinished part of `plan` on `executor` (None: here, one after another),
+    then merge. A failed part fails the conversion after the others have finished
+    (ConversionError naming it); the finished parts are kept for the rerun."""
+    started = time.perf_counter()
+    tasks = tasks_of(job, out, plan)
+    pending = [task for task in tasks if finished_part(task) is None]
+    waiting = {task.part.index for task in pending}
+    done = {task.part.index: run_part(task) for task in tasks if task.part.index not in waiting}
+    report = _Reporter(plan, progress)
+    report(done.values())
+    failures: list[tuple[Part, BaseException]] = []
+    for task, outcome in _outcomes(pending, executor):
+        if isinstance(outcome, BaseException):
+            failures.append((task.part, outcome))
+            continue
+        done[task.part.index] = outcome
+        report(done.values())
+    if failures:
+        part, err = min(failures, key=lambda failure: failure[0].index)
+        raise ConversionError(
+            f"{len(failures)} of {len(plan.parts)} parts failed; the first, {part.folder}: "
+            f"{type(err).__name__}: {err}; the finished parts are kept: rerun the same command "
+            "to redo only the unfinished ones"
+        ) from err
+    manifest = merge(job, out, plan)
+    results = done.values()
+    return ConvertResult(
+        output=out,
+        manifest=manifest,
+        shards_reused=sum(result.shards_reused for result in results),
+        shards_written=sum(result.shards_written for result in results),
+        stored_bytes=sum(result.stored_bytes for result in results),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _outcomes(tasks: list[PartTask], executor: Executor | None
+              ) -> Iterator[tuple[PartTask, ConvertResult | BaseException]]:
+    """Each task with its result or (on an executor) its error, as they finish."""
+    if executor is None:
+        for task in tasks:
+            yield task, run_part(task)  # errors propagate as they would without parts
+        return
+    futures = {executor.submit(run_part, task): task for task in tasks}
+    for future in as_completed(futures):
+        try:
+            yield futures[future], future.result()
+        except Exception as err:  # the task's error, a killed worker, a broken pool
+            yield futures[future], err
+
+
+class _Reporter:
+    """Progress by finished parts: their planned bytes, records and shards."""
+
+    def __init__(self, plan: Plan, progress: Callable[[Progress], None] | None) -> None:
+        self.plan = plan
+        self.progress = progress
+
+    def __call__(self, results: Iterable[ConvertResult]) -> None:
+        if self.progress is None:
+            return
+        results = list(results)
+        done = {Path(result.output).name for result in results}
+        self.progress(Progress(
+            files=0,
+            records=sum(result.counts.records_in for result in results),
+            stored_bytes=sum(part.bytes for part in self.plan.parts if part.folder in done),
+            resumed_bytes=0,
+            shards=sum(len(result.manifest.shards) for result in results),
+            bytes_total=self.plan.bytes,
+            parts=len(results),
+            parts_total=len(self.plan.parts),
+        ))
+
+
+def merge(job: Job, out: Path, plan: Plan) -> Manifest:
+    """Write ``out/manifest.json`` from the parts' manifests, in part order; ConversionError
+    naming the parts that are not finished."""
+    tasks = tasks_of(job, out, plan)
+    unfinished = [task.part.folder for task in tasks if finished_part(task) is None]
+    if unfinished:
+        shown = ", ".join(unfinished[:5]) + (", ..." if len(unfinished) > 5 else "")
+        raise ConversionError(
+            f"{out}: {len(unfinished)} of {len(tasks)} parts are not finished ({shown}); run "
+            "them (--part K, or the whole conversion again) before --merge"
+        )
+    shards = []
+    counts = Counts()
+    for task in tasks:
+        manifest = read_manifest(task.folder)
+        shards += [replace(entry, name=f"{task.part.folder}/{entry.name}")
+                   for entry in manifest.shards]
+        for name in (field.name for field in fields(Counts)):
+            setattr(counts, name, getattr(counts, name) + manifest.counts[name])
+    manifest = Manifest(
+        shard_format=job.format,
+        shards=tuple(shards),
+        counts=asdict(counts),
+        options=plan.fingerprint["options"],
+        inputs=job.inputs,
+    )
+    write_manifest(out, manifest)
+    return manifest
