@@ -65,9 +65,12 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-def dataset(corpus: Path, *, shuffle: bool = False) -> StreamingJsonl:
+def dataset(
+    corpus: Path, *, shuffle: bool = False, dtype: torch.dtype = torch.int64
+) -> StreamingJsonl:
     ds = StreamingJsonl(str(corpus), shuffle=shuffle, seed=5, buffer_size=32)
-    return ds.map(tokenize).batch(BATCH, collate=WorkerPad(PAD, keys=("input_ids",)))
+    collate = WorkerPad(PAD, keys=("input_ids",), dtype=dtype, lengths=True)
+    return ds.map(tokenize).batch(BATCH, collate=collate)
 
 
 def summary(batches: Iterable[dict[str, Any]]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
@@ -75,16 +78,20 @@ def summary(batches: Iterable[dict[str, Any]]) -> list[tuple[tuple[int, ...], tu
     return [(tuple(b["id"].tolist()), tuple(b["length"].tolist())) for b in batches]
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_workers_send_padded_tensors_each_record_once(corpus: Path, num_workers: int) -> None:
-    loader = DataLoader(dataset(corpus), batch_size=None, num_workers=num_workers,
-                        collate_fn=as_list)
+@pytest.mark.parametrize(("num_workers", "dtype"),
+                         [(0, torch.int64), (2, torch.int64), (2, torch.int32)])
+def test_workers_send_padded_tensors_each_record_once(
+    corpus: Path, num_workers: int, dtype: torch.dtype
+) -> None:
+    loader = DataLoader(dataset(corpus, dtype=dtype), batch_size=None,
+                        num_workers=num_workers, collate_fn=as_list)
     seen: list[int] = []
     makers = set()
     for batch in loader:
         assert isinstance(batch, dict), f"got {type(batch).__name__}, not a collated batch"
-        ids, mask, lengths = batch["input_ids"], batch["attention_mask"], batch["length"]
-        assert ids.dtype == mask.dtype == lengths.dtype == torch.int64
+        ids, mask, lengths = batch["input_ids"], batch["attention_mask"], batch["lengths"]
+        assert ids.dtype == mask.dtype == lengths.dtype == dtype
+        assert lengths.tolist() == batch["length"].tolist()  # the tokenizer's own count
         assert ids.shape == mask.shape and ids.shape[0] == len(lengths) <= BATCH
         assert ids.shape[1] == int(lengths.max())  # padded to the longest, no wider
         assert mask.sum(dim=1).tolist() == lengths.tolist()

@@ -94,3 +94,31 @@ def test_as_list_is_the_identity():
     batch = [{"a": 1}, {"a": 2}]
     assert as_list(batch) is batch
     assert pickle.loads(pickle.dumps(as_list)) is as_list
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_dtype_and_lengths(dtype):
+    collate = PadCollate(pad_id=0, keys=("input_ids", "labels"), pad_ids={"labels": -100},
+                         dtype=dtype, lengths=True, max_length=3)
+    batch = collate([
+        {"input_ids": [5, 6, 7, 9], "labels": [1]},
+        {"input_ids": [8], "labels": [2, 3]},
+    ])
+    for name in ("input_ids", "attention_mask", "lengths", "labels", "labels_mask",
+                 "labels_lengths"):
+        assert batch[name].dtype == dtype, name
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert batch["lengths"].tolist() == [3, 1]  # after truncation to max_length
+    assert batch["labels"].tolist() == [[1, -100], [2, 3]]
+    assert batch["labels_lengths"].tolist() == [1, 2]
+    assert batch["attention_mask"].sum(dim=1).tolist() == batch["lengths"].tolist()
+    assert "lengths" not in PadCollate(keys=("input_ids",))([{"input_ids": [1]}])
+
+
+def test_dtype_errors_name_the_fix():
+    with pytest.raises(ValueError, match=r"dtype must be torch\.int32 or torch\.int64"):
+        PadCollate(dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"does not fit in torch\.int32"):
+        PadCollate(pad_id=2**40, dtype=torch.int32)
+    with pytest.raises(ValueError, match="lengths must be True or False"):
+        PadCollate(lengths=1)

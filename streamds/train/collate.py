@@ -1,6 +1,7 @@
 """Collate: lists of records -> the batch a training step consumes.
 
-`PadCollate` turns records holding token-id lists into right-padded LongTensors plus masks;
+`PadCollate` turns records holding token-id lists into right-padded int64 (or int32) tensors
+plus masks and, on request, lengths;
 `as_list` hands the records over unchanged (for batches built by `streamds.train.batching`, or for
 steps that do their own collation). Both pickle, so they work in DataLoader workers under any
 start method.
@@ -22,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ..checks import check_optional_int, is_int
+from ..checks import check_bool, check_optional_int, is_int
 
 __all__ = ["PadCollate", "as_list"]
 
@@ -32,18 +33,29 @@ def as_list(batch: list[Any]) -> list[Any]:
     return batch
 
 
+DTYPES = (torch.int32, torch.int64)
+
+
 def _mask_name(key: str) -> str:
     return "attention_mask" if key == "input_ids" else f"{key}_mask"
 
 
+def _lengths_name(key: str) -> str:
+    return "lengths" if key == "input_ids" else f"{key}_lengths"
+
+
 class PadCollate:
-    """Pad the token-id lists under `keys` into ``(batch, longest)`` LongTensors.
+    """Pad the token-id lists under `keys` into ``(batch, longest)`` tensors of `dtype`.
 
     For each key `k` the batch holds `k` (padded with `pad_ids.get(k, pad_id)`) and a 0/1
     mask, named ``attention_mask`` for ``input_ids`` and ``f"{k}_mask"`` otherwise (rename
-    with `mask_names`). `max_length` truncates longer sequences; `pad_to_multiple_of` rounds
-    the padded width up (tensor cores like multiples of 8). Other fields are gathered into
-    lists (ints and floats into tensors) unless `passthrough=False` drops them.
+    with `mask_names`); with `lengths=True` also the ``(batch,)`` lengths after truncation,
+    named ``lengths`` for ``input_ids`` and ``f"{k}_lengths"`` otherwise. `dtype` is
+    ``torch.int64`` (what embedding layers and most losses take) or ``torch.int32`` (half the
+    bytes through shared memory and to the GPU; ids below 2**31). `max_length` truncates
+    longer sequences; `pad_to_multiple_of` rounds the padded width up (tensor cores like
+    multiples of 8). Other fields are gathered into lists (ints and floats into tensors) unless
+    `passthrough=False` drops them.
 
     Cost: one tensor allocation per key plus a copy of the ids; no Python loop per token.
     """
@@ -58,7 +70,14 @@ class PadCollate:
         max_length: int | None = None,
         pad_to_multiple_of: int | None = None,
         passthrough: bool = True,
+        dtype: torch.dtype = torch.int64,
+        lengths: bool = False,
     ) -> None:
+        if dtype not in DTYPES:
+            raise ValueError(
+                f"dtype must be torch.int32 or torch.int64, got {dtype!r}; token ids are integers"
+            )
+        check_bool("lengths", lengths)
         if not is_int(pad_id):
             raise ValueError(
                 f"pad_id must be an int, got {pad_id!r}; pass the tokenizer's padding id"
@@ -76,13 +95,19 @@ class PadCollate:
         unknown = sorted(set(self.pad_ids) - set(self.keys))
         if unknown:
             raise ValueError(f"pad_ids names fields {unknown} that are not in keys={self.keys}")
+        limit = torch.iinfo(dtype)
+        for key, pad in self.pad_ids.items():
+            if not limit.min <= pad <= limit.max:
+                raise ValueError(f"the pad id {pad} of {key!r} does not fit in {dtype}")
         self.mask_names = {key: _mask_name(key) for key in self.keys} | dict(mask_names or {})
+        self.dtype = dtype
+        self.lengths = lengths
         self.max_length = max_length
         self.pad_to_multiple_of = pad_to_multiple_of
         self.passthrough = passthrough
 
     def __repr__(self) -> str:
-        return f"PadCollate(keys={self.keys}, pad_ids={self.pad_ids})"
+        return f"PadCollate(keys={self.keys}, pad_ids={self.pad_ids}, dtype={self.dtype})"
 
     def _width(self, longest: int) -> int:
         multiple = self.pad_to_multiple_of
@@ -90,18 +115,22 @@ class PadCollate:
             return longest
         return -(-longest // multiple) * multiple
 
-    def _pad(self, key: str, sequences: list[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _pad(
+        self, key: str, sequences: list[Sequence[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(padded ids, mask, lengths) of one key."""
         if self.max_length is not None:
             sequences = [seq[: self.max_length] for seq in sequences]
-        lengths = torch.tensor([len(seq) for seq in sequences], dtype=torch.long)
+        dtype = self.dtype
+        lengths = torch.tensor([len(seq) for seq in sequences], dtype=dtype)
         width = self._width(int(lengths.max()) if len(sequences) else 0)
         # mask[i, j] = j < len(seq_i); the ids land where the mask is set, in row order
         mask = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
-        out = torch.full((len(sequences), width), self.pad_ids[key], dtype=torch.long)
+        out = torch.full((len(sequences), width), self.pad_ids[key], dtype=dtype)
         flat = [token for seq in sequences for token in seq]
         if flat:
-            out[mask] = torch.tensor(flat, dtype=torch.long)
-        return out, mask.long()
+            out[mask] = torch.tensor(flat, dtype=dtype)
+        return out, mask.to(dtype), lengths
 
     def __call__(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if not records:
@@ -115,7 +144,9 @@ class PadCollate:
                     f"a record has no field {key!r} to pad (it has {sorted(records[0])}); "
                     "set keys= to the token-id fields your transform produces"
                 ) from None
-            batch[key], batch[self.mask_names[key]] = self._pad(key, sequences)
+            batch[key], batch[self.mask_names[key]], lengths = self._pad(key, sequences)
+            if self.lengths:
+                batch[_lengths_name(key)] = lengths
         if self.passthrough:
             for key in records[0]:
                 if key not in batch:
