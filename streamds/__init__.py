@@ -21,6 +21,8 @@ __all__ = [
     "DevicePrefetcher",
     "LengthBuckets",
     "MissingCodecError",
+    "Mix",
+    "PackTokens",
     "PadCollate",
     "PaddingStats",
     "RetryPolicy",
@@ -33,9 +35,12 @@ __all__ = [
     "as_list",
     "counts_of",
     "detect_world",
+    "document_mask",
     "load_loader_state",
     "merge_states",
     "padding_of",
+    "source_counts",
+    "token_counts",
 ]
 
 __version__ = "0.1.0"
@@ -59,6 +64,11 @@ _HOMES = {
     "DevicePrefetcher": "train.prefetch",
     "merge_states": "resume.merge",
     "counts_of": "resume.totals",
+    "source_counts": "resume.totals",
+    "token_counts": "resume.totals",
+    "Mix": "mix",
+    "PackTokens": "pack",
+    "document_mask": "pack",
     "load_loader_state": "resume.loader_state",
     "RetryPolicy": "retry",
     "StallMeter": "train.stall",
@@ -89,9 +99,11 @@ if TYPE_CHECKING:
         MissingCodecError,
         StateMismatchError,
     )
+    from .mix import Mix
+    from .pack import PackTokens, document_mask
     from .resume.loader_state import load_loader_state
     from .resume.merge import merge_states
-    from .resume.totals import counts_of
+    from .resume.totals import counts_of, source_counts, token_counts
     from .retry import RetryPolicy
     from .train.batching import Batches, BucketBatches, PaddingStats, TokenBudgetBatches, padding_of
     from .train.collate import PadCollate, as_list

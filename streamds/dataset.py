@@ -25,6 +25,7 @@ from .cache import CacheSpec, namespace_of
 from .checks import check_bool, check_choice, check_int, size_setting
 from .chunks import WorkItem
 from .errors import StateMismatchError
+from .pack import Packed, PackTokens
 from .parse import ON_ERROR
 from .pipeline import Reader, Spec
 from .plan import DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE, Plan, make_blocks, small_corpus_piece
@@ -216,6 +217,20 @@ class StreamingJsonl(IterableDataset):
         if not callable(predicate):
             raise ValueError(f"filter needs a callable, got {predicate!r}")
         return self._with_step(Step("filter", predicate))
+
+    def pack(self, packer: PackTokens) -> Packed:
+        """Tokenized records packed into fixed-length sequences (`streamds.PackTokens`)."""
+        return Packed(self, packer)
+
+    def with_resume(self, merged: dict[str, Any]) -> StreamingJsonl:
+        """A copy that finishes the epoch of `merged` (from `streamds.merge_states`) under this
+        dataset's world, as ``resume_from=merged`` in the constructor does."""
+        clone = copy.copy(self)
+        clone._merged = clone._check_merged(merged)
+        clone._resolved = None
+        clone._loaded = None
+        clone._active = None
+        return clone
 
     def batch(
         self, size: int | LengthBuckets | TokenBudget, *,

@@ -31,9 +31,37 @@ from ..world import World
 from .replay import NEW, replay
 from .state import OLD_FORMATS, STATE_FORMAT, ReaderState
 
-__all__ = ["MERGED_FORMAT", "merge_states", "resolve_tails", "share_of"]
+__all__ = [
+    "MERGED_FORMAT",
+    "MERGED_MIX_FORMAT",
+    "MERGED_PACKED_FORMAT",
+    "MIX_FORMAT",
+    "PACKED_FORMAT",
+    "check_state",
+    "merge_states",
+    "resolve_tails",
+    "share_of",
+]
 
 MERGED_FORMAT = "streamds.merged/2"
+MIX_FORMAT = "streamds.mix/1"  # one reader of a `streamds.Mix`
+MERGED_MIX_FORMAT = "streamds.merged-mix/1"
+PACKED_FORMAT = "streamds.packed/1"  # one reader of a `streamds.pack.Packed`
+MERGED_PACKED_FORMAT = "streamds.merged-packed/1"
+
+
+def check_state(state: Any, kind: str, keys: frozenset[str], what: str) -> None:
+    """Strict loading of a mix or packed state: format `kind` with exactly `keys`."""
+    if not isinstance(state, dict) or state.get("format") != kind:
+        raise StateMismatchError(
+            f"not a streamds {what} state (format {kind!r} expected); pass the dict that "
+            f"state_dict() of the {what} dataset returned"
+        )
+    if set(state) != keys:
+        raise StateMismatchError(
+            f"damaged {what} state: missing keys {sorted(keys - set(state))}, unknown keys "
+            f"{sorted(set(state) - keys)}; pass the dict that state_dict() returned"
+        )
 COUNTERS = ("bad", "blank", "dropped", "corrupt_blocks")
 
 
@@ -50,8 +78,24 @@ def _reader_states(found: Any) -> Iterator[dict[str, Any]]:
             yield from _reader_states(value)
 
 
+def _states_of(found: Any, kind: str) -> Iterator[dict[str, Any]]:
+    """Every state of format `kind` nested anywhere in `found` (not looking inside them)."""
+    if isinstance(found, dict):
+        if found.get("format") == kind:
+            yield found
+            return
+        for value in found.values():
+            yield from _states_of(value, kind)
+    elif isinstance(found, (list, tuple)):
+        for value in found:
+            yield from _states_of(value, kind)
+
+
 def _check_complete(states: list[ReaderState]) -> None:
-    worlds = [state.world for state in states]
+    _check_worlds([state.world for state in states])
+
+
+def _check_worlds(worlds: list[World]) -> None:
     world_size, num_workers = worlds[0].world_size, worlds[0].num_workers
     expected = {World(r, world_size, w, num_workers) for r in range(world_size)
                 for w in range(num_workers)}
@@ -144,7 +188,17 @@ def merge_states(states: Any) -> dict[str, Any]:
     `states`: the `state_dict()` of each rank's StatefulDataLoader (or of each dataset), in
     a list; reader states are found wherever they nest. Load the result with
     ``StreamingJsonl(source, ..., resume_from=merged, rank=r, world_size=n)``.
+
+    States of a `streamds.Mix` merge source by source (load with ``Mix(..., resume_from=)``);
+    states of a packed dataset keep every reader's leftover tokens (load with
+    ``packed.with_resume(merged)``).
     """
+    packed = list(_states_of(states, PACKED_FORMAT))
+    if packed:
+        return _merge_packed(packed)
+    mixes = list(_states_of(states, MIX_FORMAT))
+    if mixes:
+        return _merge_mixes(mixes)
     readers = [ReaderState.from_dict(found) for found in _reader_states(states)]
     if not readers:
         raise ValueError("merge_states found no streamds reader state in its argument")
@@ -177,6 +231,62 @@ def merge_states(states: Any) -> dict[str, Any]:
         "remaining": [list(item) for item in remaining],
         "pending": [list(position) for position in pending],
         "tails": tails,
+        "counts": dict(counts),
+    }
+
+
+def _merge_mixes(mixes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The states of every reader of a `Mix` -> one merged state per source, plus the few
+    integers the mix keeps (records taken per source, the pass of a cycling source)."""
+    first = mixes[0]
+    for mix in mixes:
+        if mix["config"] != first["config"] or mix["epoch"] != first["epoch"]:
+            raise StateMismatchError(
+                "the mix states come from different mixes or epochs; merge the states taken "
+                "at one checkpoint of one run"
+            )
+    _check_worlds([World(*mix["world"]) for mix in mixes])
+    sources = len(first["sources"])
+    passes = []
+    for index in range(sources):
+        seen = {mix["passes"][index] for mix in mixes}
+        if len(seen) > 1:
+            raise ValueError(
+                f"the readers of this cycling mix stand in different passes {sorted(seen)} of "
+                f"source {index}, so what remains of it is not one epoch's records; merge at "
+                "a checkpoint where every reader is in the same pass (or use stop='all')"
+            )
+        passes.append(seen.pop())
+    return {
+        "format": MERGED_MIX_FORMAT,
+        "config": first["config"],
+        "epoch": first["epoch"],
+        "passes": passes,
+        "taken": [sum(mix["taken"][index] for mix in mixes) for index in range(sources)],
+        "sources": [merge_states([mix["sources"][index] for mix in mixes])
+                    for index in range(sources)],
+    }
+
+
+def _merge_packed(packed: list[dict[str, Any]]) -> dict[str, Any]:
+    """The states of every reader of a packed dataset -> the merged state of its source plus
+    every reader's leftover tokens (the unused part of a document)."""
+    first = packed[0]
+    if any(state["config"] != first["config"] for state in packed):
+        raise StateMismatchError(
+            "the packed states come from different PackTokens settings; merge the states "
+            "taken at one checkpoint of one run"
+        )
+    source = merge_states([state["source"] for state in packed])
+    counts: Counter[str] = Counter()
+    for state in packed:
+        counts.update(state["counts"])
+    ordered = sorted(packed, key=lambda state: state["world"])
+    return {
+        "format": MERGED_PACKED_FORMAT,
+        "config": first["config"],
+        "source": source,
+        "leftovers": [chunk for state in ordered for chunk in state["leftover"]],
         "counts": dict(counts),
     }
 

@@ -11,10 +11,21 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from .merge import COUNTERS, MERGED_FORMAT, _stage_counts
+from .merge import (
+    COUNTERS,
+    MERGED_FORMAT,
+    MERGED_MIX_FORMAT,
+    MERGED_PACKED_FORMAT,
+    MIX_FORMAT,
+    PACKED_FORMAT,
+    _stage_counts,
+    _states_of,
+)
 from .state import STATE_FORMAT
 
-__all__ = ["counts_of"]
+__all__ = ["counts_of", "source_counts", "token_counts"]
+
+PACK_COUNTERS = ("documents", "tokens", "packed", "padded", "dropped", "sequences")
 
 
 def counts_of(state: Any) -> dict[str, int]:
@@ -58,3 +69,36 @@ def _add(found: Any, totals: Counter[str]) -> None:
     elif isinstance(found, (list, tuple)):
         for value in found:
             _add(value, totals)
+
+
+def source_counts(state: Any) -> list[int]:
+    """Records each source of a `streamds.Mix` gave, summed over every mix state in `state`
+    (a Mix's or a loader's `state_dict()`, a list of every rank's, or a merged state).
+
+    Example::
+
+        print(streamds.source_counts(loader.state_dict()))  # [7012, 2988]
+    """
+    totals: list[int] = []
+    for found in (*_states_of(state, MIX_FORMAT), *_states_of(state, MERGED_MIX_FORMAT)):
+        if not totals:
+            totals = [0] * len(found["taken"])
+        if len(found["taken"]) != len(totals):
+            raise ValueError("source_counts: the states come from mixes of different sizes")
+        totals = [a + b for a, b in zip(totals, found["taken"], strict=True)]
+    if not totals:
+        raise ValueError("source_counts found no streamds.Mix state in its argument")
+    return totals
+
+
+def token_counts(state: Any) -> dict[str, int]:
+    """Packing counts of every packed state in `state`, summed: documents, tokens (read, with
+    separators), packed (tokens in sequences), padded, dropped, sequences. Tokens read but in
+    no sequence yet are the leftover of a document cut at a sequence's end."""
+    totals: Counter[str] = Counter(dict.fromkeys(PACK_COUNTERS, 0))
+    found = [*_states_of(state, PACKED_FORMAT), *_states_of(state, MERGED_PACKED_FORMAT)]
+    if not found:
+        raise ValueError("token_counts found no packed state (ds.pack(...)) in its argument")
+    for packed in found:
+        totals.update(packed["counts"])
+    return dict(totals)

@@ -1,0 +1,381 @@
+"""`Mix`: several datasets -> one stream, each record drawn from source i with weight w_i.
+
+Each source is a `StreamingJsonl` with its own files, transforms and shuffle, and splits itself
+across DataLoader workers and ranks as it always does, so every source keeps its own
+exactly-once split. Draw k of a reader picks a source from the uniform number
+``u_k = f(seed, epoch, rank, worker, k)`` (`_Draws`): the same inputs give the same sequence on
+any machine, and a resume regenerates the draws from k alone.
+
+Stopping rules (`stop`):
+
+- ``"first"``: the reader's stream ends when one of its sources runs out;
+- ``"all"``: a source that runs out drops out (the others' weights are renormalised) and the
+  stream ends when all have run out: every record of every source exactly once;
+- ``"cycle"``: a source that runs out starts a new pass in the order of its next epoch
+  (pass p of mix epoch e reads the source's epoch e + p); the stream ends once every source
+  has run out at least once. A source with no records for this reader drops out.
+
+State (``state_dict()``, one per reader)::
+
+    {"format": "streamds.mix/1", "config": [weights, seed, stop, sources], "epoch": e,
+     "world": [rank, world_size, worker, num_workers], "draws": k,
+     "passes": [p_i], "taken": [records from source i this epoch], "in_pass": [...],
+     "ran_out": [bool], "dropped": [bool], "finished": bool,
+     "sources": [each source's own state_dict()]}
+
+`streamds.merge_states` merges the states of every reader source by source (elastic resume);
+`streamds.source_counts` sums "taken" over the readers of a state.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from torch.utils.data import IterableDataset
+
+from .checks import check_choice, check_int
+from .errors import StateMismatchError
+from .resume.merge import MERGED_MIX_FORMAT, MIX_FORMAT, check_state
+from .seeds import rng_for
+from .world import World, detect_world
+
+if TYPE_CHECKING:
+    from .dataset import StreamingJsonl
+    from .pack import Packed, PackTokens
+
+__all__ = ["STOPS", "Mix"]
+
+STOPS = ("first", "all", "cycle")
+ROUND = 1024  # draws per generator seed: a resume replays at most this many
+
+
+class _Draws:
+    """The uniform numbers u_k of one reader, from draw index `start` on."""
+
+    def __init__(self, parts: tuple[int | str, ...], start: int) -> None:
+        self.parts = parts
+        self.next = start
+        self._round = -1
+        self._rng = random.Random()
+
+    def __next__(self) -> float:
+        round_, index = divmod(self.next, ROUND)
+        if round_ != self._round:  # a new round: reseed, and skip to `index` after a resume
+            self._rng = rng_for(*self.parts, round_)
+            for _ in range(index):
+                self._rng.random()
+            self._round = round_
+        self.next += 1
+        return self._rng.random()
+
+
+@dataclass
+class _Cursor:
+    """Where one reader of the mix stands (everything but the sources' own states)."""
+
+    epoch: int
+    world: World
+    draws: int
+    passes: list[int]
+    taken: list[int]
+    in_pass: list[int]  # records from the source's current pass
+    ran_out: list[bool] = field(default_factory=list)  # ran out at least once
+    dropped: list[bool] = field(default_factory=list)  # no more draws for it this epoch
+    finished: bool = False
+
+    @classmethod
+    def fresh(cls, epoch: int, world: World, sources: int) -> _Cursor:
+        zeros = [0] * sources
+        return cls(epoch, world, 0, list(zeros), list(zeros), list(zeros), [False] * sources,
+                   [False] * sources)
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> _Cursor:
+        return cls(state["epoch"], World(*state["world"]), state["draws"], list(state["passes"]),
+                   list(state["taken"]), list(state["in_pass"]), list(state["ran_out"]),
+                   list(state["dropped"]), state["finished"])
+
+    def to_dict(self, config: list[Any], sources: list[Any]) -> dict[str, Any]:
+        w = self.world
+        return {"format": MIX_FORMAT, "config": config, "epoch": self.epoch,
+                "world": [w.rank, w.world_size, w.worker, w.num_workers], "draws": self.draws,
+                "passes": list(self.passes), "taken": list(self.taken),
+                "in_pass": list(self.in_pass), "ran_out": list(self.ran_out),
+                "dropped": list(self.dropped), "finished": self.finished, "sources": sources}
+
+
+_KEYS = frozenset(("format", "config", "epoch", "world", "draws", "passes", "taken", "in_pass",
+                   "ran_out", "dropped", "finished", "sources"))
+
+
+class Mix(IterableDataset):
+    """Records drawn from several datasets in chosen proportions; exact and elastic resume.
+
+    Example::
+
+        pubmed = StreamingJsonl("pubmed/train-*.jsonl.zst", shuffle=True, seed=0)
+        arxiv = StreamingJsonl("arxiv/train-*.jsonl.zst", shuffle=True, seed=0)
+        mix = Mix([pubmed.map(featurize), arxiv.map(featurize)], [0.7, 0.3], seed=0,
+                  stop="all")
+        loader = StatefulDataLoader(mix, batch_size=32, num_workers=4)
+
+    `weights` are relative (they need not sum to 1). `stop`: see the module docstring. The
+    sources must share the rank and world_size they were given (or all detect them). Use
+    `.taken` (this process) or `streamds.source_counts(loader.state_dict())` (every worker)
+    for the records each source gave.
+    """
+
+    def __init__(
+        self,
+        datasets: Sequence[StreamingJsonl],
+        weights: Sequence[float],
+        *,
+        seed: int,
+        stop: str = "all",
+        resume_from: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        from .dataset import StreamingJsonl
+
+        datasets = list(datasets)
+        if not datasets:
+            raise ValueError("Mix needs at least one dataset, got none")
+        for index, ds in enumerate(datasets):
+            if not isinstance(ds, StreamingJsonl):
+                raise ValueError(
+                    f"datasets[{index}] must be a streamds.StreamingJsonl (with its own map, "
+                    f"filter and shuffle), got {type(ds).__name__}; pack after mixing: "
+                    "Mix(...).pack(PackTokens(...))"
+                )
+        weights = list(weights)
+        if len(weights) != len(datasets):
+            raise ValueError(
+                f"weights has {len(weights)} entries for {len(datasets)} datasets; give one "
+                "weight per dataset"
+            )
+        for index, weight in enumerate(weights):
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not (
+                    math.isfinite(weight) and weight > 0):
+                raise ValueError(
+                    f"weights[{index}] must be a finite number > 0, got {weight!r}; leave a "
+                    "dataset out rather than give it weight 0"
+                )
+        check_int("seed", seed, 0, "pass a non-negative integer seed")
+        check_choice("stop", stop, STOPS,
+                     "'first' ends with the first source that runs out, 'all' with the last, "
+                     "'cycle' restarts sources until each has run out once")
+        worlds = {(ds.rank, ds.world_size) for ds in datasets}
+        if len(worlds) > 1:
+            raise ValueError(
+                f"the datasets were given different rank/world_size {sorted(worlds, key=str)}; "
+                "give them all the same (or none, to detect it)"
+            )
+        total = sum(weights)
+        self.datasets = [copy.copy(ds) for ds in datasets]  # set_epoch must not reach theirs
+        self.weights = [w / total for w in weights]
+        self.seed = seed
+        self.stop = stop
+        self.rank, self.world_size = worlds.pop()
+        self.epoch = 0
+        self._pending: dict[str, Any] | None = None  # a loaded state, for the next iterator
+        self._merged: dict[str, Any] | None = None  # a merged state (elastic resume)
+        self._active: _Cursor | None = None
+        if resume_from is not None:
+            self._resume(resume_from)
+
+    def __repr__(self) -> str:
+        return (f"Mix({len(self.datasets)} datasets, weights={[round(w, 4) for w in self.weights]}"
+                f", seed={self.seed}, stop={self.stop!r}, epoch={self.epoch})")
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_active"] = None  # a live iterator stays in the process that made it
+        state.pop("_iterators", None)
+        return state
+
+    def _config(self) -> list[Any]:
+        return [list(self.weights), self.seed, self.stop, len(self.datasets)]
+
+    def pack(self, packer: PackTokens) -> Packed:
+        """The mixed records packed into fixed-length token sequences (`streamds.PackTokens`)."""
+        from .pack import Packed
+
+        return Packed(self, packer)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch: it seeds the draws and every source's order."""
+        check_int("epoch", epoch, 0, "epochs count from 0")
+        pending = self._pending
+        if pending is not None and not pending["finished"] and pending["epoch"] != epoch:
+            raise ValueError(
+                f"set_epoch({epoch}): the loaded state is in the middle of epoch "
+                f"{pending['epoch']}; iterate to finish that epoch first"
+            )
+        self.epoch = epoch
+
+    @property
+    def taken(self) -> list[int]:
+        """Records each source gave this process's current iterator (in the main process of a
+        loader with workers: nothing; use `streamds.source_counts(loader.state_dict())`)."""
+        return [0] * len(self.datasets) if self._active is None else list(self._active.taken)
+
+    # -- where a reader starts -----------------------------------------------------------
+
+    def _start(self, world: World) -> tuple[_Cursor, list[Any] | None]:
+        """(cursor, source states to load or None) of the reader `world` for this epoch."""
+        pending = self._pending
+        if pending is not None and pending["finished"] and pending["epoch"] != self.epoch:
+            pending = None  # that epoch is over and another was chosen: start it afresh
+        if pending is not None:
+            cursor = _Cursor.from_state(pending)
+            if cursor.world != world:
+                raise StateMismatchError(
+                    f"the mix state was taken by reader (rank, world_size, worker, num_workers)"
+                    f"={tuple(pending['world'])} but is loaded by {_tuple(world)}; resume with "
+                    "the same world, or merge the states of all readers with "
+                    "streamds.merge_states() and pass the result as Mix(..., resume_from=)"
+                )
+            return cursor, list(pending["sources"])
+        cursor = _Cursor.fresh(self.epoch, world, len(self.datasets))
+        merged = self._merged
+        if merged is not None and merged["epoch"] == self.epoch:
+            cursor.passes = list(merged["passes"])
+            cursor.ran_out = [p > 0 for p in cursor.passes]
+            if world.reader == 0:  # the records taken before the resume count once
+                cursor.taken = list(merged["taken"])
+        return cursor, None
+
+    def _position_sources(self, cursor: _Cursor, states: list[Any] | None) -> None:
+        for index, ds in enumerate(self.datasets):
+            ds.set_epoch(cursor.epoch + cursor.passes[index])
+            if states is not None:
+                ds.load_state_dict(states[index])
+
+    # -- iteration -----------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        world = detect_world(self.rank, self.world_size)
+        cursor, states = self._start(world)
+        self._pending = None
+        self._active = cursor
+        if cursor.finished:
+            self._iterators: list[Iterator[Any]] = []
+            return iter(())
+        self._position_sources(cursor, states)
+        # -> each source's records, split over this reader's world by the source itself
+        self._iterators = [iter(ds) for ds in self.datasets]
+        return self._generate(cursor)
+
+    def _generate(self, cursor: _Cursor) -> Iterator[Any]:
+        parts = ("mix", self.seed, cursor.epoch, cursor.world.rank, cursor.world.worker)
+        draws = _Draws(parts, cursor.draws)
+        while not cursor.finished:
+            index = self._pick(next(draws), cursor.dropped)
+            cursor.draws = draws.next
+            record = self._next_of(index, cursor)
+            if record is not _END:
+                yield record
+
+    def _pick(self, u: float, dropped: list[bool]) -> int:
+        """The source that uniform `u` picks among those still drawn from."""
+        alive = [i for i, out in enumerate(dropped) if not out]
+        point = u * sum(self.weights[i] for i in alive)
+        for index in alive:
+            point -= self.weights[index]
+            if point < 0:
+                return index
+        return alive[-1]  # rounding at the top end
+
+    def _next_of(self, index: int, cursor: _Cursor) -> Any:
+        """The next record of source `index`, or _END when it ran out (the cursor then says
+        what happens next, under the stopping rule)."""
+        record = next(self._iterators[index], _END)
+        if record is not _END:
+            cursor.taken[index] += 1
+            cursor.in_pass[index] += 1
+            return record
+        empty_pass = cursor.in_pass[index] == 0
+        cursor.ran_out[index] = True
+        if self.stop == "first":
+            cursor.finished = True
+        elif self.stop == "all" or empty_pass:
+            cursor.dropped[index] = True
+        if all(cursor.dropped) or (self.stop == "cycle" and all(cursor.ran_out)):
+            cursor.finished = True
+        if self.stop == "cycle" and not cursor.finished and not cursor.dropped[index]:
+            # a new pass in the order of the source's next epoch
+            cursor.passes[index] += 1
+            cursor.in_pass[index] = 0
+            ds = self.datasets[index]
+            ds.set_epoch(cursor.epoch + cursor.passes[index])
+            self._iterators[index] = iter(ds)
+        return _END
+
+    # -- state ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """This reader's position: a few integers per source plus each source's own state."""
+        if self._active is not None:
+            return self._active.to_dict(self._config(),
+                                        [ds.state_dict() for ds in self.datasets])
+        if self._pending is not None:
+            return copy.deepcopy(self._pending)
+        cursor, _ = self._start(detect_world(self.rank, self.world_size))
+        self._position_sources(cursor, None)
+        return cursor.to_dict(self._config(), [ds.state_dict() for ds in self.datasets])
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state` at the next `iter()`; refuses a state of another mix."""
+        check_state(state, MIX_FORMAT, _KEYS, "mix")
+        self._check_config(state["config"])
+        self._active = None
+        self._pending = copy.deepcopy(state)
+        if not state["finished"]:  # a finished state leaves the epoch to set_epoch
+            self.epoch = state["epoch"]
+
+    def _check_config(self, config: list[Any]) -> None:
+        if config != self._config():
+            raise StateMismatchError(
+                f"the state was taken from a mix configured as {config} but this one is "
+                f"{self._config()} (weights, seed, stop, number of datasets); build it with "
+                "the same arguments"
+            )
+
+    def with_resume(self, merged: dict[str, Any]) -> Mix:
+        """A copy that finishes the epoch of `merged` (`streamds.merge_states` of the states
+        of every reader of this mix) under this mix's world, as ``resume_from=`` does."""
+        clone = copy.copy(self)
+        clone._pending = None
+        clone._active = None
+        clone._resume(merged)
+        return clone
+
+    def _resume(self, merged: dict[str, Any]) -> None:
+        if not isinstance(merged, dict) or merged.get("format") != MERGED_MIX_FORMAT:
+            raise ValueError(
+                "resume_from must be the dict streamds.merge_states() returns for the states "
+                "of a Mix; to resume with the same world, use load_state_dict() instead"
+            )
+        self._check_config(merged["config"])
+        self.datasets = [ds.with_resume(state) for ds, state in
+                         zip(self.datasets, merged["sources"], strict=True)]
+        self.epoch = merged["epoch"]
+        self._merged = copy.deepcopy(merged)
+        self._merged["sources"] = None  # the datasets hold them now
+
+
+class _EndMarker:
+    def __repr__(self) -> str:
+        return "<end of source>"
+
+
+_END: Any = _EndMarker()
+
+
+def _tuple(world: World) -> tuple[int, int, int, int]:
+    return (world.rank, world.world_size, world.worker, world.num_workers)
