@@ -28,6 +28,7 @@ Command line::
     python -m corpora.synthetic pubmed train.jsonl.zst --bytes 1GB
     python -m corpora.synthetic small-lines lines.jsonl --bytes 256MB
     python -m corpora.synthetic splits pubmed-dataset --train 2000 --val 200 --test 200
+    python -m corpora.synthetic splits arxiv-dataset --layout arxiv --train 2000 --val 20 --test 20
     python -m corpora.synthetic small-files many-files --records 100000
 """
 
@@ -51,8 +52,10 @@ import zstandard
 from streamds.tools.units import size_argument
 
 __all__ = [
+    "arxiv_record",
     "main",
     "pubmed_record",
+    "write_arxiv_splits",
     "write_pubmed",
     "write_pubmed_splits",
     "write_small_files",
@@ -280,7 +283,19 @@ _LAYOUTS = (
     (("introduction", 0.20), ("methods", 0.25), ("results", 0.30), ("discussion", 0.25)),
     (("introduction", 0.25), ("case report", 0.35), ("discussion", 0.35), ("conclusion", 0.05)),
 )  # fmt: skip
+# arXiv papers: lower-case section names, as in the released arXiv set
+_ARXIV_LAYOUTS = (
+    (("introduction", 0.20), ("the model", 0.30), ("results", 0.30), ("conclusions", 0.20)),
+    (("introduction", 0.25), ("numerical results", 0.45), ("discussion", 0.20),
+     ("summary", 0.10)),
+    (("introduction", 0.15), ("method", 0.35), ("results", 0.35), ("conclusions", 0.15)),
+)  # fmt: skip
 _KIND = {
+    "the model": "methods",
+    "method": "methods",
+    "numerical results": "results",
+    "conclusions": "conclusion",
+    "summary": "conclusion",
     "introduction": "introduction",
     "background": "introduction",
     "materials and methods": "methods",
@@ -350,11 +365,66 @@ def pubmed_record(
     """
     if target_chars < 100:
         raise ValueError(f"target_chars must be >= 100, got {target_chars}")
+    section_names, sections, abstract = _article(rng, target_chars, _LAYOUTS, styled=True)
+    if rng.random() < 0.5:  # structured abstract, as in about half of PubMed
+        abstract[0] = _ABSTRACT_LABELS[0] + abstract[0]
+        abstract[len(abstract) // 2] = _ABSTRACT_LABELS[1] + abstract[len(abstract) // 2]
+        abstract[-1] = _ABSTRACT_LABELS[2] + abstract[-1]
+    return {
+        "article_id": f"{id_prefix}{index:07d}",
+        "article_text": list(itertools.chain.from_iterable(sections)),
+        "abstract_text": [f"<S> {s} </S>" for s in abstract],
+        "labels": None,
+        "section_names": section_names,
+        "sections": sections,
+    }
+
+
+def arxiv_record(rng: random.Random, index: int, *, target_chars: int = 20_000) -> dict:
+    """One paper in the layout of the arXiv summarisation set: the PubMed keys, lower-case
+    section names of a physics paper, numbers as ``@xmath<k>`` placeholders and ``@xcite``
+    citation marks as in the released files, and ids like ``"1001.0042"``.
+
+    Consumes ``rng``; depends only on its state, ``index`` and ``target_chars``.
+    """
+    if target_chars < 100:
+        raise ValueError(f"target_chars must be >= 100, got {target_chars}")
+    section_names, sections, abstract = _article(rng, target_chars, _ARXIV_LAYOUTS,
+                                                 styled=False)
+    math = itertools.count()
+    sections = [[_arxiv_sentence(rng, sentence, math) for sentence in section]
+                for section in sections]
+    abstract = [_arxiv_sentence(rng, sentence, math, cite=False) for sentence in abstract]
+    return {
+        "article_id": f"{1001 + index // 10_000:04d}.{index % 10_000:04d}",
+        "article_text": list(itertools.chain.from_iterable(sections)),
+        "abstract_text": [f"<S> {s} </S>" for s in abstract],
+        "labels": None,
+        "section_names": section_names,
+        "sections": sections,
+    }
+
+
+def _arxiv_sentence(rng: random.Random, sentence: str, math: Iterator[int], *,
+                    cite: bool = True) -> str:
+    """Numbers -> ``@xmath<k>`` (k counts up through the paper); some sentences cite."""
+    words = [f"@xmath{next(math)}" if word.isdigit() else word for word in sentence.split(" ")]
+    if cite and rng.random() < 0.2 and words[-1] == ".":
+        words.insert(len(words) - 1, "@xcite")
+    return " ".join(words)
+
+
+def _article(
+    rng: random.Random, target_chars: int, layouts: Sequence[tuple[tuple[str, float], ...]], *,
+    styled: bool,
+) -> tuple[list[str], list[list[str]], list[str]]:
+    """(section names, sections of sentences, abstract sentences) of one article; `styled`:
+    section names styled per article (PubMed), else as they are (arXiv)."""
     topic = rng.sample(_TERMS, 4)
     background = rng.sample(_TERMS, 24)
     pool = topic * 2 + background  # a quarter of term slots name the topic
-    layout = rng.choice(_LAYOUTS)
-    style = rng.randrange(4)
+    layout = rng.choice(layouts)
+    style = rng.randrange(4) if styled else 3
     n_findings = min(6, max(1, target_chars // 4000))
     findings = [_salient(rng, p, topic) for p in rng.sample(_FINDINGS, n_findings)]
     conclusion = _salient(rng, rng.choice(_CONCLUSIONS), topic)
@@ -394,19 +464,7 @@ def pubmed_record(
         abstract += [short for long, short in sorted(salient, key=lambda p: order[p[0]])]
         section_names.append(_style_name(name, i, style))
         sections.append(sents)
-
-    if rng.random() < 0.5:  # structured abstract, as in about half of PubMed
-        abstract[0] = _ABSTRACT_LABELS[0] + abstract[0]
-        abstract[len(abstract) // 2] = _ABSTRACT_LABELS[1] + abstract[len(abstract) // 2]
-        abstract[-1] = _ABSTRACT_LABELS[2] + abstract[-1]
-    return {
-        "article_id": f"{id_prefix}{index:07d}",
-        "article_text": list(itertools.chain.from_iterable(sections)),
-        "abstract_text": [f"<S> {s} </S>" for s in abstract],
-        "labels": None,
-        "section_names": section_names,
-        "sections": sections,
-    }
+    return section_names, sections, abstract
 
 
 def _style_name(name: str, position: int, style: int) -> str:
@@ -464,6 +522,7 @@ def _write_records(
     records: int | None,
     record_chars: int,
     id_prefix: str,
+    kind: str = "pubmed",
 ) -> int:
     """Write records until ``target_bytes`` (uncompressed) or ``records`` is reached."""
     written = 0
@@ -471,9 +530,12 @@ def _write_records(
     buf: list[bytes] = []
     buffered = 0
     while (target_bytes is None or size < target_bytes) and (records is None or written < records):
-        line = orjson.dumps(
-            pubmed_record(rng, start + written, target_chars=record_chars, id_prefix=id_prefix)
-        )
+        if kind == "arxiv":
+            record = arxiv_record(rng, start + written, target_chars=record_chars)
+        else:
+            record = pubmed_record(rng, start + written, target_chars=record_chars,
+                                   id_prefix=id_prefix)
+        line = orjson.dumps(record)
         buf.append(line)
         buffered += len(line) + 1
         size += len(line) + 1
@@ -530,6 +592,31 @@ def write_pubmed_splits(
     Each split has its own rng (seeded from ``seed`` and the split name) and its own id range
     (train first, then val, then test), so no id repeats across splits. Returns split -> path.
     """
+    return _write_splits(directory, "pubmed", train_records=train_records,
+                         val_records=val_records, test_records=test_records, seed=seed,
+                         record_chars=record_chars)
+
+
+def write_arxiv_splits(
+    directory: str | os.PathLike,
+    *,
+    train_records: int,
+    val_records: int,
+    test_records: int,
+    seed: int = 0,
+    record_chars: int = 4000,
+) -> dict[str, Path]:
+    """`write_pubmed_splits` for the arXiv layout (`arxiv_record`); the rngs are seeded
+    apart from PubMed's, so the two corpora differ for one seed."""
+    return _write_splits(directory, "arxiv", train_records=train_records,
+                         val_records=val_records, test_records=test_records, seed=seed,
+                         record_chars=record_chars)
+
+
+def _write_splits(
+    directory: str | os.PathLike, kind: str, *, train_records: int, val_records: int,
+    test_records: int, seed: int, record_chars: int,
+) -> dict[str, Path]:
     counts = {"train": train_records, "val": val_records, "test": test_records}
     for split, n in counts.items():
         _check_min(f"{split}_records", n, 0)
@@ -541,12 +628,13 @@ def write_pubmed_splits(
         with _output(paths[split]) as out:
             _write_records(
                 out,
-                random.Random(f"{seed}/{split}"),
+                random.Random(f"{seed}/{split}" if kind == "pubmed" else f"{kind}/{seed}/{split}"),
                 start,
                 target_bytes=None,
                 records=n,
                 record_chars=record_chars,
                 id_prefix="PMC",
+                kind=kind,
             )
         start += n
     return paths
@@ -657,6 +745,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     t.add_argument("--val", type=int, required=True)
     t.add_argument("--test", type=int, required=True)
     t.add_argument("--record-chars", type=int, default=4000)
+    t.add_argument("--layout", choices=("pubmed", "arxiv"), default="pubmed",
+                   help="the PubMed or the arXiv summarisation set's records")
     f = sub.add_parser("small-files", help="one JSON file per record, in folders")
     f.add_argument("out")
     f.add_argument("--records", type=int, required=True)
@@ -683,7 +773,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             what = f"{n} lines"
         elif args.command == "splits":
-            paths = write_pubmed_splits(
+            write_splits = write_arxiv_splits if args.layout == "arxiv" else write_pubmed_splits
+            paths = write_splits(
                 args.out,
                 train_records=args.train,
                 val_records=args.val,

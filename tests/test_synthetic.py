@@ -19,8 +19,10 @@ import zstandard
 
 from corpora import synthetic
 from corpora.synthetic import (
+    arxiv_record,
     main,
     pubmed_record,
+    write_arxiv_splits,
     write_pubmed,
     write_pubmed_splits,
     write_small_files,
@@ -349,3 +351,36 @@ def test_corpora_is_a_checkout_helper_left_out_of_the_wheel():
     found = find_packages(str(REPO), **config["tool"]["setuptools"]["packages"]["find"])
     assert "streamds" in found and "preprocess" in found
     assert not [name for name in found if name.split(".")[0] == "corpora"]
+
+
+# --- arXiv layout ------------------------------------------------------------------------------
+
+
+def test_arxiv_records_have_the_arxiv_layout():
+    record = arxiv_record(random.Random(3), 10_042, target_chars=3000)
+    assert list(record) == KEYS
+    assert record["article_id"] == "1002.0042"
+    assert record["labels"] is None
+    assert record["section_names"][0] == "introduction"
+    assert all(name == name.lower() for name in record["section_names"])
+    text = " ".join(record["article_text"])
+    assert "@xmath0" in text and "@xcite" in text
+    assert not any(word.isdigit() for word in text.split())  # numbers are math placeholders
+    assert record["article_text"] == [s for section in record["sections"] for s in section]
+    assert all(s.startswith("<S> ") and s.endswith(" </S>") for s in record["abstract_text"])
+    assert record == arxiv_record(random.Random(3), 10_042, target_chars=3000)
+
+
+def test_arxiv_splits_differ_from_pubmed_splits(tmp_path):
+    arxiv = write_arxiv_splits(tmp_path / "arxiv", train_records=4, val_records=1,
+                               test_records=1, record_chars=600)
+    pubmed = write_pubmed_splits(tmp_path / "pubmed", train_records=4, val_records=1,
+                                 test_records=1, record_chars=600)
+    first = [json.loads(line) for line in arxiv["train"].read_text().splitlines()]
+    assert [r["article_id"] for r in first] == ["1001.0000", "1001.0001", "1001.0002",
+                                               "1001.0003"]
+    assert arxiv["train"].read_bytes() != pubmed["train"].read_bytes()
+    assert json.loads(arxiv["val"].read_text())["article_id"] == "1001.0004"
+    assert main(["splits", str(tmp_path / "cli"), "--layout", "arxiv", "--train", "4", "--val",
+                 "1", "--test", "1", "--record-chars", "600"]) == 0
+    assert (tmp_path / "cli" / "train.txt").read_bytes() == arxiv["train"].read_bytes()
