@@ -25,6 +25,7 @@ __all__ = [
     "PackTokens",
     "PadCollate",
     "PaddingStats",
+    "RecordBatch",
     "RetryPolicy",
     "StallMeter",
     "StateMismatchError",
@@ -57,6 +58,7 @@ _HOMES = {
     "PadCollate": "train.collate",
     "as_list": "train.collate",
     "StreamingJsonl": "dataset",
+    "RecordBatch": "batch",
     "CorruptRecordError": "errors",
     "CorruptShardError": "errors",
     "MissingCodecError": "errors",
@@ -91,6 +93,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from .batch import RecordBatch
     from .buckets import LengthBuckets, TokenBudget
     from .dataset import StreamingJsonl
     from .errors import (

@@ -18,13 +18,51 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .buckets import Rule
 
-__all__ = ["Batch", "BatchSpec"]
+__all__ = ["Batch", "BatchSpec", "RecordBatch"]
+
+
+class RecordBatch:
+    """The records of one batch, as `StreamingJsonl.batch(n)` yields them without a collate.
+
+    Reads like a list (``len``, indexing, iteration, ``==`` with a list); ``batch.records`` or
+    ``list(batch)`` is the list itself. It is not a `Sequence` on purpose: with
+    ``DataLoader(batch_size=None)`` torch's default conversion (`default_convert`) copies every
+    record of a list and walks every value in it (measured 3x slower for dict records), but
+    hands anything else over as it is. Pickles as its list.
+    """
+
+    __slots__ = ("records",)
+
+    def __init__(self, records: list[Any]) -> None:
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.records)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.records[index]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RecordBatch):
+            return self.records == other.records
+        return isinstance(other, list) and self.records == other
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the list it holds
+
+    def __repr__(self) -> str:
+        return f"RecordBatch({self.records!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RecordBatch, (self.records,))
 
 
 @dataclass(frozen=True)
 class BatchSpec:
     size: int | None  # records per batch; None: as many as the rule's token budget allows
-    collate: Callable[[list[Any]], Any] | None = None  # None: the list of records as it is
+    collate: Callable[[list[Any]], Any] = RecordBatch  # list of records -> the batch
     drop_last: bool = False
     rule: Rule | None = None  # cut pools by length (`streamds.buckets`); None: fixed `size`
 
@@ -61,4 +99,4 @@ class Batch:
         while batch := list(islice(records, size)):
             if drop_last and len(batch) < size:
                 return
-            yield batch if collate is None else collate(batch)
+            yield collate(batch)

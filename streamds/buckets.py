@@ -230,7 +230,7 @@ class PoolBatch:
     KEYS = (SOURCE, RULE, POOL, EMITTED)
 
     def __init__(
-        self, source: Any, rule: Rule, *, collate: Callable[[list[Any]], Any] | None,
+        self, source: Any, rule: Rule, *, collate: Callable[[list[Any]], Any],
         seed_parts: Sequence[int | str],
     ) -> None:
         self.source = source
@@ -291,7 +291,7 @@ class PoolBatch:
             for number in range(self._emitted, len(batches)):
                 self._emitted = number + 1
                 batch = [pool[i] for i in batches[number]]
-                yield batch if collate is None else collate(batch)
+                yield collate(batch)
             self._pool += 1
             self._emitted = 0
             self._count = None

@@ -19,7 +19,7 @@ import orjson
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .balance import EVEN_RANKS, check_split, quotas
-from .batch import Batch, BatchSpec
+from .batch import Batch, BatchSpec, RecordBatch
 from .buckets import RULES, LengthBuckets, PoolBatch, TokenBudget, is_pool_state
 from .cache import CacheSpec, namespace_of
 from .checks import check_bool, check_choice, check_int, size_setting
@@ -243,18 +243,21 @@ class StreamingJsonl(IterableDataset):
         size, little padding) or ``streamds.TokenBudget(16384)`` (as many records as fit in a
         budget of padded tokens).
 
-        Use it with ``DataLoader(ds.batch(n, collate=...), batch_size=None,
-        collate_fn=streamds.as_list)``: each worker sends one message per batch, and the batch
-        is made where the records are (`as_list` keeps the DataLoader from converting every
-        record again: with ``batch_size=None`` its default walks each one). `collate` (a
-        module-level function, so spawned workers can pickle it) turns the list of records
-        into what the model takes, e.g. a `streamds.PadCollate` for padded tensors; None
-        leaves the list as it is. `.map()`/`.filter()` still apply to records. A state taken
-        after any batch resumes exactly.
+        Use it with ``DataLoader(ds.batch(n, collate=...), batch_size=None)``: each worker
+        sends one message per batch, and the batch is made where the records are. `collate`
+        (a module-level function, so spawned workers can pickle it) turns the list of records
+        into what the model takes, e.g. a `streamds.PadCollate` for padded tensors (tensors
+        cross from the workers in shared memory). None yields a `RecordBatch`, a list-like
+        holder of the records that torch's default conversion hands over untouched. A collate
+        that returns lists or dicts of Python values is walked value by value by that default
+        conversion (with ``batch_size=None``): pass ``collate_fn=streamds.as_list`` to the
+        DataLoader then. `.map()`/`.filter()` still apply to records. A state taken after any
+        batch resumes exactly.
         """
         if collate is not None and not callable(collate):
             raise ValueError(f"collate must be callable or None, got {collate!r}")
         check_bool("drop_last", drop_last)
+        collate = RecordBatch if collate is None else collate
         if isinstance(size, RULES):
             if drop_last:
                 raise ValueError(

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
 import pytest
 from resume_contract import ids, run_test_save_load_state, write_mixed
 from torch.utils.data import DataLoader
+from torch.utils.data._utils.collate import default_convert
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from streamds import StateMismatchError, StreamingJsonl, merge_states
+from streamds import RecordBatch, StateMismatchError, StreamingJsonl, merge_states
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
@@ -101,3 +103,30 @@ def test_bad_batch_arguments_name_the_fix(mixed: tuple[Path, list[int]]) -> None
         ds.batch(4, collate="ids")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="makes batches of 4"):
         ds.batch(4).resume_after_batches(1, batch_size=8, num_workers=0)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_batches_without_a_collate_pass_torch_default_conversion_untouched(
+    mixed: tuple[Path, list[int]], num_workers: int
+) -> None:
+    source, every = mixed
+    ds = StreamingJsonl(str(source)).batch(7)
+    seen = []
+    for batch in DataLoader(ds, batch_size=None, num_workers=num_workers):
+        assert isinstance(batch, RecordBatch), type(batch).__name__
+        assert all(isinstance(record, dict) for record in batch)
+        seen += [record["id"] for record in batch.records]
+    assert seen == every if num_workers == 0 else sorted(seen) == sorted(every)
+    # torch's conversion (what DataLoader(batch_size=None) applies) walks a list, not this
+    batch = next(iter(ds))
+    assert default_convert(batch) is batch
+    assert default_convert(batch.records) is not batch.records
+
+
+def test_a_record_batch_reads_like_its_list() -> None:
+    records = [{"id": 1}, {"id": 2}]
+    batch = RecordBatch(records)
+    assert batch == records and batch == RecordBatch(list(records)) and batch != records[:1]
+    assert len(batch) == 2 and batch[1] == {"id": 2} and batch[:1] == [{"id": 1}]
+    assert list(batch) == records
+    assert pickle.loads(pickle.dumps(batch)) == batch
