@@ -1,0 +1,115 @@
+"""Conversion in parts on a real Dask cluster on loopback (`distributed.LocalCluster`).
+
+One cluster per module: 2 worker processes, one thread each, no dashboard, 127.0.0.1 only.
+The output must be the bytes of the in-process run and of a process pool's, and a worker
+process killed in the middle of a part must cost nothing but a rerun.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_convert import read_output
+from test_parts import output_files
+
+from corpora.synthetic import write_pubmed, write_small_files
+from preprocess.cli import main as cli_main
+from preprocess.convert import ConversionError, convert
+
+distributed = pytest.importorskip("distributed", reason="the 'cluster' extra (make setup)")
+
+SHARD_SIZE = 60_000
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    with distributed.LocalCluster(
+        n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None,
+        host="127.0.0.1", worker_dashboard_address=None,
+    ) as local, distributed.Client(local) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("cluster")
+    write_pubmed(root / "train.txt", target_bytes=400_000, record_chars=1500)
+    write_small_files(root / "small", records=300, per_folder=40, record_chars=300)
+    inputs = [root / "train.txt", root / "small"]
+    here = root / "here"
+    convert(inputs, here, shard_size=SHARD_SIZE, parts=5)
+    return {"root": root, "inputs": inputs, "here": here}
+
+
+def test_dask_writes_the_bytes_of_in_process_and_of_a_process_pool(cluster, corpus, tmp_path):
+    on_dask, on_pool = tmp_path / "dask", tmp_path / "pool"
+    convert(corpus["inputs"], on_dask, shard_size=SHARD_SIZE, parts=5,
+            executor=cluster.get_executor())
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        convert(corpus["inputs"], on_pool, shard_size=SHARD_SIZE, parts=5, executor=pool)
+    expected = output_files(corpus["here"])
+    assert output_files(on_dask) == expected
+    assert output_files(on_pool) == expected
+    assert read_output(on_dask) == read_output(corpus["here"])
+
+
+def test_both_dask_workers_take_parts(cluster, corpus, tmp_path):
+    out = tmp_path / "out"
+    convert(corpus["inputs"], out, shard_size=SHARD_SIZE, parts=6,
+            transform=f"test_cluster:note_pid(folder={str(tmp_path)!r})")
+    seen_here = {p.name for p in tmp_path.glob("pid-*")}
+    for p in tmp_path.glob("pid-*"):
+        p.unlink()
+    out = tmp_path / "on-dask"
+    convert(corpus["inputs"], out, shard_size=SHARD_SIZE, parts=6,
+            transform=f"test_cluster:note_pid(folder={str(tmp_path)!r})",
+            executor=cluster.get_executor())
+    pids = {p.name for p in tmp_path.glob("pid-*")}
+    workers = {f"pid-{pid}" for pid in cluster.run(os.getpid).values()}
+    assert seen_here == {f"pid-{os.getpid()}"}
+    assert pids == workers and len(workers) == 2
+
+
+def note_pid(folder: str):
+    """A transform that leaves a file named after the process it runs in."""
+    def apply(record: dict[str, Any]) -> dict[str, Any]:
+        Path(folder, f"pid-{os.getpid()}").touch()
+        return record
+
+    return apply
+
+
+def test_a_killed_dask_worker_costs_only_a_rerun(cluster, corpus, tmp_path):
+    marker = tmp_path / "killed-once"
+    transform = f"test_parts:exit_once(marker={str(marker)!r}, article='PMC0000150')"
+    here = tmp_path / "here"
+    marker.touch()
+    convert(corpus["inputs"], here, shard_size=SHARD_SIZE, parts=4, transform=transform)
+    marker.unlink()
+    out = tmp_path / "out"
+    try:  # Dask retries a task whose worker died; if it gives up, the rerun finishes
+        convert(corpus["inputs"], out, shard_size=SHARD_SIZE, parts=4, transform=transform,
+                executor=cluster.get_executor())
+    except ConversionError as err:
+        assert "part-0000" in str(err)
+        convert(corpus["inputs"], out, shard_size=SHARD_SIZE, parts=4, transform=transform,
+                executor=cluster.get_executor())
+    assert marker.exists()  # a worker process did die
+    assert output_files(out) == output_files(here)
+    cluster.wait_for_workers(2, timeout=30)  # the nanny restarted it, for the next test
+
+
+def test_cli_dask_executor_by_address(cluster, corpus, tmp_path, capsys):
+    out = tmp_path / "out"
+    address = cluster.scheduler_info()["address"].removeprefix("tcp://")
+    inputs = [*map(str, corpus["inputs"])]
+    assert cli_main([*inputs, "-o", str(out), "--shard-size", str(SHARD_SIZE), "--parts", "5",
+                     "--executor", f"dask://{address}", "-q"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    assert output_files(out) == output_files(corpus["here"])
