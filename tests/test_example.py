@@ -163,24 +163,29 @@ def test_resume_refuses_changed_arguments(reference, tmp_path):
         main([*args, "--resume", "--batch-size", "3"])
 
 
-def test_killed_run_resumes_from_its_last_checkpoint(reference, tmp_path):
-    ref_out, _, expected = reference
-    out, ids = tmp_path / "killed", tmp_path / "ids.jsonl"
-    args = ["--tiny", "--quiet", "--steps", "30", "--out", str(out), "--log-ids", str(ids),
-            *shared(ref_out)]
+def kill_after_steps(args: list[str], ids: Path, steps: int) -> None:
+    """Run the example in a subprocess and SIGKILL it once `ids` logs `steps` steps."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, str(SCRIPT), *args, "--throttle", "0.1"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None:
-            if ids.exists() and len(ids.read_text().splitlines()) >= 10:
+            if ids.exists() and len(ids.read_text().splitlines()) >= steps:
                 break
             time.sleep(0.02)
         assert proc.poll() is None, "the run ended before it could be killed"
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait()
+
+
+def test_killed_run_resumes_from_its_last_checkpoint(reference, tmp_path):
+    ref_out, _, expected = reference
+    out, ids = tmp_path / "killed", tmp_path / "ids.jsonl"
+    args = ["--tiny", "--quiet", "--steps", "30", "--out", str(out), "--log-ids", str(ids),
+            *shared(ref_out)]
+    kill_after_steps(args, ids, 10)
     logged = len(ids.read_text().splitlines())
     assert 10 <= logged < 30
     main([*args, "--resume"])  # trims the log to the checkpoint and redoes the rest
@@ -188,3 +193,69 @@ def test_killed_run_resumes_from_its_last_checkpoint(reference, tmp_path):
     assert [e["step"] for e in got] == list(range(1, 31))
     assert [e["ids"] for e in got] == [e["ids"] for e in expected]
     assert [e["loss"] for e in got] == pytest.approx([e["loss"] for e in expected], rel=1e-5)
+
+
+# --- two corpora mixed (--mix) ----------------------------------------------------------------
+
+MIX = ["--mix", "pubmed:0.7,arxiv:0.3"]
+
+
+@pytest.fixture(scope="module")
+def mixed_reference(reference, tmp_path_factory):
+    """An uninterrupted tiny run over synthetic PubMed and arXiv corpora, mixed 0.7 / 0.3."""
+    ref_out, _, _ = reference
+    out = tmp_path_factory.mktemp("mixed")
+    summary = main(["--tiny", "--quiet", "--out", str(out), "--steps", "30", *MIX,
+                    "--tokenizer", str(ref_out / "tokenizer.json"), "--eval-records", "2",
+                    "--log-ids", str(out / "ids.jsonl")])
+    return out, summary, read_log(out / "ids.jsonl")
+
+
+def mixed_args(mixed_out: Path, out: Path, log: Path) -> list[str]:
+    return ["--tiny", "--quiet", "--steps", "30", "--out", str(out), "--log-ids", str(log),
+            *MIX, "--data", str(mixed_out / "corpus"), "--eval-records", "2",
+            "--tokenizer", str(mixed_out / "tokenizer.json")]
+
+
+def test_mixed_run_draws_both_corpora_in_proportion(mixed_reference):
+    _, summary, log = mixed_reference
+    ids = [i for entry in log for i in entry["ids"]]
+    arxiv = sum(1 for i in ids if not i.startswith("PMC"))  # arXiv ids look like 1001.0042
+    assert summary["mix"]["records"] == {"pubmed": len(ids) - arxiv, "arxiv": arxiv}
+    bound = 4.5 * (len(ids) * 0.3 * 0.7) ** 0.5
+    assert abs(arxiv - 0.3 * len(ids)) <= bound
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_mixed_run_stops_and_resumes_with_the_same_data(mixed_reference, tmp_path, workers):
+    mixed_out, _, _ = mixed_reference
+    workers_arg = ["--num-workers", str(workers)]
+    args = [*mixed_args(mixed_out, tmp_path / "run", tmp_path / "ids.jsonl"), *workers_arg]
+    straight = main([*mixed_args(mixed_out, tmp_path / "straight", tmp_path / "straight.jsonl"),
+                     *workers_arg])
+    main([*args, "--stop-after", "13"])
+    resumed = main([*args, "--resume"])
+    expected, got = read_log(tmp_path / "straight.jsonl"), read_log(tmp_path / "ids.jsonl")
+    assert [e["step"] for e in got] == list(range(1, 31))
+    assert [e["ids"] for e in got] == [e["ids"] for e in expected]
+    assert [e["loss"] for e in got] == pytest.approx([e["loss"] for e in expected], rel=1e-5)
+    assert resumed["mix"] == straight["mix"]
+
+
+def test_killed_mixed_run_resumes_from_its_last_checkpoint(mixed_reference, tmp_path):
+    mixed_out, _, expected = mixed_reference
+    ids = tmp_path / "ids.jsonl"
+    args = mixed_args(mixed_out, tmp_path / "killed", ids)
+    kill_after_steps(args, ids, 10)
+    assert 10 <= len(ids.read_text().splitlines()) < 30
+    main([*args, "--resume"])
+    got = read_log(ids)
+    assert [e["step"] for e in got] == list(range(1, 31))
+    assert [e["ids"] for e in got] == [e["ids"] for e in expected]
+
+
+def test_mix_arguments_are_checked():
+    with pytest.raises(SystemExit, match="NAME:WEIGHT"):
+        main(["--tiny", "--quiet", "--mix", "pubmed=0.7"])
+    with pytest.raises(SystemExit, match="no synthetic corpus named"):
+        main(["--tiny", "--quiet", "--mix", "pubmed:0.5,wiki:0.5"])

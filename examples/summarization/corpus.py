@@ -75,18 +75,46 @@ def find_splits(data: str | Path) -> dict[str, str]:
     return splits
 
 
-def generate_splits(directory: Path, *, train: int, val: int, test: int, seed: int,
-                    record_chars: int) -> dict[str, str]:
-    """Write a synthetic corpus in the PubMed layout (corpora.synthetic), or reuse it."""
-    from corpora.synthetic import write_pubmed_splits
+LAYOUTS = ("pubmed", "arxiv")  # the synthetic generator's layouts (corpora.synthetic)
 
+
+def generate_splits(directory: Path, *, train: int, val: int, test: int, seed: int,
+                    record_chars: int, layout: str = "pubmed") -> dict[str, str]:
+    """Write a synthetic corpus in the PubMed or arXiv layout (corpora.synthetic), or reuse
+    it."""
+    from corpora.synthetic import write_arxiv_splits, write_pubmed_splits
+
+    write = write_arxiv_splits if layout == "arxiv" else write_pubmed_splits
     marker = directory / "corpus.txt"
     spec = f"train={train} val={val} test={test} seed={seed} chars={record_chars}\n"
+    if layout != "pubmed":
+        spec = f"layout={layout} {spec}"
     if not (marker.exists() and marker.read_text() == spec):
-        write_pubmed_splits(directory, train_records=train, val_records=val,
-                            test_records=test, seed=seed, record_chars=record_chars)
+        write(directory, train_records=train, val_records=val, test_records=test, seed=seed,
+              record_chars=record_chars)
         marker.write_text(spec)
     return {split: str(directory / f"{split}.txt") for split in ("train", "val", "test")}
+
+
+def parse_mix(text: str) -> list[list[Any]]:
+    """``"pubmed:0.7,arxiv:0.3"`` -> ``[["pubmed", 0.7], ["arxiv", 0.3]]`` (for ``--mix``)."""
+    parts: list[list[Any]] = []
+    for item in text.split(","):
+        name, sep, weight = item.strip().partition(":")
+        try:
+            value = float(weight)
+        except ValueError:
+            value = -1.0
+        if not sep or not name or not value > 0:
+            raise ValueError(
+                f"--mix {text!r}: {item!r} is not NAME:WEIGHT with a weight > 0; e.g. "
+                "--mix pubmed:0.7,arxiv:0.3"
+            )
+        parts.append([name, value])
+    names = [name for name, _ in parts]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--mix {text!r}: a corpus is named twice")
+    return parts
 
 
 # -- tokenizer ------------------------------------------------------------------------------
@@ -99,7 +127,8 @@ class TrainingText:
         return article_text(record) + "\n" + abstract_text(record)
 
 
-def train_tokenizer(source: str, path: Path, *, vocab_size: int, records: int) -> Tokenizer:
+def train_tokenizer(source: str | list[str], path: Path, *, vocab_size: int,
+                    records: int) -> Tokenizer:
     """A WordPiece tokenizer learned from the first `records` records, streamed (no download)."""
     tokenizer = Tokenizer(models.WordPiece(unk_token=UNK, max_input_chars_per_word=40))
     tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
@@ -119,13 +148,15 @@ class Featurize:
 
     The source is the cleaned article cut to `max_source` tokens; the labels are the abstract
     cut to `max_target - 1` tokens plus ``[EOS]``. With ``keep_text=True`` the reference
-    abstract and the lead-3 baseline ride along, for evaluation. The tokenizer loads lazily,
+    abstract and the lead-3 baseline ride along, for evaluation; with `corpus` set, its name
+    does (``"corpus"``: which corpus of a mix the record came from). The tokenizer loads lazily,
     once per worker, so the object pickles as a path and two integers.
     """
 
     def __init__(self, tokenizer_path: str | Path, *, max_source: int, max_target: int,
-                 keep_text: bool = False) -> None:
+                 keep_text: bool = False, corpus: str | None = None) -> None:
         self.tokenizer_path = str(tokenizer_path)
+        self.corpus = corpus
         self.max_source = max_source
         self.max_target = max_target
         self.keep_text = keep_text
@@ -148,6 +179,8 @@ class Featurize:
         labels = [*self.tokenizer.encode(target).ids[: self.max_target - 1], EOS_ID]
         out: dict[str, Any] = {"article_id": record["article_id"], "input_ids": ids,
                                "labels": labels}
+        if self.corpus is not None:
+            out["corpus"] = self.corpus
         if self.keep_text:
             out["reference"] = target
             out["lead3"] = lead(record)

@@ -3,11 +3,13 @@
     python examples/summarization/train.py                    # synthetic corpus, ~3 min on 2 cores
     python examples/summarization/train.py --data pubmed-dataset --steps 20000 --num-workers 4
     python examples/summarization/train.py --resume           # continue exactly where it stopped
+    python examples/summarization/train.py --mix pubmed:0.7,arxiv:0.3   # both corpora, mixed
 
 The pipeline (see README.md beside this file):
 
     StreamingJsonl(train, shuffle=True)      raw records, shuffled by block and buffer
       .map(Featurize(tokenizer))             -> article_id, input_ids, labels (in the workers)
+    Mix([...], weights)                      (--mix) records of each corpus in its proportion
     BucketBatches(..., batch_size)           -> lists of records of similar length
     StatefulDataLoader(batch_size=None, collate_fn=PadCollate)   -> padded LongTensors
     DevicePrefetcher(loader, device)         -> the next batch copied to the GPU during the step
@@ -44,7 +46,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from examples.summarization import corpus, rouge
 from examples.summarization.model import PointerGenerator
-from streamds import StreamingJsonl
+from streamds import Mix, StreamingJsonl
 from streamds.train.batching import (
     Batches,
     BucketBatches,
@@ -77,9 +79,10 @@ TINY: dict[str, Any] = {
     "bucket_buffer": 16, "shuffle_buffer": 16, "num_workers": 0, "threads": 1,
 }
 # Arguments that must match for --resume to continue the same run
-RUN_IDENTITY = ("data", "seed", "batching", "batch_size", "max_tokens", "bucket_buffer",
-                "shuffle_buffer", "num_workers", "max_source", "max_target", "vocab_size",
-                "d_model", "heads", "layers", "ff", "dropout", "train_records", "record_chars")
+RUN_IDENTITY = ("data", "mix", "mix_stop", "seed", "batching", "batch_size", "max_tokens",
+                "bucket_buffer", "shuffle_buffer", "num_workers", "max_source", "max_target",
+                "vocab_size", "d_model", "heads", "layers", "ff", "dropout", "train_records",
+                "record_chars")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder with train.txt/val.txt/test.txt (PubMed/arXiv release) or "
                    "train/ val/ test/ shard folders; default: generate a synthetic corpus")
     p.add_argument("--out", default="data/summarization", help="corpus, tokenizer, checkpoint")
+    p.add_argument("--mix", default=None, metavar="NAME:W,...",
+                   help="train on several corpora in these proportions, e.g. "
+                   "pubmed:0.7,arxiv:0.3; each NAME is a folder under --data (default: "
+                   "synthetic pubmed and arxiv corpora); evaluation uses the first")
+    p.add_argument("--mix-stop", choices=("first", "all", "cycle"), default="cycle",
+                   help="when a mixed epoch ends: with the first corpus to run out, with the "
+                   "last, or (cycle) once each has run out, the others restarting meanwhile")
     p.add_argument("--tiny", action="store_true", help="tiny corpus and model (for tests)")
     p.add_argument("--steps", type=int, help="optimizer steps in all")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
@@ -147,6 +157,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             setattr(args, key, value)
     if args.max_tokens is None:
         args.max_tokens = args.batch_size * args.max_source // 2
+    if args.mix is not None:
+        try:
+            args.mix = corpus.parse_mix(args.mix)
+        except ValueError as err:
+            raise SystemExit(str(err)) from None
+        unknown = [name for name, _ in args.mix if name not in corpus.LAYOUTS]
+        if args.data is None and unknown:
+            raise SystemExit(f"--mix: no synthetic corpus named {unknown}; the generator makes "
+                             f"{list(corpus.LAYOUTS)}, or pass --data with a folder per name")
     for key in ("steps", "batch_size", "ckpt_every", "log_every", "max_source", "max_target"):
         if getattr(args, key) < 1:
             raise SystemExit(f"--{key.replace('_', '-')} must be >= 1")
@@ -171,20 +190,36 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def prepare_data(args: argparse.Namespace, out: Path) -> dict[str, str]:
-    if args.data is not None:
-        return corpus.find_splits(args.data)
-    return corpus.generate_splits(out / "corpus", train=args.train_records,
-                                  val=args.val_records, test=args.test_records,
-                                  seed=args.seed, record_chars=args.record_chars)
+def prepare_data(args: argparse.Namespace, out: Path) -> dict[str, dict[str, str]]:
+    """Corpus name -> split -> source: the one corpus, or each corpus of --mix."""
+    names = [name for name, _ in args.mix] if args.mix else [None]
+    found = {}
+    for name in names:
+        if args.data is not None:
+            found[name or "data"] = corpus.find_splits(Path(args.data) / (name or ""))
+            continue
+        where = out / "corpus" if name is None else out / "corpus" / name
+        found[name or "pubmed"] = corpus.generate_splits(
+            where, train=args.train_records, val=args.val_records, test=args.test_records,
+            seed=args.seed, record_chars=args.record_chars, layout=name or "pubmed")
+    return found
 
 
-def make_batcher(args: argparse.Namespace, train: str, featurize: corpus.Featurize):
-    # -> raw PubMed records: blocks in a seeded order, records through a shuffle buffer
-    records = StreamingJsonl(train, shuffle=True, seed=args.seed,
-                             buffer_size=args.shuffle_buffer)
-    # -> {"article_id", "input_ids", "labels"}, tokenized in the DataLoader workers
-    features = records.map(featurize)
+def make_batcher(args: argparse.Namespace, corpora: dict[str, dict[str, str]],
+                 featurize: corpus.Featurize):
+    sources = []
+    for name, splits in corpora.items():
+        # -> raw records: blocks in a seeded order, records through a shuffle buffer
+        records = StreamingJsonl(splits["train"], shuffle=True, seed=args.seed,
+                                 buffer_size=args.shuffle_buffer)
+        # -> {"article_id", "input_ids", "labels"(, "corpus")}, tokenized in the workers
+        tag = name if args.mix else None
+        sources.append(records.map(corpus.Featurize(featurize.tokenizer_path,
+                                                    max_source=args.max_source,
+                                                    max_target=args.max_target, corpus=tag)))
+    # -> one stream: each record from corpus i with probability weight i (--mix)
+    features = sources[0] if not args.mix else Mix(
+        sources, [weight for _, weight in args.mix], seed=args.seed, stop=args.mix_stop)
     # -> lists of records, similar source lengths together
     if args.batching == "bucket":
         return BucketBatches(features, batch_size=args.batch_size,
@@ -214,7 +249,8 @@ def seq2seq_loss(model: PointerGenerator, batch: dict[str, Any]) -> torch.Tensor
     return (nll * mask).sum() / mask.sum()
 
 
-def padding_comparison(args: argparse.Namespace, train: str, featurize: corpus.Featurize,
+def padding_comparison(args: argparse.Namespace, train: str | list[str],
+                       featurize: corpus.Featurize,
                        sample: int = 1024) -> dict[str, float]:
     """Pad share of source tokens: plain batches vs the chosen batching, same records."""
     stream = StreamingJsonl(train, shuffle=True, seed=args.seed, buffer_size=args.shuffle_buffer)
@@ -336,7 +372,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         log(f"no checkpoint in {out}; starting from scratch")
 
     # -- data and tokenizer
-    splits = prepare_data(args, out)
+    corpora = prepare_data(args, out)
+    splits = next(iter(corpora.values()))  # evaluation uses the first corpus
+    trains = [found["train"] for found in corpora.values()]
+    train = trains[0] if len(trains) == 1 else trains
     tokenizer_path = out / "tokenizer.json"
     if checkpoint is not None and tokenizer_path.exists():
         tokenizer = Tokenizer.from_file(str(tokenizer_path))  # the one the run started with
@@ -345,14 +384,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         tokenizer.save(str(tokenizer_path))
     else:
         t0 = time.perf_counter()
-        tokenizer = corpus.train_tokenizer(splits["train"], tokenizer_path,
+        tokenizer = corpus.train_tokenizer(train, tokenizer_path,
                                            vocab_size=args.vocab_size,
                                            records=args.tokenizer_records)
         log(f"tokenizer: WordPiece, {tokenizer.get_vocab_size()} tokens, learned from "
             f"{args.tokenizer_records} streamed records in {time.perf_counter() - t0:.1f} s")
     featurize = corpus.Featurize(tokenizer_path, max_source=args.max_source,
                                  max_target=args.max_target)
-    batcher = make_batcher(args, splits["train"], featurize)
+    batcher = make_batcher(args, corpora, featurize)
     loader = StatefulDataLoader(
         batcher,
         batch_size=None,  # the batcher yields whole batches
@@ -380,6 +419,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     step, epoch, history, records_seen = 0, 0, [], 0
     real_tokens = padded_tokens = 0
+    mix_counts = dict.fromkeys(corpora, 0) if args.mix else {}  # records per corpus
     window_loss, window_steps = 0.0, 0  # losses since the last log line
     if checkpoint is not None:
         model.load_state_dict(checkpoint["model"])
@@ -389,6 +429,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         step, epoch, history = checkpoint["step"], checkpoint["epoch"], checkpoint["history"]
         records_seen = checkpoint["records_seen"]
         real_tokens, padded_tokens = checkpoint["real_tokens"], checkpoint["padded_tokens"]
+        mix_counts = checkpoint["mix_counts"]
         window_loss, window_steps = checkpoint["window"]
         prefetcher.load_state_dict(checkpoint["loader"])
         set_rng_state(checkpoint["rng"])
@@ -411,7 +452,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "schedule": schedule.state_dict(), "scaler": scaler.state_dict(),
             "step": step, "epoch": epoch, "history": history, "records_seen": records_seen,
-            "real_tokens": real_tokens, "padded_tokens": padded_tokens,
+            "real_tokens": real_tokens, "padded_tokens": padded_tokens, "mix_counts": mix_counts,
             "window": [window_loss, window_steps], "loader": prefetcher.state_dict(),
             "rng": rng_state(), "identity": identity(args),
         })
@@ -438,6 +479,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             value = loss.item()  # also syncs the GPU, so StallMeter sees the real step time
             window_loss, window_steps = window_loss + value, window_steps + 1
             records_seen += len(batch["article_id"])
+            for name in batch.get("corpus", ()):
+                mix_counts[name] += 1
             real_tokens += int(batch["attention_mask"].sum())
             padded_tokens += batch["attention_mask"].numel()
             if id_log is not None:
@@ -477,8 +520,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "pad_fraction_in_training": 1 - real_tokens / padded_tokens if padded_tokens else 0.0,
         "device": str(device),
     }
+    if args.mix:
+        total_weight = sum(weight for _, weight in args.mix)
+        summary["mix"] = {"shares": {name: w / total_weight for name, w in args.mix},
+                          "records": mix_counts}
     if not stopped:
-        summary["padding"] = padding_comparison(args, splits["train"], featurize)
+        summary["padding"] = padding_comparison(args, train, featurize)
         eval_source = splits.get(args.eval_split) or splits.get("test") or splits["val"]
         t0 = time.perf_counter()
         summary["eval"] = evaluate(model, tokenizer, eval_source, args, tokenizer_path, device)
@@ -504,6 +551,12 @@ def report(summary: dict[str, Any], args: argparse.Namespace) -> str:
         f"(first batch after {stall['first_batch_s'] or 0:.2f} s); "
         f"{summary['records_per_s']:.1f} records/s over {summary['train_seconds']:.0f} s"
     )
+    if "mix" in summary:
+        counts = summary["mix"]["records"]
+        total = sum(counts.values()) or 1
+        lines.append("mix: " + ", ".join(
+            f"{name} {100 * n / total:.1f}% of records (weight "
+            f"{100 * summary['mix']['shares'][name]:.0f}%)" for name, n in counts.items()))
     if "padding" in summary:
         pad = summary["padding"]
         lines.append(
