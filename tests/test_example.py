@@ -163,10 +163,10 @@ def test_resume_refuses_changed_arguments(reference, tmp_path):
         main([*args, "--resume", "--batch-size", "3"])
 
 
-def kill_after_steps(args: list[str], ids: Path, steps: int) -> None:
+def kill_after_steps(args: list[str], ids: Path, steps: int, *, script: Path = SCRIPT) -> None:
     """Run the example in a subprocess and SIGKILL it once `ids` logs `steps` steps."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), *args, "--throttle", "0.1"], env=env,
+    proc = subprocess.Popen([sys.executable, str(script), *args, "--throttle", "0.1"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
