@@ -15,10 +15,11 @@ folder or glob of ``.json`` files).
 
 ``--parts N`` cuts the input into N parts (default: one per GiB), each converted into its own
 folder by a task; ``--executor`` says where the tasks run (``local``: here, one after another;
-``process``: a pool of one process per core, ``process:N`` of N; ``dask://HOST:PORT``: the
-Dask scheduler there, with the ``cluster`` extra). For launchers that start one process per
-part (a Slurm job array): ``--part K`` converts part K only, ``--merge`` writes the manifest
-once every part is done. The output is the same bytes whichever ran the parts.
+``process``: a pool of one process per core this process may use, ``process:N`` of N;
+``dask://HOST:PORT``: the Dask scheduler there, with the ``cluster`` extra). For launchers
+that start one process per part (a Slurm job array): ``--part K`` converts part K only,
+``--merge`` writes the manifest once every part is done. The output is the same bytes
+whichever ran the parts.
 
 Exit status: 0 on success, 2 for bad arguments or input (the reason on stderr), 130 when
 interrupted (rerun the same command to resume). Results go to stdout, the progress bar to
@@ -129,7 +130,7 @@ def open_executor(spec: str) -> Iterator[Executor | None]:
         yield None
         return
     if spec.startswith("process"):
-        count = int(spec.partition(":")[2] or 0) or os.cpu_count() or 1
+        count = int(spec.partition(":")[2] or 0) or len(os.sched_getaffinity(0))
         # spawn: a fresh interpreter per worker, whatever threads this process has
         with ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("spawn")) as pool:
             yield pool

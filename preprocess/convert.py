@@ -45,7 +45,7 @@ from .job import DEFAULT_FRAME_SIZE, DEFAULT_SHARD_SIZE, ConvertResult, Job, con
 from .journal import JOURNAL_NAME
 from .parts import PartTask, merge, prepare, run_part, run_plan
 from .plan import MAX_PARTS, Plan
-from .sources import DEFAULT_READ_AHEAD, DEFAULT_READ_AHEAD_BYTES
+from .sources import DEFAULT_READ_AHEAD, DEFAULT_READ_AHEAD_BYTES, Inputs
 
 __all__ = [
     "DEFAULT_FRAME_SIZE",
@@ -107,10 +107,9 @@ def convert(
               level=level, frame_size=frame_size, transform=transform, on_error=on_error,
               workers=workers, read_ahead=read_ahead, read_ahead_bytes=read_ahead_bytes,
               storage_options=storage_options, retry=retry)
-    planned = _prepared(job, output, parts)
-    if isinstance(planned, Plan):
-        return run_plan(job, Path(output), planned, executor, progress)
-    source, apply = planned
+    plan, source, apply = _prepared(job, output, parts)
+    if plan is not None:
+        return run_plan(job, Path(output), plan, executor, progress, source)
     return convert_directory(job, Path(output), source=source, apply=apply,
                              fingerprint=_fingerprint(job), progress=progress)
 
@@ -122,21 +121,20 @@ def convert_part(inputs: Sequence[str | os.PathLike], output: str | os.PathLike,
     one process per part, such as a Slurm job array. Skips a finished part. Makes and
     writes the plan if no task has yet, so every task may start at once."""
     job = Job(tuple(source_items(inputs, name="inputs")), **options)
-    planned = _prepared(job, output, parts)
-    if not isinstance(planned, Plan):
+    plan, source, apply = _prepared(job, output, parts)
+    if plan is None:
         if part != 0:
             raise ConversionError(
                 f"the conversion into {output} has 1 part; part {part} does not exist"
             )
-        source, apply = planned
         return convert_directory(job, Path(output), source=source, apply=apply,
                                  fingerprint=_fingerprint(job))
-    if not 0 <= part < len(planned.parts):
+    if not 0 <= part < len(plan.parts):
         raise ConversionError(
-            f"the conversion into {output} has {len(planned.parts)} parts, 0 to "
-            f"{len(planned.parts) - 1}; part {part} does not exist"
+            f"the conversion into {output} has {len(plan.parts)} parts, 0 to "
+            f"{len(plan.parts) - 1}; part {part} does not exist"
         )
-    return run_part(PartTask(job, str(output), planned.parts[part], planned.fingerprint))
+    return run_part(PartTask(job, str(output), plan.parts[part], plan.fingerprint), source)
 
 
 def merge_parts(inputs: Sequence[str | os.PathLike], output: str | os.PathLike, *,
@@ -145,12 +143,12 @@ def merge_parts(inputs: Sequence[str | os.PathLike], output: str | os.PathLike, 
     naming the parts that are not finished. A conversion in one part is already merged."""
     job = Job(tuple(source_items(inputs, name="inputs")), **options)
     out = Path(output)
-    planned = _prepared(job, output, parts)
-    if not isinstance(planned, Plan):
+    plan = _prepared(job, output, parts)[0]
+    if plan is None:
         if (out / JOURNAL_NAME).exists():
             return convert_part(inputs, output, 0, parts=parts, **options)  # finished: reread
         raise ConversionError(f"{out} holds no plan of parts; run the parts (--part K) first")
-    return ConvertResult(out, merge(job, out, planned), 0, 0, 0, 0.0)
+    return ConvertResult(out, merge(job, out, plan), 0, 0, 0, 0.0)
 
 
 def _fingerprint(job: Job) -> dict[str, Any]:
@@ -158,10 +156,10 @@ def _fingerprint(job: Job) -> dict[str, Any]:
 
 
 def _prepared(job: Job, output: str | os.PathLike, parts: int | None
-              ) -> Plan | tuple[Any, Callable[[Any], Any] | None]:
-    """The plan of `output`, or, for one part, the listed source and the loaded transform.
-
-    Everything that can be refused is checked before `output` is made.
+              ) -> tuple[Plan | None, Inputs, Callable[[Any], Any] | None]:
+    """The plan of `output` (None: one part), the inputs (listed if the plan was made
+    here) and the loaded transform. Everything that can be refused is checked before
+    `output` is made.
     """
     if parts is not None:
         check_int("parts", parts, 1, "about 1 per GiB of input (the default)",
@@ -171,5 +169,4 @@ def _prepared(job: Job, output: str | os.PathLike, parts: int | None
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     source.exclude(out)
-    plan = prepare(job, out, parts, source)
-    return plan if plan is not None else (source, apply)
+    return prepare(job, out, parts, source), source, apply

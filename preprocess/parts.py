@@ -63,11 +63,12 @@ class PartTask:
         return {**self.plan_fingerprint, "part": self.part.to_json()}
 
 
-def run_part(task: PartTask) -> ConvertResult:
+def run_part(task: PartTask, source: Inputs | None = None) -> ConvertResult:
     """Convert one part into its folder (or find it finished); the part's result.
 
     Picklable and self-contained: any executor can run it on any machine that sees the
-    inputs and the output directory.
+    inputs and the output directory. `source`: the inputs already listed by the plan, when
+    the part runs in the process that made it.
     """
     started = time.perf_counter()
     if finished_part(task) is not None:
@@ -75,8 +76,9 @@ def run_part(task: PartTask) -> ConvertResult:
         return ConvertResult(task.folder, manifest, len(manifest.shards), 0, 0,
                              time.perf_counter() - started)
     job = task.job
-    source = job.source()
-    source.exclude(task.output)  # the output may lie inside an input directory
+    if source is None:
+        source = job.source()
+        source.exclude(task.output)  # the output may lie inside an input directory
     task.folder.mkdir(exist_ok=True)
     return convert_directory(
         job, task.folder, source=source, apply=job.load_transform(),
@@ -176,10 +178,12 @@ def tasks_of(job: Job, out: Path, plan: Plan) -> list[PartTask]:
 
 
 def run_plan(job: Job, out: Path, plan: Plan, executor: Executor | None,
-             progress: Callable[[Progress], None] | None = None) -> ConvertResult:
-    """Run every unfinished part of `plan` on `executor` (None: here, one after another),
-    then merge. A failed part fails the conversion after the others have finished
-    (ConversionError naming it); the finished parts are kept for the rerun."""
+             progress: Callable[[Progress], None] | None = None,
+             source: Inputs | None = None) -> ConvertResult:
+    """Run every unfinished part of `plan` on `executor` (None: here, one after another,
+    reading `source` if given), then merge. A failed part fails the conversion after the
+    others have finished (ConversionError naming it); the finished parts are kept for the
+    rerun."""
     started = time.perf_counter()
     tasks = tasks_of(job, out, plan)
     pending = [task for task in tasks if finished_part(task) is None]
@@ -188,7 +192,7 @@ def run_plan(job: Job, out: Path, plan: Plan, executor: Executor | None,
     report = _Reporter(plan, progress)
     report(done.values())
     failures: list[tuple[Part, BaseException]] = []
-    for task, outcome in _outcomes(pending, executor):
+    for task, outcome in _outcomes(pending, executor, source):
         if isinstance(outcome, BaseException):
             failures.append((task.part, outcome))
             continue
@@ -213,12 +217,12 @@ def run_plan(job: Job, out: Path, plan: Plan, executor: Executor | None,
     )
 
 
-def _outcomes(tasks: list[PartTask], executor: Executor | None
+def _outcomes(tasks: list[PartTask], executor: Executor | None, source: Inputs | None
               ) -> Iterator[tuple[PartTask, ConvertResult | BaseException]]:
     """Each task with its result or (on an executor) its error, as they finish."""
     if executor is None:
         for task in tasks:
-            yield task, run_part(task)  # errors propagate as they would without parts
+            yield task, run_part(task, source)  # errors propagate as without parts
         return
     futures = {executor.submit(run_part, task): task for task in tasks}
     for future in as_completed(futures):

@@ -690,9 +690,11 @@ class Inputs:
 
     def _span_leaves(self, start: Position, end: Cut | None) -> Iterator[Leaf]:
         """The leaves from the one holding `start` up to the one `end` cuts (included when
-        the cut lies inside it). Lists only as far as that, and checks nothing: the plan
-        that made the cuts checked every leaf."""
-        for leaf in self._leaves(start):
+        the cut lies inside it). Lists only that far, and checks nothing: the plan
+        that made the cuts checked every leaf. Inputs listed already (the plan's, in the
+        process that made it) are not listed again."""
+        listed = self._leaf_list(start)[1] if self._all is not None else self._leaves(start)
+        for leaf in listed:
             if end is not None and end.holds(leaf):
                 if end.offset > 0:
                     yield leaf
