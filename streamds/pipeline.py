@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .balance import EvenRanks
-from .batch import Batch, BatchSpec
+from .batch import Batch, BatchSpec, collate_for
 from .buckets import PoolBatch
 from .cache import CacheSpec
 from .chunks import Chunk, ChunkCursor, Position, WorkItem
@@ -110,12 +110,13 @@ class Reader:
         # -> whole batches, when the dataset was made with .batch(n) or .batch(rule)
         emit = timed(self.top, "emit")
         self.out: Any = emit
-        if spec.batch is not None and spec.batch.rule is not None:
-            parts = shuffle_seed_parts(spec.plan.seed, state.epoch, world.rank, world.worker)
-            self.out = PoolBatch(emit, spec.batch.rule, collate=spec.batch.collate,
-                                 seed_parts=parts)
-        elif spec.batch is not None:
-            self.out = Batch(emit, spec.batch)
+        if spec.batch is not None:
+            collate = collate_for(spec.batch, spec.steps)
+            if spec.batch.rule is None:
+                self.out = Batch(emit, spec.batch, collate)
+            else:
+                parts = shuffle_seed_parts(spec.plan.seed, state.epoch, world.rank, world.worker)
+                self.out = PoolBatch(emit, spec.batch.rule, collate=collate, seed_parts=parts)
         self.out.reset(state.pipeline)
         self.finished = state.finished
 

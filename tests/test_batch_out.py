@@ -13,6 +13,7 @@ from torch.utils.data._utils.collate import default_convert
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from streamds import RecordBatch, StateMismatchError, StreamingJsonl, merge_states
+from streamds.batch import JsonRecordBatch
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
@@ -129,4 +130,33 @@ def test_a_record_batch_reads_like_its_list() -> None:
     assert batch == records and batch == RecordBatch(list(records)) and batch != records[:1]
     assert len(batch) == 2 and batch[1] == {"id": 2} and batch[:1] == [{"id": 1}]
     assert list(batch) == records
+    assert pickle.loads(pickle.dumps(batch)) == batch
+
+
+def tupled(record: dict[str, Any]) -> dict[str, Any]:
+    return {**record, "pair": (record["id"], 1)}
+
+
+def test_parsed_records_cross_as_json_and_mapped_ones_as_pickles(
+    mixed: tuple[Path, list[int]]
+) -> None:
+    source, every = mixed
+    parsed = StreamingJsonl(str(source)).filter(odd).batch(7)
+    assert type(next(iter(parsed))) is JsonRecordBatch
+    mapped = StreamingJsonl(str(source)).map(tupled).batch(7)
+    assert type(next(iter(mapped))) is RecordBatch  # a map may make what JSON cannot carry
+    # what a worker's batch becomes in the main process: the same records, a RecordBatch
+    for ds in (parsed, mapped):
+        for batch in ds:
+            crossed = pickle.loads(pickle.dumps(batch))
+            assert type(crossed) is RecordBatch and crossed == batch
+    assert next(iter(pickle.loads(pickle.dumps(next(iter(mapped))))))["pair"] == (every[0], 1)
+    odd_ids = [r["id"] for batch in DataLoader(parsed, batch_size=None, num_workers=2)
+               for r in batch]
+    assert sorted(odd_ids) == sorted(i for i in every if i % 2)
+    assert pickle.dumps(next(iter(parsed))).count(b'{"id":') == 7  # one JSON document
+
+
+def test_a_json_batch_falls_back_to_pickle_for_what_json_cannot_carry() -> None:
+    batch = JsonRecordBatch([{"blob": b"\x00", "big": 2**70}])
     assert pickle.loads(pickle.dumps(batch)) == batch
