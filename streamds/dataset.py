@@ -575,6 +575,40 @@ class StreamingJsonl(IterableDataset):
             clone._batch_starts[worker] = state
         return clone
 
+    # -- record counts, for the plain-loader resume of a streamds.Mix ---------------------
+
+    def _share_records(self, epoch: int, seat: World) -> int:
+        """Records of the share of reader `seat` in `epoch` (one counting pass, kept)."""
+        if self._block_counts is None:
+            self._block_counts = count_block_records(self._shards, self._block_list)
+        return sum(self._block_counts[block] for block, _ in self._plan.work(epoch, seat))
+
+    def _state_after_records(self, epoch: int, seat: World, world: World,
+                             yielded: int) -> dict[str, Any]:
+        """The state of reader `world`, reading the share (and shuffle seed) of `seat`, once
+        it has yielded `yielded` records of `epoch` (0: not started): exact when every line
+        is a record."""
+        if self._batch is not None or self.even_ranks is not None or self._merged is not None:
+            raise ValueError(
+                "a plain-loader resume of a Mix needs sources without .batch(), even_ranks or "
+                "resume_from; use torchdata's StatefulDataLoader and state_dict() for those"
+            )
+        total = self._share_records(epoch, seat)
+        assert self._block_counts is not None
+        work = self._plan.work(epoch, seat)
+        state = ReaderState(self._fingerprint, epoch, world,
+                            (self._plan.num_blocks, self.seed, self.shuffle),
+                            seat=(seat.rank, seat.worker))
+        if yielded == 0:
+            return state.to_dict()
+        state.pipeline = pipeline_state_after(
+            min(yielded, total), reader=Reader(self._spec(), state), work=work,
+            counts=[self._block_counts[block] for block, _ in work], shuffle=self.shuffle,
+            buffer_size=self.buffer_size,
+            seed_parts=shuffle_seed_parts(self.seed, epoch, seat.rank, seat.worker),
+        )
+        return state.to_dict()
+
 
 def _batching(pipeline: dict[str, Any]) -> str:
     """How the dataset that took a pipeline state batched."""

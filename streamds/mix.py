@@ -18,22 +18,27 @@ Stopping rules (`stop`):
 State (``state_dict()``, one per reader)::
 
     {"format": "streamds.mix/1", "config": [weights, seed, stop, sources], "epoch": e,
-     "world": [rank, world_size, worker, num_workers], "draws": k,
+     "world": [rank, world_size, worker, num_workers],
+     "seat": [rank, worker],   # whose draws and shares it continues (plain-loader resume)
+     "draws": k,
      "passes": [p_i], "taken": [records from source i this epoch], "in_pass": [...],
      "ran_out": [bool], "dropped": [bool], "finished": bool,
      "sources": [each source's own state_dict()]}
 
 `streamds.merge_states` merges the states of every reader source by source (elastic resume);
-`streamds.source_counts` sums "taken" over the readers of a state.
+`resume_after_batches` resumes a plain DataLoader from its batch count by replaying the draws
+over record counts; `streamds.source_counts` sums "taken" over the readers of a state.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import IterableDataset
@@ -41,6 +46,7 @@ from torch.utils.data import IterableDataset
 from .checks import check_choice, check_int
 from .errors import StateMismatchError
 from .resume.merge import MERGED_MIX_FORMAT, MIX_FORMAT, check_state
+from .resume.plain_loader import batches_per_reader, epoch_batches
 from .seeds import rng_for
 from .world import World, detect_world
 
@@ -80,6 +86,7 @@ class _Cursor:
 
     epoch: int
     world: World
+    seat: World  # whose draws it makes: its own, or another worker's (plain-loader resume)
     draws: int
     passes: list[int]
     taken: list[int]
@@ -91,26 +98,30 @@ class _Cursor:
     @classmethod
     def fresh(cls, epoch: int, world: World, sources: int) -> _Cursor:
         zeros = [0] * sources
-        return cls(epoch, world, 0, list(zeros), list(zeros), list(zeros), [False] * sources,
-                   [False] * sources)
+        return cls(epoch, world, world, 0, list(zeros), list(zeros), list(zeros),
+                   [False] * sources, [False] * sources)
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> _Cursor:
-        return cls(state["epoch"], World(*state["world"]), state["draws"], list(state["passes"]),
+        world = World(*state["world"])
+        rank, worker = state["seat"]
+        seat = World(rank, world.world_size, worker, world.num_workers)
+        return cls(state["epoch"], world, seat, state["draws"], list(state["passes"]),
                    list(state["taken"]), list(state["in_pass"]), list(state["ran_out"]),
                    list(state["dropped"]), state["finished"])
 
     def to_dict(self, config: list[Any], sources: list[Any]) -> dict[str, Any]:
         w = self.world
         return {"format": MIX_FORMAT, "config": config, "epoch": self.epoch,
-                "world": [w.rank, w.world_size, w.worker, w.num_workers], "draws": self.draws,
+                "world": [w.rank, w.world_size, w.worker, w.num_workers],
+                "seat": [self.seat.rank, self.seat.worker], "draws": self.draws,
                 "passes": list(self.passes), "taken": list(self.taken),
                 "in_pass": list(self.in_pass), "ran_out": list(self.ran_out),
                 "dropped": list(self.dropped), "finished": self.finished, "sources": sources}
 
 
-_KEYS = frozenset(("format", "config", "epoch", "world", "draws", "passes", "taken", "in_pass",
-                   "ran_out", "dropped", "finished", "sources"))
+_KEYS = frozenset(("format", "config", "epoch", "world", "seat", "draws", "passes", "taken",
+                   "in_pass", "ran_out", "dropped", "finished", "sources"))
 
 
 class Mix(IterableDataset):
@@ -184,6 +195,7 @@ class Mix(IterableDataset):
         self.epoch = 0
         self._pending: dict[str, Any] | None = None  # a loaded state, for the next iterator
         self._merged: dict[str, Any] | None = None  # a merged state (elastic resume)
+        self._batch_starts: dict[int, dict[str, Any]] = {}  # worker -> state (plain loader)
         self._active: _Cursor | None = None
         if resume_from is not None:
             self._resume(resume_from)
@@ -231,6 +243,9 @@ class Mix(IterableDataset):
         pending = self._pending
         if pending is not None and pending["finished"] and pending["epoch"] != self.epoch:
             pending = None  # that epoch is over and another was chosen: start it afresh
+        start = self._batch_starts.get(world.worker)  # after a plain loader's batches
+        if pending is None and start is not None and start["epoch"] == self.epoch:
+            pending = start
         if pending is not None:
             cursor = _Cursor.from_state(pending)
             if cursor.world != world:
@@ -269,17 +284,34 @@ class Mix(IterableDataset):
         self._position_sources(cursor, states)
         # -> each source's records, split over this reader's world by the source itself
         self._iterators = [iter(ds) for ds in self.datasets]
-        return self._generate(cursor)
+        return self._generate(cursor, self._iterators, functools.partial(self._reopen, cursor))
 
-    def _generate(self, cursor: _Cursor) -> Iterator[Any]:
-        parts = ("mix", self.seed, cursor.epoch, cursor.world.rank, cursor.world.worker)
+    def _reopen(self, cursor: _Cursor, index: int, epoch: int) -> Iterator[Any]:
+        """Source `index` from the start of `epoch` (a new pass)."""
+        ds = self.datasets[index]
+        ds.set_epoch(epoch)
+        if cursor.seat != cursor.world:  # a rotated reader keeps reading its seat's shares
+            ds.load_state_dict(ds._state_after_records(epoch, cursor.seat, cursor.world, 0))
+        return iter(ds)
+
+    def _generate(
+        self, cursor: _Cursor, iterators: list[Iterator[Any]],
+        reopen: Callable[[int, int], Iterator[Any]],
+    ) -> Iterator[Any]:
+        """Records drawn from `iterators` (one per source); `reopen(index, epoch)` starts a
+        source's new pass. The cursor follows every draw."""
+        parts = ("mix", self.seed, cursor.epoch, cursor.seat.rank, cursor.seat.worker)
         draws = _Draws(parts, cursor.draws)
         while not cursor.finished:
             index = self._pick(next(draws), cursor.dropped)
             cursor.draws = draws.next
-            record = self._next_of(index, cursor)
+            record = next(iterators[index], _END)
             if record is not _END:
+                cursor.taken[index] += 1
+                cursor.in_pass[index] += 1
                 yield record
+            elif self._ran_out(index, cursor):  # a new pass in its next epoch's order
+                iterators[index] = reopen(index, cursor.epoch + cursor.passes[index])
 
     def _pick(self, u: float, dropped: list[bool]) -> int:
         """The source that uniform `u` picks among those still drawn from."""
@@ -291,14 +323,8 @@ class Mix(IterableDataset):
                 return index
         return alive[-1]  # rounding at the top end
 
-    def _next_of(self, index: int, cursor: _Cursor) -> Any:
-        """The next record of source `index`, or _END when it ran out (the cursor then says
-        what happens next, under the stopping rule)."""
-        record = next(self._iterators[index], _END)
-        if record is not _END:
-            cursor.taken[index] += 1
-            cursor.in_pass[index] += 1
-            return record
+    def _ran_out(self, index: int, cursor: _Cursor) -> bool:
+        """Source `index` ran out: apply the stopping rule; True when it starts a new pass."""
         empty_pass = cursor.in_pass[index] == 0
         cursor.ran_out[index] = True
         if self.stop == "first":
@@ -308,13 +334,69 @@ class Mix(IterableDataset):
         if all(cursor.dropped) or (self.stop == "cycle" and all(cursor.ran_out)):
             cursor.finished = True
         if self.stop == "cycle" and not cursor.finished and not cursor.dropped[index]:
-            # a new pass in the order of the source's next epoch
             cursor.passes[index] += 1
             cursor.in_pass[index] = 0
-            ds = self.datasets[index]
-            ds.set_epoch(cursor.epoch + cursor.passes[index])
-            self._iterators[index] = iter(ds)
-        return _END
+            return True
+        return False
+
+    # -- resuming a plain DataLoader -----------------------------------------------------
+
+    def resume_after_batches(
+        self, consumed: int, *, batch_size: int, num_workers: int, drop_last: bool = False
+    ) -> Mix:
+        """A copy that continues this epoch after a plain DataLoader yielded `consumed` batches.
+
+        As `StreamingJsonl.resume_after_batches`: pass the `batch_size`, `num_workers` and
+        `drop_last` of that DataLoader and use the same again. Worked out from record counts
+        (one counting pass per source, kept) by replaying the draws on counts alone, never by
+        reading and discarding records. Exact when every line of every source yields a
+        record (no dropping filter, no skipped bad lines); otherwise use torchdata's
+        StatefulDataLoader with `state_dict()`.
+        """
+        check_int("consumed", consumed, 0, "pass the number of batches the loader yielded")
+        check_int("batch_size", batch_size, 1, "pass the DataLoader's batch_size")
+        check_int("num_workers", num_workers, 0, "pass the DataLoader's num_workers")
+        if self._merged is not None:
+            raise ValueError("resume_after_batches does not combine with resume_from; use "
+                             "torchdata's StatefulDataLoader and state_dict() for that")
+        here = detect_world(self.rank, self.world_size)
+        readers = max(1, num_workers)
+        seats = [World(here.rank, here.world_size, worker, readers) for worker in range(readers)]
+        records = [sum(self._replay(seat, None).taken) for seat in seats]
+        length = epoch_batches(records, batch_size=batch_size, drop_last=drop_last)
+        if consumed > length:
+            raise ValueError(
+                f"consumed={consumed} is past the end of epoch {self.epoch}: this rank's loader "
+                f"yields {length} batches per epoch (batch_size={batch_size}, num_workers="
+                f"{num_workers}, drop_last={drop_last}); pass the batches consumed in this "
+                "epoch, and set_epoch() to the epoch they belong to"
+            )
+        taken, next_worker = batches_per_reader(records, consumed, batch_size=batch_size,
+                                                drop_last=drop_last)
+        clone = copy.copy(self)
+        clone._pending, clone._active, clone._batch_starts = None, None, {}
+        for worker in range(readers):
+            old = (worker + next_worker) % readers  # the next worker in line becomes worker 0
+            seat, world = seats[old], seats[worker]
+            cursor = self._replay(seat, min(taken[old] * batch_size, records[old]))
+            cursor.world = world
+            sources = [ds._state_after_records(self.epoch + cursor.passes[index], seat, world,
+                                               cursor.in_pass[index])
+                       for index, ds in enumerate(self.datasets)]
+            clone._batch_starts[worker] = cursor.to_dict(self._config(), sources)
+        return clone
+
+    def _replay(self, seat: World, records: int | None) -> _Cursor:
+        """The cursor of reader `seat` after `records` records of this epoch (None: all of
+        them): the draws replayed over stand-in sources that only count."""
+        def share(index: int, epoch: int) -> Iterator[int]:
+            return iter(range(self.datasets[index]._share_records(epoch, seat)))
+
+        cursor = _Cursor.fresh(self.epoch, seat, len(self.datasets))
+        iterators = [share(index, self.epoch) for index in range(len(self.datasets))]
+        for _ in islice(self._generate(cursor, iterators, share), records):
+            pass
+        return cursor
 
     # -- state ---------------------------------------------------------------------------
 

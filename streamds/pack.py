@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 from array import array
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,14 +82,15 @@ def document_mask(document_ids: torch.Tensor) -> torch.Tensor:
     return same & causal & real
 
 
-def _pack_ids(ids: Sequence[int]) -> bytes:
-    return array("q", ids).tobytes()
-
-
-def _unpack_ids(raw: bytes) -> list[int]:
+def _unpack_ids(raw: bytes) -> array[int]:
     ids = array("q")
     ids.frombytes(raw)
-    return ids.tolist()
+    return ids
+
+
+def _tensor(values: array[int]) -> torch.Tensor:
+    """An int64 tensor over the array's memory (no copy; the tensor keeps the array alive)."""
+    return torch.frombuffer(values, dtype=torch.long)
 
 
 @dataclass
@@ -97,7 +98,7 @@ class _Cursor:
     """One reader's packing position: the documents' ids not yet emitted, and counts."""
 
     world: World
-    pieces: deque[list[int]] = field(default_factory=deque)  # ids with separators
+    pieces: deque[array[int]] = field(default_factory=deque)  # ids with separators
     offset: int = 0  # ids of pieces[0] already emitted
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PACK_COUNTERS, 0))
 
@@ -105,7 +106,7 @@ class _Cursor:
         if not self.pieces:
             return []
         first, *rest = self.pieces
-        return [_pack_ids(first[self.offset:]), *(_pack_ids(piece) for piece in rest)]
+        return [first[self.offset:].tobytes(), *(piece.tobytes() for piece in rest)]
 
 
 class Packed(IterableDataset):
@@ -183,11 +184,11 @@ class Packed(IterableDataset):
         self._active = cursor
         return self._generate(iter(self.source), cursor)
 
-    def _ids(self, record: Any) -> list[int]:
+    def _ids(self, record: Any) -> array[int]:
         key = self.packer.key
         try:
-            ids = list(record if key is None else record[key])
-        except (KeyError, TypeError, IndexError) as err:
+            ids = array("q", record if key is None else record[key])
+        except (KeyError, TypeError, IndexError, OverflowError) as err:
             where = "the record" if key is None else f"record[{key!r}]"
             raise ValueError(
                 f"PackTokens(key={key!r}): {where} is not a list of token ids ({err!r}); map "
@@ -199,10 +200,9 @@ class Packed(IterableDataset):
     def _generate(self, records: Iterator[Any], cursor: _Cursor) -> Iterator[dict[str, Any]]:
         length, counts = self.packer.seq_len, cursor.counts
         pieces = cursor.pieces
+        count_up = array("q", range(length))  # position ids are slices of it
         while True:
-            ids: list[int] = []
-            positions: list[int] = []
-            documents: list[int] = []
+            ids, positions, documents = array("q"), array("q"), array("q")
             # -> up to `length` ids: the rest of the current document, then whole documents
             while len(ids) < length:
                 if not pieces:
@@ -214,9 +214,9 @@ class Packed(IterableDataset):
                     counts["tokens"] += len(pieces[0])
                 piece, start = pieces[0], cursor.offset
                 take = min(length - len(ids), len(piece) - start)
-                documents.extend([documents[-1] + 1 if documents else 0] * take)
+                documents.extend(array("q", [documents[-1] + 1 if documents else 0]) * take)
                 ids.extend(piece[start : start + take])
-                positions.extend(range(take))
+                positions.extend(count_up[:take])
                 if start + take == len(piece):
                     pieces.popleft()
                     cursor.offset = 0
@@ -231,14 +231,13 @@ class Packed(IterableDataset):
                     return
                 short = length - real
                 counts["padded"] += short
-                ids.extend([self.packer.pad_id] * short)
-                positions.extend([0] * short)
-                documents.extend([-1] * short)
+                ids.extend(array("q", [self.packer.pad_id]) * short)
+                positions.extend(array("q", [0]) * short)
+                documents.extend(array("q", [-1]) * short)
             counts["packed"] += real
             counts["sequences"] += 1
-            yield {"input_ids": torch.tensor(ids, dtype=torch.long),
-                   "position_ids": torch.tensor(positions, dtype=torch.long),
-                   "document_ids": torch.tensor(documents, dtype=torch.long)}
+            yield {"input_ids": _tensor(ids), "position_ids": _tensor(positions),
+                   "document_ids": _tensor(documents)}
 
     # -- state ---------------------------------------------------------------------------
 

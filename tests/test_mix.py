@@ -217,6 +217,29 @@ def test_resume_at_hypothesis_cut_points(sources, stop: str, data: st.DataObject
     run_test_save_load_state(lambda: mix(sources, stop), cuts, expected=reference)
 
 
+@pytest.mark.parametrize("stop", ["first", "all", "cycle"])
+@pytest.mark.parametrize("workers", [0, 2, 3])
+def test_plain_loader_resume_after_any_batch(sources, stop: str, workers: int) -> None:
+    """resume_after_batches: the rest of a plain DataLoader's epoch, worked out from counts."""
+    def loader(data: Mix) -> DataLoader:
+        return DataLoader(data, batch_size=5, num_workers=workers, collate_fn=ids)
+
+    reference = list(loader(mix(sources, stop)))
+    cuts = range(len(reference) + 1) if workers == 0 else [1, len(reference) // 2,
+                                                           len(reference) - 1]
+    for cut in cuts:
+        resumed = mix(sources, stop).resume_after_batches(cut, batch_size=5,
+                                                          num_workers=workers)
+        rest = list(loader(resumed))
+        assert reference[:cut] + rest == reference, f"resume after {cut} batches"
+
+
+def test_plain_loader_resume_refuses_a_count_past_the_epoch(sources) -> None:
+    length = len(list(DataLoader(mix(sources), batch_size=5, collate_fn=ids)))
+    with pytest.raises(ValueError, match=f"yields {length} batches per epoch"):
+        mix(sources).resume_after_batches(length + 1, batch_size=5, num_workers=0)
+
+
 def test_source_counts_of_a_loader_state(sources) -> None:
     loader = StatefulDataLoader(mix(sources, "all"), batch_size=5, num_workers=2,
                                 collate_fn=ids)
