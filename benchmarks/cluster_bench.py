@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -51,6 +51,7 @@ from convert_bench import (
     big_jsonl,
     concatenate,
     log,
+    median_seconds,
     small_tree,
     time_zstd,
     tree_files,
@@ -105,18 +106,6 @@ def _warm(_: int) -> None:
     import preprocess.parts  # noqa: F401
 
 
-def time_runs(run: Callable[[], object], repeats: int) -> tuple[float, float]:
-    """Median wall and CPU seconds of `repeats` runs of `run`."""
-    walls, cpus = [], []
-    for _ in range(repeats):
-        with Quiet():
-            start, cpu = time.perf_counter(), tree_cpu()
-            run()
-            walls.append(time.perf_counter() - start)
-            cpus.append(tree_cpu() - cpu)
-    return statistics.median(walls), statistics.median(cpus)
-
-
 def output_files(directory: Path) -> dict[str, bytes]:
     return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*"))
             if p.is_file() and not any(s.startswith(".") for s in p.relative_to(directory).parts)}
@@ -165,8 +154,8 @@ def zstd_pair_speedup(path: Path, repeats: int) -> float:
         if any(proc.wait() for proc in procs):
             raise SystemExit(f"{command} failed")
 
-    one = time_runs(lambda: run(1), repeats)[0]
-    two = time_runs(lambda: run(2), repeats)[0]
+    one = median_seconds(lambda: run(1), repeats)[0]
+    two = median_seconds(lambda: run(2), repeats)[0]
     return 2 * one / two
 
 
@@ -256,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                         shutil.rmtree(out, ignore_errors=True)
                         convert([source], out, parts=parts, executor=executor)
 
-                    seconds, cpu = time_runs(run, args.repeats)
+                    seconds, cpu = median_seconds(run, args.repeats, tree_cpu)
                     log(f"  {label}, {executor_name}, {parts} parts: {seconds:.2f} s, "
                         f"CPU {cpu:.2f} s")
                     rows.append(Row(label, executor_name, parts, stored, seconds, cpu))

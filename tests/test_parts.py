@@ -271,3 +271,11 @@ def test_inputs_span_reads_exactly_the_part(corpus):
     got = [raw.data for part in plan.parts for raw in source.records(span=part.span)]
     assert [orjson.loads(data) for data in got] == corpus["records"]
     shutil.rmtree(out)
+
+
+def test_dask_executor_without_the_extra_names_it(corpus, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "distributed", None)  # import distributed -> ImportError
+    argv = [*map(str, corpus["inputs"]), "-o", str(tmp_path / "out"), "--parts", "2",
+            "--executor", "dask://127.0.0.1:1"]
+    assert cli_main(argv) == 2
+    assert "pip install 'streamds[cluster]'" in capsys.readouterr().err
