@@ -39,9 +39,11 @@ from .errors import ConversionError
 from .job import ConvertResult, Job, convert_directory
 from .journal import JOURNAL_NAME, Journal
 from .plan import PLAN_NAME, Part, Plan, make_plan, read_plan, write_plan
-from .sources import Inputs
+from .sources import Inputs, Leaf
 
-__all__ = ["PartTask", "finished_part", "merge", "prepare", "run_part", "run_plan"]
+__all__ = ["SENT_FILES", "PartTask", "finished_part", "merge", "prepare", "run_part", "run_plan"]
+
+SENT_FILES = 100_000  # a part of at most this many files gets their list with its task
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class PartTask:
     output: str
     part: Part
     plan_fingerprint: dict[str, Any]
+    files: tuple[Leaf, ...] | None = None  # the part's files, as the planner listed them
 
     @property
     def folder(self) -> Path:
@@ -79,6 +82,8 @@ def run_part(task: PartTask, source: Inputs | None = None) -> ConvertResult:
     if source is None:
         source = job.source()
         source.exclude(task.output)  # the output may lie inside an input directory
+        if task.files is not None:
+            source.use_listing(task.files)
     task.folder.mkdir(exist_ok=True)
     return convert_directory(
         job, task.folder, source=source, apply=job.load_transform(),
@@ -224,12 +229,19 @@ def _outcomes(tasks: list[PartTask], executor: Executor | None, source: Inputs |
         for task in tasks:
             yield task, run_part(task, source)  # errors propagate as without parts
         return
+    if source is not None and source.listed:  # send each part its files, if not too many
+        tasks = [_with_files(task, source) for task in tasks]
     futures = {executor.submit(run_part, task): task for task in tasks}
     for future in as_completed(futures):
         try:
             yield futures[future], future.result()
         except Exception as err:  # the task's error, a killed worker, a broken pool
             yield futures[future], err
+
+
+def _with_files(task: PartTask, source: Inputs) -> PartTask:
+    files = source.span_leaves(task.part.span)
+    return replace(task, files=tuple(files)) if len(files) <= SENT_FILES else task
 
 
 class _Reporter:

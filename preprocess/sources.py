@@ -43,9 +43,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import os
 import tarfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO, NamedTuple
 
@@ -521,6 +522,7 @@ class Inputs:
         self._exclude: set[tuple[int, int]] = set()
         self._plans: list[_Plan] = [self._plan(item) for item in self.items]
         self._all: list[Leaf] | None = None  # every leaf, once listed and checked
+        self._index: dict[tuple[int, Rel | None], int] | None = None  # leaf -> its place
 
     def exclude(self, directory: str | os.PathLike) -> None:
         """Never walk into `directory` (an existing one): the output, when inside an input."""
@@ -581,6 +583,30 @@ class Inputs:
         (ValueError from `same_file_error`), before a record is read.
         """
         return iter(self._leaf_list(start)[1])
+
+    @property
+    def listed(self) -> bool:
+        """Whether the inputs are listed (by `leaves` or `use_listing`)."""
+        return self._all is not None
+
+    def use_listing(self, leaves: Sequence[Leaf]) -> None:
+        """Take `leaves` as the listing: the files of one part, listed by the process that
+        planned it and sent with the task, so reading the part lists nothing."""
+        self._all, self._index = list(leaves), None
+
+    def span_leaves(self, span: Span) -> list[Leaf]:
+        """The files `span` reads, from the listing (made here, by `leaves`, or taken)."""
+        if span.begin is None:
+            return []
+        return list(self._span_leaves(span.begin.position(), span.end))
+
+    def _place(self, start: Position) -> int | None:
+        """Where the file holding `start` is in the listing (None: not listed)."""
+        if self._all is None:
+            return None
+        if self._index is None:
+            self._index = {(leaf.input, leaf.rel): at for at, leaf in enumerate(self._all)}
+        return self._index.get((start.input, start.file))
 
     def _leaf_list(self, start: Position | None) -> tuple[int, list[Leaf]]:
         """(files before `start`, the leaves from the one holding it on)."""
@@ -693,7 +719,8 @@ class Inputs:
         the cut lies inside it). Lists only that far, and checks nothing: the plan
         that made the cuts checked every leaf. Inputs listed already (the plan's, in the
         process that made it) are not listed again."""
-        listed = self._leaf_list(start)[1] if self._all is not None else self._leaves(start)
+        at = self._place(start)
+        listed = self._leaves(start) if at is None else itertools.islice(self._all or (), at, None)
         for leaf in listed:
             if end is not None and end.holds(leaf):
                 if end.offset > 0:

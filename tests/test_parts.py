@@ -279,3 +279,24 @@ def test_dask_executor_without_the_extra_names_it(corpus, tmp_path, monkeypatch,
             "--executor", "dask://127.0.0.1:1"]
     assert cli_main(argv) == 2
     assert "pip install 'streamds[cluster]'" in capsys.readouterr().err
+
+
+def test_tasks_get_their_files_from_the_plan_and_list_nothing(corpus, tmp_path, monkeypatch):
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from preprocess.listing import ListingWalk
+
+    listed_by: list[str] = []
+    original = ListingWalk.list_folder
+
+    def spy(self: ListingWalk, rel: tuple[str, ...]) -> Any:
+        listed_by.append(threading.current_thread().name)
+        return original(self, rel)
+
+    monkeypatch.setattr(ListingWalk, "list_folder", spy)
+    out = tmp_path / "out"
+    with ThreadPoolExecutor(2, thread_name_prefix="part") as pool:  # any Executor will do
+        convert(corpus["inputs"], out, shard_size=60_000, parts=4, read_ahead=0, executor=pool)
+    assert listed_by and not [name for name in listed_by if name.startswith("part")]
+    assert read_output(out) == corpus["records"]
