@@ -35,6 +35,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import numbers
 import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -170,7 +171,7 @@ class Mix(IterableDataset):
                 "weight per dataset"
             )
         for index, weight in enumerate(weights):
-            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not (
+            if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not (
                     math.isfinite(weight) and weight > 0):
                 raise ValueError(
                     f"weights[{index}] must be a finite number > 0, got {weight!r}; leave a "
@@ -188,7 +189,7 @@ class Mix(IterableDataset):
             )
         total = sum(weights)
         self.datasets = [copy.copy(ds) for ds in datasets]  # set_epoch must not reach theirs
-        self.weights = [w / total for w in weights]
+        self.weights = [float(w) / total for w in weights]
         self.seed = seed
         self.stop = stop
         self.rank, self.world_size = worlds.pop()
@@ -197,6 +198,7 @@ class Mix(IterableDataset):
         self._merged: dict[str, Any] | None = None  # a merged state (elastic resume)
         self._batch_starts: dict[int, dict[str, Any]] = {}  # worker -> state (plain loader)
         self._active: _Cursor | None = None
+        self._iterators: list[Iterator[Any]] = []  # the sources' iterators, while iterating
         if resume_from is not None:
             self._resume(resume_from)
 
@@ -207,7 +209,7 @@ class Mix(IterableDataset):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_active"] = None  # a live iterator stays in the process that made it
-        state.pop("_iterators", None)
+        state["_iterators"] = []
         return state
 
     def _config(self) -> list[Any]:
@@ -279,7 +281,7 @@ class Mix(IterableDataset):
         self._pending = None
         self._active = cursor
         if cursor.finished:
-            self._iterators: list[Iterator[Any]] = []
+            self._iterators = []
             return iter(())
         self._position_sources(cursor, states)
         # -> each source's records, split over this reader's world by the source itself

@@ -113,7 +113,9 @@ class Packed(IterableDataset):
     """Stage: records of a `StreamingJsonl` or `Mix` -> packed sequences (see module doc).
 
     Resume exactly with `state_dict()`/`load_state_dict()` (torchdata's StatefulDataLoader),
-    elastically with ``packed.with_resume(streamds.merge_states(states))``.
+    elastically with ``packed.with_resume(streamds.merge_states(states))``. The source's
+    state tells its "epoch" and whether it is "finished", as those of `StreamingJsonl` and
+    `Mix` do: a finished state of another epoch than the source's starts that epoch afresh.
     """
 
     def __init__(self, source: Any, packer: PackTokens) -> None:
@@ -160,6 +162,9 @@ class Packed(IterableDataset):
     def _start(self, world: World) -> _Cursor:
         pending, self._pending = self._pending, None
         cursor = _Cursor(world)
+        if pending is not None and pending["source"]["finished"] and (
+                pending["source"]["epoch"] != self.source.epoch):
+            pending = None  # that epoch is over and another was chosen: start it afresh
         if pending is not None:
             if World(*pending["world"]) != world:
                 raise StateMismatchError(

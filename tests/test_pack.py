@@ -45,9 +45,11 @@ PAD = 3
 
 
 class Documents:
-    """An in-memory stateful source of token-id lists (state: the next index)."""
+    """An in-memory stateful source of token-id lists (state: the next index, and the epoch
+    and finished flag that `Packed` reads, as in a StreamingJsonl or Mix state)."""
 
     rank = world_size = None
+    epoch = 0
 
     def __init__(self, documents: list[list[int]]) -> None:
         self.documents = documents
@@ -61,10 +63,10 @@ class Documents:
             self.next += 1
             yield self.documents[self.next - 1]
 
-    def state_dict(self) -> dict[str, int]:
-        return {"next": self.next}
+    def state_dict(self) -> dict[str, Any]:
+        return {"next": self.next, "epoch": 0, "finished": self.next == len(self.documents)}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self._start = state["next"]
 
     def set_epoch(self, epoch: int) -> None:
@@ -272,6 +274,22 @@ def test_elastic_resume_packs_every_token_once(corpora, mixed: bool) -> None:
         rest += list(DataLoader(resumed, batch_size=2, num_workers=1, collate_fn=input_ids))
     docs = corpora["a"][1] + (corpora["b"][1] if mixed else [])
     assert real_tokens(consumed + rest) == every_token(docs)
+
+
+def test_a_finished_state_starts_the_next_epoch_afresh(corpora) -> None:
+    first = packed(corpora)
+    list(first)
+    state = first.state_dict()
+    resumed = packed(corpora)
+    resumed.load_state_dict(state)
+    assert list(resumed) == []  # the same epoch: nothing left
+    again = packed(corpora)
+    again.load_state_dict(state)
+    again.set_epoch(1)
+    fresh = packed(corpora)
+    fresh.set_epoch(1)
+    assert as_lists(list(again)) == as_lists(list(fresh))
+    assert again.counts == fresh.counts
 
 
 def test_states_of_another_packing_are_refused(corpora) -> None:
