@@ -7,10 +7,14 @@ its copies) and the key is the shard's checksum (or a digest of its URL). Beside
 ``<file>.lock`` (an `fcntl.flock` lock) and, while it is being written, ``<file>.partial-<random>``.
 
 - The first process to find a shard missing takes the shard's lock exclusively (without
-  waiting) and copies it in the background in large requests; its readers, and every other
-  process's, keep reading the source meanwhile, so nobody stalls on a download and a node
-  downloads each shard once. The copy is checked against the listed size and the manifest's
-  checksum, then renamed into place: a partial file is never read as complete.
+  waiting) and becomes its copier: the bytes its readers fetch from the source are written
+  through into the partial file as they stream (and read back from it when asked again), and
+  a background thread fetches the rest, from the shard's end backwards, so it meets the
+  readers rather than racing them: with one reader each byte is fetched about once. Other
+  processes keep reading the source meanwhile, so nobody stalls on a download and a node
+  downloads each shard about once (their own blocks again, with several workers). The copy is
+  checked against the listed size and the manifest's checksum, then renamed into place: a
+  partial file is never read as complete.
 - A process using a complete copy holds the lock shared until it closes the copy; it checks
   the copy's size, and its checksum once, when it first opens it. A damaged copy is removed
   and the shard is read from the source (and copied again).
@@ -25,7 +29,6 @@ shard.
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import logging
 import os
@@ -35,10 +38,16 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from .shards import Shard
 
-__all__ = ["Cache", "CacheSpec", "namespace_of"]
+try:
+    import fcntl
+except ImportError:  # not POSIX: everything but the cache works
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["Cache", "CacheSpec", "namespace_of", "pread_full"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +56,101 @@ _LOCK, _PARTIAL = ".lock", ".partial-"
 
 Fetch = Callable[[Shard, int, int], bytes]  # stored bytes [start, end) from the source
 _VERIFIED: set[tuple[str, int, int, int]] = set()  # copies whose checksum this process checked
+
+
+class Source(Protocol):
+    """The source's bytes, for a copier thread that outlives the reader that started it."""
+
+    def read(self, shard: Shard, start: int, end: int) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+def pread_full(fd: int, start: int, end: int) -> bytes:
+    """Bytes [start, end) of the file `fd`, fewer only where it ends."""
+    parts, pos = [], start
+    while pos < end:
+        data = os.pread(fd, end - pos, pos)
+        if not data:
+            break
+        parts.append(data)
+        pos += len(data)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+class _Filling:
+    """A shard's partial copy being filled in this process: which bytes it holds so far.
+
+    Readers that looked it up may still use it after the copier is done; the descriptor is
+    closed once the last of them is (never while in use: a reused descriptor number would
+    hand out another file's bytes).
+    """
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd = fd
+        self.size = size
+        self._held: list[list[int]] = []  # sorted, disjoint, non-adjacent [start, end)
+        self._lock = threading.Lock()
+        self._users = 0
+        self._closed = False
+
+    def read(self, start: int, end: int) -> bytes | None:
+        """Bytes [start, end) from the partial copy if it holds them all, else None."""
+        end = min(end, self.size)
+        with self._lock:
+            if self._closed or not any(s <= start and end <= e for s, e in self._held):
+                return None
+            self._users += 1
+        try:
+            return pread_full(self.fd, start, end)
+        finally:
+            self._release()
+
+    def write(self, start: int, data: bytes) -> None:
+        """Keep bytes the source gave for [start, start + len(data))."""
+        end = min(start + len(data), self.size)
+        with self._lock:
+            if self._closed or end <= start:
+                return
+            self._users += 1
+        try:
+            os.pwrite(self.fd, memoryview(data)[: end - start], start)
+        finally:
+            self._release()
+        with self._lock:
+            apart = [span for span in self._held if span[1] < start or span[0] > end]
+            touching = [span for span in self._held if not (span[1] < start or span[0] > end)]
+            low = min([start, *(span[0] for span in touching)])
+            high = max([end, *(span[1] for span in touching)])
+            self._held = sorted([*apart, [low, high]])
+
+    def _release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._closed and not self._users:
+                os.close(self.fd)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if not self._users:
+                os.close(self.fd)
+
+    def last_gap(self, most: int) -> tuple[int, int] | None:
+        """Up to `most` missing bytes ending where the last gap ends; None when complete."""
+        with self._lock:
+            gap_end = self.size
+            for start, end in reversed(self._held):
+                if end < gap_end:
+                    return max(end, gap_end - most), gap_end
+                gap_end = start
+        return (max(0, gap_end - most), gap_end) if gap_end > 0 else None
+
+
+_FILLING: dict[str, _Filling] = {}  # cache path -> the copy this process is filling
+_FILLING_LOCK = threading.Lock()
+if hasattr(os, "register_at_fork"):  # a forked worker does not inherit the copier threads
+    os.register_at_fork(after_in_child=_FILLING.clear)
 
 
 def _name(shard: Shard) -> str:
@@ -100,19 +204,38 @@ def _try_lock(fd: int, kind: int) -> bool:
 class Cache:
     """One process's use of a `CacheSpec`: thread-safe; `close()` releases its copies."""
 
-    def __init__(self, spec: CacheSpec, fetch: Fetch) -> None:
+    def __init__(self, spec: CacheSpec, fetch: Fetch, new_source: Callable[[], Source]) -> None:
+        if fcntl is None:
+            raise OSError(errno.ENOSYS, "cache_dir needs file locks (fcntl), which this system "
+                          "lacks; leave cache_dir unset")
         self.spec = spec
-        self._fetch = fetch
+        self._fetch = fetch  # the owner's reads of the source
+        self._new_source = new_source  # a copier thread's own, closed when the copy ends
         self._root = Path(spec.directory) / spec.namespace
         self._lock = threading.Lock()
         self._open: dict[str, tuple[int, int]] = {}  # shard path -> (lock fd, data fd)
-        self._copying: set[str] = set()
         self._refused: set[str] = set()  # shards larger than the limit: never cached
         self._closed = False
 
     def path_of(self, shard: Shard) -> Path:
         key = hashlib.blake2b(_identity(shard).encode(), digest_size=6).hexdigest()
         return self._root / f"{key}-{_name(shard)}"
+
+    def read(self, shard: Shard, start: int, end: int) -> bytes:
+        """Stored bytes [start, end) of `shard`: from its complete copy, else from the source
+        (written through into the copy when this process is filling it)."""
+        fd = self.local_fd(shard)
+        if fd is not None:
+            return pread_full(fd, start, end)
+        with _FILLING_LOCK:
+            filling = _FILLING.get(str(self.path_of(shard)))
+        if filling is None:
+            return self._fetch(shard, start, end)
+        data = filling.read(start, end)
+        if data is None:
+            data = self._fetch(shard, start, end)
+            filling.write(start, data)
+        return data
 
     def local_fd(self, shard: Shard) -> int | None:
         """A descriptor of the shard's complete local copy, or None (read the source; a copy
@@ -121,8 +244,11 @@ class Cache:
             held = self._open.get(shard.path)
             if held is not None:
                 return held[1]
-            if self._closed or shard.path in self._copying or shard.path in self._refused:
+            if self._closed or shard.path in self._refused:
                 return None
+            with _FILLING_LOCK:
+                if str(self.path_of(shard)) in _FILLING:
+                    return None
             fd = self._use_copy(shard)
             if fd is None:
                 self._start_copy(shard)
@@ -183,30 +309,46 @@ class Cache:
         if not _try_lock(lock, fcntl.LOCK_EX):  # another process is copying it
             os.close(lock)
             return
-        self._copying.add(shard.path)
-        # not a daemon: a DataLoader worker whose epoch ends waits for its copies to finish
-        threading.Thread(target=self._copy, args=(shard, path, lock), daemon=False,
-                         name="streamds-cache").start()
-
-    def _copy(self, shard: Shard, path: Path, lock: int) -> None:
-        """Copy `shard` to `path` under the exclusive `lock`, then keep using it shared."""
-        assert shard.size is not None
         partial = Path(f"{path}{_PARTIAL}{secrets.token_hex(4)}")
         try:
             for stale in path.parent.glob(f"{path.name}{_PARTIAL}*"):
                 stale.unlink(missing_ok=True)  # left by a process that died copying
-            if not path.exists() or self._check(shard, path) is not None:
+            if path.exists() and self._check(shard, path) is None:
+                filling = None  # completed by someone between our look and the lock
+            else:
                 self._make_room(shard.size)
-                with partial.open("wb") as out:
-                    for start in range(0, shard.size, COPY_REQUEST):
-                        out.write(self._fetch(shard, start, min(start + COPY_REQUEST,
-                                                                shard.size)))
-                    out.flush()
-                    os.fsync(out.fileno())
+                filling = _Filling(os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644),
+                                   shard.size)
+        except OSError as err:  # called under self._lock
+            self._give_up(shard, partial, lock, err, locked=True)
+            return
+        if filling is not None:
+            with _FILLING_LOCK:
+                _FILLING[str(path)] = filling
+        # not a daemon: a DataLoader worker whose epoch ends waits for its copies to finish
+        threading.Thread(target=self._complete, args=(shard, path, partial, lock, filling),
+                         daemon=False, name="streamds-cache").start()
+
+    def _complete(self, shard: Shard, path: Path, partial: Path, lock: int,
+                  filling: _Filling | None) -> None:
+        """Fetch what the readers have not into `partial`, from the end backwards; check it,
+        rename it to `path` and keep using it (shared lock)."""
+        try:
+            if filling is not None:
+                source = self._new_source()
+                try:
+                    while (gap := filling.last_gap(COPY_REQUEST)) is not None:
+                        filling.write(gap[0], source.read(shard, *gap))
+                finally:
+                    source.close()
+                os.fsync(filling.fd)
                 problem = self._check(shard, partial)
                 if problem is not None:
                     raise OSError(errno.EIO, f"the copy has {problem}")
                 os.replace(partial, path)
+                stat = path.stat()  # checked above under its partial name
+                if shard.checksum is not None:
+                    _VERIFIED.add((str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns))
             fcntl.flock(lock, fcntl.LOCK_SH)  # complete: from now on only in use
             with self._lock:
                 if self._closed:
@@ -214,15 +356,23 @@ class Cache:
                 else:
                     self._open[shard.path] = (lock, os.open(path, os.O_RDONLY))
         except BaseException as err:  # a failed copy costs only speed: the source is read
-            log.warning("%s: copying into the cache failed (%s); reading the source", shard.url,
-                        err)
-            partial.unlink(missing_ok=True)
-            os.close(lock)
-            with self._lock:
-                self._refused.add(shard.path)
+            self._give_up(shard, partial, lock, err)
         finally:
-            with self._lock:
-                self._copying.discard(shard.path)
+            if filling is not None:
+                with _FILLING_LOCK:
+                    _FILLING.pop(str(path), None)
+                filling.close()
+
+    def _give_up(self, shard: Shard, partial: Path, lock: int, err: BaseException, *,
+                 locked: bool = False) -> None:
+        log.warning("%s: copying into the cache failed (%s); reading the source", shard.url, err)
+        partial.unlink(missing_ok=True)
+        os.close(lock)
+        if locked:
+            self._refused.add(shard.path)
+            return
+        with self._lock:
+            self._refused.add(shard.path)
 
     def _make_room(self, needed: int) -> None:
         """Remove least-recently-used complete copies nobody uses until `needed` more bytes

@@ -23,7 +23,7 @@ from typing import Protocol
 
 from fsspec.implementations.local import LocalFileSystem
 
-from .cache import Cache, CacheSpec
+from .cache import Cache, CacheSpec, pread_full
 from .errors import CorruptShardError
 from .retry import DEFAULT_RETRY, RetryPolicy, as_os_error, retrying
 from .shards import Shard, process_fs
@@ -66,17 +66,17 @@ class RangeReader:
         self.retry = retry
         self._fds: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._cache = None if cache is None else Cache(cache, self._read_source)
+        self._cache = None if cache is None else Cache(
+            cache, self._read_source, lambda: RangeReader(retry))
 
     def read(self, shard: Shard, start: int, end: int) -> bytes:
         """Bytes [start, end) of `shard`; fewer only where the file ends (at its listed size
         when it has one: ending earlier means it shrank, a `CorruptShardError`). With a
-        cache, from the shard's local copy once there is one."""
+        cache, through it (`Cache.read`)."""
         if end <= start:
             return b""
-        fd = None if self._cache is None else self._cache.local_fd(shard)
-        if fd is not None:
-            return _pread_full(fd, start, end)
+        if self._cache is not None:
+            return self._cache.read(shard, start, end)
         return self._read_source(shard, start, end)
 
     def _read_source(self, shard: Shard, start: int, end: int) -> bytes:
@@ -124,7 +124,7 @@ class RangeReader:
         return data
 
     def _pread(self, shard: Shard, start: int, end: int) -> bytes:
-        return _pread_full(self._fd(shard.path), start, end)
+        return pread_full(self._fd(shard.path), start, end)
 
     def _fd(self, path: str) -> int:
         with self._lock:
@@ -140,17 +140,6 @@ class RangeReader:
             fds, self._fds = list(self._fds.values()), {}
         for fd in fds:
             os.close(fd)
-
-
-def _pread_full(fd: int, start: int, end: int) -> bytes:
-    parts, pos = [], start
-    while pos < end:
-        data = os.pread(fd, end - pos, pos)
-        if not data:
-            break
-        parts.append(data)
-        pos += len(data)
-    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _read_full(f: io.RawIOBase, size: int) -> bytes:

@@ -45,6 +45,10 @@ def wait_for_copies() -> None:
             thread.join()
 
 
+def cache_of(spec: CacheSpec) -> Cache:
+    return Cache(spec, RangeReader()._read_source, RangeReader)
+
+
 def copies(cache_dir: Path) -> list[Path]:
     return sorted(p for p in cache_dir.glob("*/*") if p.suffix == ".zst")
 
@@ -88,14 +92,14 @@ def test_second_epoch_reads_only_the_local_copies(shards, tmp_path, monkeypatch)
 
 def test_workers_in_several_processes_share_one_copy_per_shard(shards, tmp_path, monkeypatch):
     log = tmp_path / "copies.log"
-    real_copy = Cache._copy
+    real_complete = Cache._complete
 
-    def logged_copy(self, shard, path, lock):  # runs in the forked workers: log to a file
+    def logged(self, shard, *args):  # runs in the forked workers: log to a file
         with open(log, "a") as f:
             f.write(f"{shard.path}\n")
-        return real_copy(self, shard, path, lock)
+        return real_complete(self, shard, *args)
 
-    monkeypatch.setattr(Cache, "_copy", logged_copy)
+    monkeypatch.setattr(Cache, "_complete", logged)
     cache = tmp_path / "cache"
     for epoch in range(2):
         ds = StreamingJsonl(shards, cache_dir=cache, shuffle=True, seed=epoch)
@@ -112,7 +116,7 @@ def test_a_dead_copiers_partial_file_is_never_read_and_is_cleaned_up(shards, tmp
     first = StreamingJsonl(shards, cache_dir=cache)
     shard = first.shards[0]
     spec = first._cache
-    target = Cache(spec, RangeReader()._read_source).path_of(shard)
+    target = cache_of(spec).path_of(shard)
     target.parent.mkdir(parents=True)
     # what a process killed mid-copy leaves: half the bytes under a partial name and the lock
     # file (its lock went with it)
@@ -155,22 +159,21 @@ def test_eviction_removes_the_least_recently_used_copy_nobody_uses(shards, tmp_p
         wait_for_copies()
         assert cache.local_fd(shard) is not None
 
-    reader = RangeReader()
-    first = Cache(spec, reader._read_source)
+    first = cache_of(spec)
     use(first, a)
     use(first, b)
     first.close()  # a and b: complete, unused; a is older
     os.utime(first.path_of(a), (1, 1))
-    third = Cache(spec, reader._read_source)
+    third = cache_of(spec)
     use(third, c)
     assert not third.path_of(a).exists() and third.path_of(b).exists()
     total = sum(p.stat().st_size for p in copies(tmp_path / "cache"))
     assert total <= limit
 
     # a copy in use is never removed: b is held by `holder`, c by `third`; a cannot fit
-    holder = Cache(spec, reader._read_source)
+    holder = cache_of(spec)
     assert holder.local_fd(b) is not None
-    fourth = Cache(spec, reader._read_source)
+    fourth = cache_of(spec)
     assert fourth.local_fd(a) is None
     wait_for_copies()  # the copy gives up for want of room: nothing in use was removed
     assert third.path_of(b).exists() and third.path_of(c).exists()
@@ -192,7 +195,7 @@ def test_two_corpora_never_share_a_namespace(shards, tmp_path):
 def test_a_lock_held_elsewhere_means_the_source_is_read_meanwhile(shards, tmp_path):
     found = resolve_shards(shards)
     spec = CacheSpec(str(tmp_path / "cache"), None, namespace_of(found))
-    cache = Cache(spec, RangeReader()._read_source)
+    cache = cache_of(spec)
     target = cache.path_of(found[0])
     target.parent.mkdir(parents=True)
     fd = os.open(f"{target}.lock", os.O_RDWR | os.O_CREAT)
@@ -224,3 +227,88 @@ def test_read_ahead_is_on_for_mounts_and_urls_and_off_on_local_disk(tmp_path, mo
     with fsspec.open("memory://corpus/a.jsonl", "wb") as f:
         f.write(path.read_bytes())
     assert StreamingJsonl("memory://corpus/a.jsonl").readahead == readahead.DEFAULT_READAHEAD
+
+
+class GatedSource:
+    """The copier's source: each request waits for the test's go-ahead and is recorded."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[int, int]] = []
+        self.waiting = threading.Semaphore(0)  # released when a request arrives
+        self.go = threading.Semaphore(0)  # released by the test, one per request
+
+    def read(self, shard, start: int, end: int) -> bytes:
+        self.asked.append((start, end))
+        self.waiting.release()
+        assert self.go.acquire(timeout=60)
+        return Path(shard.path).read_bytes()[start:end]
+
+    def close(self) -> None:
+        pass
+
+
+def test_bytes_the_reader_fetches_are_written_through_and_the_copier_fetches_the_rest(
+    shards, tmp_path, monkeypatch
+):
+    import streamds.cache as cache_module
+
+    shard = resolve_shards(shards)[0]
+    size = shard.size
+    monkeypatch.setattr(cache_module, "COPY_REQUEST", size // 4)
+    spec = CacheSpec(str(tmp_path / "cache"), None, namespace_of([shard]))
+    fetched: list[tuple[int, int]] = []
+
+    def reader_fetch(shard, start, end):
+        fetched.append((start, end))
+        return Path(shard.path).read_bytes()[start:end]
+
+    source = GatedSource()
+    cache = Cache(spec, reader_fetch, lambda: source)
+    source_bytes = Path(shard.path).read_bytes()
+    three_quarters = size - size // 4
+    half = three_quarters - size // 4
+
+    # the first read starts the copier, which begins at the end
+    assert cache.read(shard, 0, half) == source_bytes[:half]
+    assert source.waiting.acquire(timeout=60)
+    source.go.release()
+    assert source.waiting.acquire(timeout=60)  # its second request: the first one is kept
+    # the copier's bytes are read back from the partial copy, not fetched again
+    assert cache.read(shard, three_quarters, size) == source_bytes[three_quarters:]
+    assert fetched == [(0, half)]
+    source.go.release()
+    wait_for_copies()
+    # between them, every byte was fetched once: the copier skipped what the reader wrote
+    assert source.asked == [(three_quarters, size), (half, three_quarters)]
+    assert cache.path_of(shard).read_bytes() == source_bytes
+    assert not list((tmp_path / "cache").glob("*/*.partial-*"))
+    assert cache.read(shard, 10, 20) == source_bytes[10:20]
+    assert fetched == [(0, half)]  # complete: read locally
+    cache.close()
+
+
+def test_a_copy_is_complete_only_when_every_byte_is_held(shards, tmp_path, monkeypatch):
+    """A copier that fails halfway leaves no copy: the partial file is removed, readers read
+    the source, and a later process copies the shard again."""
+    shard = resolve_shards(shards)[0]
+    spec = CacheSpec(str(tmp_path / "cache"), None, namespace_of([shard]))
+
+    class Failing:
+        def read(self, shard, start, end):
+            raise OSError(5, "Input/output error")
+
+        def close(self) -> None:
+            pass
+
+    cache = Cache(spec, RangeReader()._read_source, Failing)
+    assert cache.read(shard, 0, 100) == Path(shard.path).read_bytes()[:100]
+    wait_for_copies()
+    assert not cache.path_of(shard).exists()
+    assert not list((tmp_path / "cache").glob("*/*.partial-*"))
+    assert cache.read(shard, 0, 100) == Path(shard.path).read_bytes()[:100]  # the source
+    cache.close()
+    again = cache_of(spec)
+    again.read(shard, 0, 100)
+    wait_for_copies()
+    assert again.path_of(shard).read_bytes() == Path(shard.path).read_bytes()
+    again.close()
