@@ -177,7 +177,8 @@ class Packed(IterableDataset):
             cursor.pieces.extend(_unpack_ids(raw) for raw in pending["leftover"])
             cursor.counts = dict(pending["counts"])
         merged, self._merged = self._merged, None
-        if merged is not None:  # this reader's deal of the old readers' leftovers
+        if merged is not None and merged["epoch"] == self.source.epoch:
+            # this reader's deal of the old readers' leftovers
             leftovers = merged["leftovers"][world.reader::world.readers]
             cursor.pieces.extend(_unpack_ids(raw) for raw in leftovers)
             if world.reader == 0:
@@ -284,7 +285,9 @@ class Packed(IterableDataset):
         self._check_config(merged["config"])
         clone = copy.copy(self)
         clone.source = self.source.with_resume(merged["source"])
-        clone._merged = copy.deepcopy({**merged, "source": None})
+        clone._merged = {"epoch": merged["source"]["epoch"],
+                         "leftovers": list(merged["leftovers"]),
+                         "counts": dict(merged["counts"])}
         clone._pending = None
         clone._active = None
         return clone
