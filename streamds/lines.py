@@ -23,7 +23,7 @@ from .chunks import Chunk, WorkItem
 from .errors import CorruptShardError
 from .plan import Block
 from .read import Opener, open_decoded_at, read_lines
-from .readahead import ReadAhead, Span, block_span
+from .readahead import ReadAhead, Span, block_span, on_fuse
 from .retry import DEFAULT_RETRY, RetryPolicy
 from .shards import Shard
 
@@ -104,7 +104,7 @@ class Lines:
             yield from self._chunks(self.opener)
             return
         ahead = ReadAhead(self._spans(self._item, self._offset), budget=self.readahead,
-                          retry=self.retry, cache=self.cache)
+                          retry=self.retry, cache=self.cache, fuse=on_fuse(self.shards))
         try:
             yield from self._chunks(functools.partial(self.opener, ahead=ahead))
         finally:

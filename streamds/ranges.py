@@ -15,7 +15,9 @@ much past its end.
 
 from __future__ import annotations
 
+import errno
 import io
+import mmap
 import os
 import threading
 from bisect import bisect_left, bisect_right
@@ -25,6 +27,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from .cache import Cache, CacheSpec, pread_full
 from .errors import CorruptShardError
+from .mounts import on_fuse_mount
 from .retry import DEFAULT_RETRY, RetryPolicy, as_os_error, retrying
 from .shards import Shard, process_fs
 
@@ -34,6 +37,7 @@ __all__ = ["DIRECT_REQUEST", "LINE_PROBE", "Prefetched", "RangeFile", "RangeRead
 DIRECT_REQUEST = 4 << 20  # bytes per request when nothing was fetched ahead
 LINE_PROBE = 64 << 10  # bytes planned past a plain block's end, for the line crossing it
 _TAIL_REQUEST = 64 << 10  # bytes per request past the planned end
+_PAGE = mmap.PAGESIZE
 
 
 def stored_span(shard: Shard, start: int, end: int | None) -> tuple[int, int, int | None]:
@@ -61,10 +65,12 @@ def stored_span(shard: Shard, start: int, end: int | None) -> tuple[int, int, in
 class RangeReader:
     """Stored bytes of shards by range; thread-safe. Close it to release its descriptors."""
 
-    def __init__(self, retry: RetryPolicy = DEFAULT_RETRY, cache: CacheSpec | None = None
-                 ) -> None:
+    def __init__(self, retry: RetryPolicy = DEFAULT_RETRY, cache: CacheSpec | None = None, *,
+                 fuse_direct: bool = False) -> None:
         self.retry = retry
+        self._fuse_direct = fuse_direct  # files on FUSE mounts: bypass the page cache
         self._fds: dict[str, int] = {}
+        self._direct: set[int] = set()  # descriptors opened with O_DIRECT
         self._lock = threading.Lock()
         self._cache = None if cache is None else Cache(
             cache, self._read_source, lambda: RangeReader(retry))
@@ -124,22 +130,61 @@ class RangeReader:
         return data
 
     def _pread(self, shard: Shard, start: int, end: int) -> bytes:
-        return pread_full(self._fd(shard.path), start, end)
+        fd = self._fd(shard.path)
+        if fd in self._direct:
+            return _pread_direct(fd, start, end)
+        return pread_full(fd, start, end)
 
     def _fd(self, path: str) -> int:
         with self._lock:
             fd = self._fds.get(path)
             if fd is None:
-                fd = self._fds[path] = os.open(path, os.O_RDONLY)
+                fd = self._fds[path] = self._open(path)
             return fd
+
+    def _open(self, path: str) -> int:
+        """A descriptor of `path`: with O_DIRECT when asked for and the file is on a FUSE
+        mount (each thread's read is then its own request, not one of the few background
+        requests the kernel's page cache keeps in flight); plain where that is refused."""
+        if self._fuse_direct and hasattr(os, "O_DIRECT") and on_fuse_mount([path]):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+            except OSError as err:
+                if err.errno != errno.EINVAL:
+                    raise
+            else:
+                self._direct.add(fd)
+                return fd
+        return os.open(path, os.O_RDONLY)
 
     def close(self) -> None:
         if self._cache is not None:
             self._cache.close()
         with self._lock:
             fds, self._fds = list(self._fds.values()), {}
+            self._direct.clear()
         for fd in fds:
             os.close(fd)
+
+
+def _pread_direct(fd: int, start: int, end: int) -> bytes:
+    """`pread_full` for an O_DIRECT descriptor: whole pages into a page-aligned buffer (what
+    O_DIRECT asks on most filesystems; on FUSE an unaligned buffer is cut into a request per
+    page it straddles), then the bytes asked for."""
+    first = start - start % _PAGE
+    size = -(-(end - first) // _PAGE) * _PAGE
+    buffer = mmap.mmap(-1, size)
+    try:
+        got = 0
+        while got < size:
+            with memoryview(buffer) as view:
+                count = os.preadv(fd, [view[got:]], first + got)
+            if not count:
+                break
+            got += count
+        return buffer[start - first : min(got, end - first)]
+    finally:
+        buffer.close()
 
 
 def _read_full(f: io.RawIOBase, size: int) -> bytes:

@@ -18,6 +18,7 @@ import fsspec
 import pytest
 from torch.utils.data import DataLoader
 
+import streamds.mounts
 import streamds.readahead as readahead
 from preprocess.convert import convert
 from streamds import StreamingJsonl
@@ -220,7 +221,7 @@ def test_read_ahead_is_on_for_mounts_and_urls_and_off_on_local_disk(tmp_path, mo
     path = corpus.write(tmp_path / "a.jsonl", RECORDS[:10])
     assert StreamingJsonl(path).readahead == 0  # a local disk: the kernel reads ahead
     mounts = ((str(tmp_path.resolve()), "fuse.drive"), ("/", "ext4"))
-    monkeypatch.setattr(readahead, "_mounts", lambda: mounts)
+    monkeypatch.setattr(streamds.mounts, "_mounts", lambda: mounts)
     assert StreamingJsonl(path).readahead == readahead.DEFAULT_READAHEAD  # a mounted Drive
     assert StreamingJsonl(path, readahead="8MB").readahead == 8_000_000
     assert StreamingJsonl(path, readahead=0).readahead == 0
