@@ -27,6 +27,12 @@ number):
   per-record cost and, with workers, pickling, the pipe and unpickling in the main process.
   It bounds every reader that hands over the same records.
 - StreamingJsonl on the seekable .jsonl.zst, and on the plain .jsonl for reference.
+- StreamingJsonl .batch(64): the same reader handing the DataLoader whole batches
+  (``DataLoader(ds.batch(64), batch_size=None)``, no collate_fn): one message per batch, and
+  parsed records cross as one JSON document that the main process reads with one
+  orjson.loads (`streamds.batch.JsonRecordBatch`) instead of unpickling them.
+- DataLoader only, batches: the replayed records in lists of 64 yielded by the dataset as
+  whole batches, as pickled lists and as JSON batches: the ceiling of the batched path.
 - Hugging Face `datasets`: load_dataset("json", data_files=<the .jsonl.zst>, streaming=True,
   split="train") through the same DataLoader (its IterableDataset is a torch one). It splits
   work by file, so with one file a second worker gets nothing.
@@ -42,6 +48,13 @@ or the benchmark fails. Peers are slow on some corpora, so their runs stop after
 --peer-cap seconds and count the records read by then (marked in the table);
 StreamingJsonl and the limit always read all.
 
+Every DataLoader row also reports the time to its first batch (from building the dataset
+to holding the first batch, median of the runs) and the peak memory of the whole process tree
+(main process plus workers, sum of RSS sampled every 10 ms by psutil) in one run of its own in
+a fresh process, so that no row inherits another's memory. A second table gives the cost of
+one batch crossing from a worker: pickle.dumps + pickle.loads of a list of 64 records against
+orjson.dumps + orjson.loads of the same list.
+
 Other programs on the machine distort timings, so before each timed run the script waits
 (within --quiet-wait bounds) until the rest of the machine is nearly idle, and it reports
 the CPU that other processes used during the timed runs.
@@ -54,10 +67,15 @@ the CPU that other processes used during the timed runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import json
 import os
+import pickle
 import statistics
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -169,11 +187,18 @@ def limit_plain(path: Path, read_size: int) -> int:
 # -- loaders ---------------------------------------------------------------------------------
 
 
-def _count(loader: DataLoader, cap: float | None = None) -> int:
-    """Records the loader yields; with `cap`, stop after the batch that passes `cap` seconds."""
+FIRST_BATCH: list[float] = []  # seconds to the first batch, one per loader run
+
+
+def _count(loader: DataLoader, cap: float | None = None, *, started: float) -> int:
+    """Records the loader yields; with `cap`, stop after the batch that passes `cap` seconds.
+    Appends the seconds from `started` (before the dataset was built) to the first batch to
+    FIRST_BATCH."""
     records = 0
     deadline = None if cap is None else time.perf_counter() + cap
     for batch in loader:
+        if not records:
+            FIRST_BATCH.append(time.perf_counter() - started)
         records += len(batch)
         if deadline is not None and time.perf_counter() > deadline:
             break
@@ -185,25 +210,39 @@ def _loader(dataset, workers: int) -> DataLoader:
 
 
 def streamds_run(path: Path, workers: int, cap: float | None = None) -> int:
+    started = time.perf_counter()
     from streamds import StreamingJsonl
 
-    return _count(_loader(StreamingJsonl(str(path)), workers), cap)
+    return _count(_loader(StreamingJsonl(str(path)), workers), cap, started=started)
+
+
+def streamds_batched_run(path: Path, workers: int, cap: float | None = None) -> int:
+    """Whole batches out of the reader, the DataLoader's default conversion (a RecordBatch
+    passes it untouched)."""
+    started = time.perf_counter()
+    from streamds import StreamingJsonl
+
+    loader = DataLoader(StreamingJsonl(str(path)).batch(BATCH_SIZE), batch_size=None,
+                        num_workers=workers)
+    return _count(loader, cap, started=started)
 
 
 def hf_run(path: Path, workers: int, cap: float | None = None) -> int:
+    started = time.perf_counter()
     import datasets
 
     datasets.logging.set_verbosity_error()  # "too many workers for 1 shard", every run
     dataset = datasets.load_dataset("json", data_files=str(path), streaming=True, split="train")
-    return _count(_loader(dataset, workers), cap)
+    return _count(_loader(dataset, workers), cap, started=started)
 
 
 def wds_run(tars: Sequence[Path], workers: int, cap: float | None = None) -> int:
+    started = time.perf_counter()
     import webdataset as wds
 
     urls = [str(tar) for tar in tars]
     dataset = wds.WebDataset(urls, shardshuffle=False).map(parse_json_member)
-    return _count(_loader(dataset, workers), cap)
+    return _count(_loader(dataset, workers), cap, started=started)
 
 
 class ReplayRecords(IterableDataset):
@@ -231,7 +270,97 @@ def replay_pool(corpus: Corpus) -> list:
 
 
 def replay_run(pool: list, total: int, workers: int, cap: float | None = None) -> int:
-    return _count(_loader(ReplayRecords(pool, total), workers), cap)
+    started = time.perf_counter()
+    return _count(_loader(ReplayRecords(pool, total), workers), cap, started=started)
+
+
+class ReplayBatches(ReplayRecords):
+    """The replayed records in whole batches of BATCH_SIZE, as lists or as `as_batch`."""
+
+    def __init__(self, pool: list, total: int, as_batch: Callable[[list], object]) -> None:
+        super().__init__(pool, total)
+        self.as_batch = as_batch
+
+    def __iter__(self) -> Iterator[object]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        pool, size, as_batch = self.pool, len(self.pool), self.as_batch
+        for first in range(worker * BATCH_SIZE, self.total, workers * BATCH_SIZE):
+            start = first % size
+            batch = pool[start : start + BATCH_SIZE]
+            if len(batch) < BATCH_SIZE:
+                batch += pool[: BATCH_SIZE - len(batch)]
+            yield as_batch(batch[: self.total - first])
+
+
+def replay_batches_run(pool: list, total: int, workers: int, as_json: bool) -> int:
+    from streamds.batch import JsonRecordBatch
+
+    started = time.perf_counter()
+    dataset = ReplayBatches(pool, total, JsonRecordBatch if as_json else list)
+    loader = DataLoader(dataset, batch_size=None, num_workers=workers, collate_fn=keep_batch)
+    return _count(loader, started=started)
+
+
+def crossing_costs(pool: list, rounds: int = 200) -> dict[str, float]:
+    """Microseconds per batch of BATCH_SIZE records to write and read back, as a pickled list
+    and as JSON (what crosses from a worker either way)."""
+    import orjson
+
+    batch = pool[:BATCH_SIZE]
+    costs = {}
+    for name, dump, load in (("pickle", pickle.dumps, pickle.loads),
+                             ("json", orjson.dumps, orjson.loads)):
+        blob = dump(batch)
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(rounds):
+                load(dump(batch))
+            times.append((time.perf_counter() - start) / rounds)
+        costs[name] = min(times) * 1e6
+        costs[f"{name} bytes"] = len(blob)
+    return costs
+
+
+# -- peak memory of a process tree -------------------------------------------------------------
+
+
+def _tree_rss() -> int:
+    import psutil
+
+    me = psutil.Process()
+    total = 0
+    for process in [me, *me.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):  # a worker that exited in between
+            total += process.memory_info().rss
+    return total
+
+
+def peak_rss_of(function: str, *args: object) -> float:
+    """MB: the peak RSS of a fresh process (and its workers) running `function(*args)`."""
+    call = json.dumps([function, *[str(a) if isinstance(a, Path) else a for a in args]])
+    out = subprocess.run([sys.executable, __file__, "--probe-rss", call], check=True,
+                         capture_output=True, text=True).stdout
+    return float(out.strip().splitlines()[-1]) / MB
+
+
+def _probe_rss(call: str) -> None:
+    """Run one call in this process while a thread samples the tree's RSS; print the peak."""
+    function, *args = json.loads(call)
+    peak = [_tree_rss()]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.01):
+            peak[0] = max(peak[0], _tree_rss())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    globals()[function](*[Path(a) if isinstance(a, str) else a for a in args])
+    done.set()
+    sampler.join()
+    print(max(peak[0], _tree_rss()))
 
 
 # -- measuring -------------------------------------------------------------------------------
@@ -274,6 +403,8 @@ class Result:
     cores: list[float] = field(default_factory=list)  # our CPU seconds / wall, per run
     others: list[float] = field(default_factory=list)  # cores others used, per run
     run: Callable[[], int] | None = field(default=None, repr=False)  # plain loops: the loop
+    first: list[float] = field(default_factory=list)  # seconds to the first batch, per run
+    peak_mb: float | None = None  # peak RSS of the process tree, in a run of its own
 
     @property
     def records_per_s(self) -> float:
@@ -304,9 +435,12 @@ def measure(
     for attempt in range(repeats + 1):
         wait()
         busy, own = machine_busy(), own_cpu()
+        firsts = len(FIRST_BATCH)
         start = time.perf_counter()
         records = run()
         wall = time.perf_counter() - start
+        if attempt and len(FIRST_BATCH) > firsts:
+            result.first.append(FIRST_BATCH[-1])
         used = own_cpu() - own
         if records != expected and not (capped and 0 < records < expected):
             raise RuntimeError(
@@ -378,8 +512,9 @@ def _source_name(path: Path) -> str:
 def table(results: Sequence[Result]) -> str:
     limits = {(r.corpus.name, r.limit_key): r for r in results if r.is_limit}
     lines = [
-        "| corpus | reader | input | workers | records/s | MB/s | x limit | cores used |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+        "| corpus | reader | input | workers | records/s | MB/s | x limit | cores used | "
+        "first batch | peak RSS |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     shown = None
     for r in results:
@@ -394,7 +529,9 @@ def table(results: Sequence[Result]) -> str:
         lines.append(
             f"| {corpus} | {r.reader} | {source} | {workers} | {r.records_per_s:,.0f} | "
             f"{r.mb_per_s:,.0f}{busy} | {r.mb_per_s / limit.mb_per_s:.2f} | "
-            f"{statistics.median(r.cores):.1f} |"
+            f"{statistics.median(r.cores):.1f} | "
+            f"{f'{statistics.median(r.first) * 1e3:,.0f} ms' if r.first else '-'} | "
+            f"{'-' if r.peak_mb is None else f'{r.peak_mb:,.0f} MB'} |"
         )
     return "\n".join(lines)
 
@@ -404,6 +541,19 @@ def _corpus_label(corpus: Corpus) -> str:
     size = f"{line / 1000:.0f} KB" if line >= 1000 else f"{line:.0f} B"
     kind = "PubMed" if corpus.name.startswith("pubmed") else "small lines"
     return f"{kind}: {corpus.records:,} records, {corpus.decoded_bytes / MB:,.0f} MB, {size}/line"
+
+
+def crossing_table(crossing: Sequence[tuple[Corpus, dict[str, float]]]) -> str:
+    """Per-batch cost of crossing from a worker, pickle against JSON."""
+    lines = [f"| corpus | one batch of {BATCH_SIZE} records | pickle (dumps + loads) | "
+             "JSON (orjson dumps + loads) | JSON / pickle |", "|---|---:|---:|---:|---:|"]
+    for corpus, costs in crossing:
+        lines.append(
+            f"| {_corpus_label(corpus).split(':')[0]} | {costs['pickle bytes'] / 1e3:,.0f} KB "
+            f"pickled, {costs['json bytes'] / 1e3:,.0f} KB JSON | {costs['pickle']:,.0f} us | "
+            f"{costs['json']:,.0f} us | {costs['json'] / costs['pickle']:.2f} |"
+        )
+    return "\n".join(lines)
 
 
 def contention(results: Sequence[Result]) -> str:
@@ -416,6 +566,36 @@ def contention(results: Sequence[Result]) -> str:
     if flagged:
         note += f" † marks the {flagged} row(s) where they used more than {BUSY} cores."
     return note
+
+
+def readme_body(
+    report: str, notes: str, *, host: str, repeats: int, peer_cap: float, command: str
+) -> str:
+    """The README's throughput section: the tables, what the columns mean, the command."""
+    return (
+        f"{report}\n\n"
+        f"Machine: {host}. Medians of {repeats} runs after one untimed run; MB/s "
+        "counts decoded JSONL bytes. \"x limit\" divides by one core running a plain "
+        "loop over the same input (zstd decompression + `bytes.split` + `orjson.loads`; "
+        "no decompression for `.jsonl` and tar), the fastest of its runs before and after "
+        f"the other rows; \"limit in batches of {BATCH_SIZE}\" is that loop handing out "
+        f"lists of {BATCH_SIZE} records and keeping the last one while the next fills, as a "
+        "training loop does (the fairer ceiling for the batched rows). \"cores used\" is the "
+        "loader's CPU time over wall time. Every reader goes through "
+        f"DataLoader(batch_size={BATCH_SIZE}, collate_fn returning the list), except "
+        f"\".batch({BATCH_SIZE})\" rows: DataLoader(ds.batch({BATCH_SIZE}), batch_size=None), "
+        "no collate_fn. \"DataLoader only\" replays parsed records from memory, the ceiling "
+        "for any reader with that many workers; its \"batches\" rows have the dataset yield "
+        "whole batches, as pickled lists or as JSON batches (what `.batch()` sends). \"first "
+        "batch\" is the time from building the dataset to holding the first batch; \"peak "
+        "RSS\" is the whole process tree's (main process and workers, sum of RSS sampled "
+        "every 10 ms; pages shared after the fork count once per process) in a run of its "
+        "own in a fresh process. HF datasets splits work by file, so with one file only one "
+        f"worker reads; peers' runs stop after {peer_cap:g} s. {notes} Compare rows within "
+        "one table: between separate runs of the script on this shared VM, single rows "
+        "moved by up to a third.\n\n"
+        f"```\n{command}\n```"
+    )
 
 
 # -- main ------------------------------------------------------------------------------------
@@ -440,7 +620,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "and in all")
     parser.add_argument("--write-readme", action="store_true",
                         help=f"replace the bench:throughput section of {README.name}")
+    parser.add_argument("--no-rss", action="store_true",
+                        help="skip the peak-memory runs (one fresh process per row)")
+    parser.add_argument("--probe-rss", metavar="CALL", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.probe_rss:  # internal: one run in a fresh process, for its peak memory
+        _probe_rss(args.probe_rss)
+        return 0
     if args.scale <= 0 or args.repeats < 1 or args.peer_cap < 0:
         parser.error("--scale must be > 0, --repeats >= 1 and --peer-cap >= 0")
 
@@ -461,62 +647,72 @@ def main(argv: Sequence[str] | None = None) -> int:
     cap = args.peer_cap or None
     started = time.perf_counter()
     results: list[Result] = []
+    crossing: list[tuple[Corpus, dict[str, float]]] = []
+
+    def peak(function: str, *call: object) -> float | None:
+        return None if args.no_rss else peak_rss_of(function, *call)
+
     for corpus in corpora:
         log(f"{corpus.name}: {corpus.records} records, {corpus.decoded_bytes / MB:.0f} MB")
         limits = [measure_limit(corpus, key, **options) for key in ("zst", "plain")]
         limits.append(measure_limit_batches(corpus, limits[0], **options))
+        for limit in limits:
+            loop = {"zst": "limit_zst", "plain": "limit_plain"}[limit.limit_key]
+            if not limit.is_limit:
+                loop = "limit_zst_batches"
+            path = corpus.plain if limit.source == ".jsonl" else corpus.zst
+            limit.peak_mb = peak(loop, path, limit.read_size)
         results.extend(limits)
         if "replay" in args.readers:
             pool = replay_pool(corpus)
+            crossing.append((corpus, crossing_costs(pool)))
             for workers in args.workers:
                 result = Result(corpus, "DataLoader only", "records from memory", workers, "zst")
                 run = partial(replay_run, pool, corpus.records, workers)
                 results.append(measure(result, run, **options))
+            for as_json, how in ((False, "pickled lists"), (True, "JSON batches")):
+                for workers in args.workers:
+                    result = Result(corpus, f"DataLoader only, batches of {BATCH_SIZE}",
+                                    f"records from memory, {how}", workers, "zst")
+                    run = partial(replay_batches_run, pool, corpus.records, workers, as_json)
+                    results.append(measure(result, run, **options))
             del pool  # ~200 MB of records that would slow the collector in the rows below
             gc.collect()
-        # (reader, limit key, input, run(workers) -> records, capped)
-        rows: list[tuple[str, str, str, Callable[[int], int], bool]] = []
+        # (reader, limit key, input, function(path, workers[, cap]), its path, capped)
+        rows: list[tuple[str, str, str, str, object, bool]] = []
         if "streamds" in args.readers:
-            rows.append(("StreamingJsonl", "zst", _source_name(corpus.zst),
-                         lambda w, c=corpus: streamds_run(c.zst, w), False))
-            rows.append(("StreamingJsonl", "plain", ".jsonl",
-                         lambda w, c=corpus: streamds_run(c.plain, w), False))
+            rows.append(("StreamingJsonl", "zst", _source_name(corpus.zst), "streamds_run",
+                         corpus.zst, False))
+            rows.append((f"StreamingJsonl .batch({BATCH_SIZE})", "zst",
+                         _source_name(corpus.zst), "streamds_batched_run", corpus.zst, False))
+            rows.append(("StreamingJsonl", "plain", ".jsonl", "streamds_run", corpus.plain,
+                         False))
+            rows.append((f"StreamingJsonl .batch({BATCH_SIZE})", "plain", ".jsonl",
+                         "streamds_batched_run", corpus.plain, False))
         if "hf" in args.readers:
-            rows.append(("HF datasets", "zst", _source_name(corpus.zst),
-                         lambda w, c=corpus: hf_run(c.zst, w, cap), cap is not None))
+            rows.append(("HF datasets", "zst", _source_name(corpus.zst), "hf_run", corpus.zst,
+                         cap is not None))
         if "wds" in args.readers:
-            rows.append(("webdataset", "plain", f"{len(corpus.tars)} tar shards",
-                         lambda w, c=corpus: wds_run(c.tars, w, cap), cap is not None))
-        for reader, key, source, run, capped in rows:
+            rows.append(("webdataset", "plain", f"{len(corpus.tars)} tar shards", "wds_run",
+                         [str(tar) for tar in corpus.tars], cap is not None))
+        for reader, key, source, function, path, capped in rows:
+            limited = (cap,) if capped else ()
             for workers in args.workers:
                 result = Result(corpus, reader, source, workers, key)
-                results.append(
-                    measure(result, lambda r=run, w=workers: r(w), capped=capped, **options)
-                )
+                run = partial(globals()[function], path, workers, *limited)
+                results.append(measure(result, run, capped=capped, **options))
+                result.peak_mb = peak(function, path, workers, *limited)
         for limit in limits:
             again(limit, **options)
 
     report = table(results)
+    if crossing:
+        report += "\n\n" + crossing_table(crossing)
     notes = contention(results)
     print(f"\n{report}\n\n{notes}\nmeasured in {time.perf_counter() - started:.0f}s", flush=True)
     if args.write_readme:
-        body = (
-            f"{report}\n\n"
-            f"Machine: {host}. Medians of {args.repeats} runs after one untimed run; MB/s "
-            "counts decoded JSONL bytes. \"x limit\" divides by one core running a plain "
-            "loop over the same input (zstd decompression + `bytes.split` + `orjson.loads`; "
-            "no decompression for `.jsonl` and tar), the fastest of its runs before and after "
-            "the other rows; \"limit in batches of 64\" is that loop handing out lists of 64 "
-            "records and keeping the last one while the next fills, as a training loop does "
-            "(the fairer ceiling for batch_size=64). \"cores used\" is the loader's CPU time "
-            f"over wall time. Every reader goes through DataLoader(batch_size={BATCH_SIZE}, "
-            "collate_fn returning the list); \"DataLoader only\" replays parsed records from "
-            "memory, the ceiling for any reader with that many workers. HF datasets splits "
-            "work by file, so with one file only one worker reads; peers' runs stop after "
-            f"{args.peer_cap:g} s. {notes} Compare rows within one table: between separate "
-            "runs of the script on this shared VM, single rows moved by up to a third.\n\n"
-            f"```\n{command}\n```"
-        )
+        body = readme_body(report, notes, host=host, repeats=args.repeats,
+                           peer_cap=args.peer_cap, command=command)
         replace_section(README, "throughput", body)
         log(f"wrote the table into {README}")
     return 0
