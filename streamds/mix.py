@@ -32,8 +32,10 @@ over record counts; `streamds.source_counts` sums "taken" over the readers of a 
 
 from __future__ import annotations
 
+import bisect
 import copy
 import functools
+import itertools
 import math
 import numbers
 import random
@@ -304,8 +306,9 @@ class Mix(IterableDataset):
         source's new pass. The cursor follows every draw."""
         parts = ("mix", self.seed, cursor.epoch, cursor.seat.rank, cursor.seat.worker)
         draws = _Draws(parts, cursor.draws)
+        pick = self._picker(cursor.dropped)
         while not cursor.finished:
-            index = self._pick(next(draws), cursor.dropped)
+            index = pick(next(draws))
             cursor.draws = draws.next
             record = next(iterators[index], _END)
             if record is not _END:
@@ -314,16 +317,21 @@ class Mix(IterableDataset):
                 yield record
             elif self._ran_out(index, cursor):  # a new pass in its next epoch's order
                 iterators[index] = reopen(index, cursor.epoch + cursor.passes[index])
+            else:  # it may have dropped out of the draws
+                pick = self._picker(cursor.dropped)
 
-    def _pick(self, u: float, dropped: list[bool]) -> int:
-        """The source that uniform `u` picks among those still drawn from."""
-        alive = [i for i, out in enumerate(dropped) if not out]
-        point = u * sum(self.weights[i] for i in alive)
-        for index in alive:
-            point -= self.weights[index]
-            if point < 0:
-                return index
-        return alive[-1]  # rounding at the top end
+    def _picker(self, dropped: list[bool]) -> Callable[[float], int]:
+        """uniform u -> the source it picks among those still drawn from (weight shares)."""
+        alive = [index for index, out in enumerate(dropped) if not out]
+        if not alive:
+            return lambda u: -1  # never called: the reader has finished
+        bounds = list(itertools.accumulate(self.weights[index] for index in alive))
+        top = len(alive) - 1
+
+        def pick(u: float) -> int:
+            return alive[min(bisect.bisect_right(bounds, u * bounds[-1]), top)]
+
+        return pick
 
     def _ran_out(self, index: int, cursor: _Cursor) -> bool:
         """Source `index` ran out: apply the stopping rule; True when it starts a new pass."""
