@@ -13,9 +13,10 @@ Each is converted (default options, ``--parts`` parts, 8 by default) by:
 MB/s is stored input bytes (10^6) per wall second; CPU is the CPU seconds of this process
 and every process under it (pool and Dask workers, the scheduler) over the run; "per core"
 is MB per CPU second, set against the ``zstd -3 -T1`` command compressing the same bytes
-(the big file; the tree's files concatenated) and against the steps of a conversion timed
-alone on the same bytes (orjson parse, orjson serialise, python-zstandard level 3). The
-outputs of the three parted rows must be byte-identical (checked). Medians of
+(the big file; the tree's files concatenated). Two ``zstd -3 -T1`` at once on the big file
+say what two processes can get from the machine, and a cProfile of one conversion (of the
+first 200 MB of the big file) says where its CPU goes. The outputs of the three parted rows
+must be byte-identical (checked). Medians of
 ``--repeats`` runs, page cache warm; before each run the script waits for an idle machine
 (up to ``--quiet-wait`` seconds) and reports the cores other programs used.
 
@@ -33,7 +34,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import contextmanager
@@ -58,7 +58,7 @@ from convert_bench import (
 )
 
 SECTION = "cluster"
-STEP_BYTES = 200 * 10**6  # bytes the conversion steps are timed on alone
+STEP_BYTES = 200 * 10**6  # bytes of the big file converted under cProfile
 
 
 def tree_cpu() -> float:
@@ -111,40 +111,40 @@ def output_files(directory: Path) -> dict[str, bytes]:
             if p.is_file() and not any(s.startswith(".") for s in p.relative_to(directory).parts)}
 
 
-def step_speeds(path: Path) -> dict[str, float]:
-    """MB per CPU second of each conversion step alone, record by record and a 4 MiB frame
-    at a time as the converter goes, on the first STEP_BYTES of `path`."""
-    import orjson
-    import zstandard
+STEPS = {"compression (python-zstandard)": "'compress' of 'zstandard",
+         "parsing (orjson)": "orjson.loads", "serialising (orjson)": "orjson.dumps"}
+
+
+def step_shares(path: Path, scratch: Path) -> tuple[float, dict[str, float]]:
+    """(MB, CPU seconds per step) of one in-process conversion of the first STEP_BYTES of
+    `path` under cProfile; "the rest" is everything else (reading, splitting lines, the
+    loop, hashing, writing)."""
+    import cProfile
+    import pstats
+
+    from preprocess.convert import convert
 
     with open(path, "rb") as f:
         data = f.read(STEP_BYTES)
-    data = data[: data.rfind(b"\n") + 1]
-    clock, loads, dumps = time.process_time, orjson.loads, orjson.dumps
-    compressor = zstandard.ZstdCompressor(level=3)
-    parse = serialise = compress = 0.0
-    batch: list[bytes] = []
-    held = 0
-    for line in data.split(b"\n"):
-        if not line:
-            continue
-        start = clock()
-        record = loads(line)
-        parsed = clock()
-        out = dumps(record)
-        serialised = clock()
-        parse += parsed - start
-        serialise += serialised - parsed
-        batch.append(out)
-        held += len(out) + 1
-        if held >= 4 << 20:  # a frame's worth, compressed as the converter does
-            start = clock()
-            compressor.compress(b"\n".join(batch) + b"\n")
-            compress += clock() - start
-            batch, held = [], 0
-    size = len(data) / MB
-    return {"parse (orjson)": size / parse, "serialise (orjson)": size / serialise,
-            "compress (python-zstandard, level 3)": size / compress}
+    prefix = scratch / "prefix.jsonl"
+    prefix.write_bytes(data[: data.rfind(b"\n") + 1])
+    profiler = cProfile.Profile()
+    profiler.enable()
+    convert([prefix], scratch / "steps-out")
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    seconds = dict.fromkeys(STEPS, 0.0)
+    total = 0.0
+    for (_file, _line, name), (_cc, _nc, own, _cum, _callers) in stats.items():
+        total += own
+        for step, pattern in STEPS.items():
+            if pattern in name:
+                seconds[step] += own
+    seconds["the rest"] = total - sum(seconds.values())
+    size = prefix.stat().st_size / MB
+    prefix.unlink()
+    shutil.rmtree(scratch / "steps-out")
+    return size, seconds
 
 
 def zstd_pair_speedup(path: Path, repeats: int) -> float:
@@ -164,8 +164,11 @@ def zstd_pair_speedup(path: Path, repeats: int) -> float:
     return 2 * one / two
 
 
-def report(rows: list[Row], zstd: dict[str, float], steps: dict[str, float], pair: float,
-           args) -> str:
+def report(rows: list[Row], zstd: dict[str, float], shares: tuple[float, dict[str, float]],
+           pair: float, args) -> str:
+    size, steps = shares
+    big = rows[0].input
+    both = size / (steps["compression (python-zstandard)"] + steps["parsing (orjson)"])
     others = statistics.median(_OTHERS) if _OTHERS else 0.0
     lines = [
         f"Machine: {machine()}; other processes used a median {others:.2f} cores during the "
@@ -194,10 +197,11 @@ def report(rows: list[Row], zstd: dict[str, float], steps: dict[str, float], pai
         f"`zstd -3 -T1` at once on the big file: {pair:.2f}x the throughput of one (the most "
         "two processes get from this machine).",
         "",
-        "The steps of a conversion timed alone on the first "
-        f"{STEP_BYTES // 10**6} MB of the big file, MB per CPU s: "
-        + "; ".join(f"{name} {speed:,.0f}" for name, speed in steps.items())
-        + f"; together {1 / sum(1 / s for s in steps.values()):,.0f}.",
+        f"Where one process's CPU goes (cProfile of converting the first {size:,.0f} MB of "
+        "the big file): " + "; ".join(f"{step} {cpu / sum(steps.values()):.0%}"
+                                      for step, cpu in steps.items())
+        + ". Parsing and compressing alone would run at "
+        f"{both:,.0f} MB per CPU s, {both / zstd[big]:.2f} of `zstd -3 -T1`.",
     ]
     return "\n".join(lines)
 
@@ -236,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             zstd[label] = inputs[label][1] / timed[1] / MB
         concatenated.unlink()
         pair = zstd_pair_speedup(big, args.repeats)
-        steps = step_speeds(big)
+        shares = step_shares(big, scratch)
         with executors() as pool:
             for label, (source, stored) in inputs.items():
                 runs = [("in-process", None, 1)] + [(name, ex, args.parts)
@@ -259,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                     shutil.rmtree(out)
                 if any(output != outputs[0] for output in outputs[1:]):
                     raise SystemExit(f"{label}: the executors wrote different bytes")
-    text = report(rows, zstd, steps, pair, args)
+    text = report(rows, zstd, shares, pair, args)
     print(text)
     if args.write_readme:
         replace_section(README, SECTION, text)

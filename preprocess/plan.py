@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,7 +127,7 @@ def read_plan(directory: Path) -> Plan | None:
 def write_plan(directory: Path, plan: Plan) -> None:
     """Write `directory/_plan.json` atomically; concurrent writers of one plan are safe."""
     path = directory / PLAN_NAME
-    tmp = directory / f".{PLAN_NAME}.{os.getpid()}.tmp"
+    tmp = directory / f".{PLAN_NAME}.{socket.gethostname()}.{os.getpid()}.tmp"  # per writer
     with open(tmp, "wb") as f:
         f.write(plan.to_bytes())
         f.flush()
