@@ -501,7 +501,10 @@ class StreamingJsonl(IterableDataset):
         for later calls), never by reading and discarding records; the resumed loader yields
         exactly what the interrupted one would have, in the same order. Exact only when
         every line yields a record (no dropping filter, no skipped bad lines); otherwise use
-        torchdata's StatefulDataLoader with `state_dict()`.
+        torchdata's StatefulDataLoader with `state_dict()`. A dataset batched by
+        `LengthBuckets` resumes at its pool (re-read and cut again, the batches already
+        yielded skipped); one batched by `TokenBudget` is refused (its batch count depends on
+        the records' lengths).
 
         Example::
 
