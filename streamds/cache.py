@@ -47,7 +47,7 @@ try:
 except ImportError:  # not POSIX: everything but the cache works
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["Cache", "CacheSpec", "namespace_of", "pread_full"]
+__all__ = ["CLAIMS", "Cache", "CacheSpec", "namespace_of", "pread_full"]
 
 log = logging.getLogger(__name__)
 
@@ -136,21 +136,82 @@ class _Filling:
             if not self._users:
                 os.close(self.fd)
 
-    def last_gap(self, most: int) -> tuple[int, int] | None:
-        """Up to `most` missing bytes ending where the last gap ends; None when complete."""
+    def gaps(self) -> list[tuple[int, int]]:
+        """The byte ranges not held yet, last first."""
         with self._lock:
-            gap_end = self.size
+            found, gap_end = [], self.size
             for start, end in reversed(self._held):
                 if end < gap_end:
-                    return max(end, gap_end - most), gap_end
+                    found.append((end, gap_end))
                 gap_end = start
-        return (max(0, gap_end - most), gap_end) if gap_end > 0 else None
+        if gap_end > 0:
+            found.append((0, gap_end))
+        return found
 
 
+class _Claims:
+    """Byte ranges of shards that this process's read-ahead has asked the source for and not
+    yet received: a copier leaves them to the readers, whose bytes are written through."""
+
+    STALE = 60.0  # seconds without any claim settling, after which a copier ignores claims
+
+    def __init__(self) -> None:
+        self._ranges: dict[str, list[tuple[int, int]]] = {}
+        self._changed = threading.Condition()
+
+    def add(self, path: str, start: int, end: int) -> None:
+        with self._changed:
+            self._ranges.setdefault(path, []).append((start, end))
+
+    def remove(self, path: str, start: int, end: int) -> None:
+        with self._changed:
+            ranges = self._ranges[path]
+            ranges.remove((start, end))
+            if not ranges:
+                del self._ranges[path]
+            self._changed.notify_all()
+
+    def free_part(self, path: str, gaps: list[tuple[int, int]], most: int
+                  ) -> tuple[int, int] | None:
+        """Up to `most` bytes at the end of the last unclaimed part of `gaps` (last first);
+        None after waiting a while for claims to settle (look at the gaps again)."""
+        with self._changed:
+            part = self._last_free(path, gaps, most)
+            if part is None and not self._changed.wait(self.STALE):
+                part = (max(gaps[0][0], gaps[0][1] - most), gaps[0][1])  # claims stuck
+            return part
+
+    def _last_free(self, path: str, gaps: list[tuple[int, int]], most: int
+                   ) -> tuple[int, int] | None:
+        claimed = sorted(self._ranges.get(path, ()), reverse=True)
+        for low, high in gaps:
+            for start, end in claimed:  # from the last claim down: cut the gap's free top
+                if start < high and end > low:
+                    if end < high:  # free above this claim
+                        low = max(low, end)
+                        break
+                    high = start
+            if high > low:
+                return max(low, high - most), high
+        return None
+
+
+CLAIMS = _Claims()
 _FILLING: dict[str, _Filling] = {}  # cache path -> the copy this process is filling
 _FILLING_LOCK = threading.Lock()
-if hasattr(os, "register_at_fork"):  # a forked worker does not inherit the copier threads
-    os.register_at_fork(after_in_child=_FILLING.clear)
+
+
+def _forget_fillings() -> None:
+    """In a forked child: the copier threads stayed in the parent, and the lock may have
+    been held by one of them when the fork happened."""
+    global _FILLING_LOCK
+    _FILLING_LOCK = threading.Lock()
+    _FILLING.clear()
+    CLAIMS.__init__()  # in place: other modules hold it
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_fillings)
 
 
 def _name(shard: Shard) -> str:
@@ -337,8 +398,10 @@ class Cache:
             if filling is not None:
                 source = self._new_source()
                 try:
-                    while (gap := filling.last_gap(COPY_REQUEST)) is not None:
-                        filling.write(gap[0], source.read(shard, *gap))
+                    while gaps := filling.gaps():
+                        part = CLAIMS.free_part(shard.path, gaps, COPY_REQUEST)
+                        if part is not None:
+                            filling.write(part[0], source.read(shard, *part))
                 finally:
                     source.close()
                 os.fsync(filling.fd)

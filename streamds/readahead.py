@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from .cache import CacheSpec
+from .cache import CLAIMS, CacheSpec
 from .mounts import on_fuse_mount, on_remote_mount
 from .ranges import RangeReader, stored_span
 from .retry import DEFAULT_RETRY, RetryPolicy
@@ -113,6 +113,7 @@ class ReadAhead:
         cache: CacheSpec | None = None, threads: int = MAX_THREADS, fuse: bool = False,
     ) -> None:
         self.reader = RangeReader(retry, cache, fuse_direct=fuse)
+        self._caching = cache is not None
         largest = min(MAX_PIECE, max(MIN_PIECE, budget // 4))
         if fuse:
             threads, largest = FUSE_THREADS, min(largest, FUSE_PIECE)
@@ -147,14 +148,18 @@ class ReadAhead:
             del piece  # hold no piece while waiting for the next: the budget counts them all
 
     def _fetch(self, piece: _Piece) -> None:
-        if not piece.future.set_running_or_notify_cancel():
-            return
         try:
-            data = self.reader.read(piece.shard, piece.start, piece.end)
-        except BaseException as err:  # handed to the reader, raised where it waits
-            piece.future.set_exception(err)
-        else:
-            piece.future.set_result(data)
+            if not piece.future.set_running_or_notify_cancel():
+                return
+            try:
+                data = self.reader.read(piece.shard, piece.start, piece.end)
+            except BaseException as err:  # handed to the reader, raised where it waits
+                piece.future.set_exception(err)
+            else:
+                piece.future.set_result(data)
+        finally:
+            if self._caching:
+                CLAIMS.remove(piece.shard.path, piece.start, piece.end)
 
     def _fill(self) -> None:
         if not self._started:
@@ -173,6 +178,8 @@ class ReadAhead:
             piece = _Piece(shard, start, end, Future())
             self._ahead.append(piece)
             self._held += end - start
+            if self._caching:  # a copier of this shard leaves these bytes to us
+                CLAIMS.add(shard.path, start, end)
             self._jobs.put(piece)
 
     def _drop_first(self) -> None:

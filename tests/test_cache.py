@@ -313,3 +313,72 @@ def test_a_copy_is_complete_only_when_every_byte_is_held(shards, tmp_path, monke
     wait_for_copies()
     assert again.path_of(shard).read_bytes() == Path(shard.path).read_bytes()
     again.close()
+
+
+def test_with_read_ahead_the_first_epoch_fetches_each_byte_about_once(shards, tmp_path,
+                                                                      monkeypatch):
+    """Read-ahead's bytes are written through and the copier fetches only the rest: one epoch
+    with a cache costs one copy's bytes, not two."""
+    fetched = [0]
+    real = RangeReader._read_once
+
+    def counted(self, shard, start, end):
+        data = real(self, shard, start, end)
+        fetched[0] += len(data)
+        return data
+
+    monkeypatch.setattr(RangeReader, "_read_once", counted)
+    ds = StreamingJsonl(shards, cache_dir=tmp_path / "cache", readahead="1MB")
+    assert ids(ds) == [r["id"] for r in RECORDS]
+    wait_for_copies()
+    total = sum(p.stat().st_size for p in shards.glob("*.jsonl.zst"))
+    assert sum(p.stat().st_size for p in copies(tmp_path / "cache")) == total
+    assert total <= fetched[0] <= total * 1.02
+
+
+def test_the_copier_leaves_ranges_read_ahead_has_claimed_to_the_readers(shards, tmp_path,
+                                                                       monkeypatch):
+    import streamds.cache as cache_module
+
+    shard = resolve_shards(shards)[0]
+    size = shard.size
+    monkeypatch.setattr(cache_module, "COPY_REQUEST", size // 4)
+    three_quarters = size - size // 4
+    half = three_quarters - size // 4
+    decisions: list[tuple[int, int] | None] = []
+    decided = threading.Semaphore(0)
+    real_last_free = cache_module._Claims._last_free
+
+    def last_free(self, *args):
+        decisions.append(real_last_free(self, *args))
+        decided.release()
+        return decisions[-1]
+
+    monkeypatch.setattr(cache_module._Claims, "_last_free", last_free)
+    reader_go = threading.Event()
+    source_bytes = Path(shard.path).read_bytes()
+
+    def reader_fetch(shard, start, end):
+        assert reader_go.wait(timeout=60)
+        return source_bytes[start:end]
+
+    source = GatedSource()
+    cache = Cache(CacheSpec(str(tmp_path / "cache"), None, namespace_of([shard])), reader_fetch,
+                  lambda: source)
+    cache_module.CLAIMS.add(shard.path, 0, half)  # read-ahead has asked for the first half
+    reader = threading.Thread(target=cache.read, args=(shard, 0, half))
+    reader.start()
+    for _ in range(2):  # the copier takes the unclaimed half, from the end
+        assert decided.acquire(timeout=60) and source.waiting.acquire(timeout=60)
+        source.go.release()
+    assert decided.acquire(timeout=60)
+    assert decisions[-1] is None  # only claimed bytes are missing: it waits for the reader
+    reader_go.set()
+    reader.join()
+    cache_module.CLAIMS.remove(shard.path, 0, half)
+    for _ in range(8):
+        source.go.release()  # (a copier that did not wait gets its requests answered)
+    wait_for_copies()
+    assert source.asked == [(three_quarters, size), (half, three_quarters)]
+    assert cache.path_of(shard).read_bytes() == source_bytes
+    cache.close()
