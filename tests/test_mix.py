@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from streamds import (
+    BucketBatches,
     Mix,
     StateMismatchError,
     StreamingJsonl,
@@ -232,6 +233,23 @@ def test_plain_loader_resume_after_any_batch(sources, stop: str, workers: int) -
                                                           num_workers=workers)
         rest = list(loader(resumed))
         assert reference[:cut] + rest == reference, f"resume after {cut} batches"
+
+
+def text_length(record: dict[str, Any]) -> int:
+    return len(record["text"])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_mix_inside_bucket_batches_resumes_exactly(sources, workers: int) -> None:
+    """The summarisation example's shape: BucketBatches over a Mix, StatefulDataLoader."""
+    def make() -> StatefulDataLoader:
+        batcher = BucketBatches(mix(sources, "cycle"), batch_size=4, buffer_size=16, seed=1,
+                                length=text_length)
+        return StatefulDataLoader(batcher, batch_size=None, num_workers=workers,
+                                  collate_fn=ids)
+
+    reference = run_test_save_load_state(make, [0, 3, 11])
+    assert set(i for batch in reference for i in batch) == set(every_id(sources))
 
 
 def test_plain_loader_resume_refuses_a_count_past_the_epoch(sources) -> None:
