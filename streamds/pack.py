@@ -274,6 +274,15 @@ class Packed(IterableDataset):
                 "drop_last); pack the same way"
             )
 
+    def resume_after_batches(self, consumed: int, **loader: Any) -> Packed:
+        """Refused: how many documents a plain DataLoader's batches used cannot be told
+        without tokenizing them again; resume packing through `state_dict()`."""
+        raise ValueError(
+            f"resume_after_batches({consumed}): a packed dataset cannot be resumed from a "
+            "batch count (the sequences' documents are known only by tokenizing them); use "
+            "torchdata's StatefulDataLoader and checkpoint loader.state_dict()"
+        )
+
     def with_resume(self, merged: dict[str, Any]) -> Packed:
         """A copy that finishes the epoch of `merged` (`streamds.merge_states` of the packed
         states of every reader) under this dataset's world: every token once."""

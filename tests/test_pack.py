@@ -312,6 +312,8 @@ def test_bad_arguments_name_the_fix(corpora) -> None:
         PackTokens(8, -1)
     with pytest.raises(ValueError, match=r"pack needs a streamds\.PackTokens"):
         tokenized(corpora["a"][0]).pack(16)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="StatefulDataLoader"):
+        packed(corpora).resume_after_batches(3, batch_size=4, num_workers=0)
     raw = StreamingJsonl(corpora["a"][0]).pack(PackTokens(8, EOS))
     with pytest.raises(ValueError, match=r"record\['input_ids'\] is not a list of token ids"):
         next(iter(raw))
