@@ -165,10 +165,11 @@ class _Claims:
 
     def remove(self, path: str, start: int, end: int) -> None:
         with self._changed:
-            ranges = self._ranges[path]
-            ranges.remove((start, end))
+            ranges = self._ranges.get(path, [])
+            if (start, end) in ranges:  # (not after a fork reset the registry)
+                ranges.remove((start, end))
             if not ranges:
-                del self._ranges[path]
+                self._ranges.pop(path, None)
             self._changed.notify_all()
 
     def free_part(self, path: str, gaps: list[tuple[int, int]], most: int
