@@ -202,3 +202,30 @@ def test_the_wrapper_and_the_stage_share_one_rule() -> None:
     wrapper = BucketBatches([], batch_size=4, buffer_size=10, length="text")
     assert isinstance(wrapper.rule, LengthBuckets)
     assert wrapper.rule.pool_size == wrapper.pool_size == 12
+
+
+@pytest.mark.parametrize("kind", sorted(RULES))
+def test_a_loader_state_with_workers_merges_for_fewer_workers(
+    mixed: tuple[Path, list[int]], kind: str
+) -> None:
+    source, every = mixed
+    loader = StatefulDataLoader(dataset(source, RULES[kind]()), batch_size=None, num_workers=2)
+    iterator = iter(loader)
+    seen = [i for batch in islice(iterator, 5) for i in batch]
+    while not any(emitted(loader.state_dict())):  # stop where a worker is inside a pool
+        seen += next(iterator)
+    state = checkpoint(loader.state_dict())
+    del iterator, loader
+    rest = [i for batch in dataset(source, RULES[kind](), resume_from=merge_states([state]))
+            for i in batch]
+    assert sorted(seen + rest) == sorted(every)
+
+
+def emitted(found: Any) -> list[int]:
+    """The `emitted` counts of every pooled-batch stage state nested in `found`."""
+    if isinstance(found, dict):
+        own = [found["emitted"]] if "emitted" in found else []
+        return own + [n for value in found.values() for n in emitted(value)]
+    if isinstance(found, (list, tuple)):
+        return [n for value in found for n in emitted(value)]
+    return []
