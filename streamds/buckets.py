@@ -68,10 +68,12 @@ def as_length(length: Length | str) -> Length:
 
 
 def _name_of(length: Length) -> str:
-    """How a state names the length function (a state must not hold the function)."""
+    """How a state names the length function: the same in every process and run (a state
+    must not hold the function, nor an address)."""
     if isinstance(length, FieldLength):
         return repr(length)
-    return f"{getattr(length, '__module__', '?')}.{getattr(length, '__qualname__', length)}"
+    named = length if hasattr(length, "__qualname__") else type(length)  # a callable object
+    return f"{named.__module__}.{named.__qualname__}"
 
 
 def _sorted_indices(lengths: Sequence[int], rng: random.Random) -> list[int]:

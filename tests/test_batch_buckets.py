@@ -4,6 +4,7 @@ StatefulDataLoader and with a plain DataLoader's batch count, elastic merge mid-
 
 from __future__ import annotations
 
+import pickle
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -229,3 +230,17 @@ def emitted(found: Any) -> list[int]:
     if isinstance(found, (list, tuple)):
         return [n for value in found for n in emitted(value)]
     return []
+
+
+class CharCount:
+    def __call__(self, record: dict[str, Any]) -> int:
+        return len(record["text"])
+
+
+def test_a_rule_names_its_length_function_the_same_in_every_process() -> None:
+    def config(length: Any) -> list[Any]:
+        return pickle.loads(pickle.dumps(LengthBuckets(4, length=length))).config()
+
+    assert config(CharCount()) == LengthBuckets(4, length=CharCount()).config()
+    assert config(text_length) == LengthBuckets(4, length=text_length).config()
+    assert "CharCount" in str(config(CharCount())) and "0x" not in str(config(CharCount()))
