@@ -141,7 +141,7 @@ def limit_zst(path: Path, read_size: int) -> int:
     return records + (1 if tail.strip() else 0)
 
 
-def limit_zst_batches(path: Path, read_size: int, batch_size: int = BATCH_SIZE) -> int:
+def limit_zst_batches(path: Path, read_size: int, batch_size: int | None = None) -> int:
     """The zstd limit loop handing records out in lists of `batch_size`, the last list kept
     while the next one fills, as `for batch in loader:` keeps it: the same work, but more
     live records (a PubMed batch of 64 is ~1.3 MB of JSON), so fewer of them stay in cache.
@@ -150,6 +150,7 @@ def limit_zst_batches(path: Path, read_size: int, batch_size: int = BATCH_SIZE) 
     import zstandard
 
     loads = orjson.loads
+    batch_size = batch_size or BATCH_SIZE
     records = 0
     tail = b""
     batch: list = []
@@ -340,8 +341,9 @@ def _tree_rss() -> int:
 def peak_rss_of(function: str, *args: object) -> float:
     """MB: the peak RSS of a fresh process (and its workers) running `function(*args)`."""
     call = json.dumps([function, *[str(a) if isinstance(a, Path) else a for a in args]])
-    out = subprocess.run([sys.executable, __file__, "--probe-rss", call], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run([sys.executable, __file__, "--batch-size", str(BATCH_SIZE),
+                          "--probe-rss", call], check=True, capture_output=True,
+                         text=True).stdout
     return float(out.strip().splitlines()[-1]) / MB
 
 
@@ -601,6 +603,11 @@ def readme_body(
 # -- main ------------------------------------------------------------------------------------
 
 
+def _set_batch_size(size: int) -> None:
+    global BATCH_SIZE
+    BATCH_SIZE = size
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", type=float, default=1.0,
@@ -622,8 +629,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"replace the bench:throughput section of {README.name}")
     parser.add_argument("--no-rss", action="store_true",
                         help="skip the peak-memory runs (one fresh process per row)")
+    parser.add_argument("--batch-size", type=int, default=BATCH_SIZE,
+                        help="records per batch for every DataLoader row and the held-batches "
+                        "limit")
     parser.add_argument("--probe-rss", metavar="CALL", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    _set_batch_size(args.batch_size)
     if args.probe_rss:  # internal: one run in a fresh process, for its peak memory
         _probe_rss(args.probe_rss)
         return 0
