@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, as_completed
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,13 @@ class PartTask:
     part: Part
     plan_fingerprint: dict[str, Any]
     files: tuple[Leaf, ...] | None = None  # the part's files, as the planner listed them
+    nonce: str = field(default_factory=lambda: uuid.uuid4().hex, compare=False, repr=False)
+
+    def __dask_tokenize__(self) -> str:
+        """Dask keys a submitted task by its arguments unless told it is impure: an earlier
+        run's result (or failure) on the same client would stand in for this run's work,
+        and hashing thousands of files costs seconds. Every task object is its own key."""
+        return self.nonce
 
     @property
     def folder(self) -> Path:
@@ -285,7 +293,7 @@ def merge(job: Job, out: Path, plan: Plan) -> Manifest:
         manifest = read_manifest(task.folder)
         shards += [replace(entry, name=f"{task.part.folder}/{entry.name}")
                    for entry in manifest.shards]
-        for name in (field.name for field in fields(Counts)):
+        for name in (each.name for each in fields(Counts)):
             setattr(counts, name, getattr(counts, name) + manifest.counts[name])
     manifest = Manifest(
         shard_format=job.format,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -112,4 +113,15 @@ def test_cli_dask_executor_by_address(cluster, corpus, tmp_path, capsys):
     assert cli_main([*inputs, "-o", str(out), "--shard-size", str(SHARD_SIZE), "--parts", "5",
                      "--executor", f"dask://{address}", "-q"]) == 0
     assert "wrote" in capsys.readouterr().out
+    assert output_files(out) == output_files(corpus["here"])
+
+
+def test_a_second_run_on_the_same_client_runs_the_parts_again(cluster, corpus, tmp_path):
+    # Dask keys a task by its arguments by default: the first run's results (or failures)
+    # must not stand in for a second run's work
+    out = tmp_path / "out"
+    executor = cluster.get_executor()
+    convert(corpus["inputs"], out, shard_size=SHARD_SIZE, parts=5, executor=executor)
+    shutil.rmtree(out)
+    convert(corpus["inputs"], out, shard_size=SHARD_SIZE, parts=5, executor=executor)
     assert output_files(out) == output_files(corpus["here"])
