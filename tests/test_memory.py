@@ -35,6 +35,15 @@ import resource, sys
 from streamds import StreamingJsonl
 
 def peak_mb():
+    # this process's own high-water mark: ru_maxrss survives exec, so a child of a large
+    # pytest process would report pytest's peak
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 ds = StreamingJsonl(sys.argv[1], shuffle=True, buffer_size=1000)
