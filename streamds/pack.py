@@ -160,7 +160,9 @@ class Packed(IterableDataset):
     # -- iteration -----------------------------------------------------------------------
 
     def _start(self, world: World) -> _Cursor:
-        pending, self._pending = self._pending, None
+        """Where reader `world` starts: a loaded state, else its deal of a merged state's
+        leftovers, else nothing. Reads them without using them up (`state_dict` asks too)."""
+        pending = self._pending
         cursor = _Cursor(world)
         if pending is not None and pending["source"]["finished"] and (
                 pending["source"]["epoch"] != self.source.epoch):
@@ -176,7 +178,8 @@ class Packed(IterableDataset):
                 )
             cursor.pieces.extend(_unpack_ids(raw) for raw in pending["leftover"])
             cursor.counts = dict(pending["counts"])
-        merged, self._merged = self._merged, None
+            return cursor  # taken after an elastic resume, it already holds what was dealt
+        merged = self._merged
         if merged is not None and merged["epoch"] == self.source.epoch:
             # this reader's deal of the old readers' leftovers
             leftovers = merged["leftovers"][world.reader::world.readers]
@@ -187,6 +190,7 @@ class Packed(IterableDataset):
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         cursor = self._start(detect_world(self.rank, self.world_size))
+        self._pending = None  # a loaded state starts one iterator
         self._active = cursor
         return self._generate(iter(self.source), cursor)
 
@@ -251,7 +255,7 @@ class Packed(IterableDataset):
         """The source's state plus the unused ids of the current document (O(document))."""
         if self._pending is not None:
             return copy.deepcopy(self._pending)
-        cursor = self._active or _Cursor(detect_world(self.rank, self.world_size))
+        cursor = self._active or self._start(detect_world(self.rank, self.world_size))
         w = cursor.world
         return {"format": PACKED_FORMAT, "config": self.packer.config(),
                 "world": [w.rank, w.world_size, w.worker, w.num_workers],

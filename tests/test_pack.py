@@ -276,6 +276,36 @@ def test_elastic_resume_packs_every_token_once(corpora, mixed: bool) -> None:
     assert real_tokens(consumed + rest) == every_token(docs)
 
 
+@pytest.mark.parametrize("mixed", [False, True], ids=["dataset", "mix"])
+def test_exact_resume_after_an_elastic_resume(corpora, mixed: bool) -> None:
+    """A checkpoint taken after an elastic resume, loaded where the script rebuilds the
+    dataset the same way (with_resume(merged) again): the dealt leftovers come once, from the
+    loaded state, not a second time from the merged one; a state taken before iterating holds
+    them too."""
+    consumed, states = [], []
+    for rank in range(2):
+        source = packed(corpora, mixed=mixed, rank=rank, world_size=2)
+        iterator = iter(source)
+        consumed += [next(iterator) for _ in range(3 + 2 * rank)]
+        states.append(source.state_dict())
+    merged = merge_states(states)
+    assert merged["leftovers"]
+
+    def make() -> Packed:
+        return packed(corpora, mixed=mixed, rank=0, world_size=1).with_resume(merged)
+
+    reference = as_lists(list(make()))
+    docs = corpora["a"][1] + (corpora["b"][1] if mixed else [])
+    assert real_tokens([[seq[0] for seq in as_lists(consumed)],
+                        [seq[0] for seq in reference]]) == every_token(docs)
+    cuts = range(0, len(reference) + 1, 4)
+    run_test_save_load_state(lambda: _Lists(make()), cuts, expected=reference)
+    before = make().state_dict()  # nothing read yet: the state still holds the deal
+    plain = packed(corpora, mixed=mixed, rank=0, world_size=1)
+    plain.load_state_dict(pickle.loads(pickle.dumps(before)))
+    assert as_lists(list(plain)) == reference
+
+
 def test_a_finished_state_starts_the_next_epoch_afresh(corpora) -> None:
     first = packed(corpora)
     list(first)
