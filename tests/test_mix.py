@@ -321,6 +321,32 @@ def test_exact_resume_after_an_elastic_resume(sources) -> None:
     run_test_save_load_state(make, range(0, len(reference) + 1, 3), expected=reference)
 
 
+def test_a_mix_inside_bucket_batches_merges_only_between_pools(sources) -> None:
+    """BucketBatches keeps the mix's state where its pool began: merged in the middle of a
+    pool it would hand the pool's yielded batches out again, so merge_states refuses; at a
+    pool's end it carries over every record once."""
+    def bucketed(rank: int) -> BucketBatches:
+        return BucketBatches(mix(sources, "all", rank=rank, world_size=2), batch_size=4,
+                             buffer_size=16, seed=1, length=text_length)
+
+    def stopped(batches: int) -> tuple[list[int], list[Any]]:
+        consumed, states = [], []
+        for rank in range(2):
+            batcher = bucketed(rank)
+            iterator = iter(batcher)
+            for _ in range(batches):
+                consumed += [record["id"] for record in next(iterator)]
+            states.append(batcher.state_dict())
+        return consumed, states
+
+    _, mid_pool = stopped(3)
+    with pytest.raises(ValueError, match="3 of its batches already handed out"):
+        merge_states(mid_pool)
+    consumed, at_pool_end = stopped(4)  # 16 records: one whole pool per rank
+    rest = record_ids(mix(sources).with_resume(merge_states(at_pool_end)))
+    assert_exactly_once([consumed, rest], every_id(sources))
+
+
 def test_a_cycling_mix_merges_when_its_readers_are_in_one_pass(sources) -> None:
     consumed, states = stop_part_way(sources, "cycle", [1, 1])
     rest = record_ids(mix(sources, "cycle").with_resume(merge_states(states)))

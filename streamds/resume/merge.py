@@ -26,6 +26,7 @@ from ..plan import Plan
 from ..records import fetch_records
 from ..seeds import shuffle_seed_parts
 from ..shuffle import Shuffle
+from ..train.batching import STATE_FORMAT as BATCHER_FORMAT
 from ..transform import Transform
 from ..world import World
 from .replay import NEW, replay
@@ -193,6 +194,7 @@ def merge_states(states: Any) -> dict[str, Any]:
     states of a packed dataset keep every reader's leftover tokens (load with
     ``packed.with_resume(merged)``).
     """
+    _check_batchers(states)
     packed = list(_states_of(states, PACKED_FORMAT))
     if packed:
         return _merge_packed(packed)
@@ -233,6 +235,23 @@ def merge_states(states: Any) -> dict[str, Any]:
         "tails": tails,
         "counts": dict(counts),
     }
+
+
+def _check_batchers(states: Any) -> None:
+    """Refuse the state of a `BucketBatches`/`TokenBudgetBatches` wrapper that has handed
+    out some batches of its current pool: it keeps only its source's state where that pool
+    began, so merging it would read the batches already handed out a second time."""
+    for batcher in _states_of(states, BATCHER_FORMAT):
+        if batcher["emitted"]:
+            raise ValueError(
+                f"merge_states cannot carry over a pool under way in a batcher wrapper "
+                f"({batcher['config'][0]!r} batches, pool {batcher['pool']}: "
+                f"{batcher['emitted']} of its batches already handed out, and its state "
+                "keeps only where the pool began, so they would be read again); resume in "
+                "the same world with load_state_dict(), or, for a StreamingJsonl, batch "
+                "inside the reader with ds.batch(LengthBuckets(...)) (merge_states carries "
+                "its pools over, with shuffle=True)"
+            )
 
 
 def _merge_mixes(mixes: list[dict[str, Any]]) -> dict[str, Any]:
