@@ -201,6 +201,7 @@ class Mix(IterableDataset):
         self._batch_starts: dict[int, dict[str, Any]] = {}  # worker -> state (plain loader)
         self._active: _Cursor | None = None
         self._iterators: list[Iterator[Any]] = []  # the sources' iterators, while iterating
+        self._held: list[Any] | None = None  # sources' states of a reader that began finished
         if resume_from is not None:
             self._resume(resume_from)
 
@@ -282,6 +283,9 @@ class Mix(IterableDataset):
         cursor, states = self._start(world)
         self._pending = None
         self._active = cursor
+        # a reader resumed finished keeps its sources' states as loaded: shown fresh, a merge
+        # of its next state_dict() would read them again
+        self._held = states if cursor.finished else None
         if cursor.finished:
             self._iterators = []
             return iter(())
@@ -413,8 +417,9 @@ class Mix(IterableDataset):
     def state_dict(self) -> dict[str, Any]:
         """This reader's position: a few integers per source plus each source's own state."""
         if self._active is not None:
-            return self._active.to_dict(self._config(),
-                                        [ds.state_dict() for ds in self.datasets])
+            sources = (copy.deepcopy(self._held) if self._held is not None
+                       else [ds.state_dict() for ds in self.datasets])
+            return self._active.to_dict(self._config(), sources)
         if self._pending is not None:
             return copy.deepcopy(self._pending)
         cursor, _ = self._start(detect_world(self.rank, self.world_size))

@@ -321,6 +321,25 @@ def test_exact_resume_after_an_elastic_resume(sources) -> None:
     run_test_save_load_state(make, range(0, len(reference) + 1, 3), expected=reference)
 
 
+@pytest.mark.parametrize("stop", ["first", "all", "cycle"])
+def test_a_finished_state_resumed_keeps_its_sources_states(sources, stop: str) -> None:
+    """A reader resumed from a finished state (a worker that ran out before the others, at
+    a checkpoint) yields nothing; its next state is still the finished one, sources included,
+    so a merge of it reads none of its records again. Its next iterator starts the epoch."""
+    whole = mix(sources, stop)
+    reference = record_ids(whole)
+    finished = pickle.loads(pickle.dumps(whole.state_dict()))
+    assert finished["finished"]
+    resumed = mix(sources, stop)
+    resumed.load_state_dict(finished)
+    assert record_ids(resumed) == []
+    assert resumed.state_dict() == finished
+    if stop == "all":
+        merged = merge_states([resumed.state_dict()])
+        assert record_ids(mix(sources).with_resume(merged)) == []
+    assert record_ids(resumed) == reference  # nothing loaded is left behind in its sources
+
+
 def test_a_mix_inside_bucket_batches_merges_only_between_pools(sources) -> None:
     """BucketBatches keeps the mix's state where its pool began: merged in the middle of a
     pool it would hand the pool's yielded batches out again, so merge_states refuses; at a
