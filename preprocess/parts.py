@@ -40,6 +40,7 @@ from .errors import ConversionError
 from .job import ConvertResult, Job, convert_directory
 from .journal import JOURNAL_NAME, Journal
 from .plan import PLAN_NAME, Part, Plan, make_plan, read_plan, write_plan
+from .recovery import is_temporary
 from .sources import Inputs, Leaf
 
 __all__ = ["SENT_FILES", "PartTask", "finished_part", "merge", "prepare", "run_part", "run_plan"]
@@ -135,7 +136,7 @@ def prepare(job: Job, out: Path, parts: int | None, source: Inputs) -> Plan | No
                 "--parts 1), or convert into an empty directory"
             )
         return None
-    _check_unused(out)
+    _check_unused(out, job.format)
     plan = make_plan(source, parts, fingerprint)
     if len(plan.parts) == 1:
         return None
@@ -172,11 +173,13 @@ def _checked(plan: Plan, fingerprint: dict[str, Any], parts: int | None, out: Pa
     return plan
 
 
-def _check_unused(out: Path) -> None:
-    """`out` may hold only what tasks planning the same conversion at once leave there."""
+def _check_unused(out: Path, fmt: str) -> None:
+    """`out` may hold only what tasks planning the same conversion at once leave there, and
+    the temporary files of a run killed before its first shard."""
     leftovers = sorted(
         name for name in os.listdir(out)
-        if not (name == PLAN_NAME or name.startswith(f".{PLAN_NAME}.") or name.startswith("part-"))
+        if not (name == PLAN_NAME or name.startswith(f".{PLAN_NAME}.") or name.startswith("part-")
+                or is_temporary(name, fmt))
     )
     if leftovers:
         shown = ", ".join(leftovers[:3]) + (", ..." if len(leftovers) > 3 else "")

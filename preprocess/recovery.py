@@ -1,7 +1,9 @@
 """Resuming an interrupted conversion: verify what the journal lists, delete everything else.
 
-`prepare_output` runs before any record is read. In a new or empty directory it does nothing
-but create it. In one holding a journal it keeps the journaled shards whose size and xxh64
+`prepare_output` runs before any record is read. In a new or empty directory (or one holding
+only the converter's own temporary files, left by a run killed while writing its first file)
+it writes an empty journal at once, so a run killed before its first shard is resumed, not
+refused. In one holding a journal it keeps the journaled shards whose size and xxh64
 checksum still match (up to the first that does not), rewinds the journal to them, and
 deletes unjournaled shards, temporary files and a manifest of an unfinished conversion, so
 the run continues from the input position recorded after the last good shard.
@@ -19,7 +21,7 @@ from .errors import ConversionError
 from .journal import JOURNAL_NAME, Journal
 from .writers import is_shard_name
 
-__all__ = ["prepare_output", "shard_intact"]
+__all__ = ["is_temporary", "prepare_output", "shard_intact"]
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +37,25 @@ def shard_intact(directory: Path, entry: ShardEntry) -> bool:
     return file_checksum(path) == entry.checksum
 
 
+def is_temporary(name: str, fmt: str) -> bool:
+    """Whether `name` is a temporary file the converter writes (a shard, the journal, the
+    manifest) before renaming it."""
+    if not (name.startswith(".") and name.endswith(".tmp")):
+        return False
+    final = name[1:-len(".tmp")]
+    return is_shard_name(final, fmt) or final in (JOURNAL_NAME[1:], MANIFEST_NAME)
+
+
 def prepare_output(output: Path, journal: Journal, fmt: str) -> int:
     """Load and verify the journal, clean the directory; return the number of reused shards."""
     output.mkdir(parents=True, exist_ok=True)
     if not journal.load():
-        leftovers = sorted(os.listdir(output))
+        leftovers = []
+        for name in sorted(os.listdir(output)):
+            if is_temporary(name, fmt):  # a run killed while writing its first file
+                (output / name).unlink()
+            else:
+                leftovers.append(name)
         if leftovers:
             shown = ", ".join(leftovers[:3]) + (", ..." if len(leftovers) > 3 else "")
             raise ConversionError(
@@ -47,6 +63,7 @@ def prepare_output(output: Path, journal: Journal, fmt: str) -> int:
                 f" and holds no conversion journal ({JOURNAL_NAME}); convert into an empty or "
                 "new directory"
             )
+        journal.write()  # claims the directory: a kill before the first shard is resumable
         return 0
     good = 0
     for item in journal.shards:

@@ -605,3 +605,19 @@ def test_docstring_examples():
     modules = (convert_module, cli, commit, journal, recovery, run, sources, writers)
     results = [doctest.testmod(module) for module in modules]
     assert sum(r.attempted for r in results) >= 2 and sum(r.failed for r in results) == 0
+
+
+def test_a_run_killed_before_its_first_shard_is_resumed_not_refused(corpus, tmp_path):
+    train = corpus["root"] / "train.txt"
+    expected = tmp_path / "expected"
+    convert([train], expected, shard_size=40_000)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".shard-000000.jsonl.zst.tmp").write_bytes(b"half a shard")  # killed mid-write
+    (out / ".streamds-convert.json.tmp").write_bytes(b"{")
+    convert([train], out, shard_size=40_000)
+    assert files_of(out) == files_of(expected)
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / ".notes.tmp").write_bytes(b"")  # not the converter's: refused
+    with pytest.raises(ConversionError, match="is not empty"):
+        convert([train], tmp_path / "foreign", shard_size=40_000)
