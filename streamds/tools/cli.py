@@ -5,6 +5,8 @@
     streamds convert INPUT... --output DIR [--shard-size 256MB] [--format jsonl.zst|tar]
                      [--workers N] [--level 3] [--frame-size 4MiB]
                      [--transform module:function] [--on-error raise|skip] [--quiet]
+                     [--parts N] [--executor local|process|process:N|dask://HOST:PORT]
+                     [--part K | --merge] [--storage-options JSON] [--read-ahead N]
     streamds inspect DIR_OR_FILE [--no-count] [--quiet]
     streamds verify DIR [--quiet]
     streamds bench SOURCE [...]
