@@ -35,13 +35,19 @@ def _mounts() -> tuple[tuple[str, str], ...]:
     return tuple(sorted(found, key=lambda m: len(m[0]), reverse=True))
 
 
+def _kind(path: str, mounts: tuple[tuple[str, str], ...]) -> str:
+    return next((kind for point, kind in mounts
+                 if path == point or path.startswith(point.rstrip("/") + "/")), "")
+
+
 def _kinds(paths: Iterable[str]) -> Iterable[str]:
-    """The filesystem type of each path's mount ("" when not found)."""
+    """The filesystem type of each path's mount ("" when not found). A path that lies on a
+    remote mount as written is taken as it is: resolving its links there would cost a round
+    trip per component."""
     mounts = _mounts()
     for path in paths:
-        real = os.path.realpath(path)
-        yield next((kind for point, kind in mounts
-                    if real == point or real.startswith(point.rstrip("/") + "/")), "")
+        kind = _kind(os.path.abspath(path), mounts)
+        yield kind if kind.startswith(_REMOTE_MOUNTS) else _kind(os.path.realpath(path), mounts)
 
 
 def on_remote_mount(paths: Iterable[str]) -> bool:

@@ -38,6 +38,12 @@ def test_the_mount_table_decides_remote_and_fuse(tmp_path, monkeypatch):
     link = tmp_path / "link"
     link.symlink_to(drive)  # where the path really is counts
     assert mounts.on_fuse_mount([str(link / "a.jsonl")])
+    resolved: list[str] = []
+    real_realpath = os.path.realpath
+    monkeypatch.setattr(mounts.os.path, "realpath",
+                        lambda path: resolved.append(path) or real_realpath(path))
+    assert mounts.on_fuse_mount([str(drive / "a.jsonl")])
+    assert resolved == []  # on a mount as written: no round trip per component to resolve it
 
 
 @pytest.mark.parametrize(("start", "end"), [(0, 4096), (1, 70_001), (12_345, 300_000),
