@@ -33,7 +33,7 @@ from .read import open_decoded_at
 from .readahead import DEFAULT_READAHEAD, wants_readahead
 from .resume.counts import count_block_records, count_from
 from .resume.merge import MERGED_FORMAT, resolve_tails, share_of
-from .resume.plain_loader import batches_per_reader, epoch_batches, pipeline_state_after
+from .resume.plain_loader import batches_after, pipeline_state_after
 from .resume.state import ReaderState
 from .retry import RetryPolicy
 from .seeds import shuffle_seed_parts
@@ -540,17 +540,9 @@ class StreamingJsonl(IterableDataset):
         seats = [World(here.rank, here.world_size, worker, readers) for worker in range(readers)]
         works = [self._plan.work(self.epoch, seat) for seat in seats]
         records = [sum(counts[block] for block, _ in work) for work in works]
-        length = epoch_batches(records, batch_size=batch_size, drop_last=drop_last)
-        if consumed > length:
-            raise ValueError(
-                f"consumed={consumed} is past the end of epoch {self.epoch}: this rank's "
-                f"loader yields {length} batches per epoch (batch_size={batch_size}, "
-                f"num_workers={num_workers}, drop_last={drop_last}); pass the batches "
-                f"consumed in this epoch (0 to {length}), and set_epoch() to the epoch they "
-                "belong to"
-            )
-        taken, next_worker = batches_per_reader(
-            records, consumed, batch_size=batch_size, drop_last=drop_last
+        taken, next_worker = batches_after(
+            records, consumed, epoch=self.epoch, batch_size=batch_size, num_workers=num_workers,
+            drop_last=drop_last,
         )
         clone = copy.copy(self)
         clone._batch_starts = {}

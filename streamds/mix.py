@@ -49,7 +49,8 @@ from torch.utils.data import IterableDataset
 from .checks import check_choice, check_int
 from .errors import StateMismatchError
 from .resume.merge import MERGED_MIX_FORMAT, MIX_FORMAT, check_state
-from .resume.plain_loader import batches_per_reader, epoch_batches
+from .resume.plain_loader import batches_after
+from .resume.state import check_epoch_change
 from .seeds import rng_for
 from .world import World, detect_world
 
@@ -227,12 +228,7 @@ class Mix(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: it seeds the draws and every source's order."""
         check_int("epoch", epoch, 0, "epochs count from 0")
-        pending = self._pending
-        if pending is not None and not pending["finished"] and pending["epoch"] != epoch:
-            raise ValueError(
-                f"set_epoch({epoch}): the loaded state is in the middle of epoch "
-                f"{pending['epoch']}; iterate to finish that epoch first"
-            )
+        check_epoch_change(self._pending, epoch)
         self.epoch = epoch
 
     @property
@@ -377,16 +373,10 @@ class Mix(IterableDataset):
         readers = max(1, num_workers)
         seats = [World(here.rank, here.world_size, worker, readers) for worker in range(readers)]
         records = [sum(self._replay(seat, None).taken) for seat in seats]
-        length = epoch_batches(records, batch_size=batch_size, drop_last=drop_last)
-        if consumed > length:
-            raise ValueError(
-                f"consumed={consumed} is past the end of epoch {self.epoch}: this rank's loader "
-                f"yields {length} batches per epoch (batch_size={batch_size}, num_workers="
-                f"{num_workers}, drop_last={drop_last}); pass the batches consumed in this "
-                "epoch, and set_epoch() to the epoch they belong to"
-            )
-        taken, next_worker = batches_per_reader(records, consumed, batch_size=batch_size,
-                                                drop_last=drop_last)
+        taken, next_worker = batches_after(
+            records, consumed, epoch=self.epoch, batch_size=batch_size, num_workers=num_workers,
+            drop_last=drop_last,
+        )
         clone = copy.copy(self)
         clone._pending, clone._active, clone._batch_starts = None, None, {}
         for worker in range(readers):

@@ -24,7 +24,7 @@ from ..shards import Shard
 from ..shuffle import Shuffle, pack_positions, unpack_positions
 from .replay import replay
 
-__all__ = ["batches_per_reader", "epoch_batches", "pipeline_state_after"]
+__all__ = ["batches_after", "batches_per_reader", "epoch_batches", "pipeline_state_after"]
 
 
 def epoch_batches(records: Sequence[int], *, batch_size: int, drop_last: bool) -> int:
@@ -32,6 +32,23 @@ def epoch_batches(records: Sequence[int], *, batch_size: int, drop_last: bool) -
     records (each worker batches its own records)."""
     rounding = math.floor if drop_last else math.ceil
     return sum(rounding(count / batch_size) for count in records)
+
+
+def batches_after(
+    records: Sequence[int], consumed: int, *, epoch: int, batch_size: int, num_workers: int,
+    drop_last: bool,
+) -> tuple[list[int], int]:
+    """`batches_per_reader` for a `resume_after_batches(consumed, ...)` in `epoch`, which
+    must lie within the epoch's batches (else a ValueError naming how many there are)."""
+    length = epoch_batches(records, batch_size=batch_size, drop_last=drop_last)
+    if consumed > length:
+        raise ValueError(
+            f"consumed={consumed} is past the end of epoch {epoch}: this rank's loader yields "
+            f"{length} batches per epoch (batch_size={batch_size}, num_workers={num_workers}, "
+            f"drop_last={drop_last}); pass the batches consumed in this epoch (0 to {length}), "
+            "and set_epoch() to the epoch they belong to"
+        )
+    return batches_per_reader(records, consumed, batch_size=batch_size, drop_last=drop_last)
 
 
 def batches_per_reader(

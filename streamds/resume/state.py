@@ -31,7 +31,7 @@ from ..chunks import Position, WorkItem
 from ..errors import StateMismatchError
 from ..world import World
 
-__all__ = ["OLD_FORMATS", "STATE_FORMAT", "ReaderState"]
+__all__ = ["OLD_FORMATS", "STATE_FORMAT", "ReaderState", "check_epoch_change"]
 
 STATE_FORMAT = "streamds.reader/2"
 OLD_FORMATS = ("streamds.state/1",)  # streamds 0.1
@@ -110,4 +110,14 @@ class ReaderState:
             work=None if state["work"] is None else [(b, s) for b, s in state["work"]],
             prefill=[(b, o) for b, o in state["prefill"]], carried=dict(state["carried"]),
             quota=state["quota"], finished=state["finished"], pipeline=state["pipeline"],
+        )
+
+
+def check_epoch_change(pending: dict[str, Any] | None, epoch: int) -> None:
+    """Refuse `set_epoch(epoch)` while a loaded state (`pending`: its "epoch" and whether it
+    "finished") is in the middle of another epoch."""
+    if pending is not None and not pending["finished"] and pending["epoch"] != epoch:
+        raise ValueError(
+            f"set_epoch({epoch}): the loaded state is in the middle of epoch "
+            f"{pending['epoch']}; iterate to finish that epoch first"
         )

@@ -39,6 +39,7 @@ from torch.utils.data import IterableDataset
 from ..buckets import Length, LengthBuckets, TokenBudget, as_length
 from ..checks import check_int
 from ..errors import StateMismatchError
+from ..resume.state import check_epoch_change
 from ..seeds import derive_seed
 from ..world import detect_world
 
@@ -174,12 +175,7 @@ class _PoolBatcher(IterableDataset):
         A loaded state in the middle of another epoch refuses: finish that epoch first.
         """
         check_int("epoch", epoch, 0, "epochs count from 0")
-        pending = self._pending
-        if pending is not None and not pending["finished"] and pending["epoch"] != epoch:
-            raise ValueError(
-                f"set_epoch({epoch}): the loaded state is in the middle of epoch "
-                f"{pending['epoch']}; iterate to finish that epoch first"
-            )
+        check_epoch_change(self._pending, epoch)
         self.epoch = epoch
         if hasattr(self.source, "set_epoch"):
             self.source.set_epoch(epoch)
