@@ -28,11 +28,13 @@ number):
   It bounds every reader that hands over the same records.
 - StreamingJsonl on the seekable .jsonl.zst, and on the plain .jsonl for reference.
 - StreamingJsonl .batch(64): the same reader handing the DataLoader whole batches
-  (``DataLoader(ds.batch(64), batch_size=None)``, no collate_fn): one message per batch, and
-  parsed records cross as one JSON document that the main process reads with one
-  orjson.loads (`streamds.batch.JsonRecordBatch`) instead of unpickling them.
+  (``DataLoader(ds.batch(64), batch_size=None)``, no collate_fn): one message per batch; a
+  worker's batch is marshalled into a ring of shared memory and only a descriptor crosses the
+  pipe (`streamds.batch.RecordBatch`, `streamds.train.shm_ring`). The row with
+  prefetch_factor=8 lets each worker run 8 batches ahead instead of the DataLoader's 2.
 - DataLoader only, batches: the replayed records in lists of 64 yielded by the dataset as
-  whole batches, as pickled lists and as JSON batches: the ceiling of the batched path.
+  whole batches, as pickled lists and as RecordBatch (marshal through shared memory, what
+  `.batch()` sends): the ceiling of the batched path.
 - Hugging Face `datasets`: load_dataset("json", data_files=<the .jsonl.zst>, streaming=True,
   split="train") through the same DataLoader (its IterableDataset is a torch one). It splits
   work by file, so with one file a second worker gets nothing.
@@ -53,7 +55,7 @@ to holding the first batch, median of the runs) and the peak memory of the whole
 (main process plus workers, sum of RSS sampled every 10 ms by psutil) in one run of its own in
 a fresh process, so that no row inherits another's memory. A second table gives the cost of
 one batch crossing from a worker: pickle.dumps + pickle.loads of a list of 64 records against
-orjson.dumps + orjson.loads of the same list.
+orjson.dumps + orjson.loads and marshal.dumps + marshal.loads of the same list.
 
 Other programs on the machine distort timings, so before each timed run the script waits
 (within --quiet-wait bounds) until the rest of the machine is nearly idle, and it reports
@@ -217,15 +219,23 @@ def streamds_run(path: Path, workers: int, cap: float | None = None) -> int:
     return _count(_loader(StreamingJsonl(str(path)), workers), cap, started=started)
 
 
-def streamds_batched_run(path: Path, workers: int, cap: float | None = None) -> int:
+def streamds_batched_run(
+    path: Path, workers: int, cap: float | None = None, prefetch: int | None = None
+) -> int:
     """Whole batches out of the reader, the DataLoader's default conversion (a RecordBatch
-    passes it untouched)."""
+    passes it untouched); `prefetch`: the DataLoader's prefetch_factor with workers."""
     started = time.perf_counter()
     from streamds import StreamingJsonl
 
+    ahead = {"prefetch_factor": prefetch} if prefetch and workers else {}
     loader = DataLoader(StreamingJsonl(str(path)).batch(BATCH_SIZE), batch_size=None,
-                        num_workers=workers)
+                        num_workers=workers, **ahead)
     return _count(loader, cap, started=started)
+
+
+def streamds_batched_ahead_run(path: Path, workers: int, cap: float | None = None) -> int:
+    """`streamds_batched_run` with prefetch_factor=8."""
+    return streamds_batched_run(path, workers, cap, prefetch=8)
 
 
 def hf_run(path: Path, workers: int, cap: float | None = None) -> int:
@@ -294,24 +304,27 @@ class ReplayBatches(ReplayRecords):
             yield as_batch(batch[: self.total - first])
 
 
-def replay_batches_run(pool: list, total: int, workers: int, as_json: bool) -> int:
-    from streamds.batch import JsonRecordBatch
+def replay_batches_run(pool: list, total: int, workers: int, as_record_batch: bool) -> int:
+    from streamds import RecordBatch
 
     started = time.perf_counter()
-    dataset = ReplayBatches(pool, total, JsonRecordBatch if as_json else list)
+    dataset = ReplayBatches(pool, total, RecordBatch if as_record_batch else list)
     loader = DataLoader(dataset, batch_size=None, num_workers=workers, collate_fn=keep_batch)
     return _count(loader, started=started)
 
 
 def crossing_costs(pool: list, rounds: int = 200) -> dict[str, float]:
-    """Microseconds per batch of BATCH_SIZE records to write and read back, as a pickled list
-    and as JSON (what crosses from a worker either way)."""
+    """Microseconds per batch of BATCH_SIZE records to write and read back, as a pickled list,
+    as JSON and marshalled (what `.batch()` sends from a worker)."""
+    import marshal
+
     import orjson
 
     batch = pool[:BATCH_SIZE]
     costs = {}
     for name, dump, load in (("pickle", pickle.dumps, pickle.loads),
-                             ("json", orjson.dumps, orjson.loads)):
+                             ("json", orjson.dumps, orjson.loads),
+                             ("marshal", marshal.dumps, marshal.loads)):
         blob = dump(batch)
         times = []
         for _ in range(5):
@@ -546,14 +559,16 @@ def _corpus_label(corpus: Corpus) -> str:
 
 
 def crossing_table(crossing: Sequence[tuple[Corpus, dict[str, float]]]) -> str:
-    """Per-batch cost of crossing from a worker, pickle against JSON."""
+    """Per-batch cost of crossing from a worker: pickle, JSON and marshal."""
     lines = [f"| corpus | one batch of {BATCH_SIZE} records | pickle (dumps + loads) | "
-             "JSON (orjson dumps + loads) | JSON / pickle |", "|---|---:|---:|---:|---:|"]
+             "JSON (orjson dumps + loads) | marshal (dumps + loads) | marshal / pickle |",
+             "|---|---:|---:|---:|---:|---:|"]
     for corpus, costs in crossing:
         lines.append(
             f"| {_corpus_label(corpus).split(':')[0]} | {costs['pickle bytes'] / 1e3:,.0f} KB "
-            f"pickled, {costs['json bytes'] / 1e3:,.0f} KB JSON | {costs['pickle']:,.0f} us | "
-            f"{costs['json']:,.0f} us | {costs['json'] / costs['pickle']:.2f} |"
+            f"pickled, {costs['marshal bytes'] / 1e3:,.0f} KB marshalled | "
+            f"{costs['pickle']:,.0f} us | {costs['json']:,.0f} us | {costs['marshal']:,.0f} us "
+            f"| {costs['marshal'] / costs['pickle']:.2f} |"
         )
     return "\n".join(lines)
 
@@ -588,7 +603,8 @@ def readme_body(
         f"\".batch({BATCH_SIZE})\" rows: DataLoader(ds.batch({BATCH_SIZE}), batch_size=None), "
         "no collate_fn. \"DataLoader only\" replays parsed records from memory, the ceiling "
         "for any reader with that many workers; its \"batches\" rows have the dataset yield "
-        "whole batches, as pickled lists or as JSON batches (what `.batch()` sends). \"first "
+        "whole batches, as pickled lists or as RecordBatch (what `.batch()` sends: marshalled "
+        "into shared memory, a descriptor through the pipe). \"first "
         "batch\" is the time from building the dataset to holding the first batch; \"peak "
         "RSS\" is the whole process tree's (main process and workers, sum of RSS sampled "
         "every 10 ms; pages shared after the fork count once per process) in a run of its "
@@ -681,11 +697,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 result = Result(corpus, "DataLoader only", "records from memory", workers, "zst")
                 run = partial(replay_run, pool, corpus.records, workers)
                 results.append(measure(result, run, **options))
-            for as_json, how in ((False, "pickled lists"), (True, "JSON batches")):
+            for as_batch, how in ((False, "pickled lists"), (True, "RecordBatch")):
                 for workers in args.workers:
                     result = Result(corpus, f"DataLoader only, batches of {BATCH_SIZE}",
                                     f"records from memory, {how}", workers, "zst")
-                    run = partial(replay_batches_run, pool, corpus.records, workers, as_json)
+                    run = partial(replay_batches_run, pool, corpus.records, workers, as_batch)
                     results.append(measure(result, run, **options))
             del pool  # ~200 MB of records that would slow the collector in the rows below
             gc.collect()
@@ -696,6 +712,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          corpus.zst, False))
             rows.append((f"StreamingJsonl .batch({BATCH_SIZE})", "zst",
                          _source_name(corpus.zst), "streamds_batched_run", corpus.zst, False))
+            rows.append((f"StreamingJsonl .batch({BATCH_SIZE}), prefetch_factor=8", "zst",
+                         _source_name(corpus.zst), "streamds_batched_ahead_run", corpus.zst,
+                         False))
             rows.append(("StreamingJsonl", "plain", ".jsonl", "streamds_run", corpus.plain,
                          False))
             rows.append((f"StreamingJsonl .batch({BATCH_SIZE})", "plain", ".jsonl",

@@ -10,17 +10,20 @@ State: ``{"source": <the records stage's state>}``. Batches cut by length (a `Ba
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import marshal
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-import orjson
+from torch.utils.data import get_worker_info
+
+from .train import shm_ring
 
 if TYPE_CHECKING:
     from .buckets import Rule
 
-__all__ = ["Batch", "BatchSpec", "JsonRecordBatch", "RecordBatch", "collate_for"]
+__all__ = ["Batch", "BatchSpec", "RecordBatch"]
 
 
 class RecordBatch:
@@ -58,31 +61,38 @@ class RecordBatch:
         return f"RecordBatch({self.records!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (RecordBatch, (self.records,))
-
-
-def _from_json(blob: bytes) -> RecordBatch:
-    return RecordBatch(orjson.loads(blob))
-
-
-class JsonRecordBatch(RecordBatch):
-    """A `RecordBatch` of records exactly as the JSON parser made them (no `.map()`), which
-    pickles as one JSON document and unpickles as a plain `RecordBatch`.
-
-    From a DataLoader worker the batch crosses as one bytes object, and the main process
-    builds the records with one `orjson.loads` instead of unpickling them: measured 2.1x
-    faster for 300-byte records (5.4M vs 2.6M records/s), and `orjson.dumps` in the worker
-    2.5-4x faster than pickling. Exact for parsed JSON (the same values, types and key order
-    come back); a record orjson cannot write falls back to pickling the list.
-    """
-
-    __slots__ = ()
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        try:
-            return (_from_json, (orjson.dumps(self.records),))
-        except TypeError:  # not plain JSON after all
+        if get_worker_info() is None:  # not on the way from a DataLoader worker
             return (RecordBatch, (self.records,))
+        return _reduce_in_worker(self.records)
+
+
+def _reduce_in_worker(records: list[Any]) -> tuple[Any, ...]:
+    """A worker's batch as the main process will rebuild it: marshalled into the worker's
+    shared-memory ring (`streamds.train.shm_ring`), else marshalled through the pipe, else
+    (records marshal cannot carry: numpy arrays, tensors, subclasses of dict) pickled.
+
+    marshal is exact for what JSON parsing and most maps make (dict, list, tuple, str, bytes,
+    int, float, bool, None) and is safe between a worker and its main process (the same
+    interpreter); measured against pickle and orjson for PubMed batches of 64 records
+    (1.3 MB): marshal.loads 1.0 ms, orjson.loads 1.1 ms, pickle.loads 1.2 ms; writing 0.17,
+    0.10 and 0.65 ms.
+    """
+    try:
+        payload = marshal.dumps(records)
+    except ValueError:  # "unmarshallable object" or nested too deeply
+        return (RecordBatch, (records,))
+    entry = shm_ring.put(payload)
+    if entry is None:
+        return (_from_marshal, (payload,))
+    return (_from_ring, (entry,))
+
+
+def _from_marshal(payload: bytes) -> RecordBatch:
+    return RecordBatch(marshal.loads(payload))
+
+
+def _from_ring(entry: shm_ring.Entry) -> RecordBatch:
+    return RecordBatch(shm_ring.take(entry, marshal.loads))
 
 
 @dataclass(frozen=True)
@@ -91,14 +101,6 @@ class BatchSpec:
     collate: Callable[[list[Any]], Any] = RecordBatch  # list of records -> the batch
     drop_last: bool = False
     rule: Rule | None = None  # cut pools by length (`streamds.buckets`); None: fixed `size`
-
-
-def collate_for(spec: BatchSpec, steps: Sequence[tuple[str, Any]]) -> Callable[[list[Any]], Any]:
-    """The collate a reader applies: the spec's, with records that left the parser unchanged
-    (only filters among the `steps`) sent across as JSON (`JsonRecordBatch`)."""
-    if spec.collate is RecordBatch and all(kind == "filter" for kind, _ in steps):
-        return JsonRecordBatch
-    return spec.collate
 
 
 class Batch:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .balance import EvenRanks
-from .batch import Batch, BatchSpec, collate_for
+from .batch import Batch, BatchSpec
 from .buckets import PoolBatch
 from .cache import CacheSpec
 from .chunks import Chunk, ChunkCursor, Position, WorkItem
@@ -111,7 +111,7 @@ class Reader:
         emit = timed(self.top, "emit")
         self.out: Any = emit
         if spec.batch is not None:
-            collate = collate_for(spec.batch, spec.steps)
+            collate = spec.batch.collate
             if spec.batch.rule is None:
                 self.out = Batch(emit, spec.batch, collate)
             else:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import pickle
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ from torch.utils.data._utils.collate import default_convert
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from streamds import RecordBatch, StateMismatchError, StreamingJsonl, merge_states
-from streamds.batch import JsonRecordBatch
+from streamds.train import shm_ring
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
@@ -137,26 +139,94 @@ def tupled(record: dict[str, Any]) -> dict[str, Any]:
     return {**record, "pair": (record["id"], 1)}
 
 
-def test_parsed_records_cross_as_json_and_mapped_ones_as_pickles(
-    mixed: tuple[Path, list[int]]
+class Tag:
+    """Something marshal cannot carry (a map may make anything)."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Tag) and other.value == self.value
+
+
+def tagged(record: dict[str, Any]) -> dict[str, Any]:
+    return {"id": record["id"], "tag": Tag(record["id"])}
+
+
+def worker_batches(ds: StreamingJsonl, **loader: Any) -> tuple[list[Any], int]:
+    """The batches 2 workers hand over, and how many came through shared memory."""
+    before = shm_ring.batches_taken()
+    batches = list(DataLoader(ds, batch_size=None, num_workers=2, **loader))
+    return batches, shm_ring.batches_taken() - before
+
+
+def shm_files() -> list[str]:
+    return sorted(name for name in os.listdir(shm_ring.SHM_DIR) if name.startswith("streamds-"))
+
+
+@pytest.mark.skipif(not os.path.isdir(shm_ring.SHM_DIR), reason="no /dev/shm here")
+def test_worker_batches_cross_in_shared_memory_exactly(mixed: tuple[Path, list[int]]) -> None:
+    source, every = mixed
+    leftover = shm_files()
+    for ds, expect in ((StreamingJsonl(str(source)).filter(odd).batch(7),
+                        [{"id": i} for i in every if i % 2]),
+                       (StreamingJsonl(str(source)).map(tupled).batch(7),
+                        [{"id": i, "pair": (i, 1)} for i in every])):
+        batches, in_shm = worker_batches(ds)
+        assert in_shm == len(batches) > 2
+        assert all(type(batch) is RecordBatch for batch in batches)
+        got = [{k: v for k, v in r.items() if k in ("id", "pair")} for b in batches for r in b]
+        key = itemgetter("id")
+        assert sorted(got, key=key) == sorted(expect, key=key)  # tuples stay tuples
+    assert shm_files() == leftover  # each ring's file was removed once mapped
+
+
+def test_worker_batches_marshal_cannot_carry_are_pickled(mixed: tuple[Path, list[int]]) -> None:
+    source, every = mixed
+    batches, in_shm = worker_batches(StreamingJsonl(str(source)).map(tagged).batch(7))
+    assert in_shm == 0
+    assert sorted((r["id"], r["tag"].value) for b in batches for r in b) == [
+        (i, i) for i in sorted(every)]
+
+
+def test_worker_batches_cross_the_pipe_without_shared_memory(
+    mixed: tuple[Path, list[int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     source, every = mixed
-    parsed = StreamingJsonl(str(source)).filter(odd).batch(7)
-    assert type(next(iter(parsed))) is JsonRecordBatch
-    mapped = StreamingJsonl(str(source)).map(tupled).batch(7)
-    assert type(next(iter(mapped))) is RecordBatch  # a map may make what JSON cannot carry
-    # what a worker's batch becomes in the main process: the same records, a RecordBatch
-    for ds in (parsed, mapped):
-        for batch in ds:
-            crossed = pickle.loads(pickle.dumps(batch))
-            assert type(crossed) is RecordBatch and crossed == batch
-    assert next(iter(pickle.loads(pickle.dumps(next(iter(mapped))))))["pair"] == (every[0], 1)
-    odd_ids = [r["id"] for batch in DataLoader(parsed, batch_size=None, num_workers=2)
-               for r in batch]
-    assert sorted(odd_ids) == sorted(i for i in every if i % 2)
-    assert pickle.dumps(next(iter(parsed))).count(b'{"id":') == 7  # one JSON document
+    monkeypatch.setattr(shm_ring, "SHM_DIR", str(tmp_path / "no-shm"))  # workers fork with it
+    batches, in_shm = worker_batches(StreamingJsonl(str(source)).batch(7))
+    assert in_shm == 0
+    assert sorted(r["id"] for b in batches for r in b) == sorted(every)
 
 
-def test_a_json_batch_falls_back_to_pickle_for_what_json_cannot_carry() -> None:
-    batch = JsonRecordBatch([{"blob": b"\x00", "big": 2**70}])
+@pytest.mark.skipif(not os.path.isdir(shm_ring.SHM_DIR), reason="no /dev/shm here")
+def test_batches_that_do_not_fit_the_ring_cross_the_pipe(
+    mixed: tuple[Path, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source, every = mixed
+    # a ring of 2 KiB: small batches fit, a batch of 40 records does not
+    monkeypatch.setattr(shm_ring, "MIN_SIZE", 2048)
+    monkeypatch.setattr(shm_ring, "MAX_SIZE", 2048)
+    small, in_shm = worker_batches(StreamingJsonl(str(source)).batch(2), prefetch_factor=8)
+    assert 0 < in_shm <= len(small)
+    big, in_shm = worker_batches(StreamingJsonl(str(source)).batch(40))
+    assert in_shm < len(big) - 2  # full batches did not fit (a short last one may)
+    for batches in (small, big):
+        assert sorted(r["id"] for b in batches for r in b) == sorted(every)
+
+
+def test_record_batches_from_workers_resume_exactly(mixed: tuple[Path, list[int]]) -> None:
+    source, every = mixed
+
+    def make() -> StatefulDataLoader:
+        ds = StreamingJsonl(str(source), shuffle=True, seed=5, buffer_size=16).batch(5)
+        return StatefulDataLoader(ds, batch_size=None, num_workers=2)
+
+    reference = run_test_save_load_state(make, [0, 3, 11])
+    assert sorted(r["id"] for b in reference for r in b) == sorted(every)
+
+
+def test_a_record_batch_pickles_as_its_list_outside_a_worker() -> None:
+    batch = RecordBatch([{"blob": b"\x00", "big": 2**70, "pair": (1, 2)}])
     assert pickle.loads(pickle.dumps(batch)) == batch
+    assert b"marshal" not in pickle.dumps(batch)  # a portable pickle, not marshal bytes
