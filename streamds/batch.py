@@ -10,6 +10,7 @@ State: ``{"source": <the records stage's state>}``. Batches cut by length (a `Ba
 
 from __future__ import annotations
 
+import copy
 import marshal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -59,6 +60,12 @@ class RecordBatch:
 
     def __repr__(self) -> str:
         return f"RecordBatch({self.records!r})"
+
+    def __copy__(self) -> RecordBatch:
+        return RecordBatch(list(self.records))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RecordBatch:
+        return RecordBatch(copy.deepcopy(self.records, memo))
 
     def __reduce__(self) -> tuple[Any, ...]:
         if get_worker_info() is None:  # not on the way from a DataLoader worker

@@ -248,11 +248,12 @@ class StreamingJsonl(IterableDataset):
         (a module-level function, so spawned workers can pickle it) turns the list of records
         into what the model takes, e.g. a `streamds.PadCollate` for padded tensors (tensors
         cross from the workers in shared memory). None yields a `RecordBatch`, a list-like
-        holder of the records that torch's default conversion hands over untouched. A collate
-        that returns lists or dicts of Python values is walked value by value by that default
-        conversion (with ``batch_size=None``): pass ``collate_fn=streamds.as_list`` to the
-        DataLoader then. `.map()`/`.filter()` still apply to records. A state taken after any
-        batch resumes exactly.
+        holder of the records that torch's default conversion hands over untouched; from a
+        worker its records cross marshalled, in shared memory (`streamds.train.shm_ring`).
+        A collate that returns lists or dicts of Python values is walked value by value by
+        that default conversion (with ``batch_size=None``): pass
+        ``collate_fn=streamds.as_list`` to the DataLoader then. `.map()`/`.filter()` still
+        apply to records. A state taken after any batch resumes exactly.
         """
         if collate is not None and not callable(collate):
             raise ValueError(f"collate must be callable or None, got {collate!r}")

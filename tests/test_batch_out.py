@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import pickle
+from collections.abc import Iterator
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 import pytest
 from resume_contract import ids, run_test_save_load_state, write_mixed
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data._utils.collate import default_convert
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -153,7 +155,7 @@ def tagged(record: dict[str, Any]) -> dict[str, Any]:
     return {"id": record["id"], "tag": Tag(record["id"])}
 
 
-def worker_batches(ds: StreamingJsonl, **loader: Any) -> tuple[list[Any], int]:
+def worker_batches(ds: IterableDataset, **loader: Any) -> tuple[list[Any], int]:
     """The batches 2 workers hand over, and how many came through shared memory."""
     before = shm_ring.batches_taken()
     batches = list(DataLoader(ds, batch_size=None, num_workers=2, **loader))
@@ -179,6 +181,30 @@ def test_worker_batches_cross_in_shared_memory_exactly(mixed: tuple[Path, list[i
         key = itemgetter("id")
         assert sorted(got, key=key) == sorted(expect, key=key)  # tuples stay tuples
     assert shm_files() == leftover  # each ring's file was removed once mapped
+
+
+class CopiedInTheWorker(IterableDataset):
+    """Copies and pickles each batch in the worker before handing it over, as code that
+    wraps the dataset might."""
+
+    def __init__(self, source: StreamingJsonl) -> None:
+        self.source = source
+
+    def __iter__(self) -> Iterator[RecordBatch]:
+        for batch in self.source:
+            assert copy.copy(batch) == batch and copy.deepcopy(batch) == batch
+            assert pickle.loads(pickle.dumps(batch)) == batch  # through its own ring
+            yield batch
+
+
+@pytest.mark.skipif(not os.path.isdir(shm_ring.SHM_DIR), reason="no /dev/shm here")
+def test_a_batch_pickled_in_its_worker_still_reaches_the_main_process_once(
+    mixed: tuple[Path, list[int]]
+) -> None:
+    source, every = mixed
+    batches, in_shm = worker_batches(CopiedInTheWorker(StreamingJsonl(str(source)).batch(7)))
+    assert in_shm == len(batches)
+    assert sorted(r["id"] for b in batches for r in b) == sorted(every)
 
 
 def test_worker_batches_marshal_cannot_carry_are_pickled(mixed: tuple[Path, list[int]]) -> None:

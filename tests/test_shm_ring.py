@@ -54,21 +54,21 @@ def test_a_payload_that_does_not_fit_goes_the_other_way(tmp_path: Path) -> None:
     reader.close()
 
 
-def test_an_entry_taken_twice_or_out_of_order_raises(tmp_path: Path) -> None:
+def test_an_entry_taken_twice_or_after_a_newer_one_raises(tmp_path: Path) -> None:
     writer = RingWriter(SIZE, shm_dir=str(tmp_path))
     reader = RingReader(writer.name, writer.pid, shm_dir=str(tmp_path))
-    first, second = writer.put(b"one"), writer.put(b"two")
-    assert first is not None and second is not None
-    with pytest.raises(RuntimeError, match=r"batch 2 of .* arrived after batch 0"):
-        reader.take(second, bytes)
-    assert reader.take(first, bytes) == b"one"
+    first, second, third = writer.put(b"one"), writer.put(b"two"), writer.put(b"three")
+    assert first is not None and second is not None and third is not None
+    assert reader.take(second, bytes) == b"two"  # the first was taken elsewhere, or never
+    with pytest.raises(RuntimeError, match=r"batch 1 of .* arrived after batch 2"):
+        reader.take(first, bytes)  # its space may have been reused since
     with pytest.raises(RuntimeError, match="read twice or out of order"):
-        reader.take(first, bytes)
+        reader.take(second, bytes)
     # an entry whose header no longer matches (overwritten) is refused, not parsed
-    forged = second._replace(length=2)
+    forged = third._replace(length=2)
     with pytest.raises(RuntimeError, match="overwritten in shared memory"):
         reader.take(forged, bytes)
-    assert reader.take(second, bytes) == b"two"
+    assert reader.take(third, bytes) == b"three"
     writer.close()
     reader.close()
 

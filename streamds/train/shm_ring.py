@@ -16,8 +16,11 @@ reader is done, so an entry is never overwritten before it is read. The writer n
 payload larger than half the ring, or one that does not fit in the free space, or any payload
 where shared memory cannot be had (no /dev/shm, no space left there), crosses the pipe as
 before (`put` returns None). The reader takes a ring's entries in the order they were written
-(one worker's messages arrive in order) and checks each sequence number, so an entry taken
-twice or out of order raises instead of yielding wrong records.
+(one worker's messages arrive in order); an entry may be skipped (unpickled elsewhere, or
+never), but one older than the last taken raises instead of yielding records that may have
+been overwritten: every entry newer than the last taken lies where the writer does not write.
+An entry unpickled in the process that wrote it (a copy made in the worker) is read there
+without touching the ring.
 
 Files: the reader unlinks a ring's file when it first maps it; the writer unlinks it at exit if
 no reader did (a worker killed before its first batch was read leaves one behind). A reader
@@ -113,6 +116,13 @@ class RingWriter:
         self.head = end
         return Entry(self.name, self.pid, self.seq, start, end, length)
 
+    def peek(self, entry: Entry, build: Callable[[memoryview], T]) -> T:
+        """`build` of an entry's payload, leaving the ring as it is (for the writing process
+        itself; the entry is not yet read, so it has not been overwritten)."""
+        at = DATA + entry.start % self.size + _HEADER.size
+        with memoryview(self.map) as whole, whole[at : at + entry.length] as payload:
+            return build(payload)
+
     def close(self) -> None:
         self.map.close()
 
@@ -140,11 +150,11 @@ class RingReader:
         self.seq = 0  # the last entry taken
 
     def take(self, entry: Entry, build: Callable[[memoryview], T]) -> T:
-        if entry.seq != self.seq + 1:
+        if entry.seq <= self.seq:
             raise RuntimeError(
                 f"batch {entry.seq} of DataLoader worker {self.pid} arrived after batch "
                 f"{self.seq}: a batch in shared memory was read twice or out of order "
-                "(unpickled twice?), so its records cannot be trusted")
+                "(unpickled twice?), and its space may have been reused")
         at = DATA + entry.start % self.size
         if _HEADER.unpack_from(self.map, at) != (entry.seq, entry.length):
             raise RuntimeError(
@@ -217,6 +227,8 @@ def take(entry: Entry, build: Callable[[memoryview], T]) -> T:
     """`build` applied to the payload of `entry`, read where the writer put it."""
     global _taken
     with _lock:
+        if entry.pid == os.getpid() and _writer is not None and _writer.name == entry.name:
+            return _writer.peek(entry, build)  # pickled and unpickled in the worker itself
         reader = _readers.get(entry.name)
         if reader is None:
             _close_exited()
