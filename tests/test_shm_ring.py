@@ -73,6 +73,19 @@ def test_an_entry_taken_twice_or_after_a_newer_one_raises(tmp_path: Path) -> Non
     reader.close()
 
 
+def test_the_writer_reads_its_own_entries_until_the_reader_passes_them(tmp_path: Path) -> None:
+    writer = RingWriter(SIZE, shm_dir=str(tmp_path))
+    reader = RingReader(writer.name, writer.pid, shm_dir=str(tmp_path))
+    kept, sent = writer.put(b"kept in the worker"), writer.put(b"sent on")
+    assert kept is not None and sent is not None
+    assert writer.peek(kept, bytes) == b"kept in the worker"
+    assert reader.take(sent, bytes) == b"sent on"  # the reader passed `kept`
+    with pytest.raises(RuntimeError, match="space in shared memory may have been reused"):
+        writer.peek(kept, bytes)
+    writer.close()
+    reader.close()
+
+
 def test_the_reader_removes_the_file_it_maps(tmp_path: Path) -> None:
     writer = RingWriter(SIZE, shm_dir=str(tmp_path))
     assert (tmp_path / writer.name).stat().st_size == DATA + SIZE

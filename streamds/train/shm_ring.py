@@ -118,7 +118,13 @@ class RingWriter:
 
     def peek(self, entry: Entry, build: Callable[[memoryview], T]) -> T:
         """`build` of an entry's payload, leaving the ring as it is (for the writing process
-        itself; the entry is not yet read, so it has not been overwritten)."""
+        itself). Its space is safe while the reader has not passed it."""
+        (consumed,) = _CONSUMED.unpack_from(self.map, 0)
+        if entry.start < consumed:
+            raise RuntimeError(
+                f"batch {entry.seq} was pickled in DataLoader worker {self.pid} and unpickled "
+                "there after later batches had reached the main process: its space in shared "
+                "memory may have been reused; unpickle a batch before yielding the next")
         at = DATA + entry.start % self.size + _HEADER.size
         with memoryview(self.map) as whole, whole[at : at + entry.length] as payload:
             return build(payload)
