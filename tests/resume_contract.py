@@ -124,6 +124,23 @@ def run_test_save_load_state(
 # -- a corpus of every shard format, for the resume tests --------------------------------------
 
 
+def stop_ranks_part_way(
+    loader_for: Callable[[int], Any], batches: Sequence[int]
+) -> tuple[list[Any], list[Any]]:
+    """Rank r's loader (`loader_for(r)`) yields `batches[r]` batches, then its state is taken
+    (through pickle, as a checkpoint is); returns (every item consumed, the states)."""
+    consumed: list[Any] = []
+    states = []
+    for rank, count in enumerate(batches):
+        loader = loader_for(rank)
+        iterator = iter(loader)
+        for _ in range(count):
+            consumed.extend(next(iterator))
+        states.append(pickle.loads(pickle.dumps(loader.state_dict())))
+        del iterator, loader
+    return consumed, states
+
+
 def records(count: int, start: int, width: int = 60) -> list[dict[str, Any]]:
     """Records with ids from `start`; text lengths vary, so offsets follow no pattern."""
     return [{"id": i, "text": "w" * (width + (i * 7919) % 97)} for i in range(start, start + count)]

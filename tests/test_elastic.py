@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from resume_contract import ids, run_test_save_load_state, write_mixed
+from resume_contract import ids, run_test_save_load_state, stop_ranks_part_way, write_mixed
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -52,17 +52,11 @@ def stop_part_way(
     **options: Any,
 ) -> tuple[list[int], list[Any]]:
     """Each rank consumes `batches[rank]` batches; returns (ids consumed, checkpointed states)."""
-    consumed: list[int] = []
-    states = []
-    for rank in range(world_size):
-        data = dataset(path, shuffle, rank=rank, world_size=world_size, **options)
-        loader = StatefulDataLoader(data, batch_size=BATCH, num_workers=num_workers, collate_fn=ids)
-        iterator = iter(loader)
-        for _ in range(batches[rank]):
-            consumed.extend(next(iterator))
-        states.append(pickle.loads(pickle.dumps(loader.state_dict())))
-        del iterator, loader
-    return consumed, states
+    return stop_ranks_part_way(
+        lambda rank: StatefulDataLoader(
+            dataset(path, shuffle, rank=rank, world_size=world_size, **options),
+            batch_size=BATCH, num_workers=num_workers, collate_fn=ids),
+        [batches[rank] for rank in range(world_size)])
 
 
 def finish(path: str, shuffle: bool, merged: dict[str, Any], world_size: int, workers: int):

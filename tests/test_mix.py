@@ -17,7 +17,7 @@ import corpus
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from resume_contract import ids, run_test_save_load_state
+from resume_contract import ids, run_test_save_load_state, stop_ranks_part_way
 from test_elastic import assert_exactly_once
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -276,16 +276,10 @@ def test_source_counts_of_a_loader_state(sources) -> None:
 
 def stop_part_way(sources, stop: str, batches: Sequence[int]) -> tuple[list[int], list[Any]]:
     """2 ranks x 2 workers; rank r consumes batches[r] batches; (ids, checkpointed states)."""
-    consumed, states = [], []
-    for rank in range(2):
-        loader = StatefulDataLoader(mix(sources, stop, rank=rank, world_size=2), batch_size=4,
-                                    num_workers=2, collate_fn=ids)
-        iterator = iter(loader)
-        for _ in range(batches[rank]):
-            consumed.extend(next(iterator))
-        states.append(pickle.loads(pickle.dumps(loader.state_dict())))
-        del iterator, loader
-    return consumed, states
+    return stop_ranks_part_way(
+        lambda rank: StatefulDataLoader(mix(sources, stop, rank=rank, world_size=2),
+                                        batch_size=4, num_workers=2, collate_fn=ids),
+        [batches[rank] for rank in range(2)])
 
 
 @pytest.mark.parametrize(("world_size", "workers"), [(3, 1), (1, 0)])
