@@ -14,6 +14,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from torch.utils.data import get_worker_info
+
 from .balance import EvenRanks
 from .batch import Batch, BatchSpec
 from .buckets import PoolBatch
@@ -30,6 +32,7 @@ from .seeds import shuffle_seed_parts
 from .shards import Shard
 from .shuffle import Shuffle
 from .timing import StageTimer, Timed
+from .train.shm_tensors import leave_as_tensor_batches
 from .transform import Step, Transform
 
 __all__ = ["Reader", "Spec", "describe_counts"]
@@ -112,6 +115,8 @@ class Reader:
         self.out: Any = emit
         if spec.batch is not None:
             collate = spec.batch.collate
+            if get_worker_info() is not None:  # dicts of tensors cross in shared memory
+                collate = leave_as_tensor_batches(collate)
             if spec.batch.rule is None:
                 self.out = Batch(emit, spec.batch, collate)
             else:

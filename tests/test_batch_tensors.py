@@ -9,6 +9,7 @@ a few batches resumes with exactly the batches the uninterrupted run had.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from itertools import islice
 from pathlib import Path
@@ -21,6 +22,7 @@ from torch.utils.data import DataLoader, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from streamds import PadCollate, StreamingJsonl, as_list
+from streamds.train import shm_ring
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
@@ -78,25 +80,34 @@ def summary(batches: Iterable[dict[str, Any]]) -> list[tuple[tuple[int, ...], tu
     return [(tuple(b["id"].tolist()), tuple(b["length"].tolist())) for b in batches]
 
 
-@pytest.mark.parametrize(("num_workers", "dtype"),
-                         [(0, torch.int64), (2, torch.int64), (2, torch.int32)])
+@pytest.mark.parametrize(("num_workers", "dtype", "ring"),
+                         [(0, torch.int64, True), (2, torch.int64, True), (2, torch.int32, True),
+                          (2, torch.int64, False)])
 def test_workers_send_padded_tensors_each_record_once(
-    corpus: Path, num_workers: int, dtype: torch.dtype
+    corpus: Path, num_workers: int, dtype: torch.dtype, ring: bool, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if not ring or not os.path.isdir(shm_ring.SHM_DIR):
+        monkeypatch.setattr(shm_ring, "SHM_DIR", str(tmp_path / "no-shm"))  # workers fork with it
+        ring = False
     loader = DataLoader(dataset(corpus, dtype=dtype), batch_size=None,
                         num_workers=num_workers, collate_fn=as_list)
     seen: list[int] = []
     makers = set()
+    before = shm_ring.batches_taken()
+    batches = 0
     for batch in loader:
-        assert isinstance(batch, dict), f"got {type(batch).__name__}, not a collated batch"
+        batches += 1
+        assert type(batch) is dict, f"got {type(batch).__name__}, not a collated batch"
         ids, mask, lengths = batch["input_ids"], batch["attention_mask"], batch["lengths"]
         assert ids.dtype == mask.dtype == lengths.dtype == dtype
         assert lengths.tolist() == batch["length"].tolist()  # the tokenizer's own count
         assert ids.shape == mask.shape and ids.shape[0] == len(lengths) <= BATCH
         assert ids.shape[1] == int(lengths.max())  # padded to the longest, no wider
         assert mask.sum(dim=1).tolist() == lengths.tolist()
-        # tensors made in a worker come over in shared memory, not pickled through the pipe
-        assert all(t.is_shared() == (num_workers > 0) for t in (ids, mask, lengths))
+        # tensors made in a worker come over in shared memory, not pickled through the pipe:
+        # copied out of the worker's ring, else in shared storage of their own (torch's way)
+        assert all(t.is_shared() == (num_workers > 0 and not ring) for t in (ids, mask, lengths))
         for row, record_id in enumerate(batch["id"].tolist()):
             want = words_of(record_id)
             assert lengths[row] == len(want)
@@ -106,6 +117,7 @@ def test_workers_send_padded_tensors_each_record_once(
         makers.add(batch["made_by"])
     assert sorted(seen) == list(range(RECORDS))
     assert makers == ({-1} if num_workers == 0 else set(range(num_workers)))
+    assert shm_ring.batches_taken() - before == (batches if num_workers and ring else 0)
 
 
 @pytest.mark.parametrize("cut", [1, 3, 6])

@@ -95,8 +95,10 @@ class RingWriter:
         self.head = 0  # position after the last entry written
         self.seq = 0
 
-    def put(self, payload: bytes) -> Entry | None:
-        length = len(payload)
+    def put(self, *pieces: bytes | memoryview) -> Entry | None:
+        """The pieces, one after another, as one entry."""
+        views = [memoryview(piece).cast("B") for piece in pieces]
+        length = sum(view.nbytes for view in views)
         need = _aligned(_HEADER.size + length)
         if need > self.size // 2:
             return None
@@ -112,7 +114,10 @@ class RingWriter:
         self.seq += 1
         at = DATA + offset
         _HEADER.pack_into(self.map, at, self.seq, length)
-        self.map[at + _HEADER.size : at + _HEADER.size + length] = payload
+        at += _HEADER.size
+        for view in views:
+            self.map[at : at + view.nbytes] = view
+            at += view.nbytes
         self.head = end
         return Entry(self.name, self.pid, self.seq, start, end, length)
 
@@ -208,15 +213,17 @@ def _ring_size(payload: int) -> int:
     return size
 
 
-def put(payload: bytes) -> Entry | None:
-    """Write `payload` into this process's ring (made on the first call); None: send it
-    some other way (too big, ring full, or no shared memory here)."""
+def put(*pieces: bytes | memoryview) -> Entry | None:
+    """Write the pieces (bytes-like), one after another, as one entry of this process's ring
+    (made on the first call); None: send them some other way (too big, ring full, or no
+    shared memory here)."""
     global _writer, _writer_pid
     pid = os.getpid()
     with _lock:
         if _writer_pid != pid:  # first call in this process (or in a fork of it)
-            _writer, _writer_pid = _new_writer(_ring_size(len(payload))), pid
-        return None if _writer is None else _writer.put(payload)
+            first = sum(memoryview(piece).nbytes for piece in pieces)
+            _writer, _writer_pid = _new_writer(_ring_size(first)), pid
+        return None if _writer is None else _writer.put(*pieces)
 
 
 def _new_writer(size: int) -> RingWriter | None:
