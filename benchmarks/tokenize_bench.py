@@ -13,7 +13,11 @@ runs every (workers, reader) pair once, the reader order rotating between rounds
 has the medians. CPU is the process tree's (main process plus its reaped workers) over wall
 time; at 0 workers torch's intra-op threads join in the padding, while DataLoader workers run
 one thread each.
-Writes the table to benchmarks/results/tokenize_bench.md.
+A second table isolates the hand-over: padded batches of the same shape replayed from memory
+in the workers (nothing read or tokenized), sent as torch sends a dict of tensors (a /dev/shm
+file and a descriptor per tensor) and as streamds sends them (`TensorBatch`: copied through the
+worker's shared-memory ring).
+Writes the tables to benchmarks/results/tokenize_bench.md.
 """
 
 from __future__ import annotations
@@ -35,10 +39,12 @@ from common import DATA_DIR, ROOT, Corpus, command_line, machine, own_cpu, pubme
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the workers fork after training
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from streamds import PadCollate, StreamingJsonl, as_list
+from streamds.train.shm_tensors import TensorBatch
 
 BATCH = 16
 MAX_TOKENS = 512
@@ -161,6 +167,43 @@ def run_once(make: Callable[[], DataLoader]) -> tuple[int, int, float, float]:
     return batches, records, time.perf_counter() - start, own_cpu() - cpu
 
 
+class ReplayPadded(IterableDataset):
+    """`batches` padded batches ({"input_ids", "attention_mask"}, BATCH x MAX_TOKENS int64), each
+    fresh memory as a collate makes it, split over the workers; as plain dicts (torch's way
+    out of a worker) or as `TensorBatch` (streamds' way)."""
+
+    def __init__(self, batches: int, ring: bool) -> None:
+        self.batches, self.ring = batches, ring
+
+    def __iter__(self) -> Iterable[dict[str, torch.Tensor]]:
+        info = get_worker_info()
+        first, step = (0, 1) if info is None else (info.id, info.num_workers)
+        ids = torch.randint(1, 8000, (BATCH, MAX_TOKENS))
+        for _ in range(first, self.batches, step):
+            batch = {"input_ids": ids.clone(), "attention_mask": torch.ones_like(ids)}
+            yield TensorBatch(batch) if self.ring else batch
+
+
+def crossing_table(workers: list[int], rounds: int, batches: int = 3000) -> str:
+    """batches/s of the hand-over alone, torch's way against the ring, medians of `rounds`."""
+    rates: dict[tuple[bool, int], list[float]] = {}
+    for _ in range(rounds):
+        for n in workers:
+            for ring in (False, True):
+                loader = DataLoader(ReplayPadded(batches, ring), batch_size=None, num_workers=n,
+                                    collate_fn=as_list)
+                start = time.perf_counter()
+                got = sum(1 for _ in loader)
+                assert got == batches, (got, batches)
+                rates.setdefault((ring, n), []).append(got / (time.perf_counter() - start))
+    lines = ["| num_workers | torch's way (a shared file per tensor) | streamds' ring "
+             "| ring / torch |", "|---:|---:|---:|---:|"]
+    for n in workers:
+        torch_way, ring = (statistics.median(rates[(r, n)]) for r in (False, True))
+        lines.append(f"| {n} | {torch_way:,.0f} | {ring:,.0f} | {ring / torch_way:.1f}x |")
+    return "\n".join(lines)
+
+
 def table(results: dict[tuple[str, int], list[tuple[float, float]]], workers: list[int],
           readers: list[str]) -> str:
     base = statistics.median(b for b, _ in results[(readers[0], workers[0])])
@@ -218,11 +261,14 @@ def main() -> None:
                     print(f"round {round_ + 1}: {reader:10} {n} workers: {batches / wall:8.1f} "
                           f"batches/s, CPU {cpu / wall:.2f} cores", flush=True)
     body = table(results, args.workers, args.readers)
+    crossing = crossing_table([n for n in args.workers if n > 0], args.rounds)
     report = (
         f"`{command_line()}`: {corpus.records:,} PubMed-layout records "
         f"({corpus.decoded_bytes / 1e6:.0f} MB, 8 shards), WordPiece tokenizer (8k vocab, "
         f"truncated at {MAX_TOKENS}), batches of {BATCH} padded int64 tensors, medians of "
-        f"{args.rounds} interleaved rounds; {machine()}.\n\n{body}\n"
+        f"{args.rounds} interleaved rounds; {machine()}.\n\n{body}\n\n"
+        f"The hand-over alone: batches/s of padded batches of the same shape replayed from "
+        f"memory in the workers, medians of {args.rounds} rounds.\n\n{crossing}\n"
     )
     print("\n" + report)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

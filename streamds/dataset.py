@@ -246,8 +246,9 @@ class StreamingJsonl(IterableDataset):
         Use it with ``DataLoader(ds.batch(n, collate=...), batch_size=None)``: each worker
         sends one message per batch, and the batch is made where the records are. `collate`
         (a module-level function, so spawned workers can pickle it) turns the list of records
-        into what the model takes, e.g. a `streamds.PadCollate` for padded tensors (tensors
-        cross from the workers in shared memory). None yields a `RecordBatch`, a list-like
+        into what the model takes, e.g. a `streamds.PadCollate` for padded tensors (the
+        tensors of a dict cross from a worker in its shared-memory ring,
+        `streamds.train.shm_tensors`). None yields a `RecordBatch`, a list-like
         holder of the records that torch's default conversion hands over untouched; from a
         worker its records cross marshalled, in shared memory (`streamds.train.shm_ring`).
         A collate that returns lists or dicts of Python values is walked value by value by
