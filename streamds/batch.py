@@ -15,6 +15,7 @@ import marshal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import islice
+from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import get_worker_info
@@ -34,7 +35,8 @@ class RecordBatch:
     ``list(batch)`` is the list itself. It is not a `Sequence` on purpose: with
     ``DataLoader(batch_size=None)`` torch's default conversion (`default_convert`) copies every
     record of a list and walks every value in it (measured 3x slower for dict records), but
-    hands anything else over as it is. Pickles as its list.
+    hands anything else over as it is. Pickles as its list; the queue of a DataLoader worker
+    sends it through shared memory (`_reduce_for_queue`).
     """
 
     __slots__ = ("records",)
@@ -67,10 +69,18 @@ class RecordBatch:
     def __deepcopy__(self, memo: dict[int, Any]) -> RecordBatch:
         return RecordBatch(copy.deepcopy(self.records, memo))
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        if get_worker_info() is None:  # not on the way from a DataLoader worker
-            return (RecordBatch, (self.records,))
-        return _reduce_in_worker(self.records)
+    def __reduce__(self) -> tuple[Any, ...]:  # pickle, torch.save: as its list
+        return (RecordBatch, (self.records,))
+
+
+def _reduce_for_queue(batch: RecordBatch) -> tuple[Any, ...]:
+    """How multiprocessing's pickler (the DataLoader's queues) sends a `RecordBatch`."""
+    if get_worker_info() is None:  # not on the way from a DataLoader worker
+        return (RecordBatch, (batch.records,))
+    return _reduce_in_worker(batch.records)
+
+
+ForkingPickler.register(RecordBatch, _reduce_for_queue)
 
 
 def _reduce_in_worker(records: list[Any]) -> tuple[Any, ...]:

@@ -6,6 +6,7 @@ import copy
 import os
 import pickle
 from collections.abc import Iterator
+from multiprocessing.reduction import ForkingPickler
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
@@ -193,7 +194,8 @@ class CopiedInTheWorker(IterableDataset):
     def __iter__(self) -> Iterator[RecordBatch]:
         for batch in self.source:
             assert copy.copy(batch) == batch and copy.deepcopy(batch) == batch
-            assert pickle.loads(pickle.dumps(batch)) == batch  # through its own ring
+            assert pickle.loads(pickle.dumps(batch)) == batch  # as its list
+            assert pickle.loads(ForkingPickler.dumps(batch)) == batch  # through its own ring
             yield batch
 
 

@@ -21,7 +21,7 @@ from resume_contract import checkpoint
 from torch.utils.data import DataLoader, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from streamds import PadCollate, StreamingJsonl, as_list
+from streamds import LengthBuckets, PadCollate, StreamingJsonl, as_list
 from streamds.train import shm_ring
 
 pytestmark = [
@@ -91,7 +91,8 @@ def test_workers_send_padded_tensors_each_record_once(
         monkeypatch.setattr(shm_ring, "SHM_DIR", str(tmp_path / "no-shm"))  # workers fork with it
         ring = False
     loader = DataLoader(dataset(corpus, dtype=dtype), batch_size=None,
-                        num_workers=num_workers, collate_fn=as_list)
+                        num_workers=num_workers, collate_fn=as_list,
+                        multiprocessing_context="fork" if num_workers else None)
     seen: list[int] = []
     makers = set()
     before = shm_ring.batches_taken()
@@ -138,3 +139,24 @@ def test_a_state_after_some_batches_resumes_exactly(corpus: Path, cut: int) -> N
     rest = summary(fresh)
     assert rest, "nothing left after the cut: the test would pass without resuming"
     assert prefix + rest == reference
+
+
+def test_length_buckets_of_tensors_cross_in_shared_memory_every_epoch(corpus: Path) -> None:
+    """The pool stage's batches, torch's default conversion (no collate_fn), workers kept
+    between epochs: every record once per epoch, every batch through a worker's ring."""
+    ds = StreamingJsonl(str(corpus), shuffle=True, seed=5, buffer_size=32).map(tokenize)
+    ds = ds.batch(LengthBuckets(BATCH, buffer_size=64),
+                  collate=PadCollate(PAD, keys=("input_ids",)))
+    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        before = shm_ring.batches_taken()
+        batches = list(loader)
+        assert all(type(b) is dict for b in batches)
+        assert sorted(i for b in batches for i in b["id"].tolist()) == list(range(RECORDS))
+        for b in batches:
+            for row, record_id in enumerate(b["id"].tolist()):
+                want = words_of(record_id)
+                assert b["input_ids"][row, : len(want)].tolist() == want
+        if os.path.isdir(shm_ring.SHM_DIR):
+            assert shm_ring.batches_taken() - before == len(batches)

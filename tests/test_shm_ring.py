@@ -37,6 +37,19 @@ def test_every_payload_comes_back_once_in_order_around_the_ring(tmp_path: Path) 
     reader.close()
 
 
+def test_pieces_come_back_as_one_payload_around_the_ring(tmp_path: Path) -> None:
+    writer = RingWriter(SIZE, shm_dir=str(tmp_path))
+    reader = RingReader(writer.name, writer.pid, shm_dir=str(tmp_path))
+    for i in range(60):  # 0 to 3 pieces of up to 600 bytes: crosses the end many times
+        pieces = [payload(i + j, (i * 397 + j * 211) % 600) for j in range(i % 4)]
+        entry = writer.put(*pieces, memoryview(b""))
+        assert entry is not None and entry.length == sum(map(len, pieces))
+        assert reader.take(entry, bytes) == b"".join(pieces)
+    assert writer.head > 5 * SIZE
+    writer.close()
+    reader.close()
+
+
 def test_a_payload_that_does_not_fit_goes_the_other_way(tmp_path: Path) -> None:
     writer = RingWriter(SIZE, shm_dir=str(tmp_path))
     reader = RingReader(writer.name, writer.pid, shm_dir=str(tmp_path))
@@ -134,6 +147,10 @@ def test_the_ring_is_sized_from_its_first_payload() -> None:
     assert shm_ring._ring_size(10) == shm_ring.MIN_SIZE
     assert shm_ring._ring_size(1_400_000) == 16 << 20  # 8 PubMed batches of 64 records
     assert shm_ring._ring_size(1 << 30) == shm_ring.MAX_SIZE
+    # a share of the free space in /dev/shm at most (a container's 64 MB, 4 workers: 4 MB each)
+    assert shm_ring._ring_size(1_400_000, budget=(64 << 20) // 16) == 4 << 20
+    assert shm_ring._ring_size(1_400_000, budget=3 << 20) == 0  # not 2 batches: no ring
+    assert shm_ring._ring_size(10, budget=100_000) == 65_536
 
 
 def test_a_fork_starts_with_its_own_lock(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ only a descriptor of ~100 bytes crosses the pipe; the main process builds the re
 from the shared pages, then marks their space free.
 
 The ring: one file in /dev/shm per worker process, made on its first payload and sized from
-it: ``[consumed: u64 | pad to 64 | entries]``, an entry ``[seq: u64 | length: u64 | payload]``
+it (and from the free space there, which the other workers and torch's own tensors need too):
+``[consumed: u64 | pad to 64 | entries]``, an entry ``[seq: u64 | length: u64 | payload]``
 at position % size, never split across the end. Positions only grow. Only the reader writes
 `consumed` (the end of the last entry it has read), and the writer writes only where the
 reader is done, so an entry is never overwritten before it is read. The writer never waits: a
@@ -40,6 +41,8 @@ from collections.abc import Callable
 from multiprocessing import util
 from typing import NamedTuple, TypeVar
 
+from torch.utils.data import get_worker_info
+
 __all__ = ["Entry", "RingReader", "RingWriter", "batches_taken", "put", "take"]
 
 T = TypeVar("T")
@@ -48,6 +51,7 @@ log = logging.getLogger(__name__)
 SHM_DIR = "/dev/shm"
 MIN_SIZE = 4 << 20  # bytes of entries in a ring, at least
 MAX_SIZE = 64 << 20  # ... and at most; a ring is sized to 8 of its first payloads
+SHM_SHARE = 4  # ... and to at most 1 / (SHM_SHARE x workers) of the free space in SHM_DIR
 DATA = 64  # entries start here, after `consumed`
 _CONSUMED = struct.Struct("<Q")
 _HEADER = struct.Struct("<QQ")  # seq, length
@@ -206,11 +210,31 @@ if hasattr(os, "register_at_fork"):  # POSIX
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _ring_size(payload: int) -> int:
+def _ring_size(payload: int, budget: int | None = None) -> int:
+    """Bytes of entries for a ring whose first payload has `payload` bytes: room for 8 such,
+    within [MIN_SIZE, MAX_SIZE] and at most `budget`; 0 when the budget is too small."""
     size = MIN_SIZE
     while size < 8 * payload and size < MAX_SIZE:
         size *= 2
+    if budget is not None and size > budget:
+        while size > budget:
+            size //= 2
+        if size < 2 * _aligned(_HEADER.size + payload):  # not even the first one would fit
+            return 0
     return size
+
+
+def _budget() -> int | None:
+    """Bytes this worker's ring may take: a share of the free space in SHM_DIR, which the
+    other workers' rings and torch's own hand-over of tensors need too (a container's
+    /dev/shm is often 64 MB); None: SHM_DIR cannot be asked (`_new_writer` will say why)."""
+    try:
+        stat = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    info = get_worker_info()
+    workers = 1 if info is None else info.num_workers
+    return stat.f_bavail * stat.f_frsize // (SHM_SHARE * workers)
 
 
 def put(*pieces: bytes | memoryview) -> Entry | None:
@@ -222,12 +246,15 @@ def put(*pieces: bytes | memoryview) -> Entry | None:
     with _lock:
         if _writer_pid != pid:  # first call in this process (or in a fork of it)
             first = sum(memoryview(piece).nbytes for piece in pieces)
-            _writer, _writer_pid = _new_writer(_ring_size(first)), pid
+            _writer, _writer_pid = _new_writer(_ring_size(first, _budget())), pid
         return None if _writer is None else _writer.put(*pieces)
 
 
 def _new_writer(size: int) -> RingWriter | None:
     if not hasattr(os, "posix_fallocate"):  # macOS, Windows: no /dev/shm either
+        return None
+    if size == 0:
+        log.debug("too little free space in %s for a ring; batches cross the pipe", SHM_DIR)
         return None
     try:
         return RingWriter(size)
