@@ -18,6 +18,9 @@ number):
   the same run. "x limit" divides by the limit of the row's own input (.zst rows by the zstd
   limit; plain and tar rows by the plain limit). With workers a loader may use more than
   one core, so its ratio can exceed 1.
+- limit, 2 cores: two zstd limit loops at once, one process each (a pool started before the
+  timing): the records/s both deliver together, the ceiling for any loader with workers on
+  a 2-core machine (caches, memory bandwidth and the VM's host are shared).
 - limit in batches of 64: the zstd limit loop handing out lists of 64 records and keeping
   the last one while the next fills, as a training loop over a DataLoader does. Same work,
   more records alive: for ~21 KB PubMed records this alone costs a third of the limit on
@@ -31,7 +34,9 @@ number):
   (``DataLoader(ds.batch(64), batch_size=None)``, no collate_fn): one message per batch; a
   worker's batch is marshalled into a ring of shared memory and only a descriptor crosses the
   pipe (`streamds.batch.RecordBatch`, `streamds.train.shm_ring`). The row with
-  prefetch_factor=8 lets each worker run 8 batches ahead instead of the DataLoader's 2.
+  prefetch_factor=8 lets each worker run 8 batches ahead instead of the DataLoader's 2; the
+  "~300 KB a batch" row sizes batches in bytes rather than records (16 PubMed records, 1024
+  small lines), the message size that measured best with 2 workers.
 - DataLoader only, batches: the replayed records in lists of 64 yielded by the dataset as
   whole batches, as pickled lists and as RecordBatch (marshal through shared memory, what
   `.batch()` sends): the ceiling of the batched path.
@@ -72,6 +77,8 @@ import argparse
 import contextlib
 import gc
 import json
+import math
+import multiprocessing
 import os
 import pickle
 import statistics
@@ -83,6 +90,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -141,6 +149,13 @@ def limit_zst(path: Path, read_size: int) -> int:
             parsed = [loads(line) for line in lines]
             records += len(parsed)
     return records + (1 if tail.strip() else 0)
+
+
+def limit_zst_pair(pool: Any, path: Path, read_size: int) -> int:
+    """Two zstd limit loops at once, each in a process of `pool` over the whole corpus: what
+    the machine's two cores deliver together (they share caches, memory bandwidth and, on a
+    VM, the host). Returns the records both read."""
+    return sum(pool.starmap(limit_zst, [(path, read_size)] * 2))
 
 
 def limit_zst_batches(path: Path, read_size: int, batch_size: int | None = None) -> int:
@@ -220,17 +235,38 @@ def streamds_run(path: Path, workers: int, cap: float | None = None) -> int:
 
 
 def streamds_batched_run(
-    path: Path, workers: int, cap: float | None = None, prefetch: int | None = None
+    path: Path, workers: int, cap: float | None = None, prefetch: int | None = None,
+    size: int | None = None,
 ) -> int:
     """Whole batches out of the reader, the DataLoader's default conversion (a RecordBatch
-    passes it untouched); `prefetch`: the DataLoader's prefetch_factor with workers."""
+    passes it untouched); `prefetch`: the DataLoader's prefetch_factor with workers; `size`:
+    records per batch (default BATCH_SIZE)."""
     started = time.perf_counter()
     from streamds import StreamingJsonl
 
     ahead = {"prefetch_factor": prefetch} if prefetch and workers else {}
-    loader = DataLoader(StreamingJsonl(str(path)).batch(BATCH_SIZE), batch_size=None,
+    loader = DataLoader(StreamingJsonl(str(path)).batch(size or BATCH_SIZE), batch_size=None,
                         num_workers=workers, **ahead)
     return _count(loader, cap, started=started)
+
+
+SIZED_BATCH_BYTES = 300_000  # the message size that measured best with 2 workers (see README)
+
+
+def sized_batch(mean_line: float) -> int:
+    """Records per batch for ~SIZED_BATCH_BYTES of JSON a batch: the nearest power of two."""
+    sizes = [1 << i for i in range(16)]
+    return min(sizes, key=lambda n: abs(math.log(n * mean_line / SIZED_BATCH_BYTES)))
+
+
+def streamds_batched_16_run(path: Path, workers: int, cap: float | None = None) -> int:
+    """`streamds_batched_run` with batches of 16 (~340 KB of PubMed records)."""
+    return streamds_batched_run(path, workers, cap, size=16)
+
+
+def streamds_batched_1024_run(path: Path, workers: int, cap: float | None = None) -> int:
+    """`streamds_batched_run` with batches of 1024 (~300 KB of small lines)."""
+    return streamds_batched_run(path, workers, cap, size=1024)
 
 
 def streamds_batched_ahead_run(path: Path, workers: int, cap: float | None = None) -> int:
@@ -413,6 +449,7 @@ class Result:
     note: str = ""
     is_limit: bool = False  # the row other rows divide by
     read_size: int = 0  # plain loops: bytes per read
+    copies: int = 1  # how many times a run reads the corpus (the 2-core limit: twice at once)
     rates: list[float] = field(default_factory=list)  # records/s per timed run
     read: list[int] = field(default_factory=list)  # records per timed run
     cores: list[float] = field(default_factory=list)  # our CPU seconds / wall, per run
@@ -457,14 +494,14 @@ def measure(
         if attempt and len(FIRST_BATCH) > firsts:
             result.first.append(FIRST_BATCH[-1])
         used = own_cpu() - own
-        if records != expected and not (capped and 0 < records < expected):
+        if records != expected * result.copies and not (capped and 0 < records < expected):
             raise RuntimeError(
                 f"{result.reader} ({result.source}, workers={result.workers}) yielded "
                 f"{records} records; the corpus has {expected}"
             )
         if attempt:
             result.rates.append(records / wall)
-            result.read.append(records)
+            result.read.append(records // result.copies)
             result.cores.append(used / wall)
             result.others.append(max(0.0, (machine_busy() - busy - used) / wall))
     share = f" ({min(result.read) / expected:.0%} read)" if result.partial else ""
@@ -510,6 +547,21 @@ def measure_limit_batches(
                     read_size=limit.read_size)
     result.run = lambda: limit_zst_batches(corpus.zst, result.read_size)
     return measure(result, result.run, repeats=repeats, wait=wait, log=log)
+
+
+def measure_limit_pair(
+    corpus: Corpus, limit: Result, *, repeats: int, wait: QuietWaiter,
+    log: Callable[[str], None],
+) -> Result:
+    """The zstd limit loop in two processes at once, at the read size `limit` chose."""
+    result = Result(corpus, "limit, 2 cores", _source_name(corpus.zst), None, "zst",
+                    note="two of those loops at once, one process each", copies=2,
+                    read_size=limit.read_size)
+    with multiprocessing.get_context("fork").Pool(2) as pool:  # started before the timing
+        result.run = lambda: limit_zst_pair(pool, corpus.zst, result.read_size)
+        measure(result, result.run, repeats=repeats, wait=wait, log=log)
+    result.run = None  # the pool is gone; `again` is for the 1-core limits
+    return result
 
 
 def again(result: Result, *, repeats: int, wait: QuietWaiter, log: Callable[[str], None]) -> None:
@@ -597,7 +649,9 @@ def readme_body(
         "no decompression for `.jsonl` and tar), the fastest of its runs before and after "
         f"the other rows; \"limit in batches of {BATCH_SIZE}\" is that loop handing out "
         f"lists of {BATCH_SIZE} records and keeping the last one while the next fills, as a "
-        "training loop does (the fairer ceiling for the batched rows). \"cores used\" is the "
+        "training loop does (the fairer ceiling for the batched rows); \"limit, 2 cores\" "
+        "runs two of the 1-core loops at once in two processes (what the machine's two cores "
+        "deliver together, the ceiling for rows with workers). \"cores used\" is the "
         "loader's CPU time over wall time. Every reader goes through "
         f"DataLoader(batch_size={BATCH_SIZE}, collate_fn returning the list), except "
         f"\".batch({BATCH_SIZE})\" rows: DataLoader(ds.batch({BATCH_SIZE}), batch_size=None), "
@@ -683,13 +737,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"{corpus.name}: {corpus.records} records, {corpus.decoded_bytes / MB:.0f} MB")
         limits = [measure_limit(corpus, key, **options) for key in ("zst", "plain")]
         limits.append(measure_limit_batches(corpus, limits[0], **options))
+        pair = measure_limit_pair(corpus, limits[0], **options)
         for limit in limits:
             loop = {"zst": "limit_zst", "plain": "limit_plain"}[limit.limit_key]
             if not limit.is_limit:
                 loop = "limit_zst_batches"
             path = corpus.plain if limit.source == ".jsonl" else corpus.zst
             limit.peak_mb = peak(loop, path, limit.read_size)
-        results.extend(limits)
+        results.extend([*limits, pair])
         if "replay" in args.readers:
             pool = replay_pool(corpus)
             crossing.append((corpus, crossing_costs(pool)))
@@ -715,6 +770,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.append((f"StreamingJsonl .batch({BATCH_SIZE}), prefetch_factor=8", "zst",
                          _source_name(corpus.zst), "streamds_batched_ahead_run", corpus.zst,
                          False))
+            sized = sized_batch(corpus.decoded_bytes / corpus.records)
+            if sized != BATCH_SIZE and f"streamds_batched_{sized}_run" in globals():
+                rows.append((f"StreamingJsonl .batch({sized}), ~{SIZED_BATCH_BYTES // 1000} KB "
+                             "a batch", "zst", _source_name(corpus.zst),
+                             f"streamds_batched_{sized}_run", corpus.zst, False))
             rows.append(("StreamingJsonl", "plain", ".jsonl", "streamds_run", corpus.plain,
                          False))
             rows.append((f"StreamingJsonl .batch({BATCH_SIZE})", "plain", ".jsonl",
