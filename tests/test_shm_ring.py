@@ -50,6 +50,37 @@ def test_pieces_come_back_as_one_payload_around_the_ring(tmp_path: Path) -> None
     reader.close()
 
 
+def test_memory_is_reserved_as_entries_reach_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    size = 4 * shm_ring.RESERVE_STEP
+    writer = RingWriter(size, shm_dir=str(tmp_path))
+    reader = RingReader(writer.name, writer.pid, shm_dir=str(tmp_path))
+
+    def backed() -> int:  # bytes of the file backed by memory
+        return os.fstat(writer.fd).st_blocks * 512
+
+    assert backed() < shm_ring.RESERVE_STEP  # a new ring costs next to nothing
+    first = writer.put(payload(0, 1000))
+    assert first is not None and writer.reserved == shm_ring.RESERVE_STEP
+    assert reader.take(first, bytes) == payload(0, 1000)
+    big = payload(1, shm_ring.RESERVE_STEP + 10)  # reaches into the second step
+    entry = writer.put(big)
+    assert entry is not None and writer.reserved == 2 * shm_ring.RESERVE_STEP
+    assert reader.take(entry, bytes) == big
+    assert backed() >= writer.reserved
+
+    def no_space(fd: int, offset: int, length: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_space)  # /dev/shm filled up meanwhile
+    assert writer.put(big) is None  # the pipe, not a SIGBUS
+    small = writer.put(payload(2, 100))  # still fits in what is reserved
+    assert small is not None and reader.take(small, bytes) == payload(2, 100)
+    writer.close()
+    reader.close()
+
+
 def test_a_payload_that_does_not_fit_goes_the_other_way(tmp_path: Path) -> None:
     writer = RingWriter(SIZE, shm_dir=str(tmp_path))
     reader = RingReader(writer.name, writer.pid, shm_dir=str(tmp_path))

@@ -52,6 +52,7 @@ SHM_DIR = "/dev/shm"
 MIN_SIZE = 4 << 20  # bytes of entries in a ring, at least
 MAX_SIZE = 64 << 20  # ... and at most; a ring is sized to 8 of its first payloads
 SHM_SHARE = 4  # ... and to at most 1 / (SHM_SHARE x workers) of the free space in SHM_DIR
+RESERVE_STEP = 1 << 20  # a ring's memory is reserved this much at a time, as entries reach it
 DATA = 64  # entries start here, after `consumed`
 _CONSUMED = struct.Struct("<Q")
 _HEADER = struct.Struct("<QQ")  # seq, length
@@ -86,18 +87,32 @@ class RingWriter:
         self.name = f"streamds-{self.pid}-{secrets.token_hex(6)}"
         self.size = size
         path = os.path.join(shm_dir or SHM_DIR, self.name)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.posix_fallocate(fd, 0, DATA + size)  # no space: OSError now, not SIGBUS later
-            self.map = mmap.mmap(fd, DATA + size)
+            os.ftruncate(self.fd, DATA + size)  # its length; memory is reserved as entries come
+            os.posix_fallocate(self.fd, 0, DATA)  # `consumed`; no space: OSError now
+            self.map = mmap.mmap(self.fd, DATA + size)
         except BaseException:
+            os.close(self.fd)
             os.unlink(path)
             raise
-        finally:
-            os.close(fd)
         util.Finalize(self, _unlink_quietly, args=(path,), exitpriority=0)
+        self.reserved = 0  # bytes of entries backed by memory
         self.head = 0  # position after the last entry written
         self.seq = 0
+
+    def _reserve(self, upto: int) -> bool:
+        """Back the entries up to `upto` with memory before they are written, RESERVE_STEP at a
+        time (writing to pages of a full /dev/shm that were never reserved is a SIGBUS; this
+        is an OSError); False: no space left."""
+        new = min(self.size, -(-upto // RESERVE_STEP) * RESERVE_STEP)
+        try:
+            os.posix_fallocate(self.fd, DATA + self.reserved, new - self.reserved)
+        except OSError as err:
+            log.debug("no space for more of the shared-memory ring (%s); the pipe it is", err)
+            return False
+        self.reserved = new
+        return True
 
     def put(self, *pieces: bytes | memoryview) -> Entry | None:
         """The pieces, one after another, as one entry."""
@@ -114,6 +129,8 @@ class RingWriter:
         end = start + need
         (consumed,) = _CONSUMED.unpack_from(self.map, 0)
         if end - consumed > self.size:  # would overwrite entries not read yet
+            return None
+        if offset + need > self.reserved and not self._reserve(offset + need):
             return None
         self.seq += 1
         at = DATA + offset
@@ -140,6 +157,7 @@ class RingWriter:
 
     def close(self) -> None:
         self.map.close()
+        os.close(self.fd)
 
 
 class RingReader:
