@@ -259,21 +259,6 @@ def sized_batch(mean_line: float) -> int:
     return min(sizes, key=lambda n: abs(math.log(n * mean_line / SIZED_BATCH_BYTES)))
 
 
-def streamds_batched_16_run(path: Path, workers: int, cap: float | None = None) -> int:
-    """`streamds_batched_run` with batches of 16 (~340 KB of PubMed records)."""
-    return streamds_batched_run(path, workers, cap, size=16)
-
-
-def streamds_batched_1024_run(path: Path, workers: int, cap: float | None = None) -> int:
-    """`streamds_batched_run` with batches of 1024 (~300 KB of small lines)."""
-    return streamds_batched_run(path, workers, cap, size=1024)
-
-
-def streamds_batched_ahead_run(path: Path, workers: int, cap: float | None = None) -> int:
-    """`streamds_batched_run` with prefetch_factor=8."""
-    return streamds_batched_run(path, workers, cap, prefetch=8)
-
-
 def hf_run(path: Path, workers: int, cap: float | None = None) -> int:
     started = time.perf_counter()
     import datasets
@@ -763,38 +748,38 @@ def main(argv: Sequence[str] | None = None) -> int:
                     results.append(measure(result, run, **options))
             del pool  # ~200 MB of records that would slow the collector in the rows below
             gc.collect()
-        # (reader, limit key, input, function(path, workers[, cap]), its path, capped)
-        rows: list[tuple[str, str, str, str, object, bool]] = []
+        # (reader, limit key, input, function(path, workers, cap, *more), its path, capped,
+        #  more: the function's further arguments)
+        rows: list[tuple[str, str, str, str, object, bool, tuple]] = []
         if "streamds" in args.readers:
-            rows.append(("StreamingJsonl", "zst", _source_name(corpus.zst), "streamds_run",
-                         corpus.zst, False))
-            rows.append((f"StreamingJsonl .batch({BATCH_SIZE})", "zst",
-                         _source_name(corpus.zst), "streamds_batched_run", corpus.zst, False))
-            rows.append((f"StreamingJsonl .batch({BATCH_SIZE}), prefetch_factor=8", "zst",
-                         _source_name(corpus.zst), "streamds_batched_ahead_run", corpus.zst,
-                         False))
+            zst = _source_name(corpus.zst)
+            rows.append(("StreamingJsonl", "zst", zst, "streamds_run", corpus.zst, False, ()))
+            rows.append((f"StreamingJsonl .batch({BATCH_SIZE})", "zst", zst,
+                         "streamds_batched_run", corpus.zst, False, ()))
+            rows.append((f"StreamingJsonl .batch({BATCH_SIZE}), prefetch_factor=8", "zst", zst,
+                         "streamds_batched_run", corpus.zst, False, (8,)))
             sized = sized_batch(corpus.decoded_bytes / corpus.records)
-            if sized != BATCH_SIZE and f"streamds_batched_{sized}_run" in globals():
+            if sized != BATCH_SIZE:
                 rows.append((f"StreamingJsonl .batch({sized}), ~{SIZED_BATCH_BYTES // 1000} KB "
-                             "a batch", "zst", _source_name(corpus.zst),
-                             f"streamds_batched_{sized}_run", corpus.zst, False))
+                             "a batch", "zst", zst, "streamds_batched_run", corpus.zst, False,
+                             (None, sized)))
             rows.append(("StreamingJsonl", "plain", ".jsonl", "streamds_run", corpus.plain,
-                         False))
+                         False, ()))
             rows.append((f"StreamingJsonl .batch({BATCH_SIZE})", "plain", ".jsonl",
-                         "streamds_batched_run", corpus.plain, False))
+                         "streamds_batched_run", corpus.plain, False, ()))
         if "hf" in args.readers:
             rows.append(("HF datasets", "zst", _source_name(corpus.zst), "hf_run", corpus.zst,
-                         cap is not None))
+                         cap is not None, ()))
         if "wds" in args.readers:
             rows.append(("webdataset", "plain", f"{len(corpus.tars)} tar shards", "wds_run",
-                         [str(tar) for tar in corpus.tars], cap is not None))
-        for reader, key, source, function, path, capped in rows:
-            limited = (cap,) if capped else ()
+                         [str(tar) for tar in corpus.tars], cap is not None, ()))
+        for reader, key, source, function, path, capped, more in rows:
             for workers in args.workers:
+                call = (path, workers, cap if capped else None, *more)
                 result = Result(corpus, reader, source, workers, key)
-                run = partial(globals()[function], path, workers, *limited)
-                results.append(measure(result, run, capped=capped, **options))
-                result.peak_mb = peak(function, path, workers, *limited)
+                results.append(measure(result, partial(globals()[function], *call),
+                                       capped=capped, **options))
+                result.peak_mb = peak(function, *call)
         for limit in limits:
             again(limit, **options)
 

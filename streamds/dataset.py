@@ -34,7 +34,7 @@ from .readahead import DEFAULT_READAHEAD, wants_readahead
 from .resume.counts import count_block_records, count_from
 from .resume.merge import MERGED_FORMAT, resolve_tails, share_of
 from .resume.plain_loader import batches_after, pipeline_state_after
-from .resume.state import ReaderState
+from .resume.state import ReaderState, check_epoch_change
 from .retry import RetryPolicy
 from .seeds import shuffle_seed_parts
 from .shards import Shard, resolve_shards
@@ -288,13 +288,8 @@ class StreamingJsonl(IterableDataset):
         a new DataLoader after each set_epoch().
         """
         check_int("epoch", epoch, 0, "epochs count from 0")
-        loaded = self._loaded
-        if loaded is not None and not loaded.finished and loaded.epoch != epoch:
-            raise ValueError(
-                f"set_epoch({epoch}): the loaded state is in the middle of epoch "
-                f"{loaded.epoch}; iterate to finish that epoch first (or build a fresh "
-                "dataset to skip its remaining records)"
-            )
+        check_epoch_change(self._loaded, epoch,
+                           or_else="or build a fresh dataset to skip its remaining records")
         self.epoch = epoch
 
     # -- where a reader starts -----------------------------------------------------------

@@ -113,11 +113,19 @@ class ReaderState:
         )
 
 
-def check_epoch_change(pending: dict[str, Any] | None, epoch: int) -> None:
-    """Refuse `set_epoch(epoch)` while a loaded state (`pending`: its "epoch" and whether it
-    "finished") is in the middle of another epoch."""
-    if pending is not None and not pending["finished"] and pending["epoch"] != epoch:
+def check_epoch_change(
+    pending: dict[str, Any] | ReaderState | None, epoch: int, *, or_else: str = ""
+) -> None:
+    """Refuse `set_epoch(epoch)` while a loaded state (a reader's, or a dict with its "epoch"
+    and whether it "finished") is in the middle of another epoch; `or_else`: another fix."""
+    if pending is None:
+        return
+    if isinstance(pending, ReaderState):
+        loaded, finished = pending.epoch, pending.finished
+    else:
+        loaded, finished = pending["epoch"], pending["finished"]
+    if not finished and loaded != epoch:
         raise ValueError(
-            f"set_epoch({epoch}): the loaded state is in the middle of epoch "
-            f"{pending['epoch']}; iterate to finish that epoch first"
+            f"set_epoch({epoch}): the loaded state is in the middle of epoch {loaded}; "
+            f"iterate to finish that epoch first{f' ({or_else})' if or_else else ''}"
         )
