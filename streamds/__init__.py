@@ -25,6 +25,7 @@ __all__ = [
     "PackTokens",
     "PadCollate",
     "PaddingStats",
+    "Rebatch",
     "RecordBatch",
     "RetryPolicy",
     "StallMeter",
@@ -59,6 +60,7 @@ _HOMES = {
     "as_list": "train.collate",
     "StreamingJsonl": "dataset",
     "RecordBatch": "batch",
+    "Rebatch": "train.rebatch",
     "CorruptRecordError": "errors",
     "CorruptShardError": "errors",
     "MissingCodecError": "errors",
@@ -111,5 +113,6 @@ if TYPE_CHECKING:
     from .train.batching import Batches, BucketBatches, PaddingStats, TokenBudgetBatches, padding_of
     from .train.collate import PadCollate, as_list
     from .train.prefetch import DevicePrefetcher
+    from .train.rebatch import Rebatch
     from .train.stall import StallMeter
     from .world import World, detect_world

@@ -1,0 +1,193 @@
+"""Rebatch: a loader's big batches -> training batches, cut in the main process.
+
+Workers hand batches over fastest when a message is large (~100-300 KB: ``ds.batch(1024)`` of
+short records), and torchdata's StatefulDataLoader pays its state bookkeeping once per
+batch. A training step often wants far fewer records. `Rebatch` takes the big batches of a
+loader (``DataLoader(ds.batch(1024), batch_size=None, ...)``) and yields `batch_size`-record
+training batches from them, in order, each record exactly once; a short batch at a seam is
+filled from the next big batch, so only the last batch of an epoch is short.
+
+State: where the first record not yet yielded sits: the loader's state before the big batch
+that holds it, and how many of that batch's records were yielded already. Loading it loads the
+loader's state, and the first big batch the loader yields again has its first `skip` records
+dropped. That is exact whenever the loader resumes exactly (StatefulDataLoader over a
+streamds dataset does, with any number of workers).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from ..batch import RecordBatch
+from ..checks import check_bool, check_int
+from ..errors import StateMismatchError
+from ..resume.merge import check_state
+
+__all__ = ["Rebatch"]
+
+STATE_FORMAT = "streamds.rebatch/1"
+_KEYS = frozenset({"format", "loader", "skip"})
+
+
+def _records_of(batch: Any) -> Sequence[Any]:
+    """The records of one big batch: a list (or tuple) of records, or a `RecordBatch`."""
+    if isinstance(batch, RecordBatch):
+        return batch.records
+    if isinstance(batch, (list, tuple)):
+        return batch
+    raise TypeError(
+        f"Rebatch cuts lists of records, and the loader yielded a {type(batch).__name__}; "
+        "give the loader no collate (ds.batch(n) with batch_size=None) and pass the collate "
+        "to Rebatch(..., collate_fn=...) instead"
+    )
+
+
+class Rebatch:
+    """Training batches of `batch_size` records cut from `loader`'s bigger batches.
+
+    ``Rebatch(StatefulDataLoader(ds.batch(1024), batch_size=None, num_workers=2), 32)``:
+    iterate it as the loader; `collate_fn` (in the main process) turns each list of records
+    into what the model takes; `drop_last` drops the short batch at the end of an epoch.
+    `state_dict()` / `load_state_dict()` need a loader that has them (torchdata's
+    StatefulDataLoader), and resume after any training batch.
+    """
+
+    def __init__(
+        self,
+        loader: Iterable[Any],
+        batch_size: int,
+        *,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        drop_last: bool = False,
+    ) -> None:
+        check_int("batch_size", batch_size, 1, "pass the number of records a training batch holds")
+        check_bool("drop_last", drop_last)
+        if isinstance(loader, Iterator):
+            raise ValueError(
+                "loader is a one-shot iterator; pass the loader itself, so that every epoch "
+                "and every resume can iterate it again"
+            )
+        self.loader = loader
+        self.batch_size = batch_size
+        self.collate_fn = collate_fn
+        self.drop_last = drop_last
+        self._loaded: dict[str, Any] | None = None  # a loaded state not yet iterated from
+        self._position: dict[str, Any] | None = None  # after the last batch yielded
+
+    # -- state -----------------------------------------------------------------------------
+
+    def _loader_state(self) -> Any:
+        state_dict = getattr(self.loader, "state_dict", None)
+        return None if state_dict is None else state_dict()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the next training batch begins: the loader's state before the big batch that
+        holds its first record, and how many records of that big batch were yielded."""
+        if not callable(getattr(self.loader, "state_dict", None)):
+            raise TypeError(
+                f"{type(self.loader).__name__} has no state_dict(), so Rebatch cannot say "
+                "where it stands; use torchdata's StatefulDataLoader (pip install torchdata)"
+            )
+        if self._loaded is not None:
+            return dict(self._loaded)
+        if self._position is not None:
+            return dict(self._position)
+        return self._state(self.loader.state_dict(), 0)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at `state` (from `state_dict()`) on the next iteration."""
+        check_state(state, STATE_FORMAT, _KEYS, "rebatch")
+        check_int("the state's skip", state["skip"], 0,
+                  "pass the dict that state_dict() returned, unchanged")
+        load = getattr(self.loader, "load_state_dict", None)
+        if load is None:
+            raise TypeError(
+                f"{type(self.loader).__name__} has no load_state_dict(); use torchdata's "
+                "StatefulDataLoader"
+            )
+        load(state["loader"])
+        self._loaded = dict(state)
+        self._position = None
+
+    # -- iteration -------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        skip = 0 if self._loaded is None else self._loaded["skip"]
+        self._loaded = None
+        self._position = None
+        big_batches = iter(self.loader)
+        held = _Held(self._loader_state())
+        ended = False
+        while True:
+            while held.ready < self.batch_size and not ended:
+                try:
+                    records = _records_of(next(big_batches))
+                except StopIteration:
+                    ended = True
+                    break
+                held.add(records, self._loader_state(), skip)
+                skip = 0
+            if skip:
+                raise StateMismatchError(
+                    f"the loaded state skips {skip} records of the loader's first batch, and "
+                    "the loader yielded nothing; load the state into the loader it came from"
+                )
+            if held.ready == 0 or (ended and held.ready < self.batch_size and self.drop_last):
+                # the epoch is over: the loader's own (finished) state, as after its epoch
+                self._position = self._state(self._loader_state(), 0)
+                return
+            batch = held.take(self.batch_size)
+            self._position = self._state(*held.position())
+            yield batch if self.collate_fn is None else self.collate_fn(batch)
+
+    @staticmethod
+    def _state(loader: Any, skip: int) -> dict[str, Any]:
+        return {"format": STATE_FORMAT, "loader": loader, "skip": skip}
+
+
+class _Held:
+    """The big batches pulled whose records are not all yielded yet, each with the loader's
+    state before it, and the loader's state after the last one pulled."""
+
+    def __init__(self, start: Any) -> None:
+        self.batches: deque[tuple[Any, Sequence[Any]]] = deque()  # (state before it, records)
+        self.taken = 0  # records of the first batch already yielded
+        self.ready = 0  # records held and not yet yielded
+        self.after = start  # the loader's state after the last batch pulled
+
+    def add(self, records: Sequence[Any], after: Any, skip: int) -> None:
+        """A big batch pulled; `skip` > 0 only for the first one after a resume."""
+        if skip > len(records):
+            raise StateMismatchError(
+                f"the loaded state skips {skip} records of the loader's first batch, which "
+                f"holds {len(records)}; the loader does not resume where the state was taken "
+                "(another dataset, batch size or number of workers?): load the state into "
+                "the loader it came from"
+            )
+        self.batches.append((self.after, records))
+        self.after = after
+        self.taken += skip
+        self.ready += len(records) - skip
+
+    def take(self, count: int) -> list[Any]:
+        """The next `count` records (fewer at the end of the epoch)."""
+        batch: list[Any] = []
+        while len(batch) < count and self.batches:
+            records = self.batches[0][1]
+            piece = records[self.taken : self.taken + count - len(batch)]
+            batch.extend(piece)
+            self.taken += len(piece)
+            if self.taken == len(records):
+                self.batches.popleft()
+                self.taken = 0
+        self.ready -= len(batch)
+        return batch
+
+    def position(self) -> tuple[Any, int]:
+        """Where the next record sits: (the loader's state before its big batch, records of
+        that batch yielded); after the last batch pulled when every record was yielded."""
+        if self.batches:
+            return self.batches[0][0], self.taken
+        return self.after, 0

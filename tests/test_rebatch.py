@@ -1,0 +1,139 @@
+"""`Rebatch`: training batches cut from a loader's big batches, exactly once, exact resume."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import corpus
+import pytest
+from resume_contract import ids, records, run_test_save_load_state
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from streamds import Rebatch, StateMismatchError, StreamingJsonl
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
+]
+
+COUNT = 700
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("rebatch") / "part.jsonl"
+    corpus.write_plain(path, corpus.jsonl(records(COUNT, 0)))
+    return path
+
+
+def big_batches(source: Path, *, workers: int, big: int = 50, **loader: Any) -> StatefulDataLoader:
+    ds = StreamingJsonl(str(source), shuffle=True, seed=5, buffer_size=64).batch(big)
+    return StatefulDataLoader(ds, batch_size=None, num_workers=workers, **loader)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_training_batches_hold_every_record_once_in_the_loaders_order(
+    source: Path, workers: int
+) -> None:
+    loader = big_batches(source, workers=workers)
+    flat = [i for big in loader for i in ids(big)]
+    batches = list(Rebatch(big_batches(source, workers=workers), 32, collate_fn=ids))
+    assert [i for batch in batches for i in batch] == flat  # same records, same order
+    assert sorted(flat) == list(range(COUNT))
+    # every batch full but the last: a short big batch (a reader's last) is filled from the next
+    assert [len(batch) for batch in batches] == [32] * (COUNT // 32) + [COUNT % 32]
+
+
+@pytest.mark.parametrize(
+    ("workers", "snapshot"), [(0, 1), (2, 1), (2, 3)], ids=["0-workers", "2-workers", "every-3"]
+)
+def test_resume_after_any_training_batch_is_exact(
+    source: Path, workers: int, snapshot: int
+) -> None:
+    def make() -> Rebatch:
+        loader = big_batches(source, workers=workers, snapshot_every_n_steps=snapshot)
+        return Rebatch(loader, 32, collate_fn=ids)
+
+    # cuts inside a big batch (1), right at a seam (25 * 32 = 16 big batches of 50), after a
+    # batch that spans two big batches (2: records 32..63), and at the end of the epoch
+    reference = run_test_save_load_state(make, [0, 1, 2, 3, 11, 12, 21, 22])
+    assert sorted(i for batch in reference for i in batch) == list(range(COUNT))
+
+
+def test_a_batch_larger_than_the_big_batches_spans_several(source: Path) -> None:
+    def make() -> Rebatch:
+        return Rebatch(big_batches(source, workers=2, big=7), 64, collate_fn=ids)
+
+    reference = run_test_save_load_state(make, [1, 4, 10])
+    assert [len(batch) for batch in reference] == [64] * (COUNT // 64) + [COUNT % 64]
+
+
+def test_drop_last_drops_only_the_short_batch_at_the_end(source: Path) -> None:
+    kept = list(Rebatch(big_batches(source, workers=0), 32, collate_fn=ids, drop_last=True))
+    every = list(Rebatch(big_batches(source, workers=0), 32, collate_fn=ids))
+    assert kept == every[:-1] and len(every[-1]) == COUNT % 32
+
+
+def test_a_state_skips_inside_the_big_batch_it_names(source: Path) -> None:
+    batches = Rebatch(big_batches(source, workers=0), 32, collate_fn=ids)
+    iterator = iter(batches)
+    next(iterator)
+    state = batches.state_dict()
+    assert state["skip"] == 32  # 32 of the first big batch's 50 were yielded
+    next(iterator)  # records 32..63: the rest of big batch 1 and 14 of big batch 2
+    assert batches.state_dict()["skip"] == 14
+    assert pickle.loads(pickle.dumps(batches.state_dict())) == batches.state_dict()
+
+
+def test_a_state_that_does_not_fit_the_loader_is_refused(source: Path) -> None:
+    batches = Rebatch(big_batches(source, workers=0), 32, collate_fn=ids)
+    iterator = iter(batches)
+    next(iterator)
+    state = batches.state_dict()
+    # the same state loaded into a loader whose big batches hold 20 records, not 50
+    other = Rebatch(big_batches(source, workers=0, big=20), 32)
+    other.load_state_dict(state)
+    with pytest.raises(StateMismatchError, match="skips 32 records of the loader's first batch"):
+        next(iter(other))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda s: {k: v for k, v in s.items() if k != "skip"}, "missing keys \\['skip'\\]"),
+        (lambda s: {**s, "extra": 1}, "unknown keys \\['extra'\\]"),
+        (lambda s: {**s, "format": "streamds.rebatch/0"}, "format 'streamds.rebatch/1'"),
+        (lambda s: {**s, "skip": -1}, "skip must be an integer >= 0"),
+    ],
+    ids=["missing", "unknown", "format", "negative"],
+)
+def test_loading_is_strict(source: Path, change: Any, message: str) -> None:
+    state = Rebatch(big_batches(source, workers=0), 32).state_dict()
+    with pytest.raises((StateMismatchError, ValueError), match=message):
+        Rebatch(big_batches(source, workers=0), 32).load_state_dict(change(state))
+
+
+def test_a_plain_dataloader_iterates_but_has_no_state(source: Path) -> None:
+    ds = StreamingJsonl(str(source)).batch(50)
+    batches = Rebatch(DataLoader(ds, batch_size=None), 32, collate_fn=ids)
+    assert [i for batch in batches for i in batch] == list(range(COUNT))
+    with pytest.raises(TypeError, match="use torchdata's StatefulDataLoader"):
+        batches.state_dict()
+
+
+def test_a_loader_of_tensors_is_refused_with_the_fix(source: Path) -> None:
+    loader = DataLoader(StreamingJsonl(str(source)).batch(50, collate=lambda b: {"n": len(b)}),
+                        batch_size=None)
+    with pytest.raises(TypeError, match=r"yielded a dict.*collate_fn"):
+        next(iter(Rebatch(loader, 32)))
+
+
+def test_bad_arguments_name_the_fix(source: Path) -> None:
+    loader = big_batches(source, workers=0)
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
+        Rebatch(loader, 0)
+    with pytest.raises(ValueError, match="one-shot iterator"):
+        Rebatch(iter(loader), 32)
