@@ -36,7 +36,8 @@ from torch.utils.data import IterableDataset
 
 from .checks import check_bool, check_int
 from .errors import StateMismatchError
-from .resume.merge import MERGED_PACKED_FORMAT, PACKED_FORMAT, check_state
+from .resume.merge import MERGED_PACKED_FORMAT, PACKED_FORMAT
+from .resume.state import check_state
 from .resume.totals import PACK_COUNTERS
 from .world import World, detect_world
 

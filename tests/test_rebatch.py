@@ -12,7 +12,7 @@ from resume_contract import ids, records, run_test_save_load_state
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from streamds import Rebatch, StateMismatchError, StreamingJsonl
+from streamds import Rebatch, StateMismatchError, StreamingJsonl, merge_states
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
@@ -114,6 +114,36 @@ def test_loading_is_strict(source: Path, change: Any, message: str) -> None:
     state = Rebatch(big_batches(source, workers=0), 32).state_dict()
     with pytest.raises((StateMismatchError, ValueError), match=message):
         Rebatch(big_batches(source, workers=0), 32).load_state_dict(change(state))
+
+
+def rank_states(source: Path, training_batches: int) -> tuple[list[int], list[dict]]:
+    """Two ranks each yield `training_batches` batches of 25 from big batches of 50; returns
+    the ids they yielded and their Rebatch states."""
+    seen, states = [], []
+    for rank in (0, 1):
+        ds = StreamingJsonl(str(source), shuffle=True, seed=5, buffer_size=64, rank=rank,
+                            world_size=2).batch(50)
+        batches = Rebatch(StatefulDataLoader(ds, batch_size=None), 25, collate_fn=ids)
+        iterator = iter(batches)
+        seen += [i for _ in range(training_batches) for i in next(iterator)]
+        states.append(pickle.loads(pickle.dumps(batches.state_dict())))
+    return seen, states
+
+
+def test_states_at_a_big_batch_seam_merge_for_an_elastic_resume(source: Path) -> None:
+    seen, states = rank_states(source, 4)  # 4 x 25 = 2 big batches: skip == 0
+    assert [state["skip"] for state in states] == [0, 0]
+    merged = merge_states(states)
+    rest = [r["id"] for r in StreamingJsonl(str(source), shuffle=True, seed=5, buffer_size=64,
+                                            resume_from=merged)]
+    assert sorted(seen + rest) == list(range(COUNT))
+
+
+def test_states_inside_a_big_batch_refuse_to_merge(source: Path) -> None:
+    _, states = rank_states(source, 3)  # 75 records: 25 of the second big batch yielded
+    assert [state["skip"] for state in states] == [25, 25]
+    with pytest.raises(ValueError, match="cannot carry over a Rebatch state inside a big batch"):
+        merge_states(states)
 
 
 def test_a_plain_dataloader_iterates_but_has_no_state(source: Path) -> None:

@@ -27,6 +27,7 @@ from ..records import fetch_records
 from ..seeds import shuffle_seed_parts
 from ..shuffle import Shuffle
 from ..train.batching import STATE_FORMAT as BATCHER_FORMAT
+from ..train.rebatch import STATE_FORMAT as REBATCH_FORMAT
 from ..transform import Transform
 from ..world import World
 from .replay import NEW, replay
@@ -38,7 +39,6 @@ __all__ = [
     "MERGED_PACKED_FORMAT",
     "MIX_FORMAT",
     "PACKED_FORMAT",
-    "check_state",
     "merge_states",
     "resolve_tails",
     "share_of",
@@ -49,20 +49,6 @@ MIX_FORMAT = "streamds.mix/1"  # one reader of a `streamds.Mix`
 MERGED_MIX_FORMAT = "streamds.merged-mix/1"
 PACKED_FORMAT = "streamds.packed/1"  # one reader of a `streamds.pack.Packed`
 MERGED_PACKED_FORMAT = "streamds.merged-packed/1"
-
-
-def check_state(state: Any, kind: str, keys: frozenset[str], what: str) -> None:
-    """Strict loading of a mix or packed state: format `kind` with exactly `keys`."""
-    if not isinstance(state, dict) or state.get("format") != kind:
-        raise StateMismatchError(
-            f"not a streamds {what} state (format {kind!r} expected); pass the dict that "
-            f"state_dict() of the {what} dataset returned"
-        )
-    if set(state) != keys:
-        raise StateMismatchError(
-            f"damaged {what} state: missing keys {sorted(keys - set(state))}, unknown keys "
-            f"{sorted(set(state) - keys)}; pass the dict that state_dict() returned"
-        )
 COUNTERS = ("bad", "blank", "dropped", "corrupt_blocks")
 
 
@@ -195,6 +181,7 @@ def merge_states(states: Any) -> dict[str, Any]:
     ``packed.with_resume(merged)``).
     """
     _check_batchers(states)
+    _check_rebatches(states)
     packed = list(_states_of(states, PACKED_FORMAT))
     if packed:
         return _merge_packed(packed)
@@ -251,6 +238,21 @@ def _check_batchers(states: Any) -> None:
                 "the same world with load_state_dict(), or, for a StreamingJsonl, batch "
                 "inside the reader with ds.batch(LengthBuckets(...)) (merge_states carries "
                 "its pools over, with shuffle=True)"
+            )
+
+
+def _check_rebatches(states: Any) -> None:
+    """Refuse a `Rebatch` state inside a big batch: it keeps the loader's state before that
+    batch and how many of its records were yielded, but which reader made the batch (so which
+    records those are) only that loader knows; merging would read them a second time."""
+    for rebatch in _states_of(states, REBATCH_FORMAT):
+        if rebatch["skip"]:
+            raise ValueError(
+                f"merge_states cannot carry over a Rebatch state inside a big batch "
+                f"({rebatch['skip']} of its records already yielded, and only the loader it "
+                "came from knows which); resume in the same world with load_state_dict(), or "
+                "save the states for an elastic resume at a step where every rank's state has "
+                "skip == 0 (a training batch that ends a big batch)"
             )
 
 

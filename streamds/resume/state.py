@@ -31,7 +31,7 @@ from ..chunks import Position, WorkItem
 from ..errors import StateMismatchError
 from ..world import World
 
-__all__ = ["OLD_FORMATS", "STATE_FORMAT", "ReaderState", "check_epoch_change"]
+__all__ = ["OLD_FORMATS", "STATE_FORMAT", "ReaderState", "check_epoch_change", "check_state"]
 
 STATE_FORMAT = "streamds.reader/2"
 OLD_FORMATS = ("streamds.state/1",)  # streamds 0.1
@@ -128,4 +128,18 @@ def check_epoch_change(
         raise ValueError(
             f"set_epoch({epoch}): the loaded state is in the middle of epoch {loaded}; "
             f"iterate to finish that epoch first{f' ({or_else})' if or_else else ''}"
+        )
+
+
+def check_state(state: Any, kind: str, keys: frozenset[str], what: str) -> None:
+    """Strict loading of a mix, packed or rebatch state: format `kind` with exactly `keys`."""
+    if not isinstance(state, dict) or state.get("format") != kind:
+        raise StateMismatchError(
+            f"not a streamds {what} state (format {kind!r} expected); pass the dict that "
+            f"state_dict() of the {what} dataset returned"
+        )
+    if set(state) != keys:
+        raise StateMismatchError(
+            f"damaged {what} state: missing keys {sorted(keys - set(state))}, unknown keys "
+            f"{sorted(set(state) - keys)}; pass the dict that state_dict() returned"
         )

@@ -23,7 +23,7 @@ from typing import Any
 from ..batch import RecordBatch
 from ..checks import check_bool, check_int
 from ..errors import StateMismatchError
-from ..resume.merge import check_state
+from ..resume.state import check_state
 
 __all__ = ["Rebatch"]
 
