@@ -418,7 +418,7 @@ class Mix(IterableDataset):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state` at the next `iter()`; refuses a state of another mix."""
-        check_state(state, MIX_FORMAT, _KEYS, "mix")
+        check_state(state, MIX_FORMAT, _KEYS, "mix dataset")
         self._check_config(state["config"])
         self._active = None
         self._pending = copy.deepcopy(state)

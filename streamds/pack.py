@@ -265,7 +265,7 @@ class Packed(IterableDataset):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state` at the next `iter()`; refuses a state of another packing."""
-        check_state(state, PACKED_FORMAT, _KEYS, "packed")
+        check_state(state, PACKED_FORMAT, _KEYS, "packed dataset")
         self._check_config(state["config"])
         self.source.load_state_dict(state["source"])
         self._active = None

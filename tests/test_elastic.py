@@ -208,6 +208,28 @@ def test_merge_refuses_a_missing_rank(source: tuple[str, list[int]]) -> None:
         merge_states([{"not": "a state"}])
 
 
+def test_merge_refuses_a_loader_state_taken_between_snapshots(
+    source: tuple[str, list[int]],
+) -> None:
+    """With snapshot_every_n_steps=3 the worker states in a loader's state are up to 2
+    batches old (the loader itself replays them on load); merging them would read those
+    batches again, so merge_states refuses, and accepts a state taken at a snapshot."""
+    path, expected = source
+    for batches in (2, 3):
+        loader = StatefulDataLoader(dataset(path, True), batch_size=BATCH, num_workers=2,
+                                    collate_fn=ids, snapshot_every_n_steps=3)
+        iterator = iter(loader)
+        consumed = [i for _ in range(batches) for i in next(iterator)]
+        state = loader.state_dict()
+        del iterator, loader
+        if batches == 2:
+            with pytest.raises(ValueError, match="2 batches after its last snapshot"):
+                merge_states([state])
+        else:
+            assert_exactly_once([consumed, finish(path, True, merge_states([state]), 1, 0)],
+                                expected)
+
+
 def test_merge_refuses_states_of_different_runs(source: tuple[str, list[int]]) -> None:
     path, _ = source
     _, first = stop_part_way(path, True, 2, 0, batches=[1, 1])

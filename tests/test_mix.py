@@ -408,7 +408,7 @@ def test_states_of_another_mix_or_world_are_refused(sources) -> None:
     state = m.state_dict()
     with pytest.raises(StateMismatchError, match="configured as"):
         Mix(datasets(sources), [0.5, 0.5], seed=9).load_state_dict(state)
-    with pytest.raises(StateMismatchError, match="not a streamds mix state"):
+    with pytest.raises(StateMismatchError, match="not a streamds mix dataset state"):
         mix(sources).load_state_dict(datasets(sources)[0].state_dict())
     other = mix(sources, rank=1, world_size=2)
     other.load_state_dict(state)

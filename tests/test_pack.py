@@ -329,7 +329,7 @@ def test_states_of_another_packing_are_refused(corpora) -> None:
     other = tokenized(corpora["a"][0]).pack(PackTokens(32, EOS, pad_id=PAD))
     with pytest.raises(StateMismatchError, match="PackTokens settings"):
         other.load_state_dict(state)
-    with pytest.raises(StateMismatchError, match="not a streamds packed state"):
+    with pytest.raises(StateMismatchError, match="not a streamds packed dataset state"):
         packed(corpora).load_state_dict(state["source"])
     with pytest.raises(ValueError, match="with_resume needs"):
         packed(corpora).with_resume(state)

@@ -154,11 +154,107 @@ def test_a_plain_dataloader_iterates_but_has_no_state(source: Path) -> None:
         batches.state_dict()
 
 
-def test_a_loader_of_tensors_is_refused_with_the_fix(source: Path) -> None:
-    loader = DataLoader(StreamingJsonl(str(source)).batch(50, collate=lambda b: {"n": len(b)}),
-                        batch_size=None)
-    with pytest.raises(TypeError, match=r"yielded a dict.*collate_fn"):
+def test_big_batches_that_are_not_lists_of_records_are_refused(source: Path) -> None:
+    ds = StreamingJsonl(str(source)).batch(50, collate=lambda b: {"ids": ids(b)})
+    loader = DataLoader(ds, batch_size=None)
+    with pytest.raises(TypeError, match=r"Rebatch cuts lists of records.*collate_fn"):
         next(iter(Rebatch(loader, 32)))
+
+
+def test_in_order_false_is_refused(source: Path) -> None:
+    with pytest.raises(ValueError, match="in_order=False"):
+        Rebatch(big_batches(source, workers=2, in_order=False), 32)
+
+
+def resumed_after(source: Path, cut: int, **rebatch: Any) -> tuple[list[int], dict]:
+    """The ids of the first `cut` training batches and the state after them (pickled)."""
+    batches = Rebatch(big_batches(source, workers=0), 32, collate_fn=ids, **rebatch)
+    iterator = iter(batches)
+    seen = [i for _ in range(cut) for i in next(iterator)]
+    return seen, pickle.loads(pickle.dumps(batches.state_dict()))
+
+
+def test_a_loaded_state_is_the_state_until_a_batch_is_yielded(source: Path) -> None:
+    seen, state = resumed_after(source, 1)
+    batches = Rebatch(big_batches(source, workers=0), 32, collate_fn=ids)
+    batches.load_state_dict(state)
+    assert batches.state_dict() == state  # loaded, not yet iterated
+    iterator = iter(batches)
+    assert batches.state_dict() == state  # iterated, nothing pulled yet
+    rest = [i for batch in iterator for i in batch]
+    assert sorted(seen + rest) == list(range(COUNT))
+
+
+class Interrupt(Exception):
+    """Stands for a preemption signal arriving in the main process."""
+
+
+def test_an_error_before_the_first_batch_after_a_resume_keeps_the_state(source: Path) -> None:
+    _, state = resumed_after(source, 1)  # skip 32 of the first big batch
+    failing = {"armed": True}
+
+    def flaky(record: dict) -> dict:
+        if failing["armed"]:
+            failing["armed"] = False
+            raise Interrupt
+        return record
+
+    ds = StreamingJsonl(str(source), shuffle=True, seed=5, buffer_size=64).map(flaky).batch(50)
+    batches = Rebatch(StatefulDataLoader(ds, batch_size=None), 32, collate_fn=ids)
+    batches.load_state_dict(state)
+    with pytest.raises(Interrupt):
+        next(iter(batches))
+    assert batches.state_dict() == state  # the emergency checkpoint still skips the 32
+
+
+def test_an_error_in_collate_fn_does_not_count_the_batch(source: Path) -> None:
+    calls = {"n": 0}
+
+    def collate(batch: list[dict]) -> list[int]:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise Interrupt
+        return ids(batch)
+
+    batches = Rebatch(big_batches(source, workers=0), 32, collate_fn=collate)
+    iterator = iter(batches)
+    seen = next(iterator) + next(iterator)
+    with pytest.raises(Interrupt):
+        next(iterator)
+    state = pickle.loads(pickle.dumps(batches.state_dict()))
+    resumed = Rebatch(big_batches(source, workers=0), 32, collate_fn=ids)
+    resumed.load_state_dict(state)
+    rest = [i for batch in resumed for i in batch]
+    assert sorted(seen + rest) == list(range(COUNT))  # the third batch's records come again
+
+
+def test_a_stale_iterator_stops_instead_of_moving_the_state(source: Path) -> None:
+    batches = Rebatch(big_batches(source, workers=0), 32, collate_fn=ids)
+    first = iter(batches)
+    next(first)
+    second = iter(batches)
+    next(second)
+    with pytest.raises(RuntimeError, match="stale"):
+        next(first)
+
+
+def test_after_a_whole_epoch_the_state_starts_the_next(source: Path) -> None:
+    batches = Rebatch(big_batches(source, workers=2), 32, collate_fn=ids)
+    first_epoch = list(batches)
+    state = pickle.loads(pickle.dumps(batches.state_dict()))
+    resumed = Rebatch(big_batches(source, workers=2), 32, collate_fn=ids)
+    resumed.load_state_dict(state)
+    next_epoch = list(resumed)
+    assert sorted(i for batch in next_epoch for i in batch) == list(range(COUNT))
+    assert next_epoch == first_epoch  # no set_epoch: the same order again
+
+
+def test_drop_last_resumes_exactly(source: Path) -> None:
+    def make() -> Rebatch:
+        return Rebatch(big_batches(source, workers=2), 32, collate_fn=ids, drop_last=True)
+
+    reference = run_test_save_load_state(make, [1, 12, 21])
+    assert len(reference) == COUNT // 32 and {len(batch) for batch in reference} == {32}
 
 
 def test_bad_arguments_name_the_fix(source: Path) -> None:

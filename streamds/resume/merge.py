@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..batch import Batch
@@ -50,6 +50,8 @@ MERGED_MIX_FORMAT = "streamds.merged-mix/1"
 PACKED_FORMAT = "streamds.packed/1"  # one reader of a `streamds.pack.Packed`
 MERGED_PACKED_FORMAT = "streamds.merged-packed/1"
 COUNTERS = ("bad", "blank", "dropped", "corrupt_blocks")
+# torchdata StatefulDataLoader: batches yielded since the worker states in its state were taken
+LOADER_STEPS_SINCE_SNAPSHOT = "_steps_since_snapshot"
 
 
 def _reader_states(found: Any) -> Iterator[dict[str, Any]]:
@@ -182,6 +184,7 @@ def merge_states(states: Any) -> dict[str, Any]:
     """
     _check_batchers(states)
     _check_rebatches(states)
+    _check_loader_snapshots(states)
     packed = list(_states_of(states, PACKED_FORMAT))
     if packed:
         return _merge_packed(packed)
@@ -254,6 +257,29 @@ def _check_rebatches(states: Any) -> None:
                 "save the states for an elastic resume at a step where every rank's state has "
                 "skip == 0 (a training batch that ends a big batch)"
             )
+
+
+def _check_loader_snapshots(found: Any) -> None:
+    """Refuse a StatefulDataLoader state taken between its snapshots
+    (``snapshot_every_n_steps`` > 1): its workers' states are that many batches old, and only
+    the loader itself replays the batches since; merging would read them a second time."""
+    if isinstance(found, dict):
+        since = found.get(LOADER_STEPS_SINCE_SNAPSHOT)
+        if since:
+            raise ValueError(
+                f"merge_states cannot use a StatefulDataLoader state taken {since} batches "
+                "after its last snapshot (snapshot_every_n_steps > 1): the reader states in "
+                "it are that old, so the batches since would be read again; for an elastic "
+                "resume save the states at a step that is a multiple of "
+                "snapshot_every_n_steps, or resume in the same world with load_state_dict()"
+            )
+        values: Iterable[Any] = found.values()
+    elif isinstance(found, (list, tuple)):
+        values = found
+    else:
+        return
+    for value in values:
+        _check_loader_snapshots(value)
 
 
 def _merge_mixes(mixes: list[dict[str, Any]]) -> dict[str, Any]:

@@ -136,7 +136,7 @@ def check_state(state: Any, kind: str, keys: frozenset[str], what: str) -> None:
     if not isinstance(state, dict) or state.get("format") != kind:
         raise StateMismatchError(
             f"not a streamds {what} state (format {kind!r} expected); pass the dict that "
-            f"state_dict() of the {what} dataset returned"
+            f"state_dict() of the {what} returned"
         )
     if set(state) != keys:
         raise StateMismatchError(

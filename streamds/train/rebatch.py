@@ -17,7 +17,7 @@ streamds dataset does, with any number of workers).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..batch import RecordBatch
@@ -28,19 +28,18 @@ from ..resume.state import check_state
 __all__ = ["Rebatch"]
 
 STATE_FORMAT = "streamds.rebatch/1"
-_KEYS = frozenset({"format", "loader", "skip"})
 
 
-def _records_of(batch: Any) -> Sequence[Any]:
-    """The records of one big batch: a list (or tuple) of records, or a `RecordBatch`."""
+def _records_of(batch: Any) -> list[Any]:
+    """The records of one big batch: a `RecordBatch` (``ds.batch(n)``) or a list."""
     if isinstance(batch, RecordBatch):
         return batch.records
-    if isinstance(batch, (list, tuple)):
+    if isinstance(batch, list):
         return batch
     raise TypeError(
         f"Rebatch cuts lists of records, and the loader yielded a {type(batch).__name__}; "
-        "give the loader no collate (ds.batch(n) with batch_size=None) and pass the collate "
-        "to Rebatch(..., collate_fn=...) instead"
+        "give the loader big batches of records (ds.batch(n) without a collate, "
+        "batch_size=None) and pass the collate to Rebatch(..., collate_fn=...) instead"
     )
 
 
@@ -51,8 +50,13 @@ class Rebatch:
     iterate it as the loader; `collate_fn` (in the main process) turns each list of records
     into what the model takes; `drop_last` drops the short batch at the end of an epoch.
     `state_dict()` / `load_state_dict()` need a loader that has them (torchdata's
-    StatefulDataLoader), and resume after any training batch.
+    StatefulDataLoader), and resume after any training batch. Checkpoint this object's
+    state, not the loader's: the loader's alone would lose the records held here.
     """
+
+    LOADER = "loader"  # the loader's state before the big batch holding the next record
+    SKIP = "skip"  # records of that big batch already yielded
+    _KEYS = frozenset({"format", LOADER, SKIP})
 
     def __init__(
         self,
@@ -69,18 +73,27 @@ class Rebatch:
                 "loader is a one-shot iterator; pass the loader itself, so that every epoch "
                 "and every resume can iterate it again"
             )
+        if getattr(loader, "in_order", True) is False and getattr(loader, "num_workers", 0):
+            raise ValueError(
+                "the loader has in_order=False, so the batch after a resume need not be the "
+                "one the state names; use in_order=True (the default)"
+            )
         self.loader = loader
         self.batch_size = batch_size
         self.collate_fn = collate_fn
         self.drop_last = drop_last
         self._loaded: dict[str, Any] | None = None  # a loaded state not yet iterated from
-        self._position: dict[str, Any] | None = None  # after the last batch yielded
+        self._position: dict[str, Any] | None = None  # where the live iterator stands
+        self._generation = 0  # bumped by each new iterator and each load: older ones stop
 
     # -- state -----------------------------------------------------------------------------
 
     def _loader_state(self) -> Any:
         state_dict = getattr(self.loader, "state_dict", None)
         return None if state_dict is None else state_dict()
+
+    def _state(self, loader: Any, skip: int) -> dict[str, Any]:
+        return {"format": STATE_FORMAT, self.LOADER: loader, self.SKIP: skip}
 
     def state_dict(self) -> dict[str, Any]:
         """Where the next training batch begins: the loader's state before the big batch that
@@ -90,16 +103,15 @@ class Rebatch:
                 f"{type(self.loader).__name__} has no state_dict(), so Rebatch cannot say "
                 "where it stands; use torchdata's StatefulDataLoader (pip install torchdata)"
             )
-        if self._loaded is not None:
-            return dict(self._loaded)
-        if self._position is not None:
-            return dict(self._position)
+        for state in (self._loaded, self._position):
+            if state is not None:
+                return dict(state)
         return self._state(self.loader.state_dict(), 0)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at `state` (from `state_dict()`) on the next iteration."""
-        check_state(state, STATE_FORMAT, _KEYS, "rebatch")
-        check_int("the state's skip", state["skip"], 0,
+        check_state(state, STATE_FORMAT, self._KEYS, "Rebatch")
+        check_int("the state's skip", state[self.SKIP], 0,
                   "pass the dict that state_dict() returned, unchanged")
         load = getattr(self.loader, "load_state_dict", None)
         if load is None:
@@ -107,18 +119,23 @@ class Rebatch:
                 f"{type(self.loader).__name__} has no load_state_dict(); use torchdata's "
                 "StatefulDataLoader"
             )
-        load(state["loader"])
+        load(state[self.LOADER])
         self._loaded = dict(state)
         self._position = None
+        self._generation += 1
 
     # -- iteration -------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
-        skip = 0 if self._loaded is None else self._loaded["skip"]
-        self._loaded = None
-        self._position = None
+        self._generation += 1
+        generation = self._generation
+        loaded, self._loaded = self._loaded, None
         big_batches = iter(self.loader)
-        held = _Held(self._loader_state())
+        if loaded is None:
+            held = _Held(self._loader_state(), 0)
+        else:
+            held = _Held(loaded[self.LOADER], loaded[self.SKIP])
+        self._position = self._state(*held.position())  # an error before a batch: still here
         ended = False
         while True:
             while held.ready < self.batch_size and not ended:
@@ -127,49 +144,54 @@ class Rebatch:
                 except StopIteration:
                     ended = True
                     break
-                held.add(records, self._loader_state(), skip)
-                skip = 0
-            if skip:
-                raise StateMismatchError(
-                    f"the loaded state skips {skip} records of the loader's first batch, and "
-                    "the loader yielded nothing; load the state into the loader it came from"
-                )
+                held.add(records, self._loader_state())
+            held.check_resumed()
             if held.ready == 0 or (ended and held.ready < self.batch_size and self.drop_last):
                 # the epoch is over: the loader's own (finished) state, as after its epoch
                 self._position = self._state(self._loader_state(), 0)
                 return
             batch = held.take(self.batch_size)
-            self._position = self._state(*held.position())
-            yield batch if self.collate_fn is None else self.collate_fn(batch)
-
-    @staticmethod
-    def _state(loader: Any, skip: int) -> dict[str, Any]:
-        return {"format": STATE_FORMAT, "loader": loader, "skip": skip}
+            out = batch if self.collate_fn is None else self.collate_fn(batch)
+            self._position = self._state(*held.position())  # only once `out` exists
+            yield out
+            if self._generation != generation:
+                raise RuntimeError(
+                    "this Rebatch iterator is stale: a newer iter() or load_state_dict() of "
+                    "the same Rebatch came after it, and the loader's state follows that one "
+                    "now; iterate one iterator at a time"
+                )
 
 
 class _Held:
     """The big batches pulled whose records are not all yielded yet, each with the loader's
     state before it, and the loader's state after the last one pulled."""
 
-    def __init__(self, start: Any) -> None:
-        self.batches: deque[tuple[Any, Sequence[Any]]] = deque()  # (state before it, records)
-        self.taken = 0  # records of the first batch already yielded
+    def __init__(self, start: Any, skip: int) -> None:
+        self.batches: deque[tuple[Any, list[Any]]] = deque()  # (state before it, records)
+        self.taken = skip  # records of the first batch already yielded (before a resume too)
         self.ready = 0  # records held and not yet yielded
         self.after = start  # the loader's state after the last batch pulled
 
-    def add(self, records: Sequence[Any], after: Any, skip: int) -> None:
-        """A big batch pulled; `skip` > 0 only for the first one after a resume."""
-        if skip > len(records):
+    def add(self, records: list[Any], after: Any) -> None:
+        """A big batch pulled, and the loader's state after it."""
+        if not self.batches and self.taken > len(records):
             raise StateMismatchError(
-                f"the loaded state skips {skip} records of the loader's first batch, which "
-                f"holds {len(records)}; the loader does not resume where the state was taken "
-                "(another dataset, batch size or number of workers?): load the state into "
-                "the loader it came from"
+                f"the loaded state skips {self.taken} records of the loader's first batch, "
+                f"which holds {len(records)}; the loader does not resume where the state was "
+                "taken (another dataset, batch size or number of workers?): load the state "
+                "into the loader it came from"
             )
+        self.ready += len(records) - (0 if self.batches else self.taken)
         self.batches.append((self.after, records))
         self.after = after
-        self.taken += skip
-        self.ready += len(records) - skip
+
+    def check_resumed(self) -> None:
+        """After the loader ran out: a resumed state's skip must have found its batch."""
+        if self.taken and not self.batches:
+            raise StateMismatchError(
+                f"the loaded state skips {self.taken} records of the loader's first batch, and "
+                "the loader yielded nothing; load the state into the loader it came from"
+            )
 
     def take(self, count: int) -> list[Any]:
         """The next `count` records (fewer at the end of the epoch)."""
@@ -190,4 +212,4 @@ class _Held:
         that batch yielded); after the last batch pulled when every record was yielded."""
         if self.batches:
             return self.batches[0][0], self.taken
-        return self.after, 0
+        return self.after, self.taken
