@@ -3,8 +3,8 @@
 torchdata's StatefulDataLoader has every worker take its state after every batch and the main
 process file it: a fixed cost per batch, which short records at batch_size=32 pay thousands of
 times a second (state_bench.py: StatefulDataLoader keeps ~0.55 of a plain DataLoader's
-throughput there, and so does a trivial dataset). Workers that hand over 1,024-record batches
-(``ds.batch(1024)``) pay it 32 times less often, and `streamds.Rebatch` cuts them into the
+throughput there, and so does a trivial dataset). Workers that hand over 2,048-record batches
+(``ds.batch(2048)``, ~270 KB) pay it 64 times less often, and `streamds.Rebatch` cuts them into the
 32-record training batches in the main process, with an exact state.
 
 One run, interleaved (every configuration once per repeat, in turn), each in a fresh child
@@ -14,8 +14,8 @@ turned into their ids by the same collate everywhere, 0, 1 and 2 workers:
 
 - `DataLoader(ds, batch_size=32)`: what a user writes without resume;
 - `StatefulDataLoader(ds, batch_size=32)`: the same with exact resume;
-- `Rebatch(DataLoader(ds.batch(1024), batch_size=None), 32)`: big batches, no resume;
-- `Rebatch(StatefulDataLoader(ds.batch(1024), batch_size=None), 32)`: big batches, exact
+- `Rebatch(DataLoader(ds.batch(2048), batch_size=None), 32)`: big batches, no resume;
+- `Rebatch(StatefulDataLoader(ds.batch(2048), batch_size=None), 32)`: big batches, exact
   resume (state_dict() after any training batch).
 
 Every epoch is checked to yield each record once. Writes benchmarks/results/rebatch_bench.md and
@@ -40,13 +40,13 @@ RESULTS = ROOT / "benchmarks" / "results"
 PLOT = ROOT / "docs" / "img" / "rebatch_bench.png"  # shown in the README
 BUFFER = 10_000
 TRAIN_BATCH = 32
-BIG_BATCH = 1024
+BIG_BATCH = 2048
 # configuration -> (loader, big batches?) ; the table's rows, in order
 CONFIGS = {
     "DataLoader(ds, batch_size=32)": ("DataLoader", False),
     "StatefulDataLoader(ds, batch_size=32)": ("StatefulDataLoader", False),
-    "Rebatch(DataLoader(ds.batch(1024)), 32)": ("DataLoader", True),
-    "Rebatch(StatefulDataLoader(ds.batch(1024)), 32)": ("StatefulDataLoader", True),
+    "Rebatch(DataLoader(ds.batch(2048)), 32)": ("DataLoader", True),
+    "Rebatch(StatefulDataLoader(ds.batch(2048)), 32)": ("StatefulDataLoader", True),
 }
 
 

@@ -1,9 +1,9 @@
 """Rebatch: a loader's big batches -> training batches, cut in the main process.
 
-Workers hand batches over fastest when a message is large (~100-300 KB: ``ds.batch(1024)`` of
-short records), and torchdata's StatefulDataLoader pays its state bookkeeping once per
+Workers hand batches over fastest when a message is large (~300 KB: ``ds.batch(2048)`` of
+~130-byte records), and torchdata's StatefulDataLoader pays its state bookkeeping once per
 batch. A training step often wants far fewer records. `Rebatch` takes the big batches of a
-loader (``DataLoader(ds.batch(1024), batch_size=None, ...)``) and yields `batch_size`-record
+loader (``DataLoader(ds.batch(2048), batch_size=None, ...)``) and yields `batch_size`-record
 training batches from them, in order, each record exactly once; a short batch at a seam is
 filled from the next big batch, so only the last batch of an epoch is short.
 
@@ -46,7 +46,7 @@ def _records_of(batch: Any) -> list[Any]:
 class Rebatch:
     """Training batches of `batch_size` records cut from `loader`'s bigger batches.
 
-    ``Rebatch(StatefulDataLoader(ds.batch(1024), batch_size=None, num_workers=2), 32)``:
+    ``Rebatch(StatefulDataLoader(ds.batch(2048), batch_size=None, num_workers=2), 32)``:
     iterate it as the loader; `collate_fn` (in the main process) turns each list of records
     into what the model takes; `drop_last` drops the short batch at the end of an epoch.
     `state_dict()` / `load_state_dict()` need a loader that has them (torchdata's
