@@ -19,7 +19,7 @@ turned into their ids by the same collate everywhere, 0, 1 and 2 workers:
   resume (state_dict() after any training batch).
 
 Every epoch is checked to yield each record once. Writes benchmarks/results/rebatch_bench.md and
-docs/img/rebatch_bench.png, and with --write-readme the README's rebatch section.
+.json (every run), docs/img/rebatch_bench.png, and with --write-readme the README's rebatch section.
 
     .venv/bin/python benchmarks/rebatch_bench.py --quick           # smoke run, < 1 min
     .venv/bin/python benchmarks/rebatch_bench.py --write-readme    # ~4 min on 2 cores
@@ -147,7 +147,7 @@ def plot(rates: dict[tuple[str, int], list[float]], workers: list[int], path: Pa
     ax.set(xlabel="num_workers", ylabel="thousand records/s (median)",
            title="Short records, shuffle buffer 10,000, training batches of 32")
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=2)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -194,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     ])
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "rebatch_bench.md").write_text(body + "\n")
+    (RESULTS / "rebatch_bench.json").write_text(json.dumps(
+        [{"config": c, "workers": w, "rates": r} for (c, w), r in rates.items()], indent=1))
     print(body)
     if args.write_readme:
         replace_section(README, "rebatch", body)
