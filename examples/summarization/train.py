@@ -23,6 +23,7 @@ exactly the batches the uninterrupted run would have seen (``--log-ids`` records
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -417,6 +418,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         amp_dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
 
+    # everything made so far (torch's modules, the model, the tokenizer) lives to the end:
+    # take it out of the cyclic collector's way, so that no full collection scans it while the
+    # loader starts (README: "The first batch in a fresh process") and the forked workers'
+    # collections do not write to the pages they share with this process
+    gc.freeze()
     step, epoch, history, records_seen = 0, 0, [], 0
     real_tokens = padded_tokens = 0
     mix_counts = dict.fromkeys(corpora, 0) if args.mix else {}  # records per corpus
