@@ -540,6 +540,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     (out / "results.json").write_text(json.dumps(summary, indent=2))
     if not args.quiet:
         print(report(summary, args))
+    gc.unfreeze()  # for callers that go on (tests, a notebook)
     return summary
 
 
