@@ -12,10 +12,14 @@
    beyond the stages and the states (collation, the loop itself, starting the reader) is
    "collate/other";
 2. a ``DataLoader`` over the same dataset for each ``--num-workers`` value: records/s and the
-   time to the first batch.
+   time to the first batch;
+3. where a batch of ``--batch-size`` records is a small message (under ~75 KB), the same with
+   big batches out of the workers (``ds.batch(n)``, n records making ~300 KB) cut into
+   training batches in the main process by `streamds.Rebatch`, for each ``--num-workers``.
 
 It prints a table and recommendations (the costliest stage and what to do about it; the best
-``num_workers``), or with ``--json`` one JSON object. Progress bars go to stderr.
+``num_workers``; big batches where they pay off), or with ``--json`` one JSON object. Progress
+bars go to stderr.
 
 `run_bench()` returns the same report as a dict, for programs and tests.
 
@@ -32,6 +36,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import marshal
 import os
 import sys
 import time
@@ -46,6 +51,7 @@ from ..dataset import StreamingJsonl
 from ..pipeline import Reader
 from ..timing import StageTimer
 from ..train.collate import as_list
+from ..train.rebatch import Rebatch
 from .spec import load_function
 
 __all__ = ["main", "run_bench"]
@@ -54,6 +60,9 @@ DOMINANT = 0.5  # a stage taking this share of the time is "the bottleneck"
 IO_BOUND = 0.6  # a pass using the CPU less than this share of its time waits on storage
 NEAR_BEST = 0.95  # fewer workers within 5% of the best are recommended instead
 MIN_RATED = 1e-3  # seconds: a stage that took less shows no records/s in the table
+MESSAGE_BYTES = 300_000  # a worker's message size that measured best (README, Notes on speed)
+BIG_ENOUGH = 4  # training batches this many times smaller than a message get big-batch runs
+BIG_GAIN = 1.1  # big batches are recommended when they beat the best plain loader by this
 STATE_CALLS = "state_dict"  # the timer's name for the bench's ds.state_dict() calls
 # report rows: the reader's stages (source first), then what the consumer loop adds
 READER_ROWS = dict(zip(Reader.STAGES, ("read", "parse", "transform", "even_ranks", "emit"),
@@ -87,9 +96,12 @@ def measure_pipeline(
     clock, cpu = time.perf_counter, time.process_time
     count = batches = 0
     batch: list[Any] = []
+    message_bytes: float | None = None  # a record's share of a worker's message
 
     def end_batch() -> None:
-        nonlocal count, batches, batch
+        nonlocal count, batches, batch, message_bytes
+        if not batches:
+            message_bytes = _marshalled_bytes(batch)
         as_list(batch)  # the collate DataLoader uses in the loader runs below
         count += len(batch)
         batches += 1
@@ -144,9 +156,28 @@ def measure_pipeline(
         "records_per_s": _rate(count, wall),
         "cpu_share": min(1.0, cpu_time / wall) if wall > 0 else 1.0,
         "state_every_batch": state_every_batch,
+        "bytes_per_record": message_bytes,
         "stages": stages,
         "timer_seconds": dict(timer.seconds),  # cumulative, as the seam recorded them
     }
+
+
+def _marshalled_bytes(batch: list[Any]) -> float | None:
+    """Bytes a record takes in a worker's message (`RecordBatch`es travel marshalled); None
+    for records marshal cannot carry."""
+    try:
+        return len(marshal.dumps(batch)) / len(batch) if batch else None
+    except ValueError:
+        return None
+
+
+def big_batch_size(bytes_per_record: float | None, batch_size: int) -> int | None:
+    """Records in a ~`MESSAGE_BYTES` message, a multiple of `batch_size`; None where a
+    training batch is a big enough message already."""
+    if not bytes_per_record:
+        return None
+    big = round(MESSAGE_BYTES / bytes_per_record / batch_size) * batch_size
+    return big if big >= BIG_ENOUGH * batch_size else None
 
 
 def measure_loader(
@@ -157,16 +188,23 @@ def measure_loader(
     records: int,
     seconds: float,
     progress: bool,
+    big: int | None = None,
 ) -> dict[str, Any]:
-    """DataLoader throughput with `num_workers`, start-up included and excluded."""
-    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
-                        collate_fn=as_list)
+    """DataLoader throughput with `num_workers`, start-up included and excluded; with `big`,
+    of ``Rebatch(DataLoader(dataset.batch(big), batch_size=None), batch_size)``."""
+    loader: Any
+    if big is None:
+        loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
+                            collate_fn=as_list)
+    else:
+        big_batches = DataLoader(dataset.batch(big), batch_size=None, num_workers=num_workers)
+        loader = Rebatch(big_batches, batch_size, collate_fn=as_list)
     timer = time.perf_counter
     count = batches = first_count = 0
     first = None
     gc.collect()
     started = timer()
-    desc = f"loader num_workers={num_workers}"
+    desc = f"{'rebatched ' if big else ''}loader num_workers={num_workers}"
     with tqdm(total=records, desc=desc, unit="rec", disable=not progress) as bar:
         iterator = iter(loader)
         try:
@@ -185,6 +223,7 @@ def measure_loader(
     steady = _rate(count - first_count, steady_time) if batches > 1 else _rate(count, elapsed)
     return {
         "num_workers": num_workers,
+        "big_batch": big,
         "records": count,
         "batches": batches,
         "seconds": elapsed,
@@ -290,6 +329,7 @@ def _recommend(report: dict[str, Any]) -> tuple[str | None, str | None, list[str
                 "worker processes do not pay off here: their start-up and transfer cost more "
                 "than the work they take over"
             )
+        notes += _big_batch_note(report, rate)
         first = by_workers[best]["time_to_first_batch_s"]
         if first is not None and first > 5:
             notes.append(
@@ -297,6 +337,26 @@ def _recommend(report: dict[str, Any]) -> tuple[str | None, str | None, list[str
                 "workers start once, not every epoch"
             )
     return costliest, bottleneck, notes
+
+
+def _big_batch_note(report: dict[str, Any], plain_rate: float) -> list[str]:
+    """Recommend big batches and `Rebatch` where their runs beat the best plain loader."""
+    runs = report.get("rebatched", [])
+    best = _best_workers(runs)
+    if best is None:
+        return []
+    run = next(r for r in runs if r["num_workers"] == best)
+    if run["records_per_s"] < BIG_GAIN * plain_rate:
+        return []
+    size = report["batch_size"]
+    return [
+        f"big batches pay off: Rebatch(DataLoader(ds.batch("
+        f"{run['big_batch']}), batch_size=None, num_workers={best}), {size}) yields "
+        f"batches of {size} at {run['records_per_s']:,.0f} records/s, "
+        f"{run['records_per_s'] / plain_rate:.1f}x the best plain DataLoader (fewer, larger "
+        "messages, less work per training batch); with StatefulDataLoader its state_dict() "
+        "stays exact"
+    ]
 
 
 def build_dataset(
@@ -358,6 +418,12 @@ def run_bench(
         for n in num_workers
     ]
     report["best_num_workers"] = _best_workers(report["loader"])
+    big = big_batch_size(report["bytes_per_record"], batch_size)
+    report["rebatched"] = [
+        measure_loader(dataset, num_workers=n, batch_size=batch_size, records=records,
+                       seconds=seconds, progress=progress, big=big)
+        for n in num_workers
+    ] if big else []
     report["costliest"], report["bottleneck"], report["recommendations"] = _recommend(report)
     return report
 
@@ -418,6 +484,17 @@ def format_report(report: dict[str, Any]) -> str:
             f"{_fmt(run['records_per_s'], ',.0f'):>12}"
             f"{_fmt(run['time_to_first_batch_s'], '.2f'):>9} s{mark}"
         )
+    if report.get("rebatched"):
+        big = report["rebatched"][0]["big_batch"]
+        out += ["", f"{'Rebatch':<16}{'records/s':>12}{'1st batch':>11}   "
+                f"(DataLoader(ds.batch({big}), batch_size=None) cut into batches of "
+                f"{report['batch_size']})"]
+        for run in report["rebatched"]:
+            out.append(
+                f"{'num_workers=' + str(run['num_workers']):<16}"
+                f"{_fmt(run['records_per_s'], ',.0f'):>12}"
+                f"{_fmt(run['time_to_first_batch_s'], '.2f'):>9} s"
+            )
     out.append("")
     out += [f"- {note}" for note in report["recommendations"]]
     return "\n".join(out)
