@@ -125,6 +125,12 @@ def table(rates: dict[tuple[str, int], list[float]], workers: list[int]) -> str:
     for label, top, bottom in ratios:
         lines.append(f"| {label} | " + " | ".join(
             f"{med[top, w] / med[bottom, w]:.2f}" for w in workers) + " |")
+    # the two Rebatch rows ran one after the other in every repeat: their ratio per repeat
+    pairs = {w: [a / b for a, b in zip(rates[names[3], w], rates[names[2], w], strict=True)]
+             for w in workers}
+    lines.append("| exact resume / none, Rebatch: median (min-max) of the per-repeat ratios | "
+                 + " | ".join(f"{statistics.median(pairs[w]):.2f} ({min(pairs[w]):.2f}-"
+                              f"{max(pairs[w]):.2f})" for w in workers) + " |")
     return "\n".join(lines)
 
 

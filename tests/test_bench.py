@@ -119,7 +119,8 @@ def test_table_output_and_progress(corpus, capsys):
                 "total"):
         assert row in rows, row
     assert "num_workers=0" in captured.out
-    assert "Rebatch" in captured.out and "rebatched loader num_workers=0" in captured.err
+    assert "cut into batches of" in captured.out  # the big-batch table
+    assert "rebatched loader num_workers=0" in captured.err
     assert "<- best" in captured.out and "- use num_workers=0" in captured.out
     assert "pipeline" in captured.err  # tqdm progress goes to stderr
     assert "loader num_workers=0" in captured.err
@@ -175,7 +176,7 @@ def test_recommendations_name_the_costliest_stage(shares, facts, expected, fix):
     ]
     report = {"stages": stages(**shares), "compressed": False, "remote": False,
               "shuffle": False, "cpu_share": 1.0, "loader": loader, "best_num_workers": 2,
-              **facts}
+              "rebatched": [], **facts}
     costliest, bottleneck, notes = bench._recommend(report)
     assert costliest == max(shares, key=shares.__getitem__)
     assert bottleneck == (costliest if max(shares.values()) >= bench.DOMINANT else None)
@@ -192,7 +193,7 @@ def test_no_workers_suggested_where_workers_did_not_pay_off(name):
     ]
     report = {"stages": stages(**{name: 0.9, "state": 0.1}), "compressed": False,
               "remote": False, "shuffle": True, "cpu_share": 1.0, "loader": loader,
-              "best_num_workers": 0}
+              "best_num_workers": 0, "rebatched": []}
     costliest, _, notes = bench._recommend(report)
     assert costliest == name
     assert "workers" not in notes[0]
@@ -205,12 +206,19 @@ def test_big_batch_size_makes_messages_of_about_300_kb():
     assert bench.big_batch_size(None, 32) is None  # records marshal cannot carry
 
 
-@pytest.mark.parametrize(("rebatched_rate", "advised"), [(700.0, True), (310.0, False)])
-def test_big_batches_are_advised_where_they_beat_the_plain_loader(rebatched_rate, advised):
+@pytest.mark.parametrize(
+    ("rebatched_rate", "records", "advised"),
+    [(700.0, 10_000, True), (310.0, 10_000, False), (700.0, 4_000, False)],
+    ids=["faster", "not-10%-faster", "too-few-big-batches-measured"],
+)
+def test_big_batches_are_advised_where_they_beat_the_plain_loader(
+    rebatched_rate, records, advised
+):
     loader = [{"num_workers": n, "records_per_s": r, "time_to_first_batch_s": 0.1}
               for n, r in ((0, 250.0), (2, 300.0))]
     rebatched = [{"num_workers": n, "records_per_s": r, "time_to_first_batch_s": 0.1,
-                  "big_batch": 2048, "records": 10} for n, r in ((0, 280.0), (2, rebatched_rate))]
+                  "big_batch": 2048, "records": records}
+                 for n, r in ((0, 280.0), (2, rebatched_rate))]
     report = {"stages": stages(emit=0.6, parse=0.4), "compressed": False, "remote": False,
               "shuffle": False, "cpu_share": 1.0, "loader": loader, "best_num_workers": 2,
               "rebatched": rebatched, "batch_size": 32}

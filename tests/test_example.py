@@ -7,6 +7,7 @@ through, once interrupted (stopped after K steps, or killed with SIGKILL) and re
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -117,6 +118,7 @@ def shared(reference_out: Path) -> list[str]:
 
 def test_tiny_run_trains_and_evaluates(reference):
     out, summary, log = reference
+    assert gc.get_freeze_count() == 0  # the example froze the heap while training, not after
     assert [entry["step"] for entry in log] == list(range(1, 31))
     assert all(len(entry["ids"]) == 4 for entry in log)  # --tiny batch size
     history = summary["history"]

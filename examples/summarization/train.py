@@ -344,6 +344,17 @@ def identity(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Train and evaluate; returns the summary. The heap frozen while training (`gc.freeze()`
+    in `_train`) is unfrozen on the way out, error or not, unless the caller had frozen it."""
+    frozen_before = gc.get_freeze_count() > 0
+    try:
+        return _train(argv)
+    finally:
+        if not frozen_before:
+            gc.unfreeze()
+
+
+def _train(argv: Sequence[str] | None) -> dict[str, Any]:
     args = parse_args(argv)
     log = Log(args.quiet)
     started = time.perf_counter()
@@ -540,7 +551,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     (out / "results.json").write_text(json.dumps(summary, indent=2))
     if not args.quiet:
         print(report(summary, args))
-    gc.unfreeze()  # for callers that go on (tests, a notebook)
     return summary
 
 

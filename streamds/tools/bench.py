@@ -200,8 +200,12 @@ def measure_loader(
         big_batches = DataLoader(dataset.batch(big), batch_size=None, num_workers=num_workers)
         loader = Rebatch(big_batches, batch_size, collate_fn=as_list)
     timer = time.perf_counter
-    count = batches = first_count = 0
+    count = batches = 0
     first = None
+    # the steady rate counts from the end of the first batch the workers sent (a big batch
+    # is cut into many training batches that then come almost for free)
+    warm_at, warm_count = None, 0
+    warm_size = big or 1
     gc.collect()
     started = timer()
     desc = f"{'rebatched ' if big else ''}loader num_workers={num_workers}"
@@ -210,17 +214,21 @@ def measure_loader(
         try:
             for batch in iterator:
                 if first is None:
-                    first, first_count = timer() - started, len(batch)
+                    first = timer() - started
                 count += len(batch)
                 batches += 1
+                if warm_at is None and count >= warm_size:
+                    warm_at, warm_count = timer() - started, count
                 bar.update(len(batch))
                 if count >= records or timer() - started > seconds:
                     break
         finally:
             elapsed = timer() - started
             del iterator  # shuts the workers down
-    steady_time = elapsed - (first or 0.0)
-    steady = _rate(count - first_count, steady_time) if batches > 1 else _rate(count, elapsed)
+    if warm_at is not None and count > warm_count:
+        steady = _rate(count - warm_count, elapsed - warm_at)
+    else:
+        steady = _rate(count, elapsed)
     return {
         "num_workers": num_workers,
         "big_batch": big,
@@ -329,7 +337,7 @@ def _recommend(report: dict[str, Any]) -> tuple[str | None, str | None, list[str
                 "worker processes do not pay off here: their start-up and transfer cost more "
                 "than the work they take over"
             )
-        notes += _big_batch_note(report, rate)
+        notes += _big_batch_note(report)
         first = by_workers[best]["time_to_first_batch_s"]
         if first is not None and first > 5:
             notes.append(
@@ -339,13 +347,14 @@ def _recommend(report: dict[str, Any]) -> tuple[str | None, str | None, list[str
     return costliest, bottleneck, notes
 
 
-def _big_batch_note(report: dict[str, Any], plain_rate: float) -> list[str]:
+def _big_batch_note(report: dict[str, Any]) -> list[str]:
     """Recommend big batches and `Rebatch` where their runs beat the best plain loader."""
-    runs = report.get("rebatched", [])
-    best = _best_workers(runs)
+    runs = [r for r in report["rebatched"] if r["records"] >= BIG_ENOUGH * r["big_batch"]]
+    best = _best_workers(runs)  # runs too short to hold a few big batches advise nothing
     if best is None:
         return []
     run = next(r for r in runs if r["num_workers"] == best)
+    plain_rate = max(r["records_per_s"] or 0.0 for r in report["loader"])
     if run["records_per_s"] < BIG_GAIN * plain_rate:
         return []
     size = report["batch_size"]
@@ -423,7 +432,7 @@ def run_bench(
         measure_loader(dataset, num_workers=n, batch_size=batch_size, records=records,
                        seconds=seconds, progress=progress, big=big)
         for n in num_workers
-    ] if big else []
+    ] if big is not None else []
     report["costliest"], report["bottleneck"], report["recommendations"] = _recommend(report)
     return report
 
