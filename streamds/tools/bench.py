@@ -63,6 +63,7 @@ MIN_RATED = 1e-3  # seconds: a stage that took less shows no records/s in the ta
 MESSAGE_BYTES = 300_000  # a worker's message size that measured best (README, Notes on speed)
 BIG_ENOUGH = 4  # training batches this many times smaller than a message get big-batch runs
 BIG_GAIN = 1.1  # big batches are recommended when they beat the best plain loader by this
+MIN_BIG_BATCHES = 4  # ... in a run that held at least this many big batches
 STATE_CALLS = "state_dict"  # the timer's name for the bench's ds.state_dict() calls
 # report rows: the reader's stages (source first), then what the consumer loop adds
 READER_ROWS = dict(zip(Reader.STAGES, ("read", "parse", "transform", "even_ranks", "emit"),
@@ -349,7 +350,7 @@ def _recommend(report: dict[str, Any]) -> tuple[str | None, str | None, list[str
 
 def _big_batch_note(report: dict[str, Any]) -> list[str]:
     """Recommend big batches and `Rebatch` where their runs beat the best plain loader."""
-    runs = [r for r in report["rebatched"] if r["records"] >= BIG_ENOUGH * r["big_batch"]]
+    runs = [r for r in report["rebatched"] if r["records"] >= MIN_BIG_BATCHES * r["big_batch"]]
     best = _best_workers(runs)  # runs too short to hold a few big batches advise nothing
     if best is None:
         return []
