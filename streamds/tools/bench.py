@@ -422,18 +422,17 @@ def run_bench(
     report.update(measure_pipeline(dataset, batch_size=batch_size, records=records,
                                    seconds=seconds, state_every_batch=state_every_batch,
                                    progress=progress))
-    report["loader"] = [
-        measure_loader(dataset, num_workers=n, batch_size=batch_size, records=records,
-                       seconds=seconds, progress=progress)
-        for n in num_workers
-    ]
-    report["best_num_workers"] = _best_workers(report["loader"])
     big = big_batch_size(report["bytes_per_record"], batch_size)
-    report["rebatched"] = [
-        measure_loader(dataset, num_workers=n, batch_size=batch_size, records=records,
-                       seconds=seconds, progress=progress, big=big)
-        for n in num_workers
-    ] if big is not None else []
+    def loader_run(workers: int, big: int | None) -> dict[str, Any]:
+        return measure_loader(dataset, num_workers=workers, batch_size=batch_size,
+                              records=records, seconds=seconds, progress=progress, big=big)
+
+    report["loader"], report["rebatched"] = [], []
+    for n in num_workers:  # plain and big-batch runs in turn, so machine noise hits both
+        report["loader"].append(loader_run(n, None))
+        if big is not None:
+            report["rebatched"].append(loader_run(n, big))
+    report["best_num_workers"] = _best_workers(report["loader"])
     report["costliest"], report["bottleneck"], report["recommendations"] = _recommend(report)
     return report
 
