@@ -22,10 +22,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = ROOT / "bench-data"
 README = ROOT / "README.md"
+RESULTS = ROOT / "benchmarks" / "results"  # git-ignored: every run's figures
 
 if str(ROOT) not in sys.path:  # `python benchmarks/x.py` from anywhere imports the checkout
     sys.path.insert(0, str(ROOT))
@@ -34,10 +36,12 @@ __all__ = [
     "DATA_DIR",
     "MB",
     "README",
+    "RESULTS",
     "ROOT",
     "Corpus",
     "command_line",
     "machine",
+    "publish",
     "pubmed_corpus",
     "replace_section",
     "small_lines_corpus",
@@ -267,6 +271,18 @@ def replace_section(path: Path, section: str, body: str) -> None:
     if not pattern.search(text):
         raise ValueError(f"{path}: no {start} ... {end} markers; add them where the table goes")
     path.write_text(pattern.sub(lambda _: f"{start}\n{body.strip()}\n{end}", text, count=1))
+
+
+def publish(name: str, body: str, runs: Any, readme_section: str | None = None) -> None:
+    """Print a benchmark's `body` (its table and notes), keep it and every run (`runs`, as
+    JSON) in benchmarks/results/<name>.md / .json, and with `readme_section` put `body` into
+    that README section."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.md").write_text(body + "\n")
+    (RESULTS / f"{name}.json").write_text(json.dumps(runs, indent=1))
+    print(body)
+    if readme_section is not None:
+        replace_section(README, readme_section, body)
 
 
 # -- CPU accounting, for telling a quiet machine from a busy one ----------------------------

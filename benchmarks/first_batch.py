@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 
 CHILD = r"""
 import gc, json, sys, time
@@ -94,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="corpus size, as state_bench.py (the first batch reads little of it)")
     parser.add_argument("--write-readme", action="store_true")
     args = parser.parse_args(argv)
-    from common import README, command_line, machine, replace_section
+    from common import command_line, machine, publish
 
     rows = corpora(args.scale)
     began = time.perf_counter()
@@ -122,14 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.repeats} fresh processes per cell, interleaved. Machine: {machine()}. "
         f"Command: `{command_line()}`. Measured in {time.perf_counter() - began:.0f} s."
     )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "first_batch.md").write_text(body + "\n")
-    (RESULTS / "first_batch.json").write_text(json.dumps(
-        [{"dataset": label, "freeze": freeze, "runs": r} for (label, freeze), r in runs.items()],
-        indent=1))
-    print(body)
-    if args.write_readme:
-        replace_section(README, "first-batch", body)
+    every_run = [{"dataset": label, "freeze": freeze, "runs": r}
+                 for (label, freeze), r in runs.items()]
+    publish("first_batch", body, every_run, "first-batch" if args.write_readme else None)
     return 0
 
 

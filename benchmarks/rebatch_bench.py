@@ -36,7 +36,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 PLOT = ROOT / "docs" / "img" / "rebatch_bench.png"  # shown in the README
 BUFFER = 10_000
 TRAIN_BATCH = 32
@@ -175,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     records = args.records or (200_000 if args.quick else 1_200_000)
     repeats = args.repeats or (1 if args.quick else 5)
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from common import README, command_line, machine, replace_section
+    from common import command_line, machine, publish
 
     path = short_records(records)
     path.read_bytes()  # into the page cache
@@ -198,13 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         f"Measured in {time.perf_counter() - began:.0f} s.",
         plot(rates, args.workers, PLOT),
     ])
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "rebatch_bench.md").write_text(body + "\n")
-    (RESULTS / "rebatch_bench.json").write_text(json.dumps(
-        [{"config": c, "workers": w, "rates": r} for (c, w), r in rates.items()], indent=1))
-    print(body)
-    if args.write_readme:
-        replace_section(README, "rebatch", body)
+    publish("rebatch_bench", body,
+            [{"config": c, "workers": w, "rates": r} for (c, w), r in rates.items()],
+            "rebatch" if args.write_readme else None)
     return 0
 
 
