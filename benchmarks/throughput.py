@@ -32,11 +32,15 @@ number):
 - StreamingJsonl on the seekable .jsonl.zst, and on the plain .jsonl for reference.
 - StreamingJsonl .batch(64): the same reader handing the DataLoader whole batches
   (``DataLoader(ds.batch(64), batch_size=None)``, no collate_fn): one message per batch; a
-  worker's batch is marshalled into a ring of shared memory and only a descriptor crosses the
+  worker's batch is written into a ring of shared memory and only a descriptor crosses the
   pipe (`streamds.batch.RecordBatch`, `streamds.train.shm_ring`). The row with
   prefetch_factor=8 lets each worker run 8 batches ahead instead of the DataLoader's 2; the
   "~300 KB a batch" row sizes batches in bytes rather than records (16 PubMed records, 1024
-  small lines), the message size that measured best with 2 workers.
+  small lines), the message size that measured best with 2 workers. From a worker those
+  batches cross as their JSON lines and the main process parses them
+  (`streamds.parse_later`); the "parsed in the workers" row runs the same batches with
+  on_error='skip', which needs the values in the worker (parse, marshal, send): the path
+  every batch took before.
 - DataLoader only, batches: the replayed records in lists of 64 yielded by the dataset as
   whole batches, as pickled lists and as RecordBatch (marshal through shared memory, what
   `.batch()` sends): the ceiling of the batched path.
@@ -236,17 +240,19 @@ def streamds_run(path: Path, workers: int, cap: float | None = None) -> int:
 
 def streamds_batched_run(
     path: Path, workers: int, cap: float | None = None, prefetch: int | None = None,
-    size: int | None = None,
+    size: int | None = None, parse_in_workers: bool = False,
 ) -> int:
     """Whole batches out of the reader, the DataLoader's default conversion (a RecordBatch
     passes it untouched); `prefetch`: the DataLoader's prefetch_factor with workers; `size`:
-    records per batch (default BATCH_SIZE)."""
+    records per batch (default BATCH_SIZE); `parse_in_workers`: on_error='skip', which needs
+    the records parsed in the workers (no line is malformed), for comparison."""
     started = time.perf_counter()
     from streamds import StreamingJsonl
 
     ahead = {"prefetch_factor": prefetch} if prefetch and workers else {}
-    loader = DataLoader(StreamingJsonl(str(path)).batch(size or BATCH_SIZE), batch_size=None,
-                        num_workers=workers, **ahead)
+    on_error = "skip" if parse_in_workers else "raise"
+    loader = DataLoader(StreamingJsonl(str(path), on_error=on_error).batch(size or BATCH_SIZE),
+                        batch_size=None, num_workers=workers, **ahead)
     return _count(loader, cap, started=started)
 
 
@@ -763,6 +769,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows.append((f"StreamingJsonl .batch({sized}), ~{SIZED_BATCH_BYTES // 1000} KB "
                              "a batch", "zst", zst, "streamds_batched_run", corpus.zst, False,
                              (None, sized)))
+                rows.append((f"StreamingJsonl .batch({sized}), parsed in the workers "
+                             "(on_error='skip')", "zst", zst, "streamds_batched_run", corpus.zst,
+                             False, (None, sized, True)))
             rows.append(("StreamingJsonl", "plain", ".jsonl", "streamds_run", corpus.plain,
                          False, ()))
             rows.append((f"StreamingJsonl .batch({BATCH_SIZE})", "plain", ".jsonl",

@@ -77,13 +77,13 @@ def _reduce_for_queue(batch: RecordBatch) -> tuple[Any, ...]:
     """How multiprocessing's pickler (the DataLoader's queues) sends a `RecordBatch`."""
     if get_worker_info() is None:  # not on the way from a DataLoader worker
         return (RecordBatch, (batch.records,))
-    return _reduce_in_worker(batch.records)
+    return reduce_records_in_worker(batch.records)
 
 
 ForkingPickler.register(RecordBatch, _reduce_for_queue)
 
 
-def _reduce_in_worker(records: list[Any]) -> tuple[Any, ...]:
+def reduce_records_in_worker(records: list[Any]) -> tuple[Any, ...]:
     """A worker's batch as the main process will rebuild it: marshalled into the worker's
     shared-memory ring (`streamds.train.shm_ring`), else marshalled through the pipe, else
     (records marshal cannot carry: numpy arrays, tensors, subclasses of dict) pickled.

@@ -32,8 +32,10 @@ if TYPE_CHECKING:
 __all__ = [
     "BAD",
     "BLANK",
+    "BOM",
     "DROPPED",
     "ON_ERROR",
+    "SNIPPET",
     "WARN_BAD_LINES",
     "LineNumbers",
     "Marker",
@@ -45,7 +47,7 @@ log = logging.getLogger(__name__)
 
 ON_ERROR = ("raise", "skip")
 WARN_BAD_LINES = 5  # skipped malformed lines logged one by one, per file and reader
-_SNIPPET = 80  # bytes of a bad line quoted in the error
+SNIPPET = 80  # bytes of a bad line quoted in the error
 
 
 class Marker:
@@ -119,11 +121,11 @@ class LineNumbers:
         if line is None:
             return None, f"byte offset {offset}"
         return line, f"line {line} (byte offset {offset})"
-_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark some editors put at the start of a file
+BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark some editors put at the start of a file
 
 
 def _bad_line_error(chunk: Chunk, index: int, url: str, locate: Locate, err: Exception):
-    snippet = chunk.items[index][:_SNIPPET]
+    snippet = chunk.items[index][:SNIPPET]
     line, where = locate(index)
     return CorruptRecordError(
         f"{url}: {where}: invalid JSON ({err}): {snippet!r}; fix or remove the line, "
@@ -146,8 +148,8 @@ def parse_chunk(
         pass  # some line is blank or malformed: redo the chunk line by line
     items: list[Any] = []
     for index, line in enumerate(chunk.items):
-        if chunk.offsets[index] == 0 and line.startswith(_BOM) and chunk.labels is None:
-            line = line[len(_BOM) :]
+        if chunk.offsets[index] == 0 and line.startswith(BOM) and chunk.labels is None:
+            line = line[len(BOM) :]
         try:
             items.append(loads(line))
         except orjson.JSONDecodeError as err:
@@ -230,8 +232,8 @@ class Parse:
             if seen > WARN_BAD_LINES:
                 continue
             line = raw.items[index]
-            if raw.offsets[index] == 0 and raw.labels is None and line.startswith(_BOM):
-                line = line[len(_BOM) :]
+            if raw.offsets[index] == 0 and raw.labels is None and line.startswith(BOM):
+                line = line[len(BOM) :]
             try:
                 orjson.loads(line)
                 reason = "invalid JSON"
@@ -244,4 +246,4 @@ class Parse:
                         "reader logs its totals at the end of the epoch; "
                         "streamds.counts_of(loader.state_dict()) sums every reader's)")
             log.warning("skipped a malformed line (on_error='skip'): %s: %s: %s: %r%s",
-                        url, where, reason, line[:_SNIPPET], more)
+                        url, where, reason, line[:SNIPPET], more)

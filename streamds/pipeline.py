@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from torch.utils.data import get_worker_info
@@ -23,6 +24,7 @@ from .cache import CacheSpec
 from .chunks import Chunk, ChunkCursor, Position, WorkItem
 from .lines import Lines
 from .parse import WARN_BAD_LINES, LineNumbers, Parse
+from .parse_later import LineBatch, ParseLater, parses_later
 from .plan import Block, Plan
 from .read import Opener, open_decoded_at
 from .records import Records, fetch_records
@@ -90,9 +92,14 @@ class Reader:
                            opener=spec.opener, retry=spec.retry, pad_work=pad,
                            readahead=spec.readahead, cache=spec.cache)
         where = LineNumbers(spec.shards, spec.blocks, spec.opener)  # for messages
+        collate = None if spec.batch is None else spec.batch.collate
+        later = parses_later(spec, collate)
         # -> chunks of JSON values; BAD and BLANK markers where a line holds no record
-        self.parse = Parse(timed(self.lines, "lines"), spec.shards, spec.blocks,
-                           on_error=spec.on_error, opener=spec.opener, where=where)
+        #    (or of (line, block, offset) items, when the main process parses the batches)
+        self.parse: Parse | ParseLater = (
+            ParseLater(timed(self.lines, "lines")) if later else
+            Parse(timed(self.lines, "lines"), spec.shards, spec.blocks,
+                  on_error=spec.on_error, opener=spec.opener, where=where))
         # -> chunks of the user's records after map and filter; DROPPED where removed
         self.transform = Transform(timed(self.parse, "parse"), spec.steps, where=where)
         # -> chunks holding exactly `quota` records in all (even ranks), else all of them
@@ -114,8 +121,9 @@ class Reader:
         emit = timed(self.top, "emit")
         self.out: Any = emit
         if spec.batch is not None:
-            collate = spec.batch.collate
-            if get_worker_info() is not None:  # dicts of tensors cross in shared memory
+            if later:  # lines cross to the main process, which parses them
+                collate = partial(LineBatch, where=where)
+            elif get_worker_info() is not None:  # dicts of tensors cross in shared memory
                 collate = leave_as_tensor_batches(collate)
             if spec.batch.rule is None:
                 self.out = Batch(emit, spec.batch, collate)

@@ -1,0 +1,214 @@
+"""Parse later: a worker hands batches of plain records over as their JSON lines, and the main
+process parses them.
+
+The main process has to build every record it receives, whether from a worker's message
+(`marshal.loads`) or from the JSON line (`orjson.loads`, as fast for JSON's types), so a worker
+that parses, marshals and sends a record does the parsing for nothing: on two cores that work
+is what made two workers slower than none. When nothing in the worker needs the values (a
+`.batch(n)` of plain records: no map, filter, collate or length rule, malformed lines raise),
+`ParseLater` takes the place of `Parse`: lines pass the shuffle and the batch stage as they
+are, each with its position, and a `LineBatch` crosses to the main process as the lines
+themselves, written into the worker's shared-memory ring (`streamds.train.shm_ring`) with no
+copy in between. The main process parses them from the shared pages into a `RecordBatch`.
+
+Same records, same order, same state (the shape of `Parse`'s, so states move between
+worker counts); blank lines and byte-order marks are handled in the worker as `Parse` does.
+A malformed line is found in the main process: the batch it arrives in is an
+`UnreadableBatch` that raises `CorruptRecordError` (file, byte offset, fix) when used, rather
+than an error raised while the DataLoader unpickles (which would stop its pin-memory thread).
+"""
+
+from __future__ import annotations
+
+import marshal
+from array import array
+from collections import Counter
+from collections.abc import Sequence
+from itertools import repeat
+from multiprocessing.reduction import ForkingPickler
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from torch.utils.data import get_worker_info
+
+from .batch import RecordBatch, reduce_records_in_worker
+from .chunks import Chunk
+from .errors import CorruptRecordError
+from .parse import BLANK, BOM, SNIPPET, LineNumbers, Parse
+from .train import shm_ring
+
+if TYPE_CHECKING:
+    from .pipeline import Spec
+
+__all__ = ["LineBatch", "ParseLater", "UnreadableBatch", "parses_later"]
+
+Line = tuple[bytes, int, int]  # (the JSON line, block id, offset of the line)
+
+
+def parses_later(spec: Spec, collate: Any) -> bool:
+    """Whether a reader with `spec` leaves its lines for the main process to parse: in a
+    DataLoader worker, making batches of plain records (`RecordBatch`) of JSONL shards, with
+    nothing that needs a record's value in the worker (map, filter, a length rule, counting
+    malformed lines under on_error='skip')."""
+    batch = spec.batch
+    return (
+        get_worker_info() is not None
+        and batch is not None and batch.rule is None and collate is RecordBatch
+        and not spec.steps and spec.on_error == "raise"
+        and all(shard.format == "jsonl" for shard in spec.shards)
+    )
+
+
+class ParseLater(Parse):
+    """Stage: chunks of raw lines -> chunks of `(line, block, offset)` items, BLANK markers
+    for blank lines; a byte-order mark at the start of a file is cut off.
+
+    State and counters are `Parse`'s, so states move between worker counts; malformed lines
+    raise in the main process, so "bad" stays 0 here.
+    """
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+        self.skipped: Counter[str] = Counter()  # none: malformed lines are not skipped
+        self.reset()
+
+    def parse(self, chunk: Chunk) -> Chunk:
+        """`chunk` with each line paired with its position (also used to re-read records)."""
+        lines = chunk.items
+        if lines and chunk.offsets[0] == 0 and lines[0].startswith(BOM):
+            lines = [lines[0][len(BOM) :], *lines[1:]]
+        if b"" not in lines and not any(map(bytes.isspace, lines)):  # C speed, no blanks
+            # (offsets holds one more: where the line after the chunk begins)
+            items: list[Any] = list(zip(lines, repeat(chunk.block), chunk.offsets))
+            return Chunk(chunk.item, chunk.block, chunk.offsets, items, True, chunk.labels)
+        items = [(line, chunk.block, offset) if line and not line.isspace() else BLANK
+                 for line, offset in zip(lines, chunk.offsets, strict=False)]
+        return Chunk(chunk.item, chunk.block, chunk.offsets, items, False, chunk.labels)
+
+
+class LineBatch(RecordBatch):
+    """A worker's batch of records that are still JSON lines (`Line` items).
+
+    From a DataLoader worker it crosses as the lines and arrives as a `RecordBatch` parsed in
+    the main process. Anywhere else its records are parsed where they are first asked for
+    (a collate_fn in the worker, pickle), with the line numbers of `where` in errors.
+    """
+
+    __slots__ = ("_records", "lines", "where")
+
+    def __init__(self, lines: list[Line], where: LineNumbers) -> None:
+        self.lines = lines
+        self.where = where
+        self._records: list[Any] | None = None
+
+    @property  # type: ignore[override]
+    def records(self) -> list[Any]:
+        if self._records is None:
+            self._records = self._parse()
+        return self._records
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickle, torch.save: as its records
+        return (RecordBatch, (self.records,))
+
+    def __repr__(self) -> str:
+        return f"LineBatch({len(self.lines)} lines)"
+
+    def _parse(self) -> list[Any]:
+        loads = orjson.loads
+        try:
+            return [loads(line) for line, _, _ in self.lines]
+        except orjson.JSONDecodeError:
+            pass
+        index, err = _first_malformed([line for line, _, _ in self.lines])
+        line, block, offset = self.lines[index]
+        url, number = self.where.url(block), self.where.line(block, offset)
+        where = f"byte offset {offset}"
+        if number is not None:
+            where = f"line {number} ({where})"
+        raise _malformed(url, where, offset, line, err, line_number=number) from err
+
+
+def _malformed(url: str, where: str, offset: int, line: bytes,
+               err: Exception, *, line_number: int | None = None) -> CorruptRecordError:
+    snippet = line[:SNIPPET]
+    return CorruptRecordError(
+        f"{url}: {where}: invalid JSON ({err}): {snippet!r}; fix or remove the line, "
+        "or pass on_error='skip' to skip and count malformed lines",
+        url=url, line=line_number, offset=offset,
+    )
+
+
+class UnreadableBatch(RecordBatch):
+    """A batch that arrived with a malformed line: using it raises the error."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: CorruptRecordError) -> None:
+        self.error = error
+
+    @property  # type: ignore[override]
+    def records(self) -> list[Any]:
+        raise self.error
+
+    def __repr__(self) -> str:
+        return f"UnreadableBatch({self.error})"
+
+
+# -- across the worker's queue: the lines, and where they came from, for errors -------------
+
+def _reduce_for_queue(batch: LineBatch) -> tuple[Any, ...]:
+    if batch._records is not None or get_worker_info() is None:  # parsed here already
+        return reduce_records_in_worker(batch.records)
+    lines, blocks, offsets = zip(*batch.lines, strict=True)
+    urls = {block: batch.where.url(block) for block in set(blocks)}
+    payload = marshal.dumps(
+        (lines, array("q", blocks).tobytes(), array("q", offsets).tobytes(), urls))
+    entry = shm_ring.put(payload)
+    if entry is None:
+        return (_parsed_from_bytes, (payload,))
+    return (_parsed_from_ring, (entry,))
+
+
+ForkingPickler.register(LineBatch, _reduce_for_queue)
+
+
+def _parsed_from_ring(entry: shm_ring.Entry) -> RecordBatch:
+    return shm_ring.take(entry, parse_payload)
+
+
+def _parsed_from_bytes(payload: bytes) -> RecordBatch:
+    return parse_payload(payload)
+
+
+def parse_payload(payload: bytes | memoryview) -> RecordBatch:
+    """A `LineBatch`'s payload -> its records; an `UnreadableBatch` if a line is malformed."""
+    lines, blocks, offsets, urls = marshal.loads(payload)
+    loads = orjson.loads
+    try:
+        return RecordBatch([loads(line) for line in lines])
+    except orjson.JSONDecodeError:
+        pass
+    index, err = _first_malformed(lines)
+    block, offset = _unpack(blocks)[index], _unpack(offsets)[index]
+    return UnreadableBatch(_malformed(
+        urls[block], f"byte offset {offset} (parsed in the main process; the line number is "
+        "in the error with num_workers=0)", offset, lines[index], err))
+
+
+def _first_malformed(lines: Sequence[bytes]) -> tuple[int, orjson.JSONDecodeError]:
+    """The first line orjson refuses, and why (called once a batch of them failed)."""
+    for index, line in enumerate(lines):
+        try:
+            orjson.loads(line)
+        except orjson.JSONDecodeError as err:
+            return index, err
+    raise AssertionError("orjson refused the batch but none of its lines")
+
+
+def _unpack(packed: bytes) -> Sequence[int]:
+    values = array("q")
+    values.frombytes(packed)
+    return values
