@@ -250,7 +250,9 @@ class StreamingJsonl(IterableDataset):
         tensors of a dict cross from a worker in its shared-memory ring,
         `streamds.train.shm_tensors`). None yields a `RecordBatch`, a list-like
         holder of the records that torch's default conversion hands over untouched; from a
-        worker its records cross marshalled, in shared memory (`streamds.train.shm_ring`).
+        worker it crosses in shared memory (`streamds.train.shm_ring`), as the records' JSON
+        lines that the main process parses when nothing in the worker needs the values (no
+        map or filter, on_error="raise": `streamds.parse_later`), else marshalled.
         A collate that returns lists or dicts of Python values is walked value by value by
         that default conversion (with ``batch_size=None``): pass
         ``collate_fn=streamds.as_list`` to the DataLoader then. `.map()`/`.filter()` still

@@ -13,9 +13,10 @@ copy in between. The main process parses them from the shared pages into a `Reco
 
 Same records, same order, same state (the shape of `Parse`'s, so states move between
 worker counts); blank lines and byte-order marks are handled in the worker as `Parse` does.
-A malformed line is found in the main process: the batch it arrives in is an
-`UnreadableBatch` that raises `CorruptRecordError` (file, byte offset, fix) when used, rather
-than an error raised while the DataLoader unpickles (which would stop its pin-memory thread).
+A malformed line is found in the main process: its batch arrives as a `MalformedLine`, which
+the DataLoader raises from ``next()`` as `CorruptRecordError` (file, byte offset, fix) before
+its state counts the batch, as it raises an error from a worker. Only JSONL shards take this
+path (tar members and .json documents are parsed in the worker).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from torch._utils import ExceptionWrapper
 from torch.utils.data import get_worker_info
 
 from .batch import RecordBatch, reduce_records_in_worker
@@ -40,7 +42,7 @@ from .train import shm_ring
 if TYPE_CHECKING:
     from .pipeline import Spec
 
-__all__ = ["LineBatch", "ParseLater", "UnreadableBatch", "parses_later"]
+__all__ = ["LineBatch", "MalformedLine", "ParseLater", "parses_later"]
 
 Line = tuple[bytes, int, int]  # (the JSON line, block id, offset of the line)
 
@@ -141,26 +143,29 @@ def _malformed(url: str, where: str, offset: int, line: bytes,
     )
 
 
-class UnreadableBatch(RecordBatch):
-    """A batch that arrived with a malformed line: using it raises the error."""
-
-    __slots__ = ("error",)
+class MalformedLine(ExceptionWrapper):
+    """What a worker's batch with a malformed line becomes in the main process: the
+    DataLoader raises it from ``next()`` where it would raise an error from the worker, before
+    its state counts the batch (so a state taken then resumes before the batch, and meets the
+    line again), and a pin-memory thread passes it on untouched. Raises the
+    `CorruptRecordError` itself, not torch's copy of its message."""
 
     def __init__(self, error: CorruptRecordError) -> None:
         self.error = error
+        self.exc_type = type(error)
+        self.exc_msg = str(error)
+        self.where = "in the main process, parsing a batch from a DataLoader worker"
 
-    @property  # type: ignore[override]
-    def records(self) -> list[Any]:
+    def reraise(self) -> None:
         raise self.error
-
-    def __repr__(self) -> str:
-        return f"UnreadableBatch({self.error})"
 
 
 # -- across the worker's queue: the lines, and where they came from, for errors -------------
 
 def _reduce_for_queue(batch: LineBatch) -> tuple[Any, ...]:
-    if batch._records is not None or get_worker_info() is None:  # parsed here already
+    if get_worker_info() is None:  # not on the way from a DataLoader worker
+        return (RecordBatch, (batch.records,))
+    if batch._records is not None:  # parsed here already (a collate_fn asked)
         return reduce_records_in_worker(batch.records)
     lines, blocks, offsets = zip(*batch.lines, strict=True)
     urls = {block: batch.where.url(block) for block in set(blocks)}
@@ -175,16 +180,17 @@ def _reduce_for_queue(batch: LineBatch) -> tuple[Any, ...]:
 ForkingPickler.register(LineBatch, _reduce_for_queue)
 
 
-def _parsed_from_ring(entry: shm_ring.Entry) -> RecordBatch:
+def _parsed_from_ring(entry: shm_ring.Entry) -> RecordBatch | MalformedLine:
     return shm_ring.take(entry, parse_payload)
 
 
-def _parsed_from_bytes(payload: bytes) -> RecordBatch:
+def _parsed_from_bytes(payload: bytes) -> RecordBatch | MalformedLine:
     return parse_payload(payload)
 
 
-def parse_payload(payload: bytes | memoryview) -> RecordBatch:
-    """A `LineBatch`'s payload -> its records; an `UnreadableBatch` if a line is malformed."""
+def parse_payload(payload: bytes | memoryview) -> RecordBatch | MalformedLine:
+    """A `LineBatch`'s payload -> its records; a `MalformedLine` if a line is malformed (an
+    error raised here, while the DataLoader unpickles, would stop a pin-memory thread)."""
     lines, blocks, offsets, urls = marshal.loads(payload)
     loads = orjson.loads
     try:
@@ -193,7 +199,7 @@ def parse_payload(payload: bytes | memoryview) -> RecordBatch:
         pass
     index, err = _first_malformed(lines)
     block, offset = _unpack(blocks)[index], _unpack(offsets)[index]
-    return UnreadableBatch(_malformed(
+    return MalformedLine(_malformed(
         urls[block], f"byte offset {offset} (parsed in the main process; the line number is "
         "in the error with num_workers=0)", offset, lines[index], err))
 

@@ -381,3 +381,17 @@ def test_a_raising_filter_in_a_tar_shard_names_the_member(tmp_path):
         list(ds)
     said = notes(raised.value)
     assert "filter step 1 of 1" in said and "data.tar: " in said and "(record 9)" in said
+
+
+@pytest.mark.parametrize("first", [b"\xef\xbb\xbf\n", b'\xef\xbb\xbf{"id": -1}\n'],
+                         ids=["lone-bom", "bom-and-record"])
+def test_record_counts_read_a_byte_order_mark_as_the_reader_does(tmp_path: Path, first: bytes):
+    from streamds.plan import make_blocks
+    from streamds.resume.counts import count_block_records
+    from streamds.shards import resolve_shards
+
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(first + corpus.jsonl(corpus.make_records(5)))
+    shards = resolve_shards(str(path))
+    read = list(StreamingJsonl(str(path)))
+    assert sum(count_block_records(shards, make_blocks(shards))) == len(read) == 5 + (b"{" in first)

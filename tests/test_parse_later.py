@@ -14,9 +14,16 @@ from resume_contract import run_test_save_load_state
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from streamds import CorruptRecordError, LengthBuckets, RecordBatch, StreamingJsonl, counts_of
+from streamds import (
+    CorruptRecordError,
+    LengthBuckets,
+    RecordBatch,
+    StreamingJsonl,
+    counts_of,
+    merge_states,
+)
 from streamds.parse import LineNumbers, Parse
-from streamds.parse_later import LineBatch, ParseLater, UnreadableBatch
+from streamds.parse_later import LineBatch, ParseLater
 from streamds.plan import make_blocks
 from streamds.shards import resolve_shards
 from streamds.train import shm_ring
@@ -48,21 +55,30 @@ def records(batches_: list[Any]) -> list[Any]:
     return [record for batch in batches_ for record in batch]
 
 
-def no_parsing(self: Parse, chunk: Any) -> Any:
+def no_parsing(*args: Any) -> Any:
     raise AssertionError("a worker parsed lines the main process was to parse")
+
+
+def refuse_parsing_in_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers fork with these: neither the parse stage nor a batch may parse there."""
+    monkeypatch.setattr(Parse, "parse", no_parsing)
+    monkeypatch.setattr(LineBatch, "_parse", no_parsing)
 
 
 @pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
 def test_workers_leave_the_lines_to_the_main_process(
     lines_only: Path, shuffle: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def make() -> StreamingJsonl:
-        return StreamingJsonl(str(lines_only), shuffle=shuffle, seed=4, buffer_size=50).batch(6)
+    def make(on_error: str = "raise") -> StreamingJsonl:
+        return StreamingJsonl(str(lines_only), shuffle=shuffle, seed=4, buffer_size=50,
+                              on_error=on_error).batch(6)
 
     in_main = records(batches(make(), 0))
-    reference = batches(make(), WORKERS)  # the workers' own order, parsed in the workers
-    monkeypatch.setattr(Parse, "parse", no_parsing)  # the workers fork with this
+    reference = batches(make("skip"), WORKERS)  # skip: parsed in the workers, as before
+    refuse_parsing_in_workers(monkeypatch)
+    before = shm_ring.batches_taken()
     got = batches(make(), WORKERS)
+    assert shm_ring.batches_taken() - before == len(got)  # every batch through shared memory
     assert all(type(batch) is RecordBatch for batch in got)
     assert [batch.records for batch in got] == [batch.records for batch in reference]
     assert sorted(r["id"] for r in records(got)) == sorted(r["id"] for r in in_main)
@@ -95,17 +111,24 @@ def long_text(record: dict[str, Any]) -> int:
 
 @pytest.mark.parametrize("how", ["map", "skip", "rule"])
 def test_what_needs_the_values_in_the_worker_still_parses_there(
-    lines_only: Path, how: str
+    lines_only: Path, how: str, tmp_path: Path
 ) -> None:
-    ds = StreamingJsonl(str(lines_only), on_error="skip" if how == "skip" else "raise")
+    source = [str(lines_only)]
+    if how == "skip":  # a malformed line, skipped and counted in the worker
+        (tmp_path / "bad.jsonl").write_bytes(b'{"id": -1}\nnot json\n')
+        source.append(str(tmp_path / "bad.jsonl"))
+    ds = StreamingJsonl(source, on_error="skip" if how == "skip" else "raise")
     if how == "map":
         ds = ds.map(add_one)
     batched = ds.batch(LengthBuckets(4, buffer_size=64, length=long_text) if how == "rule"
                        else 4)
-    got = records(batches(batched, WORKERS))
-    assert len(got) == 540 and all(isinstance(r, dict) for r in got)
+    loader = StatefulDataLoader(batched, batch_size=None, num_workers=WORKERS)
+    got = [record for batch in loader for record in batch]
+    assert len(got) == 540 + (how == "skip") and all(isinstance(r, dict) for r in got)
     if how == "map":
         assert all(r["plus"] == r["id"] + 1 for r in got)
+    if how == "skip":
+        assert counts_of(loader.state_dict())["bad"] == 1
 
 
 @pytest.fixture()
@@ -127,7 +150,7 @@ def test_blank_lines_and_a_byte_order_mark_as_the_worker_would_count_them(
     messy: tuple[Path, list[int], int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path, every, blank = messy
-    monkeypatch.setattr(Parse, "parse", no_parsing)
+    refuse_parsing_in_workers(monkeypatch)
     loader = StatefulDataLoader(StreamingJsonl(str(path)).batch(7), batch_size=None,
                                 num_workers=WORKERS)
     got = [r["id"] for batch in loader for r in batch]
@@ -135,24 +158,34 @@ def test_blank_lines_and_a_byte_order_mark_as_the_worker_would_count_them(
     assert counts_of(loader.state_dict())["blank"] == blank
 
 
-def test_a_malformed_line_raises_when_its_batch_is_used_naming_file_and_offset(
+def test_a_malformed_line_raises_from_next_before_the_state_counts_its_batch(
     tmp_path: Path,
 ) -> None:
     good = corpus.jsonl(corpus.make_records(30))
     bad = b'{"id": 30, "text": oops}\n'
     path = tmp_path / "bad.jsonl"
     path.write_bytes(good + bad + corpus.jsonl(corpus.make_records(10, start=31)))
-    got = batches(StreamingJsonl(str(path)).batch(4), WORKERS)
-    broken = [batch for batch in got if isinstance(batch, UnreadableBatch)]
-    assert len(broken) == 1 and "invalid JSON" in repr(broken[0])
+
+    def make() -> StatefulDataLoader:
+        return StatefulDataLoader(StreamingJsonl(str(path)).batch(4), batch_size=None,
+                                  num_workers=1)
+
+    loader = make()
+    seen: list[int] = []
     with pytest.raises(CorruptRecordError) as caught:
-        len(broken[0])
+        for batch in loader:
+            seen += [r["id"] for r in batch]
     err = caught.value
     assert err.url.endswith("bad.jsonl") and err.offset == len(good)
     assert f"byte offset {len(good)}" in str(err) and "parsed in the main process" in str(err)
     assert "on_error='skip'" in str(err) and "oops" in str(err)
-    fine = [r["id"] for batch in got if batch is not broken[0] for r in batch]
-    assert sorted(fine) == [i for i in range(41) if i not in range(28, 32)]
+    assert seen == list(range(28))  # the batches before the bad one: 7 of 4 records
+    # the state taken at the error stands before the bad batch: a resume meets it again
+    state = loader.state_dict()
+    again = make()
+    again.load_state_dict(state)
+    with pytest.raises(CorruptRecordError):
+        next(iter(again))
 
 
 def test_lines_cross_the_pipe_when_shared_memory_is_full(
@@ -160,7 +193,7 @@ def test_lines_cross_the_pipe_when_shared_memory_is_full(
 ) -> None:
     expect = sorted(r["id"] for r in records(batches(StreamingJsonl(str(lines_only)).batch(9), 0)))
     monkeypatch.setattr(shm_ring, "put", lambda *pieces: None)  # forked into the workers
-    monkeypatch.setattr(Parse, "parse", no_parsing)
+    refuse_parsing_in_workers(monkeypatch)
     before = shm_ring.batches_taken()
     got = batches(StreamingJsonl(str(lines_only), shuffle=True, seed=1).batch(9), WORKERS)
     assert shm_ring.batches_taken() == before
@@ -171,7 +204,7 @@ def test_lines_cross_the_pipe_when_shared_memory_is_full(
 def test_batches_parsed_in_the_main_process_resume_exactly(
     lines_only: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(Parse, "parse", no_parsing)
+    refuse_parsing_in_workers(monkeypatch)
 
     def make() -> StatefulDataLoader:
         ds = StreamingJsonl(str(lines_only), shuffle=True, seed=2, buffer_size=32).batch(5)
@@ -233,3 +266,42 @@ def test_the_stage_keeps_the_state_shape_of_parse() -> None:
     assert stage.get_state()["counts"] == {"bad": 0, "blank": 1}
     stage.reset(stage.get_state())
     assert stage.counts["blank"] == 1
+
+
+def test_a_state_from_workers_that_parse_later_merges_into_another_world(
+    lines_only: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def dataset(**more: Any) -> StreamingJsonl:
+        return StreamingJsonl(str(lines_only), shuffle=True, seed=8, buffer_size=40, **more)
+
+    with monkeypatch.context() as patched:
+        refuse_parsing_in_workers(patched)
+        loader = StatefulDataLoader(dataset().batch(6), batch_size=None, num_workers=WORKERS)
+        batches_ = iter(loader)
+        consumed = [r["id"] for _ in range(9) for r in next(batches_)]
+        state = loader.state_dict()
+        del batches_, loader
+    merged = merge_states([state])
+    rest = [r["id"] for r in dataset(resume_from=merged)]  # 0 workers, 1 reader
+    assert sorted(consumed + rest) == sorted(r["id"] for r in dataset())
+
+
+@pytest.mark.parametrize("mode", ["pad", "drop"])
+def test_even_ranks_with_workers_that_parse_later(
+    lines_only: Path, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def per_rank(on_error: str) -> list[list[int]]:
+        return [[r["id"] for r in records(batches(
+            StreamingJsonl(str(lines_only), rank=rank, world_size=3, even_ranks=mode,
+                           on_error=on_error).batch(5), WORKERS))] for rank in range(3)]
+
+    parsed_in_workers = per_rank("skip")
+    refuse_parsing_in_workers(monkeypatch)
+    got = per_rank("raise")
+    assert got == parsed_in_workers  # each rank: the same records in the same order
+    assert len({len(ids) for ids in got}) == 1  # every rank the same number
+    every = [i for ids in got for i in ids]
+    if mode == "drop":
+        assert len(every) == len(set(every))
+    else:
+        assert len(set(every)) == 540

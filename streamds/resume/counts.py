@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from ..parse import BOM
 from ..plan import Block
 from ..read import Opener, open_decoded_at, read_lines
 from ..shards import Shard
@@ -24,7 +25,10 @@ def count_from(
     """Records (non-blank lines) of `block` from the line at `start` on (None: all)."""
     total = 0
     for chunk in read_lines(shard, block, block_id, resume_at=start, opener=opener):
-        total += sum(1 for line in chunk.lines if line.strip())
+        lines = chunk.lines
+        if lines and chunk.offsets[0] == 0 and chunk.labels is None and lines[0].startswith(BOM):
+            lines = [lines[0][len(BOM) :], *lines[1:]]  # as Parse does: a lone BOM is blank
+        total += sum(1 for line in lines if line.strip())
     return total
 
 

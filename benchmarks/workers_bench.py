@@ -1,0 +1,151 @@
+"""Do workers pay off for raw records? `.batch(n)` at 0, 1 and 2 workers, parsed in the main
+process (what streamds does now) against parsed in the workers (what it did before).
+
+Each run is a fresh Python process that calls ``gc.freeze()`` after its imports (as the README
+recommends), builds ``DataLoader(StreamingJsonl(path).batch(n), batch_size=None,
+num_workers=w)`` and reads the whole corpus, counting records. Rows, interleaved, medians of
+--repeats:
+
+- 0 workers: the reader runs in the main process;
+- parsed in the main process: a worker hands its batches over as their JSON lines, written
+  into its shared-memory ring, and the main process parses them (`streamds.parse_later`);
+- parsed in the workers: the same loader with ``on_error="skip"``, which needs the values in
+  the worker (no line is malformed), so the worker parses, marshals and sends the records.
+
+Besides records/s and the ratio to 0 workers, the CPU each run used: the main process's and
+the workers' (getrusage), per record. The corpora are the throughput benchmark's at
+--scale 0.5 (PubMed layout, ~21 KB lines; small ~300-byte lines), seekable .jsonl.zst, in
+batches of ~300 KB (16 and 1,024 records).
+
+    .venv/bin/python benchmarks/workers_bench.py                 # ~5 min on 2 cores
+    .venv/bin/python benchmarks/workers_bench.py --write-readme  # fill the README section
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CHILD = r"""
+import gc, json, resource, sys, time
+from torch.utils.data import DataLoader
+from streamds import StreamingJsonl
+
+spec = json.loads(sys.argv[1])
+gc.freeze()
+ds = StreamingJsonl(spec["path"], on_error=spec["on_error"]).batch(spec["batch"])
+before = resource.getrusage(resource.RUSAGE_SELF)
+start = time.perf_counter()
+records = 0
+batches = iter(DataLoader(ds, batch_size=None, num_workers=spec["workers"]))
+for batch in batches:
+    records += len(batch)
+seconds = time.perf_counter() - start
+after = resource.getrusage(resource.RUSAGE_SELF)
+del batches  # the workers exit and are reaped: their CPU time is the children's
+gc.collect()
+children = resource.getrusage(resource.RUSAGE_CHILDREN)
+main = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+print(json.dumps({"records": records, "seconds": seconds, "main_cpu": main,
+                  "workers_cpu": children.ru_utime + children.ru_stime}))
+"""
+
+# (row label, workers, on_error)
+MODES = [
+    ("0 workers", 0, "raise"),
+    ("1 worker, parsed in the main process", 1, "raise"),
+    ("1 worker, parsed in the worker", 1, "skip"),
+    ("2 workers, parsed in the main process", 2, "raise"),
+    ("2 workers, parsed in the workers", 2, "skip"),
+]
+
+
+def corpora(scale: float) -> list[tuple[str, str, int, int]]:
+    """(label, seekable .jsonl.zst path, records per batch, records)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from common import pubmed_corpus, small_lines_corpus
+
+    pubmed = pubmed_corpus(round(1e9 * scale))  # the throughput benchmark's corpora
+    small = small_lines_corpus(round(3e8 * scale))
+    return [("PubMed", str(pubmed.zst), 16, pubmed.records),
+            ("small lines", str(small.zst), 1024, small.records)]
+
+
+def run(path: str, batch: int, workers: int, on_error: str) -> dict:
+    spec = json.dumps({"path": path, "batch": batch, "workers": workers, "on_error": on_error})
+    done = subprocess.run([sys.executable, "-c", CHILD, spec], capture_output=True, text=True,
+                          cwd=ROOT)
+    if done.returncode:
+        raise RuntimeError(f"{path}: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--scale", type=float, default=0.5)
+    parser.add_argument("--write-readme", action="store_true")
+    args = parser.parse_args(argv)
+    from common import command_line, machine, publish
+
+    rows = corpora(args.scale)
+    began = time.perf_counter()
+    runs: dict[tuple[str, str], list[dict]] = {}
+    for repeat in range(args.repeats):
+        for corpus, path, batch, records in rows:
+            for label, workers, on_error in MODES:
+                result = run(path, batch, workers, on_error)
+                if result["records"] != records:
+                    raise RuntimeError(f"{corpus}, {label}: {result['records']} records, "
+                                       f"the corpus has {records}")
+                runs.setdefault((corpus, label), []).append(result)
+                print(f"[{repeat + 1}/{args.repeats}] {corpus:<12} {label:<40} "
+                      f"{records / result['seconds']:,.0f} records/s", file=sys.stderr)
+
+    def rate(result: dict) -> float:
+        return result["records"] / result["seconds"]
+
+    lines = ["| corpus | loader | records/s | x 0 workers | per run | main process CPU, "
+             "us/record | workers' CPU, us/record |", "|---|---|---:|---:|---|---:|---:|"]
+    for corpus, _, batch, _ in rows:
+        alone = [rate(r) for r in runs[corpus, MODES[0][0]]]
+        base = statistics.median(alone)
+        for index, (label, workers, _) in enumerate(MODES):
+            results = runs[corpus, label]
+            rates = [rate(r) for r in results]
+            # each run against the 0-worker run of its own round
+            pairs = sorted(r / a for r, a in zip(rates, alone, strict=True))
+            main_us = statistics.median(r["main_cpu"] / r["records"] * 1e6 for r in results)
+            workers_us = statistics.median(r["workers_cpu"] / r["records"] * 1e6
+                                           for r in results)
+            name = f"{corpus}, .batch({batch})" if index == 0 else ""
+            lines.append(
+                f"| {name} | {label} | {statistics.median(rates):,.0f} | "
+                f"{statistics.median(rates) / base:.2f} | {pairs[0]:.2f}-{pairs[-1]:.2f} | "
+                f"{main_us:.2f} | {workers_us:.2f} |" if workers else
+                f"| {name} | {label} | {statistics.median(rates):,.0f} | 1.00 | - | "
+                f"{main_us:.2f} | - |")
+    body = "\n".join(lines) + (
+        f"\n\nDataLoader(ds.batch(n), batch_size=None) over the whole seekable .jsonl.zst, a "
+        f"fresh process per run with `gc.freeze()` after its imports; median of "
+        f"{args.repeats} runs per row, interleaved; \"per run\" divides each run by the "
+        f"0-worker run of its round (lowest-highest). \"parsed in the worker(s)\" is the same "
+        f"loader with on_error=\"skip\" (the path every batch took before). CPU: getrusage of "
+        f"the main process during the loop, and of the reaped workers. Machine: {machine()}. "
+        f"Command: `{command_line()}`. Measured in {time.perf_counter() - began:.0f} s."
+    )
+    every_run = [{"corpus": corpus, "loader": label, "runs": r}
+                 for (corpus, label), r in runs.items()]
+    publish("workers_bench", body, every_run, "workers" if args.write_readme else None)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
