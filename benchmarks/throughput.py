@@ -342,7 +342,8 @@ def replay_batches_run(pool: list, total: int, workers: int, as_record_batch: bo
 
 def crossing_costs(pool: list, rounds: int = 200) -> dict[str, float]:
     """Microseconds per batch of BATCH_SIZE records to write and read back, as a pickled list,
-    as JSON and marshalled (what `.batch()` sends from a worker)."""
+    as JSON and marshalled (what `.batch()` sends from a worker when the worker needs the
+    values; plain records cross as JSON lines, parsed in the main process)."""
     import marshal
 
     import orjson
@@ -651,8 +652,9 @@ def readme_body(
         f"\".batch({BATCH_SIZE})\" rows: DataLoader(ds.batch({BATCH_SIZE}), batch_size=None), "
         "no collate_fn. \"DataLoader only\" replays parsed records from memory, the ceiling "
         "for any reader with that many workers; its \"batches\" rows have the dataset yield "
-        "whole batches, as pickled lists or as RecordBatch (what `.batch()` sends: marshalled "
-        "into shared memory, a descriptor through the pipe). \"first "
+        "whole batches, as pickled lists or as RecordBatch (marshalled into shared memory, a "
+        "descriptor through the pipe: what `.batch()` sends when the worker needs the values; "
+        "plain records cross as their JSON lines, parsed in the main process). \"first "
         "batch\" is the time from building the dataset to holding the first batch; \"peak "
         "RSS\" is the whole process tree's (main process and workers, sum of RSS sampled "
         "every 10 ms; pages shared after the fork count once per process) in a run of its "

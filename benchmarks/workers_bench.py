@@ -3,8 +3,9 @@ process (what streamds does now) against parsed in the workers (what it did befo
 
 Each run is a fresh Python process that calls ``gc.freeze()`` after its imports (as the README
 recommends), builds ``DataLoader(StreamingJsonl(path).batch(n), batch_size=None,
-num_workers=w)`` and reads the whole corpus, counting records. Rows, interleaved, medians of
---repeats:
+num_workers=w)`` and reads the whole corpus, counting records, timed from the first batch to
+the last (the steady rate; the start-up is first_batch.py's). Rows, interleaved (each round
+starts at another row), medians of --repeats:
 
 - 0 workers: the reader runs in the main process;
 - parsed in the main process: a worker hands its batches over as their JSON lines, written
@@ -41,20 +42,24 @@ from streamds import StreamingJsonl
 spec = json.loads(sys.argv[1])
 gc.freeze()
 ds = StreamingJsonl(spec["path"], on_error=spec["on_error"]).batch(spec["batch"])
-before = resource.getrusage(resource.RUSAGE_SELF)
+def cpu(who):
+    used = resource.getrusage(who)
+    return used.ru_utime + used.ru_stime
+
+children_before = cpu(resource.RUSAGE_CHILDREN)
+batches = iter(DataLoader(ds, batch_size=None, num_workers=spec["workers"]))
+first = len(next(batches))  # the steady state: from the first batch on (start-up aside)
+main_before = cpu(resource.RUSAGE_SELF)
 start = time.perf_counter()
 records = 0
-batches = iter(DataLoader(ds, batch_size=None, num_workers=spec["workers"]))
 for batch in batches:
     records += len(batch)
 seconds = time.perf_counter() - start
-after = resource.getrusage(resource.RUSAGE_SELF)
+main = cpu(resource.RUSAGE_SELF) - main_before
 del batches  # the workers exit and are reaped: their CPU time is the children's
 gc.collect()
-children = resource.getrusage(resource.RUSAGE_CHILDREN)
-main = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-print(json.dumps({"records": records, "seconds": seconds, "main_cpu": main,
-                  "workers_cpu": children.ru_utime + children.ru_stime}))
+print(json.dumps({"first": first, "records": records, "seconds": seconds, "main_cpu": main,
+                  "workers_cpu": cpu(resource.RUSAGE_CHILDREN) - children_before}))
 """
 
 # (row label, workers, on_error)
@@ -99,11 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     runs: dict[tuple[str, str], list[dict]] = {}
     for repeat in range(args.repeats):
-        for corpus, path, batch, records in rows:
-            for label, workers, on_error in MODES:
+        turn = repeat % len(MODES)  # each round starts elsewhere: no row always goes first
+        for corpus, path, batch, records in rows[repeat % 2 :] + rows[: repeat % 2]:
+            for label, workers, on_error in MODES[turn:] + MODES[:turn]:
                 result = run(path, batch, workers, on_error)
-                if result["records"] != records:
-                    raise RuntimeError(f"{corpus}, {label}: {result['records']} records, "
+                if result["first"] + result["records"] != records:
+                    raise RuntimeError(f"{corpus}, {label}: {result['first']} + "
+                                       f"{result['records']} records, "
                                        f"the corpus has {records}")
                 runs.setdefault((corpus, label), []).append(result)
                 print(f"[{repeat + 1}/{args.repeats}] {corpus:<12} {label:<40} "
@@ -134,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{main_us:.2f} | - |")
     body = "\n".join(lines) + (
         f"\n\nDataLoader(ds.batch(n), batch_size=None) over the whole seekable .jsonl.zst, a "
-        f"fresh process per run with `gc.freeze()` after its imports; median of "
+        f"fresh process per run with `gc.freeze()` after its imports, timed from the first "
+        f"batch to the last (the start-up is under \"The first batch\"); median of "
         f"{args.repeats} runs per row, interleaved; \"per run\" divides each run by the "
         f"0-worker run of its round (lowest-highest). \"parsed in the worker(s)\" is the same "
         f"loader with on_error=\"skip\" (the path every batch took before). CPU: getrusage of "

@@ -40,6 +40,7 @@ __all__ = [
     "LineNumbers",
     "Marker",
     "Parse",
+    "cut_bom",
     "parse_chunk",
 ]
 
@@ -122,6 +123,16 @@ class LineNumbers:
             return None, f"byte offset {offset}"
         return line, f"line {line} (byte offset {offset})"
 BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark some editors put at the start of a file
+
+
+def cut_bom(lines: list[bytes], offsets: Sequence[int], labels: Sequence[str] | None
+            ) -> list[bytes]:
+    """`lines`, with a byte-order mark cut from a file's first line (decoded offset 0, not a
+    tar member or a document part), as parsing reads them: what counts records without
+    parsing must see the same lines (a lone BOM is a blank line, not a record)."""
+    if lines and offsets[0] == 0 and labels is None and lines[0].startswith(BOM):
+        return [lines[0][len(BOM) :], *lines[1:]]
+    return lines
 
 
 def _bad_line_error(chunk: Chunk, index: int, url: str, locate: Locate, err: Exception):

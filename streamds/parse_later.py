@@ -15,8 +15,10 @@ Same records, same order, same state (the shape of `Parse`'s, so states move bet
 worker counts); blank lines and byte-order marks are handled in the worker as `Parse` does.
 A malformed line is found in the main process: its batch arrives as a `MalformedLine`, which
 the DataLoader raises from ``next()`` as `CorruptRecordError` (file, byte offset, fix) before
-its state counts the batch, as it raises an error from a worker. Only JSONL shards take this
-path (tar members and .json documents are parsed in the worker).
+its state counts the batch, as it raises an error from a worker. The worker has moved on: an
+iterator used after the error would miss the rest of that batch, so the fix is to resume from
+the state taken at the error with on_error='skip' (the line is then skipped and counted).
+Only JSONL shards take this path (tar members and .json documents are parsed in the worker).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from torch.utils.data import get_worker_info
 from .batch import RecordBatch, reduce_records_in_worker
 from .chunks import Chunk
 from .errors import CorruptRecordError
-from .parse import BLANK, BOM, SNIPPET, LineNumbers, Parse
+from .parse import BLANK, SNIPPET, LineNumbers, Parse, cut_bom
 from .train import shm_ring
 
 if TYPE_CHECKING:
@@ -76,9 +78,7 @@ class ParseLater(Parse):
 
     def parse(self, chunk: Chunk) -> Chunk:
         """`chunk` with each line paired with its position (also used to re-read records)."""
-        lines = chunk.items
-        if lines and chunk.offsets[0] == 0 and lines[0].startswith(BOM):
-            lines = [lines[0][len(BOM) :], *lines[1:]]
+        lines = cut_bom(chunk.items, chunk.offsets, chunk.labels)
         if b"" not in lines and not any(map(bytes.isspace, lines)):  # C speed, no blanks
             # (offsets holds one more: where the line after the chunk begins)
             items: list[Any] = list(zip(lines, repeat(chunk.block), chunk.offsets))
@@ -151,13 +151,17 @@ class MalformedLine(ExceptionWrapper):
     `CorruptRecordError` itself, not torch's copy of its message."""
 
     def __init__(self, error: CorruptRecordError) -> None:
-        self.error = error
+        self.error = error  # never raised itself: see reraise
         self.exc_type = type(error)
         self.exc_msg = str(error)
         self.where = "in the main process, parsing a batch from a DataLoader worker"
 
     def reraise(self) -> None:
-        raise self.error
+        # a new error each time, as torch's does: one raised from here holds this frame,
+        # and so this wrapper, in its traceback; raising self.error would make a cycle
+        error = self.error
+        raise CorruptRecordError(str(error), url=error.url, line=error.line,
+                                 offset=error.offset)
 
 
 # -- across the worker's queue: the lines, and where they came from, for errors -------------

@@ -395,3 +395,10 @@ def test_record_counts_read_a_byte_order_mark_as_the_reader_does(tmp_path: Path,
     shards = resolve_shards(str(path))
     read = list(StreamingJsonl(str(path)))
     assert sum(count_block_records(shards, make_blocks(shards))) == len(read) == 5 + (b"{" in first)
+
+
+def test_a_plain_loader_resume_reads_a_byte_order_mark_as_the_reader_does(tmp_path: Path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf\n" + corpus.jsonl(corpus.make_records(10)))
+    rest = StreamingJsonl(str(path)).resume_after_batches(1, batch_size=3, num_workers=0)
+    assert [record["id"] for record in rest] == list(range(3, 10))

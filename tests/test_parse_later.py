@@ -180,12 +180,19 @@ def test_a_malformed_line_raises_from_next_before_the_state_counts_its_batch(
     assert f"byte offset {len(good)}" in str(err) and "parsed in the main process" in str(err)
     assert "on_error='skip'" in str(err) and "oops" in str(err)
     assert seen == list(range(28))  # the batches before the bad one: 7 of 4 records
-    # the state taken at the error stands before the bad batch: a resume meets it again
+    # the state taken at the error stands before the bad batch: a resume meets it again,
+    # and one with on_error="skip" (parsed in the worker) skips and counts just that line
     state = loader.state_dict()
     again = make()
     again.load_state_dict(state)
     with pytest.raises(CorruptRecordError):
         next(iter(again))
+    skipping = StatefulDataLoader(StreamingJsonl(str(path), on_error="skip").batch(4),
+                                  batch_size=None, num_workers=1)
+    skipping.load_state_dict(state)
+    rest = [r["id"] for batch in skipping for r in batch]
+    assert seen + rest == [i for i in range(41) if i != 30]
+    assert counts_of(skipping.state_dict())["bad"] == 1
 
 
 def test_lines_cross_the_pipe_when_shared_memory_is_full(

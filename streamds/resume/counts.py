@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from ..parse import BOM
+from ..parse import cut_bom
 from ..plan import Block
 from ..read import Opener, open_decoded_at, read_lines
 from ..shards import Shard
@@ -25,9 +25,7 @@ def count_from(
     """Records (non-blank lines) of `block` from the line at `start` on (None: all)."""
     total = 0
     for chunk in read_lines(shard, block, block_id, resume_at=start, opener=opener):
-        lines = chunk.lines
-        if lines and chunk.offsets[0] == 0 and chunk.labels is None and lines[0].startswith(BOM):
-            lines = [lines[0][len(BOM) :], *lines[1:]]  # as Parse does: a lone BOM is blank
+        lines = cut_bom(chunk.lines, chunk.offsets, chunk.labels)
         total += sum(1 for line in lines if line.strip())
     return total
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..chunks import ChunkCursor, WorkItem
+from ..parse import cut_bom
 from ..pipeline import Reader
 from ..plan import Block
 from ..read import read_lines
@@ -87,7 +88,8 @@ def _positions_of(
             block = blocks[block_id]
             number = first
             for chunk in read_lines(shards[block.shard], block, block_id, resume_at=start):
-                for offset, line in zip(chunk.offsets, chunk.lines, strict=False):
+                lines = cut_bom(chunk.lines, chunk.offsets, chunk.labels)
+                for offset, line in zip(chunk.offsets, lines, strict=False):
                     if not line.strip():
                         continue
                     if number in inside:
