@@ -78,6 +78,7 @@ def prepare_output(output: Path, journal: Journal, fmt: str) -> int:
         journal.write()
     if journal.end is None and journal.shards and journal.shards[-1]["next"] is None:
         journal.end = journal.shards[-1]["counts"]  # killed between the last two writes
+        journal.write()  # on disk too: a part is finished only when its journal says so
     keep = {item["shard"]["name"] for item in journal.shards}
     for name in os.listdir(output):
         stale_shard = is_shard_name(name, fmt) and name not in keep

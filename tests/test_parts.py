@@ -163,6 +163,26 @@ def test_rerun_redoes_only_unfinished_parts(corpus, tmp_path):
     assert output_files(out) == expected
 
 
+def test_a_part_killed_before_its_journal_ended_finishes_on_the_rerun(corpus, tmp_path):
+    """Killed after the journal listed the part's last shard and before it wrote its end:
+    the rerun has nothing to convert, and must still leave the part finished on disk (it
+    used to end the journal in memory only, so every merge refused the part)."""
+    out = tmp_path / "out"
+    convert(corpus["inputs"], out, shard_size=60_000, parts=4)
+    expected = output_files(out)
+    folder = out / "part-00001"
+    journal = orjson.loads((folder / ".streamds-convert.json").read_bytes())
+    assert journal["end"] is not None and journal["shards"][-1]["next"] is None
+    (folder / ".streamds-convert.json").write_bytes(orjson.dumps({**journal, "end": None}))
+    (folder / "manifest.json").unlink()
+    (out / "manifest.json").unlink()
+    result = convert(corpus["inputs"], out, shard_size=60_000, parts=4)
+    assert result.shards_written == 0
+    assert output_files(out) == expected
+    ended = orjson.loads((folder / ".streamds-convert.json").read_bytes())
+    assert ended["end"] == journal["end"]
+
+
 def test_other_options_or_parts_are_refused_naming_the_difference(corpus, tmp_path):
     out = tmp_path / "out"
     convert(corpus["inputs"], out, shard_size=60_000, parts=4)
