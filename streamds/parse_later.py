@@ -2,14 +2,14 @@
 process parses them.
 
 The main process has to build every record it receives, whether from a worker's message
-(`marshal.loads`) or from the JSON line (`orjson.loads`, as fast for JSON's types), so a worker
-that parses, marshals and sends a record does the parsing for nothing: on two cores that work
-is what made two workers slower than none. When nothing in the worker needs the values (a
+(`marshal.loads`) or from the JSON line (`orjson.loads`, nearly as fast), so a worker that
+parses, marshals and sends a record does most of that work for nothing: on two cores it is
+what made two workers slower than none. When nothing in the worker needs the values (a
 `.batch(n)` of plain records: no map, filter, collate or length rule, malformed lines raise),
 `ParseLater` takes the place of `Parse`: lines pass the shuffle and the batch stage as they
 are, each with its position, and a `LineBatch` crosses to the main process as the lines
-themselves, written into the worker's shared-memory ring (`streamds.train.shm_ring`) with no
-copy in between. The main process parses them from the shared pages into a `RecordBatch`.
+themselves, marshalled into the worker's shared-memory ring (`streamds.train.shm_ring`). The
+main process unmarshals them from the shared pages and parses them into a `RecordBatch`.
 
 Same records, same order, same state (the shape of `Parse`'s, so states move between
 worker counts); blank lines and byte-order marks are handled in the worker as `Parse` does.

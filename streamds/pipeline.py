@@ -96,7 +96,7 @@ class Reader:
         later = parses_later(spec, collate)
         # -> chunks of JSON values; BAD and BLANK markers where a line holds no record
         #    (or of (line, block, offset) items, when the main process parses the batches)
-        self.parse: Parse | ParseLater = (
+        self.parse: Parse = (
             ParseLater(timed(self.lines, "lines")) if later else
             Parse(timed(self.lines, "lines"), spec.shards, spec.blocks,
                   on_error=spec.on_error, opener=spec.opener, where=where))
