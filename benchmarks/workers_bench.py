@@ -16,9 +16,10 @@ starts at another row), medians of --repeats:
 Besides records/s and the ratio to 0 workers, the CPU each run used: the main process's and
 the workers' (getrusage), per record. The corpora are the throughput benchmark's at
 --scale 0.5 (PubMed layout, ~21 KB lines; small ~300-byte lines), seekable .jsonl.zst, in
-batches of ~300 KB (16 and 1,024 records).
+batches of ~300 KB (16 and 1,024 records), each read in order and shuffled (``shuffle=True``,
+a buffer of 1,000 PubMed records or 10,000 small lines: ~20 and ~3 MB).
 
-    .venv/bin/python benchmarks/workers_bench.py                 # ~5 min on 2 cores
+    .venv/bin/python benchmarks/workers_bench.py                 # ~4 min on 2 cores
     .venv/bin/python benchmarks/workers_bench.py --write-readme  # fill the README section
 """
 
@@ -41,7 +42,8 @@ from streamds import StreamingJsonl
 
 spec = json.loads(sys.argv[1])
 gc.freeze()
-ds = StreamingJsonl(spec["path"], on_error=spec["on_error"]).batch(spec["batch"])
+shuffled = {"shuffle": True, "buffer_size": spec["buffer"], "seed": 0} if spec["buffer"] else {}
+ds = StreamingJsonl(spec["path"], on_error=spec["on_error"], **shuffled).batch(spec["batch"])
 def cpu(who):
     used = resource.getrusage(who)
     return used.ru_utime + used.ru_stime
@@ -72,19 +74,30 @@ MODES = [
 ]
 
 
-def corpora(scale: float) -> list[tuple[str, str, int, int]]:
-    """(label, seekable .jsonl.zst path, records per batch, records)."""
+# shuffle buffers, in records: ~20 MB of PubMed records, ~3 MB of small lines
+BUFFERS = {"PubMed": 1000, "small lines": 10_000}
+
+
+def corpora(scale: float) -> list[tuple[str, str, int, int, int | None]]:
+    """(label, seekable .jsonl.zst path, records per batch, records, shuffle buffer or None),
+    each corpus in order and shuffled."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from common import pubmed_corpus, small_lines_corpus
 
     pubmed = pubmed_corpus(round(1e9 * scale))  # the throughput benchmark's corpora
     small = small_lines_corpus(round(3e8 * scale))
-    return [("PubMed", str(pubmed.zst), 16, pubmed.records),
-            ("small lines", str(small.zst), 1024, small.records)]
+    cases = []
+    for name, corpus, batch in (("PubMed", pubmed, 16), ("small lines", small, 1024)):
+        for buffer in (None, BUFFERS[name]):
+            label = f"{name}, .batch({batch})" + (
+                f", shuffled (buffer {buffer:,})" if buffer else "")
+            cases.append((label, str(corpus.zst), batch, corpus.records, buffer))
+    return cases
 
 
-def run(path: str, batch: int, workers: int, on_error: str) -> dict:
-    spec = json.dumps({"path": path, "batch": batch, "workers": workers, "on_error": on_error})
+def run(path: str, batch: int, workers: int, on_error: str, buffer: int | None) -> dict:
+    spec = json.dumps({"path": path, "batch": batch, "workers": workers, "on_error": on_error,
+                       "buffer": buffer})
     done = subprocess.run([sys.executable, "-c", CHILD, spec], capture_output=True, text=True,
                           cwd=ROOT)
     if done.returncode:
@@ -105,15 +118,16 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[tuple[str, str], list[dict]] = {}
     for repeat in range(args.repeats):
         turn = repeat % len(MODES)  # each round starts elsewhere: no row always goes first
-        for corpus, path, batch, records in rows[repeat % 2 :] + rows[: repeat % 2]:
+        first = repeat % len(rows)
+        for corpus, path, batch, records, buffer in rows[first:] + rows[:first]:
             for label, workers, on_error in MODES[turn:] + MODES[:turn]:
-                result = run(path, batch, workers, on_error)
+                result = run(path, batch, workers, on_error, buffer)
                 if result["first"] + result["records"] != records:
                     raise RuntimeError(f"{corpus}, {label}: {result['first']} + "
                                        f"{result['records']} records, "
                                        f"the corpus has {records}")
                 runs.setdefault((corpus, label), []).append(result)
-                print(f"[{repeat + 1}/{args.repeats}] {corpus:<12} {label:<40} "
+                print(f"[{repeat + 1}/{args.repeats}] {corpus:<45} {label:<40} "
                       f"{records / result['seconds']:,.0f} records/s", file=sys.stderr)
 
     def rate(result: dict) -> float:
@@ -121,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
     lines = ["| corpus | loader | records/s | x 0 workers | per run | main process CPU, "
              "us/record | workers' CPU, us/record |", "|---|---|---:|---:|---|---:|---:|"]
-    for corpus, _, batch, _ in rows:
+    for corpus, *_ in rows:
         alone = [rate(r) for r in runs[corpus, MODES[0][0]]]
         base = statistics.median(alone)
         for index, (label, workers, _) in enumerate(MODES):
@@ -132,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             main_us = statistics.median(r["main_cpu"] / r["records"] * 1e6 for r in results)
             workers_us = statistics.median(r["workers_cpu"] / r["records"] * 1e6
                                            for r in results)
-            name = f"{corpus}, .batch({batch})" if index == 0 else ""
+            name = corpus if index == 0 else ""
             lines.append(
                 f"| {name} | {label} | {statistics.median(rates):,.0f} | "
                 f"{statistics.median(rates) / base:.2f} | {pairs[0]:.2f}-{pairs[-1]:.2f} | "
