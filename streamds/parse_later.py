@@ -14,7 +14,8 @@ main process unmarshals them from the shared pages and parses them into a `Recor
 Same records, same order, same state (the shape of `Parse`'s, so states move between
 worker counts); blank lines and byte-order marks are handled in the worker as `Parse` does.
 A malformed line is found in the main process: its batch arrives as a `MalformedLine`, which
-the DataLoader raises from ``next()`` as `CorruptRecordError` (file, byte offset, fix) before
+the DataLoader raises from ``next()`` as `CorruptRecordError` (file, line of a local file,
+byte offset, fix) before
 its state counts the batch, as it raises an error from a worker. The worker has moved on: an
 iterator used after the error would miss the rest of that batch, so the fix is to resume from
 the state taken at the error with on_error='skip' (the line is then skipped and counted).
@@ -39,6 +40,8 @@ from .batch import RecordBatch, reduce_records_in_worker
 from .chunks import Chunk
 from .errors import CorruptRecordError
 from .parse import BLANK, SNIPPET, LineNumbers, Parse, cut_bom
+from .read import count_newlines
+from .shards import resolve_shards
 from .train import shm_ring
 
 if TYPE_CHECKING:
@@ -203,9 +206,26 @@ def parse_payload(payload: bytes | memoryview) -> RecordBatch | MalformedLine:
         pass
     index, err = _first_malformed(lines)
     block, offset = _unpack(blocks)[index], _unpack(offsets)[index]
-    return MalformedLine(_malformed(
-        urls[block], f"byte offset {offset} (parsed in the main process; the line number is "
-        "in the error with num_workers=0)", offset, lines[index], err))
+    url = urls[block]
+    number = _line_of_local(url, offset)
+    where = (f"line {number} (byte offset {offset}; parsed in the main process)" if number
+             else f"byte offset {offset} (parsed in the main process; num_workers=0 gives the "
+             "line number of a remote file)")
+    return MalformedLine(_malformed(url, where, offset, lines[index], err, line_number=number))
+
+
+def _line_of_local(url: str, offset: int) -> int | None:
+    """The 1-based line that begins at decoded `offset` of a local file, counted from its
+    start (the error path only); None for a remote file, whose storage options the main
+    process does not have here, or one that cannot be read."""
+    if "://" in url and not url.startswith("file://"):
+        return None
+    try:
+        (shard,) = resolve_shards(url)
+        newlines, missing = count_newlines(shard, 0, offset)
+    except (OSError, ValueError):
+        return None
+    return None if missing else newlines + 1
 
 
 def _first_malformed(lines: Sequence[bytes]) -> tuple[int, orjson.JSONDecodeError]:

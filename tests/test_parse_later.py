@@ -177,6 +177,7 @@ def test_a_malformed_line_raises_from_next_before_the_state_counts_its_batch(
             seen += [r["id"] for r in batch]
     err = caught.value
     assert err.url.endswith("bad.jsonl") and err.offset == len(good)
+    assert err.line == 31 and "line 31 (" in str(err)  # a local file: counted in the main process
     assert f"byte offset {len(good)}" in str(err) and "parsed in the main process" in str(err)
     assert "on_error='skip'" in str(err) and "oops" in str(err)
     assert seen == list(range(28))  # the batches before the bad one: 7 of 4 records
