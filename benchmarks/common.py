@@ -15,6 +15,7 @@ import platform
 import re
 import resource
 import shlex
+import subprocess
 import sys
 import tarfile
 import time
@@ -39,6 +40,7 @@ __all__ = [
     "RESULTS",
     "ROOT",
     "Corpus",
+    "child_result",
     "command_line",
     "machine",
     "publish",
@@ -271,6 +273,17 @@ def replace_section(path: Path, section: str, body: str) -> None:
     if not pattern.search(text):
         raise ValueError(f"{path}: no {start} ... {end} markers; add them where the table goes")
     path.write_text(pattern.sub(lambda _: f"{start}\n{body.strip()}\n{end}", text, count=1))
+
+
+def child_result(args: list[str], spec: Any, *, what: str) -> Any:
+    """Run ``python *args <spec as JSON>`` in a fresh process from the repository root and
+    return the JSON it prints last; RuntimeError naming `what`, with the end of its stderr,
+    when it fails."""
+    done = subprocess.run([sys.executable, *args, json.dumps(spec)], capture_output=True,
+                          text=True, cwd=ROOT)
+    if done.returncode:
+        raise RuntimeError(f"{what} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def publish(name: str, body: str, runs: Any, readme_section: str | None = None) -> None:

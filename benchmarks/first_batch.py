@@ -22,9 +22,7 @@ time in the same process (warm), as the throughput table does.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -77,12 +75,10 @@ def corpora(scale: float) -> list[tuple[str, str | None, int]]:
 
 
 def run(path: str | None, batch: int, workers: int, freeze: bool) -> dict:
-    spec = json.dumps({"path": path, "batch": batch, "workers": workers, "freeze": freeze})
-    done = subprocess.run([sys.executable, "-c", CHILD, spec], capture_output=True, text=True,
-                          cwd=ROOT)
-    if done.returncode:
-        raise RuntimeError(f"{path}: {done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    from common import child_result
+
+    spec = {"path": path, "batch": batch, "workers": workers, "freeze": freeze}
+    return child_result(["-c", CHILD], spec, what=str(path))
 
 
 def main(argv: list[str] | None = None) -> int:

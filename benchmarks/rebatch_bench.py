@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -98,13 +97,10 @@ def short_records(records: int) -> Path:
 
 
 def run_child(path: Path, records: int, config: str, workers: int) -> dict:
-    spec = json.dumps({"path": str(path), "records": records, "config": config,
-                       "workers": workers})
-    done = subprocess.run([sys.executable, __file__, "--child", spec], capture_output=True,
-                          text=True, cwd=ROOT)
-    if done.returncode:
-        raise RuntimeError(f"{config}, {workers} workers failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    from common import child_result
+
+    spec = {"path": str(path), "records": records, "config": config, "workers": workers}
+    return child_result([__file__, "--child"], spec, what=f"{config}, {workers} workers")
 
 
 def table(rates: dict[tuple[str, int], list[float]], workers: list[int]) -> str:

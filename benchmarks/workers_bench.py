@@ -26,9 +26,7 @@ a buffer of 1,000 PubMed records or 10,000 small lines: ~20 and ~3 MB).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -96,13 +94,11 @@ def corpora(scale: float) -> list[tuple[str, str, int, int, int | None]]:
 
 
 def run(path: str, batch: int, workers: int, on_error: str, buffer: int | None) -> dict:
-    spec = json.dumps({"path": path, "batch": batch, "workers": workers, "on_error": on_error,
-                       "buffer": buffer})
-    done = subprocess.run([sys.executable, "-c", CHILD, spec], capture_output=True, text=True,
-                          cwd=ROOT)
-    if done.returncode:
-        raise RuntimeError(f"{path}: {done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    from common import child_result
+
+    spec = {"path": path, "batch": batch, "workers": workers, "on_error": on_error,
+            "buffer": buffer}
+    return child_result(["-c", CHILD], spec, what=f"{path}, {workers} workers")
 
 
 def main(argv: list[str] | None = None) -> int:
