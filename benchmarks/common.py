@@ -279,8 +279,12 @@ def child_result(args: list[str], spec: Any, *, what: str) -> Any:
     """Run ``python *args <spec as JSON>`` in a fresh process from the repository root and
     return the JSON it prints last; RuntimeError naming `what`, with the end of its stderr,
     when it fails."""
+    # bytecode caches on, as an installed package has them (this sandbox turns them off, and
+    # compiling streamds anew would count in every child's first batch)
+    env = {key: value for key, value in os.environ.items()
+           if key != "PYTHONDONTWRITEBYTECODE"}
     done = subprocess.run([sys.executable, *args, json.dumps(spec)], capture_output=True,
-                          text=True, cwd=ROOT)
+                          text=True, cwd=ROOT, env=env)
     if done.returncode:
         raise RuntimeError(f"{what} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -80,6 +80,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import importlib
 import json
 import math
 import multiprocessing
@@ -92,7 +93,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,7 @@ from common import (
     MB,
     README,
     Corpus,
+    child_result,
     command_line,
     machine,
     machine_busy,
@@ -209,21 +210,27 @@ def limit_plain(path: Path, read_size: int) -> int:
 # -- loaders ---------------------------------------------------------------------------------
 
 
-FIRST_BATCH: list[float] = []  # seconds to the first batch, one per loader run
+# the last loader run: seconds from building the dataset to the first batch, and the records
+# and seconds after it (the steady part, start-up aside)
+LAST_RUN: dict[str, float] = {}
 
 
 def _count(loader: DataLoader, cap: float | None = None, *, started: float) -> int:
     """Records the loader yields; with `cap`, stop after the batch that passes `cap` seconds.
-    Appends the seconds from `started` (before the dataset was built) to the first batch to
-    FIRST_BATCH."""
+    Sets LAST_RUN from `started` (before the dataset was built)."""
     records = 0
     deadline = None if cap is None else time.perf_counter() + cap
+    first_at = None
     for batch in loader:
-        if not records:
-            FIRST_BATCH.append(time.perf_counter() - started)
+        if first_at is None:
+            first_at = time.perf_counter()
+            LAST_RUN.update(first=first_at - started, first_records=len(batch))
         records += len(batch)
         if deadline is not None and time.perf_counter() > deadline:
             break
+    if first_at is not None:
+        LAST_RUN.update(steady_seconds=time.perf_counter() - first_at,
+                        steady_records=records - LAST_RUN["first_records"])
     return records
 
 
@@ -298,11 +305,11 @@ class ReplayRecords(IterableDataset):
             yield pool[index % size]
 
 
-def replay_pool(corpus: Corpus) -> list:
-    """The parsed records in the first REPLAY_POOL_BYTES of the corpus."""
+def replay_pool(plain: Path) -> list:
+    """The parsed records in the first REPLAY_POOL_BYTES of the plain .jsonl `plain`."""
     import orjson
 
-    with open(corpus.plain, "rb") as f:
+    with open(plain, "rb") as f:
         lines = f.read(REPLAY_POOL_BYTES).split(b"\n")[:-1]
     return [orjson.loads(line) for line in lines]
 
@@ -406,6 +413,76 @@ def _probe_rss(call: str) -> None:
     print(max(peak[0], _tree_rss()))
 
 
+# -- one timed run -----------------------------------------------------------------------------
+
+# what a run's function reads with, imported before the timing as a training script has it
+# at its top; the other functions use streamds
+READERS = {"hf_run": ("datasets", "load_dataset"), "wds_run": ("webdataset", "WebDataset")}
+
+
+@dataclass
+class Outcome:
+    """One timed run: records, wall seconds and CPU seconds (the process and its reaped
+    workers); a DataLoader run also has its first batch and the steady part after it."""
+
+    records: int
+    seconds: float
+    cpu: float
+    first: float | None = None  # seconds from building the dataset to the first batch
+    steady_records: int = 0  # records after the first batch ...
+    steady_seconds: float = 0.0  # ... and the seconds they took
+
+    @property
+    def rate(self) -> float:
+        """records/s after the first batch where there is a steady part, else of the run."""
+        if self.steady_records and self.steady_seconds > 0:
+            return self.steady_records / self.steady_seconds
+        return self.records / self.seconds
+
+
+def in_process(loop: Callable[[], int]) -> Callable[[], Outcome]:
+    """A plain loop (the limit rows), timed in this process."""
+
+    def run() -> Outcome:
+        own, start = own_cpu(), time.perf_counter()
+        records = loop()
+        return Outcome(records, time.perf_counter() - start, own_cpu() - own)
+
+    return run
+
+
+def in_child(function: str, *args: object) -> Callable[[], Outcome]:
+    """A DataLoader run, `function(*args)`, each time in a fresh process (see _run_once)."""
+    call = [function, *[str(a) if isinstance(a, Path) else a for a in args]]
+    command = [str(Path(__file__).resolve()), "--batch-size", str(BATCH_SIZE), "--run-once"]
+
+    def run() -> Outcome:
+        return Outcome(**child_result(command, call, what=f"{function}{tuple(call[1:])}"))
+
+    return run
+
+
+def _run_once(call: list) -> None:
+    """Time one call in this fresh process and print its Outcome as JSON. Its reader's module
+    is imported and, for the replay rows, the pool of records built first; then `gc.freeze()`
+    (as the README recommends after a training script's imports), so that every run starts
+    from the same small heap: a long process that has run other rows does not (the README)."""
+    function, *args = call
+    module, name = READERS.get(function, ("streamds", "StreamingJsonl"))
+    getattr(importlib.import_module(module), name)  # streamds imports its parts on first use
+    if function.startswith("replay"):
+        args[0] = replay_pool(Path(args[0]))
+    args = [Path(a) if isinstance(a, str) else a for a in args]
+    gc.collect()
+    gc.freeze()
+    own, start = own_cpu(), time.perf_counter()
+    records = globals()[function](*args)
+    seconds = time.perf_counter() - start
+    print(json.dumps({"records": records, "seconds": seconds, "cpu": own_cpu() - own,
+                      **{key: LAST_RUN[key] for key in ("first", "steady_records",
+                                                        "steady_seconds") if key in LAST_RUN}}))
+
+
 # -- measuring -------------------------------------------------------------------------------
 
 class QuietWaiter:
@@ -442,11 +519,12 @@ class Result:
     is_limit: bool = False  # the row other rows divide by
     read_size: int = 0  # plain loops: bytes per read
     copies: int = 1  # how many times a run reads the corpus (the 2-core limit: twice at once)
-    rates: list[float] = field(default_factory=list)  # records/s per timed run
+    rates: list[float] = field(default_factory=list)  # records/s per timed run (steady part)
+    whole: list[float] = field(default_factory=list)  # records/s of the whole run, start-up in
     read: list[int] = field(default_factory=list)  # records per timed run
     cores: list[float] = field(default_factory=list)  # our CPU seconds / wall, per run
     others: list[float] = field(default_factory=list)  # cores others used, per run
-    run: Callable[[], int] | None = field(default=None, repr=False)  # plain loops: the loop
+    run: Callable[[], Outcome] | None = field(default=None, repr=False)  # limit rows: the loop
     first: list[float] = field(default_factory=list)  # seconds to the first batch, per run
     peak_mb: float | None = None  # peak RSS of the process tree, in a run of its own
 
@@ -467,7 +545,7 @@ class Result:
 
 def measure(
     result: Result,
-    run: Callable[[], int],
+    run: Callable[[], Outcome],
     *,
     repeats: int,
     wait: QuietWaiter,
@@ -479,23 +557,23 @@ def measure(
     for attempt in range(repeats + 1):
         wait()
         busy, own = machine_busy(), own_cpu()
-        firsts = len(FIRST_BATCH)
         start = time.perf_counter()
-        records = run()
-        wall = time.perf_counter() - start
-        if attempt and len(FIRST_BATCH) > firsts:
-            result.first.append(FIRST_BATCH[-1])
-        used = own_cpu() - own
+        outcome = run()
+        span = time.perf_counter() - start  # a child's start-up and imports included
+        records = outcome.records
         if records != expected * result.copies and not (capped and 0 < records < expected):
             raise RuntimeError(
                 f"{result.reader} ({result.source}, workers={result.workers}) yielded "
                 f"{records} records; the corpus has {expected}"
             )
         if attempt:
-            result.rates.append(records / wall)
+            result.rates.append(outcome.rate)
+            result.whole.append(records / outcome.seconds)
             result.read.append(records // result.copies)
-            result.cores.append(used / wall)
-            result.others.append(max(0.0, (machine_busy() - busy - used) / wall))
+            result.cores.append(outcome.cpu / outcome.seconds)
+            result.others.append(max(0.0, (machine_busy() - busy - (own_cpu() - own)) / span))
+            if outcome.first is not None:
+                result.first.append(outcome.first)
     share = f" ({min(result.read) / expected:.0%} read)" if result.partial else ""
     log(
         f"  {result.reader:<16} {result.source:<20} workers={result.workers!s:<4} "
@@ -525,7 +603,7 @@ def measure_limit(
     what = "zstd + split + orjson" if key == "zst" else "read + split + orjson"
     result = Result(corpus, "limit, 1 core", _source_name(path), None, key,
                     note=f"{what}, {size >> 10} KiB reads", is_limit=True, read_size=size)
-    result.run = lambda: loop(path, size)
+    result.run = in_process(lambda: loop(path, size))
     return measure(result, result.run, repeats=repeats, wait=wait, log=log)
 
 
@@ -537,7 +615,7 @@ def measure_limit_batches(
     result = Result(corpus, f"limit in batches of {BATCH_SIZE}", _source_name(corpus.zst),
                     None, "zst", note="the last batch kept while the next fills",
                     read_size=limit.read_size)
-    result.run = lambda: limit_zst_batches(corpus.zst, result.read_size)
+    result.run = in_process(lambda: limit_zst_batches(corpus.zst, result.read_size))
     return measure(result, result.run, repeats=repeats, wait=wait, log=log)
 
 
@@ -550,7 +628,7 @@ def measure_limit_pair(
                     note="two of those loops at once, one process each", copies=2,
                     read_size=limit.read_size)
     with multiprocessing.get_context("fork").Pool(2) as pool:  # started before the timing
-        result.run = lambda: limit_zst_pair(pool, corpus.zst, result.read_size)
+        result.run = in_process(lambda: limit_zst_pair(pool, corpus.zst, result.read_size))
         measure(result, result.run, repeats=repeats, wait=wait, log=log)
     result.run = None  # the pool is gone; `again` is for the 1-core limits
     return result
@@ -571,9 +649,9 @@ def _source_name(path: Path) -> str:
 def table(results: Sequence[Result]) -> str:
     limits = {(r.corpus.name, r.limit_key): r for r in results if r.is_limit}
     lines = [
-        "| corpus | reader | input | workers | records/s | MB/s | x limit | cores used | "
-        "first batch | peak RSS |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| corpus | reader | input | workers | records/s | MB/s | x limit | x limit, whole run "
+        "| cores used | first batch | peak RSS |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     shown = None
     for r in results:
@@ -588,9 +666,11 @@ def table(results: Sequence[Result]) -> str:
         pooled = r.copies > 1
         busy = " †" if statistics.median(r.others) > BUSY and not pooled else ""
         cores = "2 processes" if pooled else f"{statistics.median(r.cores):.1f}"
+        whole = (f"{statistics.median(r.whole) / limit.records_per_s:.2f}" if r.first
+                 else "-")  # with a start-up of its own (a DataLoader row)
         lines.append(
             f"| {corpus} | {r.reader} | {source} | {workers} | {r.records_per_s:,.0f} | "
-            f"{r.mb_per_s:,.0f}{busy} | {r.mb_per_s / limit.mb_per_s:.2f} | {cores} | "
+            f"{r.mb_per_s:,.0f}{busy} | {r.mb_per_s / limit.mb_per_s:.2f} | {whole} | {cores} | "
             f"{f'{statistics.median(r.first) * 1e3:,.0f} ms' if r.first else '-'} | "
             f"{'-' if r.peak_mb is None else f'{r.peak_mb:,.0f} MB'} |"
         )
@@ -699,10 +779,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="records per batch for every DataLoader row and the held-batches "
                         "limit")
     parser.add_argument("--probe-rss", metavar="CALL", help=argparse.SUPPRESS)
+    parser.add_argument("--run-once", metavar="CALL", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     _set_batch_size(args.batch_size)
     if args.probe_rss:  # internal: one run in a fresh process, for its peak memory
         _probe_rss(args.probe_rss)
+        return 0
+    if args.run_once:  # internal: one timed run in a fresh process
+        _run_once(json.loads(args.run_once))
         return 0
     if args.scale <= 0 or args.repeats < 1 or args.peer_cap < 0:
         parser.error("--scale must be > 0, --repeats >= 1 and --peer-cap >= 0")
@@ -742,20 +826,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             limit.peak_mb = peak(loop, path, limit.read_size)
         results.extend([*limits, pair])
         if "replay" in args.readers:
-            pool = replay_pool(corpus)
-            crossing.append((corpus, crossing_costs(pool)))
+            crossing.append((corpus, crossing_costs(replay_pool(corpus.plain))))
+            gc.collect()
             for workers in args.workers:
                 result = Result(corpus, "DataLoader only", "records from memory", workers, "zst")
-                run = partial(replay_run, pool, corpus.records, workers)
+                run = in_child("replay_run", corpus.plain, corpus.records, workers)
                 results.append(measure(result, run, **options))
             for as_batch, how in ((False, "pickled lists"), (True, "RecordBatch")):
                 for workers in args.workers:
                     result = Result(corpus, f"DataLoader only, batches of {BATCH_SIZE}",
                                     f"records from memory, {how}", workers, "zst")
-                    run = partial(replay_batches_run, pool, corpus.records, workers, as_batch)
+                    run = in_child("replay_batches_run", corpus.plain, corpus.records, workers,
+                                   as_batch)
                     results.append(measure(result, run, **options))
-            del pool  # ~200 MB of records that would slow the collector in the rows below
-            gc.collect()
         # (reader, limit key, input, function(path, workers, cap, *more), its path, capped,
         #  more: the function's further arguments)
         rows: list[tuple[str, str, str, str, object, bool, tuple]] = []
@@ -788,8 +871,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for workers in args.workers:
                 call = (path, workers, cap if capped else None, *more)
                 result = Result(corpus, reader, source, workers, key)
-                results.append(measure(result, partial(globals()[function], *call),
-                                       capped=capped, **options))
+                results.append(measure(result, in_child(function, *call), capped=capped,
+                                       **options))
                 result.peak_mb = peak(function, *call)
         for limit in limits:
             again(limit, **options)
