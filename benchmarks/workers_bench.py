@@ -1,31 +1,31 @@
-"""Do workers pay off for raw records? `.batch(n)` at 0, 1 and 2 workers, parsed in the main
-process (what streamds does now) against parsed in the workers (what it did before).
+"""Do workers pay off for raw records, and does keeping a CPU free for the main process help?
+`.batch(n)` at 0, 1 and 2 workers, with ``worker_cpus="auto"`` (the default: `streamds.cpus`)
+and ``worker_cpus="all"`` (the OS places the workers, as torch leaves them).
 
 Each run is a fresh Python process that calls ``gc.freeze()`` after its imports (as the README
-recommends), builds ``DataLoader(StreamingJsonl(path).batch(n), batch_size=None,
-num_workers=w)`` and reads the whole corpus, counting records, timed from the first batch to
-the last (the steady rate; the start-up is first_batch.py's). Rows, interleaved (each round
-starts at another row), medians of --repeats:
-
-- 0 workers: the reader runs in the main process;
-- parsed in the main process: a worker hands its batches over as their JSON lines, written
-  into its shared-memory ring, and the main process parses them (`streamds.parse_later`);
-- parsed in the workers: the same loader with ``on_error="skip"``, which needs the values in
-  the worker (no line is malformed), so the worker parses, marshals and sends the records.
+recommends), builds ``DataLoader(StreamingJsonl(folder, worker_cpus=...).batch(n),
+batch_size=None, num_workers=w)`` and reads the whole corpus, counting records, timed from the
+first batch to the last (the steady rate; the start-up is first_batch.py's). Rows, interleaved
+(each round starts at another row), medians of --repeats. A worker hands its batches over as
+their JSON lines, written into its shared-memory ring, and the main process parses them
+(`streamds.parse_later`).
 
 Besides records/s and the ratio to 0 workers, the CPU each run used: the main process's and
 the workers' (getrusage), per record. The corpora are the throughput benchmark's at
---scale 0.5 (PubMed layout, ~21 KB lines; small ~300-byte lines), seekable .jsonl.zst, in
-batches of ~300 KB (16 and 1,024 records), each read in order and shuffled (``shuffle=True``,
-a buffer of 1,000 PubMed records or 10,000 small lines: ~20 and ~3 MB).
+--scale 0.5 (PubMed layout, ~21 KB lines; small ~300-byte lines), seekable .jsonl.zst, each
+read as a folder of copies of its shard (6 and 10: runs of a few seconds, so that the workers'
+~2 s of CPU tuning is part of a run and not all of it), in batches of ~300 KB (16 and 1,024
+records), in order and shuffled (``shuffle=True``, a buffer of 1,000 PubMed records or
+10,000 small lines: ~20 and ~3 MB).
 
-    .venv/bin/python benchmarks/workers_bench.py                 # ~4 min on 2 cores
+    .venv/bin/python benchmarks/workers_bench.py                 # ~10 min on 2 cores
     .venv/bin/python benchmarks/workers_bench.py --write-readme  # fill the README section
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import time
@@ -41,7 +41,7 @@ from streamds import StreamingJsonl
 spec = json.loads(sys.argv[1])
 gc.freeze()
 shuffled = {"shuffle": True, "buffer_size": spec["buffer"], "seed": 0} if spec["buffer"] else {}
-ds = StreamingJsonl(spec["path"], on_error=spec["on_error"], **shuffled).batch(spec["batch"])
+ds = StreamingJsonl(spec["path"], worker_cpus=spec["worker_cpus"], **shuffled).batch(spec["batch"])
 def cpu(who):
     used = resource.getrusage(who)
     return used.ru_utime + used.ru_stime
@@ -62,13 +62,13 @@ print(json.dumps({"first": first, "records": records, "seconds": seconds, "main_
                   "workers_cpu": cpu(resource.RUSAGE_CHILDREN) - children_before}))
 """
 
-# (row label, workers, on_error)
+# (row label, workers, worker_cpus)
 MODES = [
-    ("0 workers", 0, "raise"),
-    ("1 worker, parsed in the main process", 1, "raise"),
-    ("1 worker, parsed in the worker", 1, "skip"),
-    ("2 workers, parsed in the main process", 2, "raise"),
-    ("2 workers, parsed in the workers", 2, "skip"),
+    ("0 workers", 0, "auto"),
+    ("1 worker", 1, "auto"),
+    ("1 worker, worker_cpus='all'", 1, "all"),
+    ("2 workers", 2, "auto"),
+    ("2 workers, worker_cpus='all'", 2, "all"),
 ]
 
 
@@ -76,9 +76,27 @@ MODES = [
 BUFFERS = {"PubMed": 1000, "small lines": 10_000}
 
 
+# copies of each corpus read in one run: runs of a few seconds, so that the workers' CPU
+# tuning (`streamds.cpus`, ~2 s) is part of the measurement rather than all of it
+COPIES = {"PubMed": 6, "small lines": 10}
+
+
+def copied(zst: Path, copies: int) -> Path:
+    """A directory of `copies` copies of the shard `zst` (made once, under bench-data/)."""
+    folder = zst.parent.with_name(f"{zst.parent.name}-x{copies}")
+    if not folder.is_dir():
+        part = folder.with_name(folder.name + ".part")
+        shutil.rmtree(part, ignore_errors=True)
+        part.mkdir()
+        for copy in range(copies):
+            shutil.copyfile(zst, part / f"copy-{copy:02d}.jsonl.zst")
+        part.rename(folder)
+    return folder
+
+
 def corpora(scale: float) -> list[tuple[str, str, int, int, int | None]]:
-    """(label, seekable .jsonl.zst path, records per batch, records, shuffle buffer or None),
-    each corpus in order and shuffled."""
+    """(label, folder of copies, records per batch, records, shuffle buffer or None), each
+    corpus in order and shuffled."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from common import pubmed_corpus, small_lines_corpus
 
@@ -86,17 +104,19 @@ def corpora(scale: float) -> list[tuple[str, str, int, int, int | None]]:
     small = small_lines_corpus(round(3e8 * scale))
     cases = []
     for name, corpus, batch in (("PubMed", pubmed, 16), ("small lines", small, 1024)):
+        copies = COPIES[name]
         for buffer in (None, BUFFERS[name]):
-            label = f"{name}, .batch({batch})" + (
+            label = f"{name} x {copies}, .batch({batch})" + (
                 f", shuffled (buffer {buffer:,})" if buffer else "")
-            cases.append((label, str(corpus.zst), batch, corpus.records, buffer))
+            cases.append((label, str(copied(corpus.zst, copies)), batch,
+                          corpus.records * copies, buffer))
     return cases
 
 
-def run(path: str, batch: int, workers: int, on_error: str, buffer: int | None) -> dict:
+def run(path: str, batch: int, workers: int, worker_cpus: str, buffer: int | None) -> dict:
     from common import child_result
 
-    spec = {"path": path, "batch": batch, "workers": workers, "on_error": on_error,
+    spec = {"path": path, "batch": batch, "workers": workers, "worker_cpus": worker_cpus,
             "buffer": buffer}
     return child_result(["-c", CHILD], spec, what=f"{path}, {workers} workers")
 
@@ -116,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         turn = repeat % len(MODES)  # each round starts elsewhere: no row always goes first
         first = repeat % len(rows)
         for corpus, path, batch, records, buffer in rows[first:] + rows[:first]:
-            for label, workers, on_error in MODES[turn:] + MODES[:turn]:
-                result = run(path, batch, workers, on_error, buffer)
+            for label, workers, worker_cpus in MODES[turn:] + MODES[:turn]:
+                result = run(path, batch, workers, worker_cpus, buffer)
                 if result["first"] + result["records"] != records:
                     raise RuntimeError(f"{corpus}, {label}: {result['first']} + "
                                        f"{result['records']} records, "
@@ -154,9 +174,11 @@ def main(argv: list[str] | None = None) -> int:
         f"fresh process per run with `gc.freeze()` after its imports, timed from the first "
         f"batch to the last (the start-up is under \"The first batch\"); median of "
         f"{args.repeats} runs per row, interleaved; \"per run\" divides each run by the "
-        f"0-worker run of its round (lowest-highest). \"parsed in the worker(s)\" is the same "
-        f"loader with on_error=\"skip\" (the path every batch took before). CPU: getrusage of "
-        f"the main process during the loop, and of the reaped workers. Machine: {machine()}. "
+        f"0-worker run of its round (lowest-highest). worker_cpus='auto' is the default "
+        f"(workers that fit beside the main process keep off one CPU; more workers than "
+        f"CPUs measure both ways and keep the faster); 'all' lets the OS place them. CPU: "
+        f"getrusage of the main process during the loop, and of the reaped workers. Machine: "
+        f"{machine()}. "
         f"Command: `{command_line()}`. Measured in {time.perf_counter() - began:.0f} s."
     )
     every_run = [{"corpus": corpus, "loader": label, "runs": r}

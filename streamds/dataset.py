@@ -24,6 +24,7 @@ from .buckets import RULES, LengthBuckets, PoolBatch, TokenBudget, is_pool_state
 from .cache import CacheSpec, namespace_of
 from .checks import check_bool, check_choice, check_int, size_setting
 from .chunks import WorkItem
+from .cpus import WORKER_CPUS
 from .errors import StateMismatchError
 from .pack import Packed, PackTokens
 from .parse import ON_ERROR
@@ -97,6 +98,7 @@ class StreamingJsonl(IterableDataset):
         retry: RetryPolicy | None = None,
         cache_dir: str | os.PathLike | None = None,
         cache_limit: int | str | None = None,
+        worker_cpus: str = "auto",
     ) -> None:
         super().__init__()
         check_bool("shuffle", shuffle)
@@ -107,6 +109,9 @@ class StreamingJsonl(IterableDataset):
         if transform is not None and not callable(transform):
             raise ValueError(f"transform must be callable or None, got {transform!r}")
         check_choice("on_error", on_error, ON_ERROR)
+        check_choice("worker_cpus", worker_cpus, WORKER_CPUS,
+                     "'auto' leaves the main process a CPU where that pays, 'all' lets the OS "
+                     "place the workers")
         if world_size is not None:
             check_int("world_size", world_size, 1, "the number of distributed processes")
         if rank is not None:
@@ -136,6 +141,7 @@ class StreamingJsonl(IterableDataset):
         self.rank = rank
         self.world_size = world_size
         self.even_ranks = even_ranks
+        self.worker_cpus = worker_cpus
         self.retry = RetryPolicy() if retry is None else retry
         limit = size_setting("cache_limit", cache_limit, "None: as much as the disk holds")
         self.epoch = 0
@@ -197,7 +203,7 @@ class StreamingJsonl(IterableDataset):
         opener = functools.partial(open_decoded_at, retry=self.retry, cache=self._cache)
         return Spec(self._shards, self._block_list, self._plan, self._steps, self.on_error,
                     self.buffer_size, self.retry, opener, batch=self._batch,
-                    readahead=self.readahead, cache=self._cache)
+                    readahead=self.readahead, cache=self._cache, worker_cpus=self.worker_cpus)
 
     def _with_step(self, step: Step) -> StreamingJsonl:
         clone = copy.copy(self)

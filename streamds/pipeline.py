@@ -22,6 +22,7 @@ from .batch import Batch, BatchSpec
 from .buckets import PoolBatch
 from .cache import CacheSpec
 from .chunks import Chunk, ChunkCursor, Position, WorkItem
+from .cpus import TUNE, plan_cpus, worker_cpus
 from .lines import Lines
 from .parse import WARN_BAD_LINES, LineNumbers, Parse
 from .parse_later import LineBatch, ParseLater, parses_later
@@ -36,6 +37,7 @@ from .shuffle import Shuffle
 from .timing import StageTimer, Timed
 from .train.shm_tensors import leave_as_tensor_batches
 from .transform import Step, Transform
+from .world import local_processes
 
 __all__ = ["Reader", "Spec", "describe_counts"]
 
@@ -66,6 +68,7 @@ class Spec:
     batch: BatchSpec | None = None  # whole batches out of the reader (`StreamingJsonl.batch`)
     readahead: int = 0  # stored bytes fetched ahead of each reader (0: none)
     cache: CacheSpec | None = None  # the local copy of remote or mounted shards
+    worker_cpus: str = "all"  # "auto": workers leave the main process a CPU (streamds.cpus)
 
 
 class Reader:
@@ -145,7 +148,13 @@ class Reader:
     def __iter__(self) -> Iterator[Any]:
         if self.finished:
             return iter(())
-        return iter(self.out)
+        info = get_worker_info()
+        if info is None or self.spec.worker_cpus == "all":
+            return iter(self.out)
+        plan = plan_cpus(info.num_workers, local_processes())
+        if plan.how == TUNE and self.spec.batch is None:  # timing every record costs too much
+            return iter(self.out)
+        return iter(worker_cpus(self.out, plan))
 
     @property
     def done(self) -> bool:
