@@ -3,40 +3,50 @@
 The main process builds every record it receives (it parses the lines of plain batches and
 unpickles the rest) and then runs the training step; a worker that the OS schedules on its CPU
 takes turns with it, and the processes move between CPUs. Measured on 2 CPUs (README, "Workers
-and CPUs"): a worker kept off one CPU made 1 worker 10-17% faster on every corpus; with 2
-workers it made the main-bound PubMed batches 11-20% faster but small lines shuffled in the
-workers 15-20% slower, and a tokenizing pipeline, where the workers are the slower side, needs
-every CPU for them. So, with ``worker_cpus="auto"``:
+and raw records"): a worker kept off one CPU made PubMed batches 1.2x as fast with 1 worker
+and 1.1x with 2, while small lines, shuffled in the workers, ran 15-20% slower with 2 workers
+kept to one CPU, and a tokenizing pipeline, where the workers are the slower side, needs every
+CPU for them. So, with ``worker_cpus="auto"``:
 
-- the workers fit beside the main processes (``local processes * (workers + 1) <= CPUs``):
-  each worker keeps off the first CPUs of its affinity set, one per main process on this
-  machine, from its start (`plan_cpus` -> FIT);
+- the workers fit beside the main processes (``(workers + 1) * local processes <= CPUs``):
+  each worker keeps off the first CPUs of its set, one per main process, from its start
+  (`plan_cpus` -> FIT);
 - they do not: each worker measures how fast it hands out items with every CPU and with those
-  kept free, in phases all / spare / spare / all of PHASE seconds after WARM_UP seconds, keeps
-  the spare set only when it was MARGIN faster, and measures again every RETUNE seconds
-  (`TuneCpus`). The workers start together and hand out items in turn, so each one sees the
-  loader's whole rate and they decide alike.
+  kept free, in phases all / spare / spare / all of at least PHASE seconds and MIN_ITEMS items
+  after WARM_UP seconds, keeps the spare set only when it was MARGIN faster, and measures again
+  every RETUNE seconds (`TuneCpus`). The workers start together and hand out items in turn,
+  so each one sees the loader's whole rate and they decide alike.
+- a worker whose CPUs differ from its parent's was placed by someone (a `worker_init_fn`,
+  a launcher): it is left as it is (KEEP), as on a system without `sched_setaffinity`.
 
-Only the speed changes: which records come out, in which order, never depends on it.
+"Local processes" is torchrun's LOCAL_WORLD_SIZE (1 when unset or not a positive integer),
+or 1 when the process may use only part of the machine's CPUs: a launcher that binds each
+rank to its own CPUs (a NUMA node) leaves that set to this rank alone.
+
+Only the speed changes: which records come out, in which order, and the resume state never
+depend on it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = [
-    "FIT", "KEEP", "TUNE", "CpuPlan", "TuneCpus", "plan_cpus", "set_cpus", "worker_cpus",
-]
+__all__ = ["FIT", "KEEP", "TUNE", "CpuPlan", "TuneCpus", "on_planned_cpus", "plan_cpus",
+           "set_cpus", "worker_plan"]
+
+log = logging.getLogger(__name__)
 
 WORKER_CPUS = ("auto", "all")  # StreamingJsonl(worker_cpus=...)
 
 KEEP, FIT, TUNE = "keep", "fit", "tune"
 WARM_UP = 0.25  # seconds handed out before the first measurement (buffers fill, caches warm)
-PHASE = 0.4  # seconds per measured phase
+PHASE = 0.4  # seconds per measured phase, at least ...
+MIN_ITEMS = 8  # ... and items per phase, so that a slow pipeline's rate is not one item's
 RETUNE = 60.0  # seconds between measurements
 MARGIN = 1.03  # the spare set must be this much faster to be kept
 
@@ -55,20 +65,9 @@ class CpuPlan:
         return self.every - self.main
 
 
-_STARTED_ON: frozenset[int] | None = None  # this process's CPUs before any change of ours
-
-
-def plan_cpus(workers: int, local_processes: int, every: Iterable[int] | None = None) -> CpuPlan:
+def plan_cpus(workers: int, local_processes: int, every: Iterable[int]) -> CpuPlan:
     """The plan for one of `workers` DataLoader workers of each of `local_processes` training
-    processes on this machine, whose CPUs are `every` (default: the ones this process started
-    with, which a persistent worker's next epoch must not take from its own last choice)."""
-    global _STARTED_ON
-    if every is None:
-        if not hasattr(os, "sched_getaffinity"):  # not Linux: the OS decides
-            return CpuPlan(KEEP)
-        if _STARTED_ON is None:
-            _STARTED_ON = frozenset(os.sched_getaffinity(0))
-        every = _STARTED_ON
+    processes that share the CPUs `every`."""
     every = frozenset(every)
     main = frozenset(sorted(every)[:local_processes])
     if len(every) - len(main) < 1:
@@ -77,21 +76,60 @@ def plan_cpus(workers: int, local_processes: int, every: Iterable[int] | None = 
     return CpuPlan(FIT if fits else TUNE, every, main)
 
 
-def set_cpus(cpus: Iterable[int]) -> None:
-    """Run every thread of this process on `cpus` (sched_setaffinity sets one thread)."""
-    cpus = set(cpus)
-    for task in os.listdir("/proc/self/task"):
+_STARTED_ON: frozenset[int] | None = None  # this process's CPUs before any change of ours
+
+
+def worker_plan(workers: int) -> CpuPlan:
+    """The plan for this DataLoader worker, one of `workers` (see the module docstring)."""
+    global _STARTED_ON
+    if not hasattr(os, "sched_getaffinity"):  # not Linux: the OS decides
+        return CpuPlan(KEEP)
+    if _STARTED_ON is None:  # a persistent worker's next epoch must not start from our choice
+        _STARTED_ON = frozenset(os.sched_getaffinity(0))
         try:
-            os.sched_setaffinity(int(task), cpus)
-        except OSError:  # a thread that ended in between
-            continue
+            placed = frozenset(os.sched_getaffinity(os.getppid())) != _STARTED_ON
+        except OSError:  # the parent is gone or not ours to see
+            placed = True
+        if placed:
+            _STARTED_ON = frozenset()
+    if not _STARTED_ON:  # placed by someone else: leave it
+        return CpuPlan(KEEP)
+    whole_machine = len(_STARTED_ON) == os.cpu_count()
+    return plan_cpus(workers, _local_processes() if whole_machine else 1, _STARTED_ON)
+
+
+def _local_processes() -> int:
+    """torchrun's LOCAL_WORLD_SIZE; 1 when unset or not a positive integer (a speed hint)."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def set_cpus(cpus: Iterable[int]) -> None:
+    """Run every thread of this process on `cpus` (sched_setaffinity sets one thread); a CPU
+    set the system refuses leaves the process as it was."""
+    cpus = set(cpus)
+    try:
+        threads = [int(task) for task in os.listdir("/proc/self/task")]
+    except OSError:  # no /proc: this thread only
+        threads = [0]
+    for thread in threads:
+        try:
+            os.sched_setaffinity(thread, cpus)
+        except OSError as err:  # a thread that ended in between; a CPU gone offline
+            log.debug("could not move thread %d to CPUs %s: %s", thread, sorted(cpus), err)
+
+
+_tuning = False  # one TuneCpus measures per process (a Mix holds several readers)
 
 
 class TuneCpus:
-    """Stage: the items of `source`, unchanged, while it measures how fast they are taken with
-    `plan.every` and with `plan.spare` CPUs and runs on the faster (see the module docstring).
+    """The items of `source`, unchanged and in order, while it measures how fast they are
+    taken with `plan.every` and with `plan.spare` CPUs and runs on the faster (see the module
+    docstring). Reads nothing ahead and holds no state: a resumed worker measures anew.
 
-    `clock` and `apply` are seams for tests. Holds no state: a resumed worker measures anew.
+    `clock` and `apply` are seams for tests; `chosen` lists each measurement's choice.
     """
 
     def __init__(self, source: Iterable[Any], plan: CpuPlan, *,
@@ -101,12 +139,22 @@ class TuneCpus:
         self.plan = plan
         self.clock = clock
         self.apply = apply
-        self.chosen: list[frozenset[int]] = []  # each measurement's choice, for tests and logs
+        self.chosen: list[frozenset[int]] = []
 
     def __iter__(self) -> Iterator[Any]:
-        items = iter(self.source)
+        global _tuning
+        if _tuning:  # another reader of this process measures for both
+            yield from self.source
+            return
+        _tuning = True
+        try:
+            yield from self._measured(iter(self.source))
+        finally:
+            _tuning = False
+
+    def _measured(self, items: Iterator[Any]) -> Iterator[Any]:
         plan, clock = self.plan, self.clock
-        if (yield from _for(items, clock, WARM_UP)) is None:
+        if (yield from _for(items, clock, WARM_UP, 0)) is None:
             return
         while True:
             # phases all / spare / spare / all: a drift in speed weighs on both sides alike
@@ -115,7 +163,7 @@ class TuneCpus:
             for cpus in (plan.every, plan.spare, plan.spare, plan.every):
                 self.apply(cpus)
                 start = clock()
-                taken = yield from _for(items, clock, PHASE)
+                taken = yield from _for(items, clock, PHASE, MIN_ITEMS)
                 if taken is None:
                     return
                 counts[cpus] += taken
@@ -124,22 +172,26 @@ class TuneCpus:
             best = plan.spare if spare > every * MARGIN else plan.every
             self.apply(best)
             self.chosen.append(best)
-            if (yield from _for(items, clock, RETUNE)) is None:
+            log.debug("items/s with CPUs %s: %.1f, with %s: %.1f; keeping %s",
+                      sorted(plan.every), every, sorted(plan.spare), spare, sorted(best))
+            if (yield from _for(items, clock, RETUNE, 0)) is None:
                 return
 
 
-def worker_cpus(items: Iterable[Any], plan: CpuPlan) -> Iterable[Any]:
-    """`items` as they are, run on the CPUs `plan` gives (in a DataLoader worker)."""
+def on_planned_cpus(items: Iterable[Any], plan: CpuPlan) -> Iterable[Any]:
+    """`items` as they are, handed out on the CPUs `plan` gives (in a DataLoader worker)."""
     if plan.how == FIT:
         set_cpus(plan.spare)
     return TuneCpus(items, plan) if plan.how == TUNE else items
 
 
-def _for(items: Iterator[Any], clock: Callable[[], float], seconds: float) -> Any:
-    """Yield from `items` for `seconds`; return how many, or None when `items` ran out."""
+def _for(items: Iterator[Any], clock: Callable[[], float], seconds: float,
+         at_least: int) -> Any:
+    """Yield from `items` for `seconds` and `at_least` items; return how many, or None when
+    `items` ran out."""
     end = clock() + seconds
     for count, item in enumerate(items, 1):
         yield item
-        if clock() >= end:
+        if count >= at_least and clock() >= end:
             return count
     return None

@@ -22,7 +22,7 @@ from .batch import Batch, BatchSpec
 from .buckets import PoolBatch
 from .cache import CacheSpec
 from .chunks import Chunk, ChunkCursor, Position, WorkItem
-from .cpus import TUNE, plan_cpus, worker_cpus
+from .cpus import TUNE, on_planned_cpus, worker_plan
 from .lines import Lines
 from .parse import WARN_BAD_LINES, LineNumbers, Parse
 from .parse_later import LineBatch, ParseLater, parses_later
@@ -37,7 +37,6 @@ from .shuffle import Shuffle
 from .timing import StageTimer, Timed
 from .train.shm_tensors import leave_as_tensor_batches
 from .transform import Step, Transform
-from .world import local_processes
 
 __all__ = ["Reader", "Spec", "describe_counts"]
 
@@ -68,7 +67,7 @@ class Spec:
     batch: BatchSpec | None = None  # whole batches out of the reader (`StreamingJsonl.batch`)
     readahead: int = 0  # stored bytes fetched ahead of each reader (0: none)
     cache: CacheSpec | None = None  # the local copy of remote or mounted shards
-    worker_cpus: str = "all"  # "auto": workers leave the main process a CPU (streamds.cpus)
+    worker_cpus: str = "auto"  # workers leave the main process a CPU (streamds.cpus); "all"
 
 
 class Reader:
@@ -151,10 +150,10 @@ class Reader:
         info = get_worker_info()
         if info is None or self.spec.worker_cpus == "all":
             return iter(self.out)
-        plan = plan_cpus(info.num_workers, local_processes())
+        plan = worker_plan(info.num_workers)
         if plan.how == TUNE and self.spec.batch is None:  # timing every record costs too much
             return iter(self.out)
-        return iter(worker_cpus(self.out, plan))
+        return iter(on_planned_cpus(self.out, plan))
 
     @property
     def done(self) -> bool:

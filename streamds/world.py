@@ -51,11 +51,6 @@ def _distributed_rank() -> tuple[int, int] | None:
 _ENV_FIX = "unset it, or launch with torchrun, which sets RANK and WORLD_SIZE"
 
 
-def local_processes() -> int:
-    """Training processes on this machine: torchrun's LOCAL_WORLD_SIZE, else 1."""
-    return _env_int("LOCAL_WORLD_SIZE", 1) or 1
-
-
 def _env_int(name: str, minimum: int) -> int | None:
     """The integer in environment variable `name` (None: unset); refuses anything else."""
     raw = os.environ.get(name)

@@ -14,6 +14,7 @@ from streamds.cpus import (
     FIT,
     KEEP,
     MARGIN,
+    MIN_ITEMS,
     PHASE,
     RETUNE,
     TUNE,
@@ -46,6 +47,7 @@ class FakeCpus:
         self.now = 0.0
         self.cpus = start
         self.applied: list[frozenset[int]] = []
+        self.applied_at: list[float] = []
 
     def clock(self) -> float:
         return self.now
@@ -53,6 +55,7 @@ class FakeCpus:
     def apply(self, cpus: frozenset[int]) -> None:
         self.cpus = cpus
         self.applied.append(cpus)
+        self.applied_at.append(self.now)
 
     def items(self, count: int):
         for item in range(count):
@@ -98,7 +101,29 @@ def test_tuning_measures_again_and_follows_a_change():
     taken += items
     assert taken == list(range(30_000))
     assert stage.chosen[:2] == [SPARE, EVERY]
-    assert fake.now > first_round + RETUNE  # the second measurement waited RETUNE seconds
+    # the second measurement began RETUNE seconds after the first one's choice
+    assert fake.applied[5] == EVERY and fake.applied_at[5] - fake.applied_at[4] >= RETUNE
+    assert fake.applied_at[5] - fake.applied_at[4] < RETUNE + 0.1
+
+
+def test_a_slow_pipeline_is_measured_over_enough_items():
+    """At 1 s an item, a phase of PHASE seconds would hold one item: each holds MIN_ITEMS."""
+    fake = FakeCpus({EVERY: 1.0, SPARE: 1.0}, EVERY)
+    list(TuneCpus(fake.items(200), PLAN, clock=fake.clock, apply=fake.apply))
+    phases = [b - a for a, b in zip(fake.applied_at[:4], fake.applied_at[1:5], strict=True)]
+    assert phases == [pytest.approx(MIN_ITEMS * 1.0)] * 4
+
+
+def test_only_one_reader_of_a_process_measures():
+    """Two tuned readers in one process (a Mix) would move each other's CPUs mid-phase."""
+    first = FakeCpus({EVERY: 0.01, SPARE: 0.008}, EVERY)
+    second = FakeCpus({EVERY: 0.01, SPARE: 0.008}, EVERY)
+    outer = iter(TuneCpus(first.items(10), PLAN, clock=first.clock, apply=first.apply))
+    assert next(outer) == 0  # the first one is measuring
+    assert list(TuneCpus(second.items(500), PLAN, clock=second.clock,
+                         apply=second.apply)) == list(range(500))
+    assert second.applied == []
+    assert list(outer) == list(range(1, 10))
 
 
 def test_tuning_an_input_that_ends_in_any_phase_hands_out_all_of_it():
@@ -139,29 +164,99 @@ def test_worker_cpus_is_checked():
         StreamingJsonl("x.jsonl", worker_cpus="some")
 
 
+@pytest.fixture
+def two_cpus():
+    """This process on two of its CPUs (so that 2 workers are more than fit), restored after."""
+    every = os.sched_getaffinity(0)
+    two = sorted(every)[:2]
+    os.sched_setaffinity(0, two)
+    yield two
+    os.sched_setaffinity(0, every)
+
+
 @needs_two_cpus
-def test_workers_that_tune_at_every_item_hand_out_the_same_batches(tmp_path, monkeypatch):
+def test_workers_that_tune_at_every_item_hand_out_the_same_batches(tmp_path, monkeypatch,
+                                                                   two_cpus):
     """More workers than CPUs: they tune. With no warm-up and phases of one item each (no
     timing involved), the workers move between CPU sets all the time; the batches are exactly
-    those of worker_cpus="all", in the same order, and some were built on the spare CPUs."""
+    those of worker_cpus="all", in the same order, and some were built on the spare CPU."""
     import streamds.cpus as cpus
 
-    for name in ("WARM_UP", "PHASE", "RETUNE"):
-        monkeypatch.setattr(cpus, name, 0.0)  # the forked workers inherit it
+    for name, value in (("WARM_UP", 0.0), ("PHASE", 0.0), ("RETUNE", 0.0), ("MIN_ITEMS", 1)):
+        monkeypatch.setattr(cpus, name, value)  # forked workers inherit it
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     path = tmp_path / "a.jsonl"
     text = "x" * 1000  # 64 records a 64 KiB block: the map runs on many chunks
     path.write_bytes(b"".join(orjson.dumps({"i": i, "text": text}) + b"\n" for i in range(3000)))
-    every = sorted(os.sched_getaffinity(0))
-    workers = len(every)  # workers + 1 > CPUs
 
     def batches(worker_cpus: str) -> list[list[dict]]:
         ds = StreamingJsonl(str(path), worker_cpus=worker_cpus, block_size=64 << 10)
         ds = ds.map(cpus_of_this_process).batch(4)
-        return [list(b) for b in DataLoader(ds, batch_size=None, num_workers=workers)]
+        loader = DataLoader(ds, batch_size=None, num_workers=2,
+                            multiprocessing_context="fork")
+        return [list(b) for b in loader]
 
     tuned, plain = batches("auto"), batches("all")
     assert [[r["i"] for r in b] for b in tuned] == [[r["i"] for r in b] for b in plain]
     assert sorted(r["i"] for b in tuned for r in b) == list(range(3000))
     seen = {tuple(r["cpus"]) for b in tuned for r in b}
-    assert tuple(every[1:]) in seen and seen <= {tuple(every), tuple(every[1:])}
+    assert tuple(two_cpus[1:]) in seen and seen <= {tuple(two_cpus), tuple(two_cpus[1:])}
+
+
+@needs_two_cpus
+def test_a_state_taken_while_workers_tune_resumes_exactly(tmp_path, monkeypatch, two_cpus):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    import streamds.cpus as cpus
+
+    for name, value in (("WARM_UP", 0.0), ("PHASE", 0.0), ("RETUNE", 0.0), ("MIN_ITEMS", 1)):
+        monkeypatch.setattr(cpus, name, value)
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b"".join(orjson.dumps({"i": i, "t": "x" * 300}) + b"\n"
+                             for i in range(4000)))
+
+    def loader() -> StatefulDataLoader:
+        ds = StreamingJsonl(str(path), shuffle=True, seed=3, buffer_size=300,
+                            block_size=64 << 10).batch(16)
+        return StatefulDataLoader(ds, batch_size=None, num_workers=2,
+                                  multiprocessing_context="fork")
+
+    whole = [[r["i"] for r in b] for b in loader()]
+    first = loader()
+    batches = iter(first)
+    head = [[r["i"] for r in next(batches)] for _ in range(37)]
+    state = first.state_dict()
+    del batches
+    again = loader()
+    again.load_state_dict(state)
+    rest = [[r["i"] for r in b] for b in again]
+    assert head + rest == whole
+    assert sorted(i for b in whole for i in b) == list(range(4000))
+
+
+def test_a_worker_someone_placed_is_left_as_it_is(monkeypatch):
+    import streamds.cpus as cpus
+
+    monkeypatch.setattr(cpus, "_STARTED_ON", None)
+    monkeypatch.setattr(os, "sched_getaffinity",
+                        lambda pid: {0, 1, 2, 3} if pid else {2, 3})  # pinned by a launcher
+    assert cpus.worker_plan(workers=1).how == KEEP
+
+
+def test_a_rank_bound_to_part_of_the_machine_plans_for_itself(monkeypatch):
+    """A launcher that gives each of 8 ranks 4 of 32 CPUs: the set is this rank's alone."""
+    import streamds.cpus as cpus
+
+    monkeypatch.setattr(cpus, "_STARTED_ON", None)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4, 5, 6, 7})
+    monkeypatch.setattr(os, "cpu_count", lambda: 32)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    plan = cpus.worker_plan(workers=2)
+    assert (plan.how, plan.main) == (FIT, {4})
+    monkeypatch.setattr(cpus, "_STARTED_ON", None)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(32)))
+    plan = cpus.worker_plan(workers=2)  # the whole machine: 8 x (2 + 1) <= 32
+    assert (plan.how, plan.main) == (FIT, set(range(8)))
+    monkeypatch.setattr(cpus, "_STARTED_ON", None)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "eight")  # a speed hint: never an error
+    assert cpus.worker_plan(workers=2).main == {0}
