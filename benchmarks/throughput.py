@@ -51,9 +51,14 @@ number):
   orjson.loads of the .json member (the parser everyone else uses; `.decode()` would use
   the slower stdlib json).
 
-Numbers are medians of --repeats timed runs after one untimed run (warm page cache,
-imports); the plain loops (limit rows) count their fastest run, taken before and after the
-other rows of their corpus. Records/s counts records; MB/s counts decoded JSONL bytes
+Numbers are medians of --repeats timed runs after one untimed run (warm page cache). Every
+DataLoader run is a fresh process that imports its reader, calls ``gc.freeze()`` (as the
+README recommends after a training script's imports) and reads; its records/s count from the
+first batch to the last (the start-up is the "first batch" column; "x limit, whole run" counts
+it in). One long process running every row made rows depend on what ran before (small lines
+with workers 0.57x of 0 workers there, ~1x in fresh processes). The plain loops (limit rows)
+run in this process and count their fastest run, taken before and after the other rows of
+their corpus. Records/s counts records; MB/s counts decoded JSONL bytes
 (10^6), the same for every reader. Every full run must yield every record exactly once,
 or the benchmark fails. Peers are slow on some corpora, so their runs stop after
 --peer-cap seconds and count the records read by then (marked in the table);
@@ -718,7 +723,10 @@ def readme_body(
     """The README's throughput section: the tables, what the columns mean, the command."""
     return (
         f"{report}\n\n"
-        f"Machine: {host}. Medians of {repeats} runs after one untimed run; MB/s "
+        f"Machine: {host}. Medians of {repeats} runs after one untimed run; every "
+        "DataLoader run in a fresh process (its reader imported, then `gc.freeze()`), its "
+        "records/s counted from the first batch to the last (the start-up is the \"first "
+        "batch\" column; \"x limit, whole run\" counts it in); MB/s "
         "counts decoded JSONL bytes. \"x limit\" divides by one core running a plain "
         "loop over the same input (zstd decompression + `bytes.split` + `orjson.loads`; "
         "no decompression for `.jsonl` and tar), the fastest of its runs before and after "
