@@ -122,8 +122,8 @@ def jsonl_shards(corpus: Corpus, shards: int = 8) -> list[Path]:
 
 
 def streamds_loader(files: list[Path], tokenize: Tokenize, collate: PadCollate,
-                    workers: int) -> DataLoader:
-    ds = StreamingJsonl([str(f) for f in files])  # records (dicts)
+                    workers: int, worker_cpus: str = "auto") -> DataLoader:
+    ds = StreamingJsonl([str(f) for f in files], worker_cpus=worker_cpus)  # records (dicts)
     ds = ds.map(tokenize)  # {"input_ids": [...]}
     ds = ds.batch(BATCH, collate=collate)  # {"input_ids", "attention_mask"} int64 tensors
     return DataLoader(ds, batch_size=None, num_workers=workers, collate_fn=as_list)
@@ -230,7 +230,10 @@ def main() -> None:
                         help="article characters per record (~2.1x as many bytes of JSON)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--readers", nargs="+", choices=READERS, default=list(READERS))
+    parser.add_argument("--readers", nargs="+", choices=[*READERS, "streamds-all"],
+                        default=list(READERS),
+                        help="streamds-all: streamds with worker_cpus='all' (the OS places "
+                        "the workers)")
     args = parser.parse_args()
     mb = args.mb or (8 if args.quick else 60)
     warnings.filterwarnings("ignore", message=".*set_vital.*")
@@ -244,6 +247,7 @@ def main() -> None:
         print(f"tokenizer trained in {time.perf_counter() - start:.1f}s")
         makers = {
             "streamds": lambda n: streamds_loader(files, tokenize, collate, n),
+            "streamds-all": lambda n: streamds_loader(files, tokenize, collate, n, "all"),
             "datasets": lambda n: datasets_loader(files, tokenize, collate, n),
             "webdataset": lambda n: webdataset_loader(corpus.tars, tokenize, collate, n),
         }

@@ -13,12 +13,12 @@ their JSON lines, written into its shared-memory ring, and the main process pars
 Besides records/s and the ratio to 0 workers, the CPU each run used: the main process's and
 the workers' (getrusage), per record. The corpora are the throughput benchmark's at
 --scale 0.5 (PubMed layout, ~21 KB lines; small ~300-byte lines), seekable .jsonl.zst, each
-read as a folder of copies of its shard (6 and 10: runs of a few seconds, so that the workers'
-~2 s of CPU tuning is part of a run and not all of it), in batches of ~300 KB (16 and 1,024
-records), in order and shuffled (``shuffle=True``, a buffer of 1,000 PubMed records or
+read as a folder of copies of its shard (20 and 30: runs of ~10 s, so that the workers' CPU
+measurement, which starts after 5 s and takes ~2 s, is part of a run), in batches of ~300 KB
+(16 and 1,024 records), in order and shuffled (``shuffle=True``, a buffer of 1,000 PubMed records or
 10,000 small lines: ~20 and ~3 MB).
 
-    .venv/bin/python benchmarks/workers_bench.py                 # ~10 min on 2 cores
+    .venv/bin/python benchmarks/workers_bench.py                 # ~25 min on 2 cores
     .venv/bin/python benchmarks/workers_bench.py --write-readme  # fill the README section
 """
 
@@ -76,9 +76,9 @@ MODES = [
 BUFFERS = {"PubMed": 1000, "small lines": 10_000}
 
 
-# copies of each corpus read in one run: runs of a few seconds, so that the workers' CPU
-# tuning (`streamds.cpus`, ~2 s) is part of the measurement rather than all of it
-COPIES = {"PubMed": 6, "small lines": 10}
+# copies of each corpus read in one run: runs of ~10 s, so that the workers' CPU measurement
+# (`streamds.cpus`: after 5 s, for ~2 s) is part of a run
+COPIES = {"PubMed": 20, "small lines": 30}
 
 
 def copied(zst: Path, copies: int) -> Path:

@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 WORKER_CPUS = ("auto", "all")  # StreamingJsonl(worker_cpus=...)
 
 KEEP, FIT, TUNE = "keep", "fit", "tune"
-WARM_UP = 0.25  # seconds handed out before the first measurement (buffers fill, caches warm)
+WARM_UP = 5.0  # seconds before the first measurement: a shorter run would not win back its cost
 PHASE = 0.4  # seconds per measured phase, at least ...
 MIN_ITEMS = 8  # ... and items per phase, so that a slow pipeline's rate is not one item's
 RETUNE = 60.0  # seconds between measurements

@@ -127,7 +127,7 @@ def test_only_one_reader_of_a_process_measures():
 
 
 def test_tuning_an_input_that_ends_in_any_phase_hands_out_all_of_it():
-    for count in range(0, 400, 7):  # 0.01 s an item: ends in the warm-up or in any phase
+    for count in range(0, 800, 7):  # 0.01 s an item: ends in the warm-up or in any phase
         items, _, _ = tuned({EVERY: 0.01, SPARE: 0.01}, count)
         assert items == list(range(count))
 
