@@ -5,8 +5,8 @@ unpickles the rest) and then runs the training step; a worker that the OS schedu
 takes turns with it, and the processes move between CPUs. Measured on 2 CPUs (README, "Workers
 and raw records"): a worker kept off one CPU made PubMed batches 1.2x as fast with 1 worker
 and 1.1x with 2, while small lines, shuffled in the workers, ran 15-20% slower with 2 workers
-kept to one CPU, and a tokenizing pipeline, where the workers are the slower side, needs every
-CPU for them. So, with ``worker_cpus="auto"``:
+kept to one CPU (and 7-8% slower with 1 worker in one run of two), and a tokenizing pipeline,
+where the workers are the slower side, needs every CPU for them. So, with ``worker_cpus="auto"``:
 
 - the workers fit beside the main processes (``(workers + 1) * local processes <= CPUs``):
   each worker keeps off the first CPUs of its set, one per main process, from its start
