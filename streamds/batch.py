@@ -122,14 +122,21 @@ class BatchSpec:
 
 class Batch:
     """Stage: records -> `collate(list of size records)`; the last batch may be short unless
-    `drop_last`."""
+    `drop_last`.
+
+    From a source with `batches` (`streamds.records.Records`: records in order) the lists are
+    cut from its chunks as slices; with `positions`, the source's `batches_with_positions` are
+    used and `collate(records, blocks, offsets)` is given where each record's line is.
+    """
 
     SOURCE = "source"
 
-    def __init__(self, source: Any, spec: BatchSpec, collate: Callable[[list[Any]], Any]) -> None:
+    def __init__(self, source: Any, spec: BatchSpec, collate: Callable[..., Any], *,
+                 positions: bool = False) -> None:
         self.source = source
         self.spec = spec
         self.collate = collate
+        self.positions = positions
 
     def reset(self, state: dict[str, Any] | None = None) -> None:
         self.source.reset(None if state is None else state[self.SOURCE])
@@ -147,10 +154,20 @@ class Batch:
         return self.source.done
 
     def __iter__(self) -> Iterator[Any]:
-        records = iter(self.source)
         size, collate, drop_last = self.spec.size, self.collate, self.spec.drop_last
         assert size is not None, "a BatchSpec with a rule goes to PoolBatch"
-        while batch := list(islice(records, size)):
+        if self.positions:
+            for batch, blocks, offsets in self.source.batches_with_positions(size):
+                if drop_last and len(batch) < size:
+                    return
+                yield collate(batch, blocks, offsets)
+            return
+        if hasattr(self.source, "batches"):
+            batches = self.source.batches(size)
+        else:
+            records = iter(self.source)
+            batches = iter(lambda: list(islice(records, size)), [])
+        for batch in batches:
             if drop_last and len(batch) < size:
                 return
             yield collate(batch)

@@ -6,10 +6,11 @@ The main process has to build every record it receives, whether from a worker's 
 parses, marshals and sends a record does most of that work for nothing: on two cores it is
 what made two workers slower than none. When nothing in the worker needs the values (a
 `.batch(n)` of plain records: no map, filter, collate or length rule, malformed lines raise),
-`ParseLater` takes the place of `Parse`: lines pass the shuffle and the batch stage as they
-are, each with its position, and a `LineBatch` crosses to the main process as the lines
-themselves, marshalled into the worker's shared-memory ring (`streamds.train.shm_ring`). The
-main process unmarshals them from the shared pages and parses them into a `RecordBatch`.
+`ParseLater` takes the place of `Parse`: lines pass the shuffle (paired with their positions)
+or are cut into batches as slices of the chunks (`Records.batches_with_positions`), and a
+`LineBatch` crosses to the main process as the lines themselves, marshalled into the worker's
+shared-memory ring (`streamds.train.shm_ring`). The main process unmarshals them from the
+shared pages and parses them into a `RecordBatch`.
 
 Same records, same order, same state (the shape of `Parse`'s, so states move between
 worker counts); blank lines and byte-order marks are handled in the worker as `Parse` does.
@@ -69,24 +70,33 @@ def parses_later(spec: Spec, collate: Any) -> bool:
 
 
 class ParseLater(Parse):
-    """Stage: chunks of raw lines -> chunks of `(line, block, offset)` items, BLANK markers
-    for blank lines; a byte-order mark at the start of a file is cut off.
+    """Stage: chunks of raw lines -> chunks of the lines, BLANK markers for blank lines; a
+    byte-order mark at the start of a file is cut off. With `paired`, each line is paired
+    with its position, as `(line, block, offset)` items: for a shuffle buffer, which hands
+    records out one at a time (in order, `Records.batches_with_positions` gives positions).
 
     State and counters are `Parse`'s, so states move between worker counts; malformed lines
     raise in the main process, so "bad" stays 0 here.
     """
 
-    def __init__(self, source: Any) -> None:
+    def __init__(self, source: Any, *, paired: bool) -> None:
         self.source = source
+        self.paired = paired
         self.skipped: Counter[str] = Counter()  # none: malformed lines are not skipped
         self.reset()
 
     def parse(self, chunk: Chunk) -> Chunk:
-        """`chunk` with each line paired with its position (also used to re-read records)."""
+        """`chunk` with its blank lines marked (also used to re-read records)."""
         lines = cut_bom(chunk.items, chunk.offsets, chunk.labels)
-        if b"" not in lines and not any(map(bytes.isspace, lines)):  # C speed, no blanks
+        clean = b"" not in lines and not any(map(bytes.isspace, lines))  # C speed
+        items: list[Any]
+        if not self.paired:
+            items = lines if clean else [
+                line if line and not line.isspace() else BLANK for line in lines]
+            return Chunk(chunk.item, chunk.block, chunk.offsets, items, clean, chunk.labels)
+        if clean:
             # (offsets holds one more: where the line after the chunk begins)
-            items: list[Any] = list(zip(lines, repeat(chunk.block), chunk.offsets))
+            items = list(zip(lines, repeat(chunk.block), chunk.offsets))
             return Chunk(chunk.item, chunk.block, chunk.offsets, items, True, chunk.labels)
         items = [(line, chunk.block, offset) if line and not line.isspace() else BLANK
                  for line, offset in zip(lines, chunk.offsets, strict=False)]
@@ -94,19 +104,30 @@ class ParseLater(Parse):
 
 
 class LineBatch(RecordBatch):
-    """A worker's batch of records that are still JSON lines (`Line` items).
+    """A worker's batch of records that are still JSON lines, with the block id and offset
+    of each line (for errors).
 
     From a DataLoader worker it crosses as the lines and arrives as a `RecordBatch` parsed in
     the main process. Anywhere else its records are parsed where they are first asked for
     (a collate_fn in the worker, pickle), with the line numbers of `where` in errors.
     """
 
-    __slots__ = ("_records", "lines", "where")
+    __slots__ = ("_records", "blocks", "lines", "offsets", "where")
 
-    def __init__(self, lines: list[Line], where: LineNumbers) -> None:
+    def __init__(self, lines: list[bytes], blocks: list[int], offsets: list[int],
+                 where: LineNumbers) -> None:
         self.lines = lines
+        self.blocks = blocks
+        self.offsets = offsets
         self.where = where
         self._records: list[Any] | None = None
+
+    @classmethod
+    def of_pairs(cls, items: list[Line], where: LineNumbers) -> LineBatch:
+        """The batch of `(line, block, offset)` items (from a shuffle buffer)."""
+        # (a zip(*items) of 1024 tuples took 3x as long as these maps)
+        return cls(list(map(_LINE, items)), list(map(_BLOCK, items)),
+                   list(map(_OFFSET, items)), where)
 
     @property  # type: ignore[override]
     def records(self) -> list[Any]:
@@ -126,11 +147,11 @@ class LineBatch(RecordBatch):
     def _parse(self) -> list[Any]:
         loads = orjson.loads
         try:
-            return [loads(line) for line, _, _ in self.lines]
+            return [loads(line) for line in self.lines]
         except orjson.JSONDecodeError:
             pass
-        index, err = _first_malformed([line for line, _, _ in self.lines])
-        line, block, offset = self.lines[index]
+        index, err = _first_malformed(self.lines)
+        line, block, offset = self.lines[index], self.blocks[index], self.offsets[index]
         url, number = self.where.url(block), self.where.line(block, offset)
         where = f"byte offset {offset}"
         if number is not None:
@@ -176,12 +197,10 @@ def _reduce_for_queue(batch: LineBatch) -> tuple[Any, ...]:
         return (RecordBatch, (batch.records,))
     if batch._records is not None:  # parsed here already (a collate_fn asked)
         return reduce_records_in_worker(batch.records)
-    items = batch.lines  # (a zip(*items) of 1024 tuples took 3x as long as these)
-    lines, blocks = list(map(_LINE, items)), list(map(_BLOCK, items))
-    offsets = list(map(_OFFSET, items))
+    blocks = batch.blocks
     urls = {block: batch.where.url(block) for block in set(blocks)}
-    payload = marshal.dumps(
-        (lines, array("q", blocks).tobytes(), array("q", offsets).tobytes(), urls))
+    payload = marshal.dumps((batch.lines, array("q", blocks).tobytes(),
+                             array("q", batch.offsets).tobytes(), urls))
     entry = shm_ring.put(payload)
     if entry is None:
         return (_parsed_from_bytes, (payload,))

@@ -2,8 +2,10 @@
 
 The last stage before the DataLoader when nothing is shuffled. A clean chunk (no markers) is
 handed out at C speed; the position of the next record is read off the chunk's iterator only
-when the state is taken. `fetch_records` re-reads records at given positions, through the same
-parse and transform, for a shuffle buffer to rebuild itself.
+when the state is taken. For `.batch(n)`, `batches` hands out lists of n records cut from the
+chunks as slices (no step per record), with the same records and states. `fetch_records`
+re-reads records at given positions, through the same parse and transform, for a shuffle
+buffer to rebuild itself.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from .read import Opener, open_decoded_at, read_lines
 from .retry import DEFAULT_RETRY, RetryPolicy
 from .shards import Shard
 
-__all__ = ["Records", "fetch_records"]
+__all__ = ["PositionedBatch", "Records", "fetch_records"]
+
+# records, and the block id and line offset of each (`Records.batches_with_positions`)
+PositionedBatch = tuple[list[Any], list[int], list[int]]
 
 
 class Records:
@@ -75,6 +80,53 @@ class Records:
         self.done = True
         if self.on_end is not None:
             self.on_end()
+
+    def batches(self, size: int) -> Iterator[list[Any]]:
+        """The records in lists of `size` (the last may be short): the same records, and the
+        same state after each list, as `size` steps of iteration."""
+        for records, _, _ in self._batches(size, positions=False):
+            yield records
+
+    def batches_with_positions(self, size: int) -> Iterator[PositionedBatch]:
+        """As `batches`, each list with the block id and offset of each record's line."""
+        return self._batches(size, positions=True)
+
+    def _batches(self, size: int, *, positions: bool) -> Iterator[PositionedBatch]:
+        self._loaded = None
+        self._left = None
+        batch: list[Any] = []
+        blocks: list[int] = []
+        offsets: list[int] = []
+        for chunk in self.cursor.chunks():
+            self._chunk, self._index = chunk, 0
+            items, at = chunk.items, chunk.offsets
+            kept = None if chunk.clean else [
+                index for index, item in enumerate(items) if item.__class__ is not Marker]
+            count = len(items) if kept is None else len(kept)
+            start = 0
+            while start < count:
+                end = min(count, start + size - len(batch))
+                if kept is None:  # slices, at C speed
+                    part, self._index = items[start:end], end
+                    part_at = at[start:end] if positions else []
+                else:
+                    picked = kept[start:end]
+                    part, self._index = [items[i] for i in picked], picked[-1] + 1
+                    part_at = [at[i] for i in picked] if positions else []
+                batch += part
+                if positions:
+                    blocks += [chunk.block] * len(part)
+                    offsets += part_at
+                start = end
+                if len(batch) == size:  # the state now stands after its last record
+                    yield batch, blocks, offsets
+                    batch, blocks, offsets = [], [], []
+        self._chunk = None
+        self.done = True
+        if self.on_end is not None:
+            self.on_end()
+        if batch:
+            yield batch, blocks, offsets
 
 
 def fetch_records(

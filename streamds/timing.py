@@ -41,13 +41,18 @@ class StageTimer:
 class Timed:
     """A stage whose iteration is timed under `name`; everything else passes through."""
 
+    BATCHES = ("batches", "batches_with_positions")  # `streamds.records.Records`' lists
+
     def __init__(self, stage: Any, name: str, timer: StageTimer) -> None:
         self.stage = stage
         self.name = name
         self.timer = timer
 
     def __getattr__(self, attribute: str) -> Any:
-        return getattr(self.stage, attribute)
+        found = getattr(self.stage, attribute)
+        if attribute in self.BATCHES:  # lists handed out: timed as items are
+            return lambda size: self._timed(found(size))
+        return found
 
     def reset(self, state: Any = None) -> None:
         self.stage.reset(state)
@@ -56,7 +61,9 @@ class Timed:
         return self.stage.get_state()
 
     def __iter__(self) -> Iterator[Any]:
-        items = iter(self.stage)
+        return self._timed(iter(self.stage))
+
+    def _timed(self, items: Iterator[Any]) -> Iterator[Any]:
         clock, add, name = time.perf_counter, self.timer.add, self.name
         while True:
             start = clock()

@@ -22,7 +22,7 @@ from streamds import (
     counts_of,
     merge_states,
 )
-from streamds.parse import LineNumbers, Parse
+from streamds.parse import BLANK, LineNumbers, Parse
 from streamds.parse_later import LineBatch, ParseLater
 from streamds.plan import make_blocks
 from streamds.shards import resolve_shards
@@ -233,10 +233,10 @@ def one_file(tmp_path: Path, data: bytes) -> LineNumbers:
 
 def test_a_line_batch_parses_where_it_is_used_with_line_numbers(tmp_path: Path) -> None:
     where = one_file(tmp_path, b'{"a": 1}\n{"b": 2}\nnope\n')
-    good = LineBatch([(b'{"a": 1}', 0, 0), (b'{"b": 2}', 0, 9)], where)
+    good = LineBatch([b'{"a": 1}', b'{"b": 2}'], [0, 0], [0, 9], where)
     assert len(good) == 2 and good.records == [{"a": 1}, {"b": 2}]
     assert pickle.loads(pickle.dumps(good)) == RecordBatch([{"a": 1}, {"b": 2}])
-    bad = LineBatch([(b'{"a": 1}', 0, 0), (b"nope", 0, 18)], where)
+    bad = LineBatch.of_pairs([(b'{"a": 1}', 0, 0), (b"nope", 0, 18)], where)
     with pytest.raises(CorruptRecordError, match=r"one\.jsonl: line 3 \(byte offset 18\)"):
         list(bad)
 
@@ -265,7 +265,9 @@ def test_the_stage_keeps_the_state_shape_of_parse() -> None:
     from streamds.chunks import Chunk
 
     chunks = [Chunk(0, 3, [0, 10, 11, 20], [b'{"x": 1}', b"", b'{"x": 2}'], False)]
-    stage = ParseLater(Lines(chunks))
+    lines = list(ParseLater(Lines(chunks), paired=False))  # in order: the lines themselves
+    assert lines[0].items == [b'{"x": 1}', BLANK, b'{"x": 2}'] and not lines[0].clean
+    stage = ParseLater(Lines(chunks), paired=True)  # for a shuffle buffer: with positions
     out = list(stage)
     assert out[0].items[0] == (b'{"x": 1}', 3, 0) and out[0].items[2] == (b'{"x": 2}', 3, 11)
     assert not out[0].clean

@@ -1,0 +1,96 @@
+"""`Records.batches`: lists of n records cut from the chunks as slices hand out the same records,
+with the same state after each list, as n steps of record-by-record iteration; a state taken
+after any list resumes exactly; positions name each record's line."""
+
+from __future__ import annotations
+
+from itertools import islice
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamds.chunks import Chunk
+from streamds.parse import BLANK
+from streamds.records import Records
+
+
+class Chunks:
+    """A source of chunks; state: the index of the next chunk."""
+
+    def __init__(self, chunks: list[Chunk]) -> None:
+        self.chunks = chunks
+        self.next = 0
+
+    def reset(self, state: dict[str, Any] | None = None) -> None:
+        self.next = 0 if state is None else state["next"]
+
+    def get_state(self) -> dict[str, Any]:
+        return {"next": self.next}
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {}
+
+    def __iter__(self) -> Any:
+        while self.next < len(self.chunks):
+            self.next += 1
+            yield self.chunks[self.next - 1]
+
+
+def make_chunks(layout: list[list[bool]]) -> list[Chunk]:
+    """Chunk k holds records "k.i" and a BLANK marker where `layout[k][i]` is False."""
+    chunks, offset = [], 0
+    for k, kinds in enumerate(layout):
+        items: list[Any] = [f"{k}.{i}" if record else BLANK for i, record in enumerate(kinds)]
+        offsets = list(range(offset, offset + 10 * len(items) + 1, 10))
+        offset = offsets[-1]
+        chunks.append(Chunk(k, block=100 + k, offsets=offsets, items=items,
+                            clean=all(kinds)))
+    return chunks
+
+
+layouts = st.lists(st.lists(st.booleans() | st.just(True), max_size=12), max_size=8)
+
+
+@settings(max_examples=150, deadline=None)
+@given(layouts, st.integers(1, 9))
+def test_lists_match_record_by_record_iteration(layout: list[list[bool]], size: int) -> None:
+    chunks = make_chunks(layout)
+    one_by_one = Records(Chunks(chunks))
+    records = iter(one_by_one)
+    sliced = Records(Chunks(chunks))
+    for batch in sliced.batches(size):
+        assert batch == list(islice(records, size))
+        assert sliced.get_state() == one_by_one.get_state()
+        assert sliced.done == one_by_one.done
+    assert list(records) == []
+    assert sliced.done and one_by_one.done
+
+
+@settings(max_examples=100, deadline=None)
+@given(layouts, st.integers(1, 9), st.data())
+def test_a_state_after_any_list_resumes_exactly(
+    layout: list[list[bool]], size: int, data: st.DataObject
+) -> None:
+    chunks = make_chunks(layout)
+    everything = [r for batch in Records(Chunks(chunks)).batches(size) for r in batch]
+    first = Records(Chunks(chunks))
+    lists = first.batches(size)
+    taken = data.draw(st.integers(0, len(everything) // size + 1))
+    before = [r for batch in islice(lists, taken) for r in batch]
+    state = first.get_state()
+    resumed = Records(Chunks(chunks))
+    resumed.reset(state)
+    after = [r for batch in resumed.batches(size) for r in batch]
+    assert before + after == everything
+
+
+@settings(max_examples=100, deadline=None)
+@given(layouts, st.integers(1, 9))
+def test_positions_name_each_records_line(layout: list[list[bool]], size: int) -> None:
+    chunks = make_chunks(layout)
+    where = {item: (chunk.block, chunk.offsets[i])
+             for chunk in chunks for i, item in enumerate(chunk.items) if item is not BLANK}
+    for batch, blocks, offsets in Records(Chunks(chunks)).batches_with_positions(size):
+        assert list(zip(blocks, offsets, strict=True)) == [where[r] for r in batch]
