@@ -124,9 +124,10 @@ class Batch:
     """Stage: records -> `collate(list of size records)`; the last batch may be short unless
     `drop_last`.
 
-    From a source with `batches` (`streamds.records.Records`: records in order) the lists are
-    cut from its chunks as slices; with `positions`, the source's `batches_with_positions` are
-    used and `collate(records, blocks, offsets)` is given where each record's line is.
+    From a source with `batches` (`streamds.records.Records`, `streamds.shuffle.Shuffle`) the
+    lists come without a step per record; with `positions`, the source's
+    `batches_with_positions` are used and `collate(records, blocks, offsets)` is given where
+    each record's line is.
     """
 
     SOURCE = "source"

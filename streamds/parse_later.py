@@ -6,20 +6,20 @@ The main process has to build every record it receives, whether from a worker's 
 parses, marshals and sends a record does most of that work for nothing: on two cores it is
 what made two workers slower than none. When nothing in the worker needs the values (a
 `.batch(n)` of plain records: no map, filter, collate or length rule, malformed lines raise),
-`ParseLater` takes the place of `Parse`: lines pass the shuffle (paired with their positions)
-or are cut into batches as slices of the chunks (`Records.batches_with_positions`), and a
-`LineBatch` crosses to the main process as the lines themselves, marshalled into the worker's
-shared-memory ring (`streamds.train.shm_ring`). The main process unmarshals them from the
-shared pages and parses them into a `RecordBatch`.
+`ParseLater` takes the place of `Parse`: lines pass the shuffle or the batch stage as they
+are, gathered into lists with their positions (`batches_with_positions` of `Records` and
+`Shuffle`: no step or tuple per line), and a `LineBatch` crosses to the main process as the
+lines themselves, marshalled into the worker's shared-memory ring (`streamds.train.shm_ring`).
+The main process unmarshals them from the shared pages and parses them into a `RecordBatch`.
 
 Same records, same order, same state (the shape of `Parse`'s, so states move between
 worker counts); blank lines and byte-order marks are handled in the worker as `Parse` does.
 A malformed line is found in the main process: its batch arrives as a `MalformedLine`, which
 the DataLoader raises from ``next()`` as `CorruptRecordError` (file, line of a local file,
-byte offset, fix) before
-its state counts the batch, as it raises an error from a worker. The worker has moved on: an
-iterator used after the error would miss the rest of that batch, so the fix is to resume from
-the state taken at the error with on_error='skip' (the line is then skipped and counted).
+byte offset, fix) before its state counts the batch, as it raises an error from a worker.
+The worker has moved on: an iterator used after the error would miss the rest of that batch,
+so the fix is to resume from the state taken at the error with on_error='skip' (the line is
+then skipped and counted).
 Only JSONL shards take this path (tar members and .json documents are parsed in the worker).
 """
 
@@ -29,9 +29,7 @@ import marshal
 from array import array
 from collections import Counter
 from collections.abc import Sequence
-from itertools import repeat
 from multiprocessing.reduction import ForkingPickler
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -51,9 +49,6 @@ if TYPE_CHECKING:
 
 __all__ = ["LineBatch", "MalformedLine", "ParseLater", "parses_later"]
 
-Line = tuple[bytes, int, int]  # (the JSON line, block id, offset of the line)
-_LINE, _BLOCK, _OFFSET = itemgetter(0), itemgetter(1), itemgetter(2)
-
 
 def parses_later(spec: Spec, collate: Any) -> bool:
     """Whether a reader with `spec` leaves its lines for the main process to parse: in a
@@ -71,35 +66,24 @@ def parses_later(spec: Spec, collate: Any) -> bool:
 
 class ParseLater(Parse):
     """Stage: chunks of raw lines -> chunks of the lines, BLANK markers for blank lines; a
-    byte-order mark at the start of a file is cut off. With `paired`, each line is paired
-    with its position, as `(line, block, offset)` items: for a shuffle buffer, which hands
-    records out one at a time (in order, `Records.batches_with_positions` gives positions).
+    byte-order mark at the start of a file is cut off. The batch stage gets each line's
+    position from the stage that hands records out (`batches_with_positions`).
 
     State and counters are `Parse`'s, so states move between worker counts; malformed lines
     raise in the main process, so "bad" stays 0 here.
     """
 
-    def __init__(self, source: Any, *, paired: bool) -> None:
+    def __init__(self, source: Any) -> None:
         self.source = source
-        self.paired = paired
         self.skipped: Counter[str] = Counter()  # none: malformed lines are not skipped
         self.reset()
 
     def parse(self, chunk: Chunk) -> Chunk:
         """`chunk` with its blank lines marked (also used to re-read records)."""
         lines = cut_bom(chunk.items, chunk.offsets, chunk.labels)
-        clean = b"" not in lines and not any(map(bytes.isspace, lines))  # C speed
-        items: list[Any]
-        if not self.paired:
-            items = lines if clean else [
-                line if line and not line.isspace() else BLANK for line in lines]
-            return Chunk(chunk.item, chunk.block, chunk.offsets, items, clean, chunk.labels)
-        if clean:
-            # (offsets holds one more: where the line after the chunk begins)
-            items = list(zip(lines, repeat(chunk.block), chunk.offsets))
-            return Chunk(chunk.item, chunk.block, chunk.offsets, items, True, chunk.labels)
-        items = [(line, chunk.block, offset) if line and not line.isspace() else BLANK
-                 for line, offset in zip(lines, chunk.offsets, strict=False)]
+        if b"" not in lines and not any(map(bytes.isspace, lines)):  # C speed, no blanks
+            return Chunk(chunk.item, chunk.block, chunk.offsets, lines, True, chunk.labels)
+        items = [line if line and not line.isspace() else BLANK for line in lines]
         return Chunk(chunk.item, chunk.block, chunk.offsets, items, False, chunk.labels)
 
 
@@ -121,13 +105,6 @@ class LineBatch(RecordBatch):
         self.offsets = offsets
         self.where = where
         self._records: list[Any] | None = None
-
-    @classmethod
-    def of_pairs(cls, items: list[Line], where: LineNumbers) -> LineBatch:
-        """The batch of `(line, block, offset)` items (from a shuffle buffer)."""
-        # (a zip(*items) of 1024 tuples took 3x as long as these maps)
-        return cls(list(map(_LINE, items)), list(map(_BLOCK, items)),
-                   list(map(_OFFSET, items)), where)
 
     @property  # type: ignore[override]
     def records(self) -> list[Any]:

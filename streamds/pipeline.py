@@ -99,7 +99,7 @@ class Reader:
         # -> chunks of JSON values; BAD and BLANK markers where a line holds no record
         #    (or of (line, block, offset) items, when the main process parses the batches)
         self.parse: Parse = (
-            ParseLater(timed(self.lines, "lines"), paired=spec.plan.shuffle) if later else
+            ParseLater(timed(self.lines, "lines")) if later else
             Parse(timed(self.lines, "lines"), spec.shards, spec.blocks,
                   on_error=spec.on_error, opener=spec.opener, where=where))
         # -> chunks of the user's records after map and filter; DROPPED where removed
@@ -123,13 +123,12 @@ class Reader:
         emit = timed(self.top, "emit")
         self.out: Any = emit
         if spec.batch is not None:
-            in_order = not spec.plan.shuffle  # Records: batches come with their positions
             if later:  # lines cross to the main process, which parses them
-                collate = partial(LineBatch if in_order else LineBatch.of_pairs, where=where)
+                collate = partial(LineBatch, where=where)
             elif get_worker_info() is not None:  # dicts of tensors cross in shared memory
                 collate = leave_as_tensor_batches(collate)
             if spec.batch.rule is None:
-                self.out = Batch(emit, spec.batch, collate, positions=later and in_order)
+                self.out = Batch(emit, spec.batch, collate, positions=later)
             else:
                 parts = shuffle_seed_parts(spec.plan.seed, state.epoch, world.rank, world.worker)
                 self.out = PoolBatch(emit, spec.batch.rule, collate=collate, seed_parts=parts)

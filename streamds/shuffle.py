@@ -27,6 +27,7 @@ from typing import Any
 
 from .chunks import Chunk, ChunkCursor, ChunkStage, Position
 from .parse import Marker
+from .records import PositionedBatch
 from .seeds import derive_seed
 
 __all__ = ["Shuffle", "pack_positions", "unpack_positions"]
@@ -191,6 +192,86 @@ class Shuffle:
             yield record
         if not self.done:  # nothing was buffered at the end of the source
             self._finish()
+
+    def batches(self, size: int) -> Iterator[list[Any]]:
+        """The records in lists of `size` (the last may be short): the same records, draws
+        and state after each list as `size` steps of iteration, without a step per record."""
+        for records, _, _ in self._shuffled_lists(size, positions=False):
+            yield records
+
+    def batches_with_positions(self, size: int) -> Iterator[PositionedBatch]:
+        """As `batches`, each list with the block id and offset of each record's line."""
+        return self._shuffled_lists(size, positions=True)
+
+    def _shuffled_lists(self, size: int, *, positions: bool) -> Iterator[PositionedBatch]:
+        """`_shuffled`, the records gathered into lists (records to replay are left out)."""
+        records, blocks, offsets = self._records, self._blocks, self._offsets
+        capacity, period = self.size, self.period
+        random_ = self._rng()
+        skip = self._replay  # records handed out before the state this resumes from
+        out: list[Any] = []
+        out_blocks: list[int] = []
+        out_offsets: list[int] = []
+        if not self._draining:
+            chunk: Chunk
+            for chunk in self.cursor.chunks():
+                block, at, clean = chunk.block, chunk.offsets, chunk.clean
+                for index, record in enumerate(chunk.items):
+                    if not clean and record.__class__ is Marker:
+                        continue
+                    if len(records) < capacity:
+                        records.append(record)
+                        blocks.append(block)
+                        offsets.append(at[index])
+                        continue
+                    if self._since >= period:
+                        random_ = self._next_round(self.cursor.position(chunk, index))
+                    slot = int(random_() * capacity)
+                    if skip:
+                        skip -= 1
+                        self._replay = skip
+                    else:
+                        out.append(records[slot])
+                        if positions:
+                            out_blocks.append(blocks[slot])
+                            out_offsets.append(offsets[slot])
+                    records[slot] = record
+                    blocks[slot] = block
+                    offsets[slot] = at[index]
+                    self._since += 1
+                    if len(out) == size:
+                        yield out, out_blocks, out_offsets
+                        out, out_blocks, out_offsets = [], [], []
+            self._draining = True
+        while records:
+            if self._since >= period:
+                random_ = self._next_round(self.cursor.position(None, 0))
+            slot = int(random_() * len(records))
+            last = len(records) - 1
+            records[slot], records[last] = records[last], records[slot]
+            blocks[slot], blocks[last] = blocks[last], blocks[slot]
+            offsets[slot], offsets[last] = offsets[last], offsets[slot]
+            block, offset = blocks.pop(), offsets.pop()
+            self._since += 1
+            record = records.pop()
+            if not records:  # the last record: a state taken once it is out is the end
+                self._finish()
+            if skip:
+                skip -= 1
+                self._replay = skip
+                continue
+            out.append(record)
+            if positions:
+                out_blocks.append(block)
+                out_offsets.append(offset)
+            if len(out) == size:
+                yield out, out_blocks, out_offsets
+                out, out_blocks, out_offsets = [], [], []
+        self._replay = 0
+        if not self.done:  # nothing was buffered at the end of the source
+            self._finish()
+        if out:
+            yield out, out_blocks, out_offsets
 
     def _finish(self) -> None:
         """A last snapshot, past every record (O(1): the buffer is empty), so the state at the

@@ -41,7 +41,7 @@ class StageTimer:
 class Timed:
     """A stage whose iteration is timed under `name`; everything else passes through."""
 
-    BATCHES = ("batches", "batches_with_positions")  # `streamds.records.Records`' lists
+    BATCHES = ("batches", "batches_with_positions")  # lists of records (Records, Shuffle)
 
     def __init__(self, stage: Any, name: str, timer: StageTimer) -> None:
         self.stage = stage

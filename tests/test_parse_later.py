@@ -236,7 +236,7 @@ def test_a_line_batch_parses_where_it_is_used_with_line_numbers(tmp_path: Path) 
     good = LineBatch([b'{"a": 1}', b'{"b": 2}'], [0, 0], [0, 9], where)
     assert len(good) == 2 and good.records == [{"a": 1}, {"b": 2}]
     assert pickle.loads(pickle.dumps(good)) == RecordBatch([{"a": 1}, {"b": 2}])
-    bad = LineBatch.of_pairs([(b'{"a": 1}', 0, 0), (b"nope", 0, 18)], where)
+    bad = LineBatch([b'{"a": 1}', b"nope"], [0, 0], [0, 18], where)
     with pytest.raises(CorruptRecordError, match=r"one\.jsonl: line 3 \(byte offset 18\)"):
         list(bad)
 
@@ -265,12 +265,9 @@ def test_the_stage_keeps_the_state_shape_of_parse() -> None:
     from streamds.chunks import Chunk
 
     chunks = [Chunk(0, 3, [0, 10, 11, 20], [b'{"x": 1}', b"", b'{"x": 2}'], False)]
-    lines = list(ParseLater(Lines(chunks), paired=False))  # in order: the lines themselves
-    assert lines[0].items == [b'{"x": 1}', BLANK, b'{"x": 2}'] and not lines[0].clean
-    stage = ParseLater(Lines(chunks), paired=True)  # for a shuffle buffer: with positions
+    stage = ParseLater(Lines(chunks))
     out = list(stage)
-    assert out[0].items[0] == (b'{"x": 1}', 3, 0) and out[0].items[2] == (b'{"x": 2}', 3, 11)
-    assert not out[0].clean
+    assert out[0].items == [b'{"x": 1}', BLANK, b'{"x": 2}'] and not out[0].clean
     parse = Parse(Lines([]), [], [])
     assert stage.get_state().keys() == parse.get_state().keys()
     assert stage.get_state()["counts"] == {"bad": 0, "blank": 1}

@@ -1,6 +1,7 @@
-"""`Records.batches`: lists of n records cut from the chunks as slices hand out the same records,
-with the same state after each list, as n steps of record-by-record iteration; a state taken
-after any list resumes exactly; positions name each record's line."""
+"""`Records.batches` and `Shuffle.batches`: lists of n records (cut from the chunks as slices, or
+gathered without a step per record) hand out the same records, with the same state after each
+list, as n steps of record-by-record iteration; a state taken after any list, or after any
+record, resumes exactly; positions name each record's line."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from streamds.chunks import Chunk
 from streamds.parse import BLANK
 from streamds.records import Records
+from streamds.shuffle import Shuffle
 
 
 class Chunks:
@@ -93,4 +95,71 @@ def test_positions_name_each_records_line(layout: list[list[bool]], size: int) -
     where = {item: (chunk.block, chunk.offsets[i])
              for chunk in chunks for i, item in enumerate(chunk.items) if item is not BLANK}
     for batch, blocks, offsets in Records(Chunks(chunks)).batches_with_positions(size):
+        assert list(zip(blocks, offsets, strict=True)) == [where[r] for r in batch]
+
+
+def shuffle_of(chunks: list[Chunk], buffer: int, round_size: int) -> Shuffle:
+    lines = {(chunk.block, chunk.offsets[i]): item
+             for chunk in chunks for i, item in enumerate(chunk.items)}
+    return Shuffle(Chunks(chunks), size=buffer, seed_parts=(7,), round_size=round_size,
+                   fetch=lambda positions: [lines[p] for p in positions])
+
+
+shuffles = st.tuples(st.integers(1, 12), st.integers(1, 9))  # buffer size, round size
+
+
+@settings(max_examples=150, deadline=None)
+@given(layouts, st.integers(1, 9), shuffles)
+def test_shuffled_lists_match_record_by_record_iteration(
+    layout: list[list[bool]], size: int, shuffle: tuple[int, int]
+) -> None:
+    chunks = make_chunks(layout)
+    one_by_one = shuffle_of(chunks, *shuffle)
+    records = iter(one_by_one)
+    gathered = shuffle_of(chunks, *shuffle)
+    for batch in gathered.batches(size):
+        assert batch == list(islice(records, size))
+        assert gathered.get_state() == one_by_one.get_state()
+        assert gathered.done == one_by_one.done
+    assert list(records) == []
+    assert gathered.done and one_by_one.done
+
+
+@settings(max_examples=150, deadline=None)
+@given(layouts, st.integers(1, 9), shuffles, st.data())
+def test_a_shuffle_state_after_any_record_resumes_into_lists_exactly(
+    layout: list[list[bool]], size: int, shuffle: tuple[int, int], data: st.DataObject
+) -> None:
+    chunks = make_chunks(layout)
+    everything = list(shuffle_of(chunks, *shuffle))
+    first = shuffle_of(chunks, *shuffle)
+    handed = data.draw(st.integers(0, len(everything)))
+    before = list(islice(first, handed))  # a state taken between two lists' records
+    resumed, one_by_one = shuffle_of(chunks, *shuffle), shuffle_of(chunks, *shuffle)
+    resumed.reset(first.get_state())
+    one_by_one.reset(first.get_state())
+    records = iter(one_by_one)
+    after = []
+    for batch in resumed.batches(size):
+        assert batch == list(islice(records, size))
+        assert resumed.get_state() == one_by_one.get_state()
+        after += batch
+    assert before + after == everything
+    again = shuffle_of(chunks, *shuffle)  # and a state taken after a list, resumed one by one
+    lists = again.batches(size)
+    taken = [r for batch in islice(lists, data.draw(st.integers(0, 4))) for r in batch]
+    rest = shuffle_of(chunks, *shuffle)
+    rest.reset(again.get_state())
+    assert taken + list(rest) == everything
+
+
+@settings(max_examples=100, deadline=None)
+@given(layouts, st.integers(1, 9), shuffles)
+def test_shuffled_positions_name_each_records_line(
+    layout: list[list[bool]], size: int, shuffle: tuple[int, int]
+) -> None:
+    chunks = make_chunks(layout)
+    where = {item: (chunk.block, chunk.offsets[i])
+             for chunk in chunks for i, item in enumerate(chunk.items) if item is not BLANK}
+    for batch, blocks, offsets in shuffle_of(chunks, *shuffle).batches_with_positions(size):
         assert list(zip(blocks, offsets, strict=True)) == [where[r] for r in batch]
