@@ -118,6 +118,7 @@ class BatchSpec:
     collate: Callable[[list[Any]], Any] = RecordBatch  # list of records -> the batch
     drop_last: bool = False
     rule: Rule | None = None  # cut pools by length (`streamds.buckets`); None: fixed `size`
+    ahead: int | str = "auto"  # batches a worker makes ahead of requests (`streamds.ahead`)
 
 
 class Batch:

@@ -241,6 +241,7 @@ class StreamingJsonl(IterableDataset):
     def batch(
         self, size: int | LengthBuckets | TokenBudget, *,
         collate: Callable[[list[Any]], Any] | None = None, drop_last: bool = False,
+        ahead: int | str = "auto",
     ) -> StreamingJsonl:
         """A new dataset that yields whole batches, made in the workers.
 
@@ -263,10 +264,20 @@ class StreamingJsonl(IterableDataset):
         that default conversion (with ``batch_size=None``): pass
         ``collate_fn=streamds.as_list`` to the DataLoader then. `.map()`/`.filter()` still
         apply to records. A state taken after any batch resumes exactly.
+
+        `ahead`: batches a DataLoader worker makes in a thread ahead of the loader's requests
+        (each kept with the state after it; `streamds.ahead`), so that a worker keeps busy while
+        the main process runs late; 0 makes each batch when asked, as torch does. "auto" makes
+        4 ahead where the workers and the main processes outnumber the CPUs (where they take
+        turns on a CPU), else none. They are held in the worker's memory, on top of the
+        loader's ``prefetch_factor`` batches.
         """
         if collate is not None and not callable(collate):
             raise ValueError(f"collate must be callable or None, got {collate!r}")
         check_bool("drop_last", drop_last)
+        if ahead != "auto":
+            check_int("ahead", ahead, 0, "'auto', or the batches a worker makes ahead of "
+                      "requests (0: none)")
         collate = RecordBatch if collate is None else collate
         if isinstance(size, RULES):
             if drop_last:
@@ -275,11 +286,11 @@ class StreamingJsonl(IterableDataset):
                     "(a token budget drops nothing)"
                 )
             spec = BatchSpec(getattr(size, "batch_size", None), collate,
-                             getattr(size, "drop_last", False), rule=size)
+                             getattr(size, "drop_last", False), rule=size, ahead=ahead)
         else:
             check_int("size", size, 1, "the number of records per batch, or a "
                       "streamds.LengthBuckets / TokenBudget rule")
-            spec = BatchSpec(size, collate, drop_last)
+            spec = BatchSpec(size, collate, drop_last, ahead=ahead)
         clone = copy.copy(self)
         clone._batch = spec
         clone._active = None

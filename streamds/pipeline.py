@@ -17,6 +17,7 @@ from typing import Any
 
 from torch.utils.data import get_worker_info
 
+from .ahead import AHEAD, MadeAhead
 from .balance import EvenRanks
 from .batch import Batch, BatchSpec
 from .buckets import PoolBatch
@@ -134,6 +135,7 @@ class Reader:
                 self.out = PoolBatch(emit, spec.batch.rule, collate=collate, seed_parts=parts)
         self.out.reset(state.pipeline)
         self.finished = state.finished
+        self.ahead: MadeAhead | None = None  # batches made ahead in a worker's thread
 
     def prepare(self, chunk: Chunk) -> Chunk:
         """Raw lines -> transformed records, as the pipeline does (for re-reads)."""
@@ -148,12 +150,19 @@ class Reader:
         if self.finished:
             return iter(())
         info = get_worker_info()
-        if info is None or self.spec.worker_cpus == "all":
+        if info is None:
             return iter(self.out)
+        items, batch = self.out, self.spec.batch
         plan = worker_plan(info.num_workers)
-        if plan.how == TUNE and self.spec.batch is None:  # timing every record costs too much
-            return iter(self.out)
-        return iter(on_planned_cpus(self.out, plan))
+        if self.spec.worker_cpus == "auto" and (plan.how != TUNE or batch is not None):
+            items = on_planned_cpus(self.out, plan)  # (timing every record would cost)
+        depth = 0 if batch is None else batch.ahead
+        if depth == "auto":  # where the workers and main processes outnumber the CPUs
+            depth = AHEAD if plan.how == TUNE else 0
+        if depth:  # a thread makes the batches ahead of the loader's requests, with states
+            self.ahead = MadeAhead(items, depth, self._reader_state, self._reader_state())
+            return iter(self.ahead)
+        return iter(items)
 
     @property
     def done(self) -> bool:
@@ -162,6 +171,8 @@ class Reader:
 
     def reader_state(self) -> ReaderState:
         """The state to resume exactly here: O(1) to take."""
+        if self.ahead is not None:  # after the last batch handed out, not the last made
+            return self.ahead.state
         if self.timer is not None:
             start = time.perf_counter()
             state = self._reader_state()

@@ -1,0 +1,96 @@
+"""Ahead: a DataLoader worker makes its batches in a thread, a few ahead of the loader's requests.
+
+A worker makes a batch only when the main process has asked for one, and the DataLoader asks
+each worker for `prefetch_factor` (2) at a time. On 2 CPUs the main process and the workers take
+turns; whenever the main process runs late, a worker with its 2 batches done sits idle, and
+the CPU time it could have used is lost. Measured (small lines, `.batch(1024)`, 2 workers,
+fresh runs): ``prefetch_factor=8`` read 1.03-1.20x as fast as the default, and so did a worker
+that kept making batches ahead in a thread; PubMed `.batch(16)` 1.15x. `MadeAhead` does the
+latter without asking users to tune the loader: `depth` batches ahead, each kept with the state
+after it, so the state the loader takes after a batch is the state after *that* batch, never
+after the ones made ahead (a state taken after any batch still resumes exactly).
+
+The thread runs the whole pipeline; the worker's own thread only hands batches over (and the
+queue's feeder thread sends them), so the pipeline's Python work is never split across
+threads. An error in the pipeline is raised where its batch would have been, after every batch
+made before it. When the iterator is closed (a new epoch, the loader shut down) the thread
+stops after the batch it is making and closes the pipeline.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+__all__ = ["AHEAD", "MadeAhead"]
+
+AHEAD = 4  # batches made ahead with ahead="auto", where workers and main processes share CPUs
+_POLL = 0.5  # seconds a full queue is waited on before the thread checks whether to stop
+
+
+class _Raised:
+    """What the thread hands over in place of the next item when the pipeline raised."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+_END = object()  # the pipeline ran out
+
+
+class MadeAhead:
+    """The items of `items`, made by a thread up to `depth` ahead of the consumer.
+
+    `state_after()` is called in the thread after each item is made; `state` is the value it
+    returned for the last item handed out (`state_at_start` before the first).
+    """
+
+    def __init__(self, items: Iterable[Any], depth: int, state_after: Callable[[], Any],
+                 state_at_start: Any) -> None:
+        self.items = items
+        self.depth = depth
+        self.state_after = state_after
+        self.state = state_at_start
+
+    def __iter__(self) -> Iterator[Any]:
+        made: queue.Queue[Any] = queue.Queue(self.depth)
+        stop = threading.Event()
+        thread = threading.Thread(target=self._make, args=(made, stop), daemon=True,
+                                  name="streamds-batches-ahead")
+        thread.start()
+        try:
+            while True:
+                entry = made.get()
+                if entry is _END:
+                    return
+                if entry.__class__ is _Raised:
+                    raise entry.error
+                item, self.state = entry
+                yield item
+        finally:  # the thread stops after the item it is making (a waiting put polls)
+            stop.set()
+
+    def _make(self, made: queue.Queue[Any], stop: threading.Event) -> None:
+        def hand_over(entry: Any) -> bool:
+            while not stop.is_set():
+                try:
+                    made.put(entry, timeout=_POLL)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        items = iter(self.items)
+        try:
+            for item in items:
+                if stop.is_set() or not hand_over((item, self.state_after())):
+                    return
+            hand_over(_END)
+        except BaseException as error:  # raised in the consumer, in order
+            hand_over(_Raised(error))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:  # the pipeline's generators clean up in this thread
+                close()

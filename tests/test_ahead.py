@@ -1,0 +1,119 @@
+"""`streamds.ahead`: a worker's batches made in a thread ahead of the loader's requests come out
+all, in order, each with the state after it (never after the batches made ahead); errors
+arrive in order; closing stops the thread and the pipeline; a StatefulDataLoader whose
+workers make batches ahead resumes exactly after any batch."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import corpus
+import pytest
+from resume_contract import run_test_save_load_state
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from streamds import StreamingJsonl
+from streamds.ahead import MadeAhead
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
+]
+
+WAIT = 30.0  # seconds an event may take to come (a bound for a hung test, not a pacing sleep)
+
+
+class Source:
+    """Items 0..count-1; `made[k]` is set once item k has been made; `made_so_far` is the
+    state; raises at `fail_at`; `closed` is set when the generator is closed."""
+
+    def __init__(self, count: int, fail_at: int | None = None) -> None:
+        self.count = count
+        self.fail_at = fail_at
+        self.made = [threading.Event() for _ in range(count)]
+        self.made_so_far = 0
+        self.closed = threading.Event()
+
+    def __iter__(self) -> Iterator[int]:
+        try:
+            for k in range(self.count):
+                if k == self.fail_at:
+                    raise ValueError(f"broken at {k}")
+                self.made_so_far = k + 1
+                self.made[k].set()
+                yield k
+        finally:
+            self.closed.set()
+
+
+def test_items_come_out_in_order_each_with_the_state_after_it() -> None:
+    source = Source(20)
+    ahead = MadeAhead(source, 3, lambda: source.made_so_far, state_at_start=0)
+    assert ahead.state == 0
+    items = iter(ahead)
+    assert next(items) == 0
+    # the thread goes on: item 0 out, 3 waiting in the queue, the 5th made
+    assert source.made[4].wait(WAIT)
+    assert ahead.state == 1  # the state after item 0, not after the ones made ahead
+    rest = []
+    for item in items:
+        rest.append(item)
+        assert ahead.state == item + 1
+    assert rest == list(range(1, 20))
+
+
+def test_an_error_arrives_after_the_items_made_before_it() -> None:
+    source = Source(10, fail_at=6)
+    ahead = MadeAhead(source, 2, lambda: source.made_so_far, state_at_start=0)
+    got = []
+    with pytest.raises(ValueError, match="broken at 6"):
+        for item in ahead:
+            got.append(item)
+    assert got == [0, 1, 2, 3, 4, 5]
+    assert ahead.state == 6
+
+
+def test_closing_stops_the_thread_and_closes_the_pipeline() -> None:
+    source = Source(1000)
+    ahead = MadeAhead(source, 2, lambda: source.made_so_far, state_at_start=0)
+    items = iter(ahead)
+    assert next(items) == 0
+    assert source.made[3].wait(WAIT)  # the thread waits with a full queue
+    items.close()
+    assert source.closed.wait(WAIT)
+    assert source.made_so_far < 1000
+    for thread in threading.enumerate():
+        if thread.name == "streamds-batches-ahead":
+            thread.join(WAIT)
+            assert not thread.is_alive()
+
+
+@pytest.fixture(scope="module")
+def lines_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("ahead")
+    corpus.write_plain(directory / "a.jsonl", corpus.jsonl(corpus.make_records(300)))
+    corpus.write_seekable_zst(directory / "b.jsonl.zst",
+                              corpus.jsonl(corpus.make_records(200, start=1000)))
+    return directory
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
+def test_a_loader_whose_workers_make_batches_ahead_resumes_exactly(
+    lines_dir: Path, shuffle: bool
+) -> None:
+    def make() -> StatefulDataLoader:
+        ds = StreamingJsonl(str(lines_dir), shuffle=shuffle, seed=3, buffer_size=40)
+        return StatefulDataLoader(ds.batch(7, ahead=3), batch_size=None, num_workers=2)
+
+    reference = run_test_save_load_state(make, [0, 1, 5, 20, 40])
+    ids = sorted(record["id"] for batch in reference for record in batch)
+    assert ids == sorted([*range(300), *range(1000, 1200)])
+
+
+def test_ahead_is_checked(lines_dir: Path) -> None:
+    with pytest.raises(ValueError, match="ahead"):
+        StreamingJsonl(str(lines_dir)).batch(4, ahead=-1)
+    with pytest.raises(ValueError, match="ahead"):
+        StreamingJsonl(str(lines_dir)).batch(4, ahead="more")
