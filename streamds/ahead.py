@@ -14,7 +14,10 @@ The thread runs the whole pipeline; the worker's own thread only hands batches o
 queue's feeder thread sends them), so the pipeline's Python work is never split across
 threads. An error in the pipeline is raised where its batch would have been, after every batch
 made before it. When the iterator is closed (a new epoch, the loader shut down) the thread
-stops after the batch it is making and closes the pipeline.
+stops after the batch it is making and closes the pipeline. User code in the pipeline (map,
+filter, collate) runs in that thread: thread-local torch settings made in a
+`worker_init_fn` (grad mode, autocast) do not reach it; ``.batch(n, ahead=0)`` keeps it in the
+worker's own thread.
 """
 
 from __future__ import annotations
@@ -37,14 +40,20 @@ class _Raised:
         self.error = error
 
 
-_END = object()  # the pipeline ran out
+class _End:
+    """What the thread hands over when the pipeline ran out: the state at the end (a batch
+    stage may end without a batch after the last state: drop_last, a last full batch)."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
 
 
 class MadeAhead:
     """The items of `items`, made by a thread up to `depth` ahead of the consumer.
 
-    `state_after()` is called in the thread after each item is made; `state` is the value it
-    returned for the last item handed out (`state_at_start` before the first).
+    `state_after()` is called in the thread after each item is made and once the items ran
+    out; `state` is the value it returned for the last item handed out (`state_at_start`
+    before the first; the state at the end once the consumer met the end).
     """
 
     def __init__(self, items: Iterable[Any], depth: int, state_after: Callable[[], Any],
@@ -63,7 +72,8 @@ class MadeAhead:
         try:
             while True:
                 entry = made.get()
-                if entry is _END:
+                if entry.__class__ is _End:
+                    self.state = entry.state
                     return
                 if entry.__class__ is _Raised:
                     raise entry.error
@@ -82,12 +92,13 @@ class MadeAhead:
                     continue
             return False
 
-        items = iter(self.items)
+        items = None
         try:
+            items = iter(self.items)
             for item in items:
                 if stop.is_set() or not hand_over((item, self.state_after())):
                     return
-            hand_over(_END)
+            hand_over(_End(self.state_after()))
         except BaseException as error:  # raised in the consumer, in order
             hand_over(_Raised(error))
         finally:

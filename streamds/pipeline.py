@@ -98,7 +98,7 @@ class Reader:
         collate = None if spec.batch is None else spec.batch.collate
         later = parses_later(spec, collate)
         # -> chunks of JSON values; BAD and BLANK markers where a line holds no record
-        #    (or of (line, block, offset) items, when the main process parses the batches)
+        #    (or of the lines themselves, when the main process parses the batches)
         self.parse: Parse = (
             ParseLater(timed(self.lines, "lines")) if later else
             Parse(timed(self.lines, "lines"), spec.shards, spec.blocks,

@@ -8,13 +8,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import corpus
 import pytest
 from resume_contract import run_test_save_load_state
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from streamds import StreamingJsonl
+import streamds.pipeline
+from streamds import StreamingJsonl, counts_of
 from streamds.ahead import MadeAhead
 
 pytestmark = [
@@ -27,7 +30,8 @@ WAIT = 30.0  # seconds an event may take to come (a bound for a hung test, not a
 
 class Source:
     """Items 0..count-1; `made[k]` is set once item k has been made; `made_so_far` is the
-    state; raises at `fail_at`; `closed` is set when the generator is closed."""
+    state, and -1 once the items ran out; raises at `fail_at`; `closed` is set when the
+    generator is closed."""
 
     def __init__(self, count: int, fail_at: int | None = None) -> None:
         self.count = count
@@ -44,6 +48,7 @@ class Source:
                 self.made_so_far = k + 1
                 self.made[k].set()
                 yield k
+            self.made_so_far = -1  # the end: a state of its own, as a finished reader's
         finally:
             self.closed.set()
 
@@ -62,6 +67,7 @@ def test_items_come_out_in_order_each_with_the_state_after_it() -> None:
         rest.append(item)
         assert ahead.state == item + 1
     assert rest == list(range(1, 20))
+    assert ahead.state == -1  # once the end is met: the state at the end
 
 
 def test_an_error_arrives_after_the_items_made_before_it() -> None:
@@ -110,6 +116,29 @@ def test_a_loader_whose_workers_make_batches_ahead_resumes_exactly(
     reference = run_test_save_load_state(make, [0, 1, 5, 20, 40])
     ids = sorted(record["id"] for batch in reference for record in batch)
     assert ids == sorted([*range(300), *range(1000, 1200)])
+
+
+@pytest.mark.parametrize("tail", [0, 3], ids=["last-batch-full", "short-batch-dropped"])
+def test_the_state_at_the_end_is_the_end_not_the_last_batch(
+    tmp_path: Path, tail: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the last batch handed out come blank lines or a short batch dropped: the state a
+    worker's dataset gives once its iterator ended says finished and counts them, as it does
+    without batches made ahead."""
+    path = tmp_path / "ends-blank.jsonl"
+    path.write_bytes(corpus.jsonl(corpus.make_records(70 + tail)) + b"\n\n  \n")
+    worker = SimpleNamespace(id=0, num_workers=1, seed=0, dataset=None)
+    monkeypatch.setattr(streamds.pipeline, "get_worker_info", lambda: worker)
+
+    def epoch(ahead: int) -> tuple[list[int], dict[str, Any]]:
+        ds = StreamingJsonl(str(path), worker_cpus="all").batch(7, ahead=ahead, drop_last=True)
+        got = [r["id"] for batch in ds for r in batch]
+        return got, ds.state_dict()
+
+    got, state = epoch(2)
+    assert (got, state) == epoch(0)
+    assert got == list(range(70))
+    assert state["finished"] and counts_of(state)["blank"] == 3
 
 
 def test_ahead_is_checked(lines_dir: Path) -> None:
