@@ -14,6 +14,7 @@ from typing import Any
 import corpus
 import pytest
 from resume_contract import run_test_save_load_state
+from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import streamds.pipeline
@@ -116,6 +117,19 @@ def test_a_loader_whose_workers_make_batches_ahead_resumes_exactly(
     reference = run_test_save_load_state(make, [0, 1, 5, 20, 40])
     ids = sorted(record["id"] for batch in reference for record in batch)
     assert ids == sorted([*range(300), *range(1000, 1200)])
+
+
+def test_persistent_workers_start_each_epoch_afresh(lines_dir: Path) -> None:
+    """A new epoch in the same workers: the old epoch's thread stops, the new one reads
+    every record once."""
+    ds = StreamingJsonl(str(lines_dir), shuffle=True, seed=5, buffer_size=30).batch(9, ahead=3)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    every = sorted([*range(300), *range(1000, 1200)])
+    for _ in range(3):
+        assert sorted(r["id"] for batch in loader for r in batch) == every
+    first = iter(loader)  # an epoch left after one batch, then a whole one
+    next(first)
+    assert sorted(r["id"] for batch in loader for r in batch) == every
 
 
 @pytest.mark.parametrize("tail", [0, 3], ids=["last-batch-full", "short-batch-dropped"])
