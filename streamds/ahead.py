@@ -5,7 +5,7 @@ each worker for `prefetch_factor` (2) at a time. On 2 CPUs the main process and 
 turns; whenever the main process runs late, a worker with its 2 batches done sits idle, and
 the CPU time it could have used is lost. Measured (small lines, `.batch(1024)`, 2 workers,
 fresh runs): ``prefetch_factor=8`` read 1.03-1.20x as fast as the default, and so did a worker
-that kept making batches ahead in a thread; PubMed `.batch(16)` 1.15x. `MadeAhead` does the
+that kept making batches ahead in a thread; PubMed `.batch(16)` 1.12x. `MadeAhead` does the
 latter without asking users to tune the loader: `depth` batches ahead, each kept with the state
 after it, so the state the loader takes after a batch is the state after *that* batch, never
 after the ones made ahead (a state taken after any batch still resumes exactly).
