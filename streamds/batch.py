@@ -14,7 +14,6 @@ import copy
 import marshal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from itertools import islice
 from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any
 
@@ -125,10 +124,10 @@ class Batch:
     """Stage: records -> `collate(list of size records)`; the last batch may be short unless
     `drop_last`.
 
-    From a source with `batches` (`streamds.records.Records`, `streamds.shuffle.Shuffle`) the
-    lists come without a step per record; with `positions`, the source's
-    `batches_with_positions` are used and `collate(records, blocks, offsets)` is given where
-    each record's line is.
+    The lists come from the source's `batches` (`streamds.records.Records`,
+    `streamds.shuffle.Shuffle`: without a step per record); with `positions`, from its
+    `batches_with_positions`, and `collate(records, blocks, offsets)` is given where each
+    record's line is.
     """
 
     SOURCE = "source"
@@ -164,12 +163,7 @@ class Batch:
                     return
                 yield collate(batch, blocks, offsets)
             return
-        if hasattr(self.source, "batches"):
-            batches = self.source.batches(size)
-        else:
-            records = iter(self.source)
-            batches = iter(lambda: list(islice(records, size)), [])
-        for batch in batches:
+        for batch in self.source.batches(size):
             if drop_last and len(batch) < size:
                 return
             yield collate(batch)

@@ -176,19 +176,7 @@ class Shuffle:
                     yield out
             self._draining = True
         while records:
-            if self._since >= period:
-                random_ = self._next_round(self.cursor.position(None, 0))
-            slot = int(random_() * len(records))
-            last = len(records) - 1
-            records[slot], records[last] = records[last], records[slot]
-            blocks[slot], blocks[last] = blocks[last], blocks[slot]
-            offsets[slot], offsets[last] = offsets[last], offsets[slot]
-            blocks.pop()
-            offsets.pop()
-            self._since += 1
-            record = records.pop()
-            if not records:  # the last record: a state taken once it is out is the end
-                self._finish()
+            random_, record, _, _ = self._drain_one(random_)
             yield record
         if not self.done:  # nothing was buffered at the end of the source
             self._finish()
@@ -244,18 +232,7 @@ class Shuffle:
                         out, out_blocks, out_offsets = [], [], []
             self._draining = True
         while records:
-            if self._since >= period:
-                random_ = self._next_round(self.cursor.position(None, 0))
-            slot = int(random_() * len(records))
-            last = len(records) - 1
-            records[slot], records[last] = records[last], records[slot]
-            blocks[slot], blocks[last] = blocks[last], blocks[slot]
-            offsets[slot], offsets[last] = offsets[last], offsets[slot]
-            block, offset = blocks.pop(), offsets.pop()
-            self._since += 1
-            record = records.pop()
-            if not records:  # the last record: a state taken once it is out is the end
-                self._finish()
+            random_, record, block, offset = self._drain_one(random_)
             if skip:
                 skip -= 1
                 self._replay = skip
@@ -272,6 +249,24 @@ class Shuffle:
             self._finish()
         if out:
             yield out, out_blocks, out_offsets
+
+    def _drain_one(self, random_: Callable[[], float]) -> tuple[Callable[[], float], Any, int, int]:
+        """One draw once the source is spent: (the generator for the next draw, the record, its
+        block id and offset); the last record's draw takes the final snapshot."""
+        records, blocks, offsets = self._records, self._blocks, self._offsets
+        if self._since >= self.period:
+            random_ = self._next_round(self.cursor.position(None, 0))
+        slot = int(random_() * len(records))
+        last = len(records) - 1
+        records[slot], records[last] = records[last], records[slot]
+        blocks[slot], blocks[last] = blocks[last], blocks[slot]
+        offsets[slot], offsets[last] = offsets[last], offsets[slot]
+        block, offset = blocks.pop(), offsets.pop()
+        self._since += 1
+        record = records.pop()
+        if not records:  # the last record: a state taken once it is out is the end
+            self._finish()
+        return random_, record, block, offset
 
     def _finish(self) -> None:
         """A last snapshot, past every record (O(1): the buffer is empty), so the state at the

@@ -5,6 +5,7 @@ record, resumes exactly; positions name each record's line."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import islice
 from typing import Any
 
@@ -55,21 +56,6 @@ def make_chunks(layout: list[list[bool]]) -> list[Chunk]:
 layouts = st.lists(st.lists(st.booleans() | st.just(True), max_size=12), max_size=8)
 
 
-@settings(max_examples=150, deadline=None)
-@given(layouts, st.integers(1, 9))
-def test_lists_match_record_by_record_iteration(layout: list[list[bool]], size: int) -> None:
-    chunks = make_chunks(layout)
-    one_by_one = Records(Chunks(chunks))
-    records = iter(one_by_one)
-    sliced = Records(Chunks(chunks))
-    for batch in sliced.batches(size):
-        assert batch == list(islice(records, size))
-        assert sliced.get_state() == one_by_one.get_state()
-        assert sliced.done == one_by_one.done
-    assert list(records) == []
-    assert sliced.done and one_by_one.done
-
-
 @settings(max_examples=100, deadline=None)
 @given(layouts, st.integers(1, 9), st.data())
 def test_a_state_after_any_list_resumes_exactly(
@@ -88,16 +74,6 @@ def test_a_state_after_any_list_resumes_exactly(
     assert before + after == everything
 
 
-@settings(max_examples=100, deadline=None)
-@given(layouts, st.integers(1, 9))
-def test_positions_name_each_records_line(layout: list[list[bool]], size: int) -> None:
-    chunks = make_chunks(layout)
-    where = {item: (chunk.block, chunk.offsets[i])
-             for chunk in chunks for i, item in enumerate(chunk.items) if item is not BLANK}
-    for batch, blocks, offsets in Records(Chunks(chunks)).batches_with_positions(size):
-        assert list(zip(blocks, offsets, strict=True)) == [where[r] for r in batch]
-
-
 def shuffle_of(chunks: list[Chunk], buffer: int, round_size: int) -> Shuffle:
     lines = {(chunk.block, chunk.offsets[i]): item
              for chunk in chunks for i, item in enumerate(chunk.items)}
@@ -106,23 +82,6 @@ def shuffle_of(chunks: list[Chunk], buffer: int, round_size: int) -> Shuffle:
 
 
 shuffles = st.tuples(st.integers(1, 12), st.integers(1, 9))  # buffer size, round size
-
-
-@settings(max_examples=150, deadline=None)
-@given(layouts, st.integers(1, 9), shuffles)
-def test_shuffled_lists_match_record_by_record_iteration(
-    layout: list[list[bool]], size: int, shuffle: tuple[int, int]
-) -> None:
-    chunks = make_chunks(layout)
-    one_by_one = shuffle_of(chunks, *shuffle)
-    records = iter(one_by_one)
-    gathered = shuffle_of(chunks, *shuffle)
-    for batch in gathered.batches(size):
-        assert batch == list(islice(records, size))
-        assert gathered.get_state() == one_by_one.get_state()
-        assert gathered.done == one_by_one.done
-    assert list(records) == []
-    assert gathered.done and one_by_one.done
 
 
 @settings(max_examples=150, deadline=None)
@@ -153,13 +112,38 @@ def test_a_shuffle_state_after_any_record_resumes_into_lists_exactly(
     assert taken + list(rest) == everything
 
 
-@settings(max_examples=100, deadline=None)
-@given(layouts, st.integers(1, 9), shuffles)
-def test_shuffled_positions_name_each_records_line(
-    layout: list[list[bool]], size: int, shuffle: tuple[int, int]
+# a stage over the chunks: Records, or a Shuffle with a small buffer and short rounds
+Stage = Callable[[list[Chunk]], "Records | Shuffle"]
+stages = st.one_of(
+    st.just(lambda chunks: Records(Chunks(chunks))),
+    shuffles.map(lambda shuffle: lambda chunks: shuffle_of(chunks, *shuffle)),
+)
+
+
+@settings(max_examples=250, deadline=None)
+@given(layouts, st.integers(1, 9), stages)
+def test_lists_match_record_by_record_iteration(
+    layout: list[list[bool]], size: int, stage: Stage
+) -> None:
+    chunks = make_chunks(layout)
+    one_by_one = stage(chunks)
+    records = iter(one_by_one)
+    in_lists = stage(chunks)
+    for batch in in_lists.batches(size):
+        assert batch == list(islice(records, size))
+        assert in_lists.get_state() == one_by_one.get_state()
+        assert in_lists.done == one_by_one.done
+    assert list(records) == []
+    assert in_lists.done and one_by_one.done
+
+
+@settings(max_examples=150, deadline=None)
+@given(layouts, st.integers(1, 9), stages)
+def test_positions_name_each_records_line(
+    layout: list[list[bool]], size: int, stage: Stage
 ) -> None:
     chunks = make_chunks(layout)
     where = {item: (chunk.block, chunk.offsets[i])
              for chunk in chunks for i, item in enumerate(chunk.items) if item is not BLANK}
-    for batch, blocks, offsets in shuffle_of(chunks, *shuffle).batches_with_positions(size):
+    for batch, blocks, offsets in stage(chunks).batches_with_positions(size):
         assert list(zip(blocks, offsets, strict=True)) == [where[r] for r in batch]
