@@ -21,19 +21,24 @@ Sites, each read by every row:
 - http: `testbed.http.serve` of the corpus folder in its own process (so it does not share
   the GIL with the loader), `Faults(latency=...)` on every request; a fresh server per run.
 
-Rows, each through `DataLoader(batch_size=16, collate_fn=keep_batch)` at 0 and 2 workers:
+Rows, each through `DataLoader(batch_size=16, collate_fn=keep_batch)` at 0 and 2 workers
+unless they say otherwise:
 - one `.json` file per record, a map-style Dataset (list the folders, then open, read and
   `orjson.loads` each file; over HTTP one GET per file, URLs known in advance); these runs
   stop after `--cap` seconds and report records/s over what they read;
 - `StreamingJsonl(shards)` with `readahead=0` and with the default (read-ahead on), a whole
   epoch, checked to yield every record exactly once (in corpus order at 0 workers);
+- `StreamingJsonl(shards).batch(16)` through `DataLoader(batch_size=None)`: batches made in
+  the workers, as the README's example does, with the default `ahead="auto"` (on 2 CPUs and
+  2 workers a thread makes up to 4 batches ahead) and with `ahead=0`, divided by the same
+  batches read from local disk;
 - `StreamingJsonl(shards, cache_dir=LOCAL)`: epoch 1 fills the cache, then epochs 2 (0 and 2
   workers) read it, each on a fresh mount or server with the cache kept;
 - faults: EIO on every 50th read request of the mount, and `Faults(fail_every=20)` (every 20th
   ranged GET answers 503) over HTTP, both at 20 ms (--quick: every 10th and 5th, as its small
   corpus takes few requests): the epoch must equal the clean one.
-Arguments this version of StreamingJsonl lacks (`readahead=`, `cache_dir=`, found with
-`inspect.signature`) make their rows "n/a (not in this version)".
+Arguments this version of StreamingJsonl lacks (`readahead=`, `cache_dir=`, `.batch(ahead=)`,
+found with `inspect.signature`) make their rows "n/a (not in this version)".
 
 Each row is the median of `--repeats` rounds; a round runs every row once, the rows' order
 rotating from round to round (cache rows stay together, fill first). Records/s and the first
@@ -83,8 +88,10 @@ SHARDS = 5
 FAULT_LATENCY = 0.02
 BUSY = 0.25  # cores other processes used during a run that mark its value with †
 NA = "n/a (not in this version)"
+BATCHED_LABEL = f"`StreamingJsonl(shards/).batch({BATCH})`, `batch_size=None` (defaults)"
 PARAMS = inspect.signature(StreamingJsonl).parameters
-HAS = {"readahead": "readahead" in PARAMS, "cache_dir": "cache_dir" in PARAMS}
+HAS = {"readahead": "readahead" in PARAMS, "cache_dir": "cache_dir" in PARAMS,
+       "ahead": "ahead" in inspect.signature(getattr(StreamingJsonl, "batch", len)).parameters}
 
 
 def keep_batch(batch: list[dict]) -> list[dict]:
@@ -332,6 +339,7 @@ class Job:
     options: tuple[tuple[str, Any], ...] = ()  # StreamingJsonl keywords
     eio_every: int = 0
     fail_every: int = 0
+    ahead: int | str | None = None  # None: records; else `.batch(BATCH, ahead=...)` batches
 
 
 def run_job(job: Job, corpus: Corpus, expected: list[str], cap: float,
@@ -348,8 +356,12 @@ def run_job(job: Job, corpus: Corpus, expected: list[str], cap: float,
             if job.kind == "cache":
                 options["cache_dir"] = str(cache_dir)
             dataset = StreamingJsonl(site.shards, **options)
-        loader = DataLoader(dataset, batch_size=BATCH, num_workers=job.workers,
-                            collate_fn=keep_batch)
+        if job.ahead is None:  # records out of the workers, batched in the main process
+            loader = DataLoader(dataset, batch_size=BATCH, num_workers=job.workers,
+                                collate_fn=keep_batch)
+        else:  # batches made in the workers
+            batched = dataset.batch(BATCH, ahead=job.ahead)  # type: ignore[union-attr]
+            loader = DataLoader(batched, batch_size=None, num_workers=job.workers)
         ids, first, complete, error = drain(loader, start, cap if job.kind == "files" else 0)
         seconds = time.perf_counter() - start
     others = machine_busy() - busy - (own_cpu() - own)  # the mount and server are reaped now
@@ -396,6 +408,8 @@ def plan(args: argparse.Namespace, fuse: bool) -> tuple[dict[str, Row], list[lis
             None)
         add(Job(f"local stream {w}", "local", 0.0, "stream", w), "`StreamingJsonl(shards/)`",
             None)
+        add(Job(f"local batched {w}", "local", 0.0, "stream", w, ahead="auto"),
+            BATCHED_LABEL, None, None if HAS["ahead"] else NA)
     backends = [b for b in args.backends if b != "fuse" or fuse]
     for backend in backends:
         for latency in args.latencies:
@@ -412,6 +426,13 @@ def plan(args: argparse.Namespace, fuse: bool) -> tuple[dict[str, Row], list[lis
                     "`StreamingJsonl(shards/)` (defaults" + (", read-ahead on)" if HAS[
                         "readahead"] else "; this version has no read-ahead)"),
                     f"local stream {w}")
+            for w in args.workers:
+                add(Job(f"{key} batched {w}", backend, latency, "stream", w, ahead="auto"),
+                    BATCHED_LABEL, f"local batched {w}", None if HAS["ahead"] else NA)
+            for w in (w for w in args.workers if w):
+                add(Job(f"{key} batched-noahead {w}", backend, latency, "stream", w, ahead=0),
+                    f"`StreamingJsonl(shards/).batch({BATCH}, ahead=0)`", f"local batched {w}",
+                    None if HAS["ahead"] else NA)
             cache = [Job(f"{key} cache-fill 0", backend, latency, "cache", 0)] + [
                 Job(f"{key} cache {w}", backend, latency, "cache", w) for w in args.workers]
             na = None if HAS["cache_dir"] else NA
