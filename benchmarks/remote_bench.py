@@ -569,7 +569,7 @@ def plot(rows: dict[str, Row], backends: list[str], latencies: list[float], path
         import matplotlib.pyplot as plt
     except ImportError:
         return f"matplotlib is not installed in this environment: no {path.name}"
-    fig, axes = plt.subplots(1, len(backends), figsize=(7 * len(backends), 4.8), sharey=True,
+    fig, axes = plt.subplots(1, len(backends), figsize=(9 * len(backends), 4.8), sharey=True,
                              squeeze=False)
     for ax, backend in zip(axes[0], backends, strict=True):
         mine = [r for r in rows.values() if r.backend == backend and " eio " not in r.key
@@ -612,7 +612,10 @@ def _short(label: str) -> str:
     for long, short in (("one `.json` file per record (map-style)", "per-file"),
                         ("`StreamingJsonl(shards/, readahead=0)`", "readahead\n=0"),
                         ("`cache_dir=`: epoch 1 (fills the cache)", "cache\nfill"),
-                        ("`cache_dir=`: epoch 2 (from the cache)", "cache\nepoch 2")):
+                        ("`cache_dir=`: epoch 2 (from the cache)", "cache\nepoch 2"),
+                        (BATCHED_LABEL, f".batch({BATCH})"),
+                        (f"`StreamingJsonl(shards/).batch({BATCH}, ahead=0)`",
+                         f".batch({BATCH})\nahead=0")):
         if label == long:
             return short
     return "default" if label.startswith("`StreamingJsonl(shards/)`") else label
