@@ -41,7 +41,8 @@ from streamds import StreamingJsonl
 spec = json.loads(sys.argv[1])
 gc.freeze()
 shuffled = {"shuffle": True, "buffer_size": spec["buffer"], "seed": 0} if spec["buffer"] else {}
-ds = StreamingJsonl(spec["path"], worker_cpus=spec["worker_cpus"], **shuffled).batch(spec["batch"])
+ds = StreamingJsonl(spec["path"], worker_cpus=spec["worker_cpus"], **shuffled)
+ds = ds.batch(spec["batch"], ahead=spec.get("ahead", "auto"))
 def cpu(who):
     used = resource.getrusage(who)
     return used.ru_utime + used.ru_stime

@@ -21,6 +21,7 @@ from streamds.cpus import (
     WARM_UP,
     CpuPlan,
     TuneCpus,
+    cpu_quota,
     plan_cpus,
 )
 
@@ -37,6 +38,92 @@ def test_more_processes_than_cpus_are_tuned_and_one_cpu_is_kept_as_it_is():
     assert plan_cpus(workers=1, local_processes=2, every={0, 1, 2}).how == TUNE
     assert plan_cpus(workers=4, local_processes=1, every={0}).how == KEEP
     assert plan_cpus(workers=1, local_processes=2, every={0, 1}).how == KEEP  # no CPU to spare
+
+
+def _cgroups(tmp_path, membership: str, files: dict[str, str]) -> tuple[str, str]:
+    """A fake /sys/fs/cgroup holding `files` and a fake /proc/self/cgroup."""
+    for name, text in files.items():
+        (tmp_path / "fs" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "fs" / name).write_text(text)
+    (tmp_path / "fs").mkdir(exist_ok=True)
+    (tmp_path / "cgroup").write_text(membership)
+    return str(tmp_path / "fs"), str(tmp_path / "cgroup")
+
+
+def test_the_cpu_quota_of_a_cgroup_v2_is_the_smallest_on_the_way_to_the_root(tmp_path):
+    paths = _cgroups(tmp_path, "0::/kubepods/pod1/box\n", {
+        "cpu.max": "max 100000\n",
+        "kubepods/cpu.max": "800000 100000\n",  # 8 CPUs for all pods
+        "kubepods/pod1/cpu.max": "150000 100000\n",  # 1.5 for this one
+        "kubepods/pod1/box/cpu.max": "max 100000\n",
+    })
+    assert cpu_quota(*paths) == 1.5
+
+
+def test_the_cpu_quota_of_a_cgroup_v1_cpu_tree(tmp_path):
+    paths = _cgroups(tmp_path, "4:memory:/x\n2:cpu,cpuacct:/docker/abc\n1:name=systemd:/\n", {
+        "cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n",
+        "cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "200000\n",
+        "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n",
+        "memory/x/cpu.cfs_quota_us": "50000\n",  # not the cpu controller's: not read
+    })
+    assert cpu_quota(*paths) == 2.0
+
+
+def test_a_container_sees_its_own_cgroup_at_the_root_of_the_tree(tmp_path):
+    """Without a cgroup namespace /proc/self/cgroup names the host's path, which the
+    container's mount does not have: the quota at the mount's root is the container's."""
+    paths = _cgroups(tmp_path, "0::/system.slice/docker-abc.scope\n",
+                     {"cpu.max": "250000 100000\n"})
+    assert cpu_quota(*paths) == 2.5
+
+
+def test_no_quota_or_nothing_to_read_is_none(tmp_path):
+    assert cpu_quota(*_cgroups(tmp_path, "0::/\n", {"cpu.max": "max 100000\n"})) is None
+    assert cpu_quota(str(tmp_path / "none"), str(tmp_path / "none")) is None
+    garbled = _cgroups(tmp_path, "0::/\n", {"cpu.max": "lots\n"})
+    assert cpu_quota(*garbled) is None
+
+
+def test_workers_under_a_cpu_quota_are_left_where_they_are(monkeypatch):
+    """A container limited to 1.5 CPUs on a machine of 8: moving a worker keeps no CPU time
+    for the main process (and makes no batches ahead: `ahead="auto"` follows TUNE)."""
+    import streamds.cpus as cpus
+
+    monkeypatch.setattr(cpus, "_STARTED_ON", None)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(cpus, "cpu_quota", lambda: 1.5)
+    assert cpus.worker_plan(workers=2).how == KEEP
+    monkeypatch.setattr(cpus, "cpu_quota", lambda: 8.0)  # not below the CPUs: as without
+    assert cpus.worker_plan(workers=2).how == FIT
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(cpus, "_STARTED_ON", None)
+    monkeypatch.setattr(cpus, "cpu_quota", lambda: 1.5)  # 1.5 of 2 CPUs: KEEP, not TUNE
+    assert cpus.worker_plan(workers=2).how == KEEP
+
+
+CPU_TREE = "/sys/fs/cgroup/cpu"  # cgroup v1's cpu controller, where a root process may add one
+
+
+@pytest.mark.skipif(not os.access(CPU_TREE, os.W_OK), reason="no writable cgroup v1 cpu tree")
+def test_a_process_in_a_real_cgroup_with_a_quota_sees_it(tmp_path):
+    import subprocess
+    import sys
+
+    group = os.path.join(CPU_TREE, f"streamds-test-{os.getpid()}")
+    os.mkdir(group)
+    try:
+        with open(os.path.join(group, "cpu.cfs_quota_us"), "w") as file:
+            file.write("150000")  # the period is 100000: 1.5 CPUs
+        child = subprocess.run(
+            [sys.executable, "-c", "import os, sys\n"
+             f"open({os.path.join(group, 'cgroup.procs')!r}, 'w').write(str(os.getpid()))\n"
+             "from streamds.cpus import cpu_quota\nprint(cpu_quota())"],
+            capture_output=True, text=True, check=True)
+        assert child.stdout.split() == ["1.5"]
+    finally:
+        os.rmdir(group)  # empty again once the child has exited
 
 
 class FakeCpus:
