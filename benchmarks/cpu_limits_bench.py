@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from common import child_result, command_line, machine, publish  # noqa: E402
-from workers_bench import BUFFERS, CHILD, copied  # noqa: E402
+from workers_bench import CHILD, corpora  # noqa: E402
 
 # the child places itself (a cgroup, a CPU set) before torch starts, so its workers inherit it
 PLACE = r"""
@@ -49,9 +49,15 @@ if _spec.get("cpus"):
     os.sched_setaffinity(0, _spec["cpus"])
 """
 PLAN = r"""
+from torch.utils.data import IterableDataset
 from streamds.cpus import worker_plan
-print(json.dumps({"first": first, "records": records, "seconds": seconds,
-                  "plan": worker_plan(2).how}))
+
+class Plan(IterableDataset):  # the plan a worker of 2 makes in this place
+    def __iter__(self):
+        yield worker_plan(2).how
+
+plan = next(iter(DataLoader(Plan(), batch_size=None, num_workers=1)))
+print(json.dumps({"first": first, "records": records, "seconds": seconds, "plan": plan}))
 """
 COPIES = {"PubMed": 6, "small lines": 10}
 LOADERS = [("0 workers", 0, 0), ("2 workers, ahead=0", 2, 0), ("2 workers, ahead=4", 2, 4)]
@@ -83,21 +89,6 @@ def quota_group(cpus: float) -> Iterator[str | None]:
             os.rmdir(made)  # empty: every child has exited
 
 
-def corpora(scale: float) -> list[tuple[str, str, int, int, int | None]]:
-    from common import pubmed_corpus, small_lines_corpus
-
-    pubmed = pubmed_corpus(round(1e9 * scale))
-    small = small_lines_corpus(round(3e8 * scale))
-    cases = []
-    for name, corpus, batch in (("PubMed", pubmed, 16), ("small lines", small, 1024)):
-        for buffer in (None, BUFFERS[name]):
-            label = f"{name} x {COPIES[name]}, .batch({batch})" + (
-                ", shuffled" if buffer else "")
-            cases.append((label, str(copied(corpus.zst, COPIES[name])), batch,
-                          corpus.records * COPIES[name], buffer))
-    return cases
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -106,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-readme", action="store_true")
     args = parser.parse_args(argv)
     began = time.perf_counter()
-    cases = corpora(args.scale)
+    cases = corpora(args.scale, COPIES)
     runs: dict[tuple[str, str, str], list[dict]] = {}
     with quota_group(args.quota) as group:
         limits = [("none", {})]

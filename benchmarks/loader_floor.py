@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Iterator
 
+from common import command_line, machine, publish
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -64,13 +64,16 @@ def main(argv: list[str] | None = None) -> int:
             for workers in (0, 1, 2):
                 rates.setdefault((loader_type.__name__, workers), []).append(
                     rate(loader_type, workers, args.items))
-    print("| loader | 0 workers | 1 worker | 2 workers |\n|---|---:|---:|---:|")
+    lines = ["| loader | 0 workers | 1 worker | 2 workers |", "|---|---:|---:|---:|"]
     for loader_type in loaders:
         cells = [f"{statistics.median(rates[loader_type.__name__, w]):,.0f}" for w in (0, 1, 2)]
-        print(f"| {loader_type.__name__} | " + " | ".join(cells) + " |")
-    print(f"\nitems a second (one 100-byte item a message, nothing read or parsed), medians of "
-          f"{args.repeats} interleaved rounds of {args.items:,} items. Python "
-          f"{sys.version.split()[0]}.")
+        lines.append(f"| {loader_type.__name__} | " + " | ".join(cells) + " |")
+    body = "\n".join(lines) + (
+        f"\n\nItems a second (one 100-byte item a message, nothing read or parsed), medians of "
+        f"{args.repeats} interleaved rounds of {args.items:,} items. Machine: {machine()}. "
+        f"Command: `{command_line()}`.")
+    publish("loader_floor", body, [{"loader": loader, "workers": workers, "rates": r}
+                                   for (loader, workers), r in rates.items()])
     return 0
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from common import child_result, command_line, machine, pubmed_corpus  # noqa: E402
+from common import child_result, command_line, machine, publish, pubmed_corpus  # noqa: E402
 from workers_bench import copied  # noqa: E402
 
 CHILD = r"""
@@ -65,16 +65,19 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError(f"{label}, {workers} workers: not every record once")
             rates.setdefault((label, workers), []).append(result["records"]
                                                           / result["seconds"])
-    print("| pipeline | 0 workers, records/s | 2 workers | 4 workers |\n|---|---:|---:|---:|")
+    lines = ["| pipeline | 0 workers, records/s | 2 workers | 4 workers |", "|---|---:|---:|---:|"]
     for label in dict.fromkeys(label for label, *_ in ROWS):
         alone = statistics.median(rates[label, 0])
         cells = [f"{alone:,.0f}"] + [
             f"{statistics.median(rates[label, w]):,.0f} "
             f"({statistics.median(rates[label, w]) / alone:.2f}x)" for w in (2, 4)]
-        print(f"| {label} | " + " | ".join(cells) + " |")
-    print(f"\nShuffled (buffer 10,000), {corpus.records * copies:,} PubMed records a run, "
-          f"medians of {args.repeats} interleaved rounds. Machine: {machine()}. "
-          f"Command: `{command_line()}`.")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    body = "\n".join(lines) + (
+        f"\n\nShuffled (buffer 10,000), {corpus.records * copies:,} PubMed records a run, "
+        f"medians of {args.repeats} interleaved rounds. Machine: {machine()}. "
+        f"Command: `{command_line()}`.")
+    publish("ten_lines_bench", body, [{"pipeline": label, "workers": workers, "rates": r}
+                                      for (label, workers), r in rates.items()])
     return 0
 
 

@@ -95,9 +95,10 @@ def copied(zst: Path, copies: int) -> Path:
     return folder
 
 
-def corpora(scale: float) -> list[tuple[str, str, int, int, int | None]]:
+def corpora(scale: float, copies_of: dict[str, int] = COPIES
+            ) -> list[tuple[str, str, int, int, int | None]]:
     """(label, folder of copies, records per batch, records, shuffle buffer or None), each
-    corpus in order and shuffled."""
+    corpus in order and shuffled, read as `copies_of[corpus]` copies."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from common import pubmed_corpus, small_lines_corpus
 
@@ -105,7 +106,7 @@ def corpora(scale: float) -> list[tuple[str, str, int, int, int | None]]:
     small = small_lines_corpus(round(3e8 * scale))
     cases = []
     for name, corpus, batch in (("PubMed", pubmed, 16), ("small lines", small, 1024)):
-        copies = COPIES[name]
+        copies = copies_of[name]
         for buffer in (None, BUFFERS[name]):
             label = f"{name} x {copies}, .batch({batch})" + (
                 f", shuffled (buffer {buffer:,})" if buffer else "")

@@ -22,7 +22,7 @@ where the workers are the slower side, needs every CPU for them. So, with ``work
   pod's CPU limit): time, not CPUs, is what runs out, and keeping a CPU free for the main
   process reserves it none, so the workers are left as they are (KEEP), and `ahead="auto"`
   makes no batches ahead (it follows TUNE): in a cgroup of 1.5 CPUs on 2, 4 ahead measured
-  0.94-1.01x of none (`benchmarks/cpu_limits_bench.py`); the plan of the 2 CPUs alone (TUNE,
+  0.96-1.02x of none (`benchmarks/cpu_limits_bench.py`); the plan of the 2 CPUs alone (TUNE,
   4 ahead) read small lines at 1.23 / 0.86 M records/s in order / shuffled against 1.19 / 0.94
   left as they are (a scratch run, 3 fresh runs each).
 
@@ -84,15 +84,17 @@ def plan_cpus(workers: int, local_processes: int, every: Iterable[int]) -> CpuPl
 
 
 _STARTED_ON: frozenset[int] | None = None  # this process's CPUs before any change of ours
+_QUOTA: float | None = None  # ... and its cgroup's CPU quota (`cpu_quota`), read with them
 
 
 def worker_plan(workers: int) -> CpuPlan:
     """The plan for this DataLoader worker, one of `workers` (see the module docstring)."""
-    global _STARTED_ON
+    global _STARTED_ON, _QUOTA
     if not hasattr(os, "sched_getaffinity"):  # not Linux: the OS decides
         return CpuPlan(KEEP)
     if _STARTED_ON is None:  # a persistent worker's next epoch must not start from our choice
         _STARTED_ON = frozenset(os.sched_getaffinity(0))
+        _QUOTA = cpu_quota()
         try:
             placed = frozenset(os.sched_getaffinity(os.getppid())) != _STARTED_ON
         except OSError:  # the parent is gone or not ours to see
@@ -101,43 +103,90 @@ def worker_plan(workers: int) -> CpuPlan:
             _STARTED_ON = frozenset()
     if not _STARTED_ON:  # placed by someone else: leave it
         return CpuPlan(KEEP)
-    quota = cpu_quota()
+    whole_machine = len(_STARTED_ON) == os.cpu_count()
+    local = _local_processes()
+    # a rank bound to part of the machine has its share of the quota its cgroup holds
+    quota = _QUOTA if _QUOTA is None or whole_machine else _QUOTA / local
     if quota is not None and quota < len(_STARTED_ON):  # time runs out, not CPUs
         return CpuPlan(KEEP, _STARTED_ON)
-    whole_machine = len(_STARTED_ON) == os.cpu_count()
-    return plan_cpus(workers, _local_processes() if whole_machine else 1, _STARTED_ON)
+    return plan_cpus(workers, local if whole_machine else 1, _STARTED_ON)
 
 
-def cpu_quota(cgroups: str = "/sys/fs/cgroup", membership: str = "/proc/self/cgroup"
-              ) -> float | None:
+def cpu_quota(membership: str = "/proc/self/cgroup",
+              mountinfo: str = "/proc/self/mountinfo") -> float | None:
     """The CPUs' worth of time per period that this process's cgroup may use (a container's
     ``--cpus``, a pod's CPU limit): the smallest quota on the way from its cgroup up to the
-    root, cgroup v2's ``cpu.max`` or v1's ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``; None
-    when there is none or it cannot be read (not Linux)."""
+    top of the mounted tree, cgroup v2's ``cpu.max`` or v1's ``cpu.cfs_quota_us`` /
+    ``cpu.cfs_period_us``; None when there is none or it cannot be read (not Linux).
+
+    Where the process's cgroup is in the mounted tree comes from `mountinfo`: a container
+    without a cgroup namespace sees its own cgroup (``/docker/abc``) mounted as the top of the
+    tree, and its processes' paths (``/docker/abc/job``) are taken relative to that root.
+    """
     try:
-        with open(membership) as file:
+        with open(membership, errors="surrogateescape") as file:
             entries = [line.rstrip("\n").split(":", 2) for line in file]
+        trees = _cgroup_trees(mountinfo)
     except OSError:
         return None
-    quotas = []
+    quotas: list[float] = []
     for _, controllers, path in (e for e in entries if len(e) == 3):
-        if controllers == "":  # v2: one tree
-            quotas += _quotas_up(cgroups, path, _v2_quota)
+        if controllers == "":  # v2: one tree for every controller
+            version, read = 2, _v2_quota
         elif "cpu" in controllers.split(","):  # v1: the cpu controller's tree
-            for mount in (controllers, "cpu", "cpu,cpuacct", "cpuacct,cpu"):
-                top = os.path.join(cgroups, mount)
-                if os.path.isdir(top):
-                    quotas += _quotas_up(top, path, _v1_quota)
-                    break
+            version, read = 1, _v1_quota
+        else:
+            continue
+        for root, point in trees[version]:
+            inside = _below(path, root)
+            if inside is not None:
+                quotas += _quotas_up(point, inside, read)
     return min(quotas, default=None)
 
 
-def _quotas_up(top: str, path: str, quota_in: Callable[[str], float | None]) -> list[float]:
-    """The quotas of the cgroup at `path` under `top` and of each of its parents (inside a
-    container the tree mounted at `top` may start below `path`: what is not there is left)."""
-    found, parts = [], [part for part in path.split("/") if part]
+def _cgroup_trees(mountinfo: str) -> dict[int, list[tuple[str, str]]]:
+    """(root inside the hierarchy, mount point) of the mounted cgroup v2 trees (key 2) and
+    of the v1 trees that hold the cpu controller (key 1), from /proc/self/mountinfo."""
+    trees: dict[int, list[tuple[str, str]]] = {1: [], 2: []}
+    with open(mountinfo, errors="surrogateescape") as file:
+        for line in file:
+            fields = line.split()
+            if "-" not in fields[6:]:
+                continue
+            tail = fields[fields.index("-", 6) + 1:]  # type, source, super options
+            root, point = _unescape(fields[3]), _unescape(fields[4])
+            if tail[:1] == ["cgroup2"]:
+                trees[2].append((root, point))
+            elif tail[:1] == ["cgroup"] and "cpu" in tail[-1].split(","):
+                trees[1].append((root, point))
+    return trees
+
+
+def _unescape(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash in paths as octal escapes."""
+    for code in ("\\040", "\\011", "\\012", "\\134"):
+        field = field.replace(code, chr(int(code[1:], 8)))
+    return field
+
+
+def _below(path: str, root: str) -> str | None:
+    """`path` relative to `root` ("" for root itself), or None when it is not below it."""
+    path, root = path.rstrip("/") or "/", root.rstrip("/") or "/"
+    if root == "/":
+        return path.lstrip("/")
+    if path == root:
+        return ""
+    return path[len(root) + 1:] if path.startswith(root + "/") else None
+
+
+def _quotas_up(point: str, inside: str, quota_in: Callable[[str], float | None]
+               ) -> list[float]:
+    """The quotas of the cgroup at `inside` under the mount `point` and of each of its
+    parents up to the mount's top."""
+    found: list[float] = []
+    parts = [part for part in inside.split("/") if part]
     for depth in range(len(parts), -1, -1):
-        quota = quota_in(os.path.join(top, *parts[:depth]))
+        quota = quota_in(os.path.join(point, *parts[:depth]))
         if quota is not None:
             found.append(quota)
     return found
@@ -148,7 +197,9 @@ def _v2_quota(folder: str) -> float | None:
     try:
         with open(os.path.join(folder, "cpu.max")) as file:
             quota, period = file.read().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
+        if quota == "max":
+            return None
+        return _ratio(int(quota), int(period))
     except (OSError, ValueError):
         return None
 
@@ -160,9 +211,13 @@ def _v1_quota(folder: str) -> float | None:
             quota = int(file.read())
         with open(os.path.join(folder, "cpu.cfs_period_us")) as file:
             period = int(file.read())
-        return None if quota <= 0 or period <= 0 else quota / period
+        return _ratio(quota, period)
     except (OSError, ValueError):
         return None
+
+
+def _ratio(quota: int, period: int) -> float | None:
+    return quota / period if quota > 0 and period > 0 else None
 
 
 def _local_processes() -> int:

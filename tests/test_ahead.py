@@ -160,3 +160,29 @@ def test_ahead_is_checked(lines_dir: Path) -> None:
         StreamingJsonl(str(lines_dir)).batch(4, ahead=-1)
     with pytest.raises(ValueError, match="ahead"):
         StreamingJsonl(str(lines_dir)).batch(4, ahead="more")
+
+
+def thread_of_batch(records: list[Any]) -> str:
+    return threading.current_thread().name
+
+
+@pytest.mark.parametrize(("quota", "thread"), [(None, "streamds-batches-ahead"),
+                                               (1.5, "MainThread")])
+def test_auto_makes_batches_ahead_on_crowded_cpus_but_not_under_a_cpu_quota(
+    lines_dir: Path, monkeypatch: pytest.MonkeyPatch, quota: float | None, thread: str
+) -> None:
+    """2 workers and the main process on 2 CPUs take turns (TUNE): "auto" makes batches in the
+    thread. Under a container's quota of 1.5 CPUs the plan is KEEP, and it makes none."""
+    import os
+
+    import streamds.cpus as cpus
+
+    worker = SimpleNamespace(id=0, num_workers=2, seed=0, dataset=None)
+    monkeypatch.setattr(streamds.pipeline, "get_worker_info", lambda: worker)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(cpus, "_STARTED_ON", None)
+    monkeypatch.setattr(cpus, "cpu_quota", lambda: quota)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    ds = StreamingJsonl(str(lines_dir)).batch(4, collate=thread_of_batch)
+    assert set(ds) == {thread}

@@ -26,6 +26,16 @@ from streamds.cpus import (
 )
 
 
+@pytest.fixture(autouse=True)
+def no_cpu_quota(monkeypatch):
+    """Plans as on a machine without a CPU quota (a CI container may have one); forked
+    workers inherit it. Tests of the quota set their own."""
+    import streamds.cpus as cpus
+
+    monkeypatch.setattr(cpus, "cpu_quota", lambda: None)
+    monkeypatch.setattr(cpus, "_STARTED_ON", None)
+
+
 def test_workers_that_fit_beside_the_main_process_keep_its_cpu_free():
     plan = plan_cpus(workers=1, local_processes=1, every={4, 5})
     assert (plan.how, plan.main, plan.spare) == (FIT, {4}, {5})
@@ -40,49 +50,84 @@ def test_more_processes_than_cpus_are_tuned_and_one_cpu_is_kept_as_it_is():
     assert plan_cpus(workers=1, local_processes=2, every={0, 1}).how == KEEP  # no CPU to spare
 
 
-def _cgroups(tmp_path, membership: str, files: dict[str, str]) -> tuple[str, str]:
-    """A fake /sys/fs/cgroup holding `files` and a fake /proc/self/cgroup."""
+def _cgroups(tmp_path, membership: str, mounts: list[tuple[str, str, str, str]],
+             files: dict[str, str]) -> tuple[str, str]:
+    """A fake /proc/self/cgroup and /proc/self/mountinfo, and the cgroup files of the mounts:
+    `mounts` are (root in the hierarchy, mount point under tmp_path, type, super options),
+    `files` map paths under tmp_path to their text."""
     for name, text in files.items():
-        (tmp_path / "fs" / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "fs" / name).write_text(text)
-    (tmp_path / "fs").mkdir(exist_ok=True)
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
     (tmp_path / "cgroup").write_text(membership)
-    return str(tmp_path / "fs"), str(tmp_path / "cgroup")
+    lines = ["22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw"]
+    for number, (root, point, kind, options) in enumerate(mounts, 30):
+        (tmp_path / point).mkdir(parents=True, exist_ok=True)
+        lines.append(f"{number} 22 0:{number} {root} {tmp_path / point} rw,nosuid shared:{number}"
+                     f" - {kind} cgroup rw,{options}")
+    (tmp_path / "mountinfo").write_text("\n".join(lines) + "\n")
+    return str(tmp_path / "cgroup"), str(tmp_path / "mountinfo")
+
+
+V2 = ("/", "fs", "cgroup2", "nsdelegate")
 
 
 def test_the_cpu_quota_of_a_cgroup_v2_is_the_smallest_on_the_way_to_the_root(tmp_path):
-    paths = _cgroups(tmp_path, "0::/kubepods/pod1/box\n", {
-        "cpu.max": "max 100000\n",
-        "kubepods/cpu.max": "800000 100000\n",  # 8 CPUs for all pods
-        "kubepods/pod1/cpu.max": "150000 100000\n",  # 1.5 for this one
-        "kubepods/pod1/box/cpu.max": "max 100000\n",
+    paths = _cgroups(tmp_path, "0::/kubepods/pod1/box\n", [V2], {
+        "fs/cpu.max": "max 100000\n",
+        "fs/kubepods/cpu.max": "800000 100000\n",  # 8 CPUs for all pods
+        "fs/kubepods/pod1/cpu.max": "150000 100000\n",  # 1.5 for this one
+        "fs/kubepods/pod1/box/cpu.max": "max 100000\n",
     })
     assert cpu_quota(*paths) == 1.5
 
 
 def test_the_cpu_quota_of_a_cgroup_v1_cpu_tree(tmp_path):
-    paths = _cgroups(tmp_path, "4:memory:/x\n2:cpu,cpuacct:/docker/abc\n1:name=systemd:/\n", {
-        "cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n",
-        "cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "200000\n",
-        "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n",
-        "memory/x/cpu.cfs_quota_us": "50000\n",  # not the cpu controller's: not read
-    })
+    paths = _cgroups(
+        tmp_path, "4:memory:/docker/abc\n2:cpu,cpuacct:/docker/abc\n1:name=systemd:/\n",
+        [("/", "cpu,cpuacct", "cgroup", "cpu,cpuacct"), ("/", "memory", "cgroup", "memory")], {
+            "cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n",
+            "cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "200000\n",
+            "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n",
+            # not the cpu controller's tree: never read
+            "memory/docker/abc/cpu.cfs_quota_us": "50000\n",
+            "memory/docker/abc/cpu.cfs_period_us": "100000\n",
+        })
     assert cpu_quota(*paths) == 2.0
 
 
-def test_a_container_sees_its_own_cgroup_at_the_root_of_the_tree(tmp_path):
-    """Without a cgroup namespace /proc/self/cgroup names the host's path, which the
-    container's mount does not have: the quota at the mount's root is the container's."""
-    paths = _cgroups(tmp_path, "0::/system.slice/docker-abc.scope\n",
-                     {"cpu.max": "250000 100000\n"})
-    assert cpu_quota(*paths) == 2.5
+def test_a_container_reads_its_cgroups_below_the_root_its_tree_is_mounted_from(tmp_path):
+    """Without a cgroup namespace, /proc/self/cgroup names the host's path, and the container's
+    own cgroup (/docker/abc) is the top of its mount: a job's cgroup below it is found
+    relative to that root, and both quotas count."""
+    mounts = [("/docker/abc", "fs", "cgroup2", "")]
+    paths = _cgroups(tmp_path, "0::/docker/abc/job\n", mounts,
+                     {"fs/cpu.max": "400000 100000\n", "fs/job/cpu.max": "50000 100000\n"})
+    assert cpu_quota(*paths) == 0.5
+    paths = _cgroups(tmp_path, "0::/docker/abc\n", mounts, {})
+    assert cpu_quota(*paths) == 4.0
+    paths = _cgroups(tmp_path, "0::/other\n", mounts, {})  # not in the mounted part
+    assert cpu_quota(*paths) is None
 
 
-def test_no_quota_or_nothing_to_read_is_none(tmp_path):
-    assert cpu_quota(*_cgroups(tmp_path, "0::/\n", {"cpu.max": "max 100000\n"})) is None
+def test_a_hybrid_system_reads_the_v1_cpu_tree(tmp_path):
+    """cgroup v1 controllers with an empty v2 tree beside them (systemd's hybrid layout)."""
+    paths = _cgroups(tmp_path, "1:cpu:/box\n0::/box\n",
+                     [("/", "cpu", "cgroup", "cpu"), ("/", "unified", "cgroup2", "")],
+                     {"cpu/box/cpu.cfs_quota_us": "300000\n",
+                      "cpu/box/cpu.cfs_period_us": "100000\n"})
+    assert cpu_quota(*paths) == 3.0
+
+
+@pytest.mark.parametrize("text", ["max 100000\n", "lots\n", "150000 0\n", "-1 100000\n", ""])
+def test_no_quota_or_a_file_that_does_not_say_one_is_none(tmp_path, text):
+    assert cpu_quota(*_cgroups(tmp_path, "0::/\n", [V2], {"fs/cpu.max": text})) is None
+
+
+def test_what_cannot_be_read_is_no_quota(tmp_path):
     assert cpu_quota(str(tmp_path / "none"), str(tmp_path / "none")) is None
-    garbled = _cgroups(tmp_path, "0::/\n", {"cpu.max": "lots\n"})
-    assert cpu_quota(*garbled) is None
+    paths = _cgroups(tmp_path, "0::/b\xe4d\n", [V2], {})  # any byte may name a cgroup
+    (tmp_path / "cgroup").write_bytes(b"0::/b\xe4d\n")
+    assert cpu_quota(*paths) is None
 
 
 def test_workers_under_a_cpu_quota_are_left_where_they_are(monkeypatch):
@@ -90,38 +135,57 @@ def test_workers_under_a_cpu_quota_are_left_where_they_are(monkeypatch):
     for the main process (and makes no batches ahead: `ahead="auto"` follows TUNE)."""
     import streamds.cpus as cpus
 
-    monkeypatch.setattr(cpus, "_STARTED_ON", None)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
-    monkeypatch.setattr(cpus, "cpu_quota", lambda: 1.5)
-    assert cpus.worker_plan(workers=2).how == KEEP
-    monkeypatch.setattr(cpus, "cpu_quota", lambda: 8.0)  # not below the CPUs: as without
-    assert cpus.worker_plan(workers=2).how == FIT
+
+    def plan(quota: float | None, workers: int = 2) -> str:
+        monkeypatch.setattr(cpus, "_STARTED_ON", None)
+        monkeypatch.setattr(cpus, "cpu_quota", lambda: quota)
+        return cpus.worker_plan(workers).how
+
+    assert plan(1.5) == KEEP
+    assert plan(8.0) == FIT  # not below the CPUs: as without
+    assert plan(None) == FIT
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    monkeypatch.setattr(cpus, "_STARTED_ON", None)
-    monkeypatch.setattr(cpus, "cpu_quota", lambda: 1.5)  # 1.5 of 2 CPUs: KEEP, not TUNE
-    assert cpus.worker_plan(workers=2).how == KEEP
+    assert plan(1.5) == KEEP  # 1.5 of 2 CPUs: KEEP, not TUNE
+    assert plan(None) == TUNE
+    # 8 ranks, each bound to 4 of 32 CPUs, share a quota of 16: 2 each, below 4
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4, 5, 6, 7})
+    monkeypatch.setattr(os, "cpu_count", lambda: 32)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert plan(16.0, workers=1) == KEEP
+    assert plan(64.0, workers=1) == FIT
 
 
 CPU_TREE = "/sys/fs/cgroup/cpu"  # cgroup v1's cpu controller, where a root process may add one
 
 
 @pytest.mark.skipif(not os.access(CPU_TREE, os.W_OK), reason="no writable cgroup v1 cpu tree")
-def test_a_process_in_a_real_cgroup_with_a_quota_sees_it(tmp_path):
+def test_a_process_in_a_real_cgroup_with_a_quota_sees_it():
     import subprocess
     import sys
 
     group = os.path.join(CPU_TREE, f"streamds-test-{os.getpid()}")
-    os.mkdir(group)
     try:
-        with open(os.path.join(group, "cpu.cfs_quota_us"), "w") as file:
-            file.write("150000")  # the period is 100000: 1.5 CPUs
+        os.mkdir(group)
+    except OSError as err:
+        pytest.skip(f"cannot make a cgroup under {CPU_TREE}: {err}")
+    try:
+        try:
+            for name, value in (("cpu.cfs_period_us", "100000"), ("cpu.cfs_quota_us", "150000")):
+                with open(os.path.join(group, name), "w") as file:
+                    file.write(value)
+        except OSError as err:  # e.g. a parent's quota below 1.5 CPUs
+            pytest.skip(f"cannot set a quota of 1.5 CPUs in {group}: {err}")
         child = subprocess.run(
-            [sys.executable, "-c", "import os, sys\n"
-             f"open({os.path.join(group, 'cgroup.procs')!r}, 'w').write(str(os.getpid()))\n"
+            [sys.executable, "-c", "import os\n"
+             f"with open({os.path.join(group, 'cgroup.procs')!r}, 'w') as procs:\n"
+             "    procs.write(str(os.getpid()))\n"
+             "print(open('/proc/self/cgroup').read().count(" f"{os.path.basename(group)!r}))\n"
              "from streamds.cpus import cpu_quota\nprint(cpu_quota())"],
             capture_output=True, text=True, check=True)
-        assert child.stdout.split() == ["1.5"]
+        assert child.stdout.split() == ["1", "1.5"], child.stdout + child.stderr
     finally:
         os.rmdir(group)  # empty again once the child has exited
 
