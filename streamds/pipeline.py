@@ -157,8 +157,8 @@ class Reader:
         if self.spec.worker_cpus == "auto" and (plan.how != TUNE or batch is not None):
             items = on_planned_cpus(self.out, plan)  # (timing every record would cost)
         depth = 0 if batch is None else batch.ahead
-        if depth == "auto":  # where the workers and main processes outnumber the CPUs
-            depth = AHEAD if plan.how == TUNE else 0
+        if depth == "auto":  # where workers and main processes outnumber whole CPUs (TUNE;
+            depth = AHEAD if plan.how == TUNE else 0  # not one CPU, not under a CPU quota)
         if depth:  # a thread makes the batches ahead of the loader's requests, with states
             self.ahead = MadeAhead(items, depth, self._reader_state, self._reader_state())
             return iter(self.ahead)
