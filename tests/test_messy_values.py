@@ -119,6 +119,9 @@ def test_convert_keeps_big_ints_and_surrogates(tmp_path, fmt):
     out = tmp_path / "out"
     convert([str(source)], out, format=fmt)
     _same(list(StreamingJsonl(out)), RECORDS)
+    from streamds.formats.manifest import read_manifest, verify_shard
+
+    assert [verify_shard(out, entry, fmt) for entry in read_manifest(out).shards] == [[]]
 
 
 def test_convert_keeps_big_ints_of_a_json_array_and_a_tar(tmp_path):
