@@ -3,9 +3,10 @@
 ::
 
     Inputs.records(start)             # RawRecord(bytes, file, offset, line), input order
-      -> orjson.loads                 # malformed: ConversionError (file, line) or counted "bad"
+      -> values.loads                 # exact; malformed or not an object: ConversionError
+                                      # (file, line, what the file looks like) or counted "bad"
       -> transform(record)            # optional; None drops the record (counted "dropped")
-      -> orjson.dumps                 # one compact line per record
+      -> values.dumps                 # one compact line per record, read back exactly
       -> cut by shard_size            # a shard closes before the line that would overflow it
       -> ZstdShard / TarShard         # temp file -> fsync -> rename; entry with checksum
       -> CommitQueue -> Journal       # per finished shard: entry, where the next one starts
@@ -23,6 +24,8 @@ from typing import Any
 import orjson
 
 from streamds.errors import CorruptShardError
+from streamds.formats import values
+from streamds.parse import describe_bad
 
 from .commit import CommitQueue
 from .counts import Counts, Progress
@@ -131,7 +134,7 @@ class ConversionRun:
         self.commits.add(result, next_position, Counts(**asdict(self.counts)), stored)
 
     def _loop(self, records: Iterator[RawRecord], pool: ThreadPoolExecutor | None) -> None:
-        loads, dumps, decode_error = orjson.loads, orjson.dumps, orjson.JSONDecodeError
+        loads, dumps, decode_error = values.loads, values.dumps, orjson.JSONDecodeError
         apply, shard_size, tar = self.apply, self.shard_size, self.format == "tar"
         counts = self.counts
         seen = 0
@@ -141,14 +144,17 @@ class ConversionRun:
                 self._report()
             data = raw.data
             read_bytes = len(data) + (raw.leaf.kind == "jsonl")
+            error: Exception | None = None
             try:
                 record = loads(data)
             except decode_error as err:
+                error, record = err, None
+            if error is not None or type(record) is not dict:  # a record is a JSON object
                 if not self.skip_errors:
                     raise ConversionError(
-                        f"{raw.where}: invalid JSON ({err}): {bytes(data[:80])!r}; fix or "
-                        "remove it, or pass --on-error skip to skip and count bad records"
-                    ) from err
+                        f"{raw.where}: {_what(raw, record, error)}; fix or remove it, or pass "
+                        "--on-error skip to skip and count bad records"
+                    ) from error
                 counts.records_in += 1
                 counts.bad += 1
                 counts.input_bytes += read_bytes
@@ -163,9 +169,13 @@ class ConversionRun:
                     counts.dropped += 1
                     counts.input_bytes += read_bytes
                     continue
+                if type(record) is not dict:
+                    raise ConversionError(
+                        f"{raw.where}: the transform returned {type(record).__name__}, not a "
+                        "dict: a record is a JSON object (return None to drop a record)")
             try:
                 line = dumps(record)
-            except TypeError as err:
+            except (TypeError, ValueError) as err:
                 raise ConversionError(
                     f"{raw.where}: the transformed record is not JSON-serialisable: {err}"
                 ) from err
@@ -193,3 +203,10 @@ class ConversionRun:
             files_total=self.files_total,
             bytes_total=self.bytes_total,
         ))
+
+
+def _what(raw: RawRecord, record: Any, error: Exception | None) -> str:
+    """Why `raw` is no record, with what its file looks like where that is recognised."""
+    lines = raw.leaf.kind == "jsonl" and raw.member is None and raw.element is None
+    return describe_bad(bytes(raw.data), record, error, offset=raw.offset if lines else None,
+                        file_start=lines and raw.offset == 0)

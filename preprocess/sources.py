@@ -57,6 +57,7 @@ from streamds.errors import CorruptShardError
 from streamds.formats.codecs import decode, require_codec, strip_codec
 from streamds.formats.documents import LINES, document_records, probe
 from streamds.formats.filenames import TAR_LINES_MEMBERS, TAR_RECORD_MEMBERS, format_of
+from streamds.formats.samples import SampleKeys, TarSampleError
 from streamds.formats.trees import (
     Rel,
     canonical_path,
@@ -433,12 +434,14 @@ def _read_tar(leaf: Leaf, first: int, meter: Meter, policy: RetryPolicy) -> Iter
     raw = _Reopening(leaf, policy)
     stream = io.BufferedReader(decode(raw, leaf.codec, leaf.path), READ_SIZE)  # type: ignore[arg-type]
     ordinal = 0
+    samples = SampleKeys(leaf.path)
     try:
         with tarfile.open(fileobj=stream, mode="r|") as tar:
             for member in tar:
                 if not member.isfile():
                     continue
                 if member.name.endswith(TAR_RECORD_MEMBERS):
+                    samples.check(member.name)  # one JSON member per webdataset sample
                     if ordinal < first:
                         ordinal += 1
                         continue
@@ -452,6 +455,8 @@ def _read_tar(leaf: Leaf, first: int, meter: Meter, policy: RetryPolicy) -> Iter
                     if ordinal >= first:
                         yield RawRecord(data, leaf, ordinal, ordinal + 1, member.name)
                     ordinal += 1
+    except TarSampleError as err:
+        raise SourceError(str(err)) from err
     except tarfile.TarError as err:
         raise CorruptShardError(
             f"{leaf.path}: not a readable tar file after record {ordinal}: {err}",

@@ -167,6 +167,14 @@ class Mix(IterableDataset):
                     f"filter and shuffle), got {type(ds).__name__}; pack after mixing: "
                     "Mix(...).pack(PackTokens(...))"
                 )
+        batched = [index for index, ds in enumerate(datasets) if ds._batch is not None]
+        if batched and len(batched) < len(datasets):  # batches and records would mix
+            plain = [index for index in range(len(datasets)) if index not in batched]
+            raise ValueError(
+                f"datasets {batched} are batched (.batch()) and datasets {plain} are not: Mix "
+                "would mix whole batches with single records; pass the unbatched datasets and "
+                "batch after mixing: Mix([...], weights, seed=...).batch(n)"
+            )
         weights = list(weights)
         if len(weights) != len(datasets):
             raise ValueError(

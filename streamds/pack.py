@@ -195,7 +195,8 @@ class Packed(IterableDataset):
         self._active = cursor
         return self._generate(iter(self.source), cursor)
 
-    def _ids(self, record: Any) -> array[int]:
+    def _ids(self, record: Any, number: int) -> array[int]:
+        """The token ids of `record` (document `number` of this reader), then `eos_id`."""
         key = self.packer.key
         try:
             ids = array("q", record if key is None else record[key])
@@ -205,6 +206,21 @@ class Packed(IterableDataset):
                 f"PackTokens(key={key!r}): {where} is not a list of token ids ({err!r}); map "
                 "records to {key: ids} first, or pass key=None for records that are id lists"
             ) from None
+        values = record if key is None else record[key]
+        index = None
+        if isinstance(values, (list, tuple)) and bool in set(map(type, values)):
+            index = next(i for i, v in enumerate(values) if isinstance(v, bool))
+        elif ids and min(ids) < 0:
+            index = next(i for i, v in enumerate(ids) if v < 0)
+        if index is not None:  # array("q") takes both, and an embedding table neither
+            shown = values[index] if isinstance(values, (list, tuple)) else ids[index]
+            where = "the record" if key is None else f"record[{key!r}]"
+            raise ValueError(
+                f"PackTokens(key={key!r}): {where} of document {number} (counted from 1 in "
+                f"this reader's epoch) holds {shown!r} at index {index}: token ids are "
+                "integers >= 0 (a bool is no token id); check the tokenizer's output or the "
+                "map that made the ids"
+            )
         ids.append(self.packer.eos_id)
         return ids
 
@@ -220,7 +236,7 @@ class Packed(IterableDataset):
                     record = next(records, _END)
                     if record is _END:
                         break
-                    pieces.append(self._ids(record))
+                    pieces.append(self._ids(record, counts["documents"] + 1))
                     counts["documents"] += 1
                     counts["tokens"] += len(pieces[0])
                 piece, start = pieces[0], cursor.offset

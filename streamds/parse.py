@@ -1,7 +1,10 @@
-"""Parse: raw lines -> JSON values with orjson, under an `on_error` policy.
+"""Parse: raw lines -> records (JSON objects), exact (`streamds.formats.values`: orjson,
+and Python's json for the few lines orjson would read differently), under an `on_error`
+policy.
 
 A chunk parses in one list comprehension; only a chunk that holds a bad or blank line takes
-the slow path, where blank lines become `BLANK` (not records) and malformed ones either raise
+the slow path, where blank lines become `BLANK` (not records) and malformed ones (invalid
+JSON, or a JSON value that is not an object) either raise
 `CorruptRecordError` (naming the file, the 1-based line and the offset) or become `BAD`, so
 the next stage can count them exactly where the stream passes them. Skipped lines are also
 logged, per reader: the first `WARN_BAD_LINES` of each file with their line, then only counted
@@ -23,6 +26,7 @@ import orjson
 
 from .chunks import Chunk
 from .errors import CorruptRecordError
+from .formats import values
 from .read import Opener, count_newlines, open_decoded_at
 
 if TYPE_CHECKING:
@@ -41,6 +45,7 @@ __all__ = [
     "Marker",
     "Parse",
     "cut_bom",
+    "describe_bad",
     "parse_chunk",
 ]
 
@@ -135,11 +140,10 @@ def cut_bom(lines: list[bytes], offsets: Sequence[int], labels: Sequence[str] | 
     return lines
 
 
-def _bad_line_error(chunk: Chunk, index: int, url: str, locate: Locate, err: Exception):
-    snippet = chunk.items[index][:SNIPPET]
+def _bad_line_error(chunk: Chunk, index: int, url: str, locate: Locate, what: str):
     line, where = locate(index)
     return CorruptRecordError(
-        f"{url}: {where}: invalid JSON ({err}): {snippet!r}; fix or remove the line, "
+        f"{url}: {where}: {what}; fix or remove the line, "
         "or pass on_error='skip' to skip and count malformed lines",
         url=url,
         line=line,
@@ -147,29 +151,52 @@ def _bad_line_error(chunk: Chunk, index: int, url: str, locate: Locate, err: Exc
     )
 
 
+def describe_bad(raw: bytes, value: Any, err: Exception | None, *, offset: int | None,
+                 file_start: bool) -> str:
+    """Why line `raw` holds no record: invalid JSON (`err`, with what the file looks like
+    when that is recognised) or a JSON value that is not an object (`value`)."""
+    if err is None:
+        return f"{values.not_a_record(value)}: {values.snippet(raw)}"
+    hint = values.explain(raw, err, offset=offset, file_start=file_start)
+    return f"invalid JSON ({err}): {values.snippet(raw)}" + (f"; {hint}" if hint else "")
+
+
 def parse_chunk(
     chunk: Chunk, *, on_error: str, url: str, locate: Locate
 ) -> tuple[list[Any], bool]:
     """One parsed value (or marker) per line of `chunk`, aligned with `chunk.offsets`, and
-    whether the list is free of markers (every line a record)."""
-    loads = orjson.loads
+    whether the list is free of markers (every line a record).
+
+    Values are exact (`streamds.formats.values`: no integer turned into a float); a line
+    that is not a JSON object (a number, an array, null) is malformed too."""
     try:
-        return [loads(line) for line in chunk.items], True
+        items, records = values.loads_many(chunk.items)
+        if records:
+            return items, True
     except orjson.JSONDecodeError:
         pass  # some line is blank or malformed: redo the chunk line by line
-    items: list[Any] = []
+    items = []
+    byte_offsets = chunk.labels is None
     for index, line in enumerate(chunk.items):
-        if chunk.offsets[index] == 0 and line.startswith(BOM) and chunk.labels is None:
+        start = chunk.offsets[index] == 0 and byte_offsets
+        if start and line.startswith(BOM):
             line = line[len(BOM) :]
+        err: Exception | None = None
         try:
-            items.append(loads(line))
-        except orjson.JSONDecodeError as err:
+            value = values.loads(line)
+        except orjson.JSONDecodeError as error:
             if not line.strip():
                 items.append(BLANK)
-            elif on_error == "skip":
-                items.append(BAD)
-            else:
-                raise _bad_line_error(chunk, index, url, locate, err) from err
+                continue
+            value, err = None, error
+        if err is None and type(value) is dict:
+            items.append(value)
+        elif on_error == "skip":
+            items.append(BAD)
+        else:
+            what = describe_bad(line, value, err, file_start=start,
+                                offset=chunk.offsets[index] if byte_offsets else None)
+            raise _bad_line_error(chunk, index, url, locate, what) from err
     return items, False
 
 
@@ -245,16 +272,21 @@ class Parse:
             line = raw.items[index]
             if raw.offsets[index] == 0 and raw.labels is None and line.startswith(BOM):
                 line = line[len(BOM) :]
+            byte_offsets = raw.labels is None
+            err: Exception | None = None
+            value = None
             try:
-                orjson.loads(line)
-                reason = "invalid JSON"
-            except orjson.JSONDecodeError as err:
-                reason = f"invalid JSON ({err})"
+                value = values.loads(line)
+            except orjson.JSONDecodeError as error:
+                err = error
+            reason = describe_bad(line, value, err, file_start=raw.offsets[index] == 0
+                                  and byte_offsets,
+                                  offset=raw.offsets[index] if byte_offsets else None)
             _, where = self.where.describe(chunk, index)
             more = ""
             if seen == WARN_BAD_LINES:
                 more = (f"; further malformed lines of {url} are counted, not logged (the "
                         "reader logs its totals at the end of the epoch; "
                         "streamds.counts_of(loader.state_dict()) sums every reader's)")
-            log.warning("skipped a malformed line (on_error='skip'): %s: %s: %s: %r%s",
-                        url, where, reason, line[:SNIPPET], more)
+            log.warning("skipped a malformed line (on_error='skip'): %s: %s: %s%s",
+                        url, where, reason, more)

@@ -39,7 +39,8 @@ from torch.utils.data import get_worker_info
 from .batch import RecordBatch, reduce_records_in_worker
 from .chunks import Chunk
 from .errors import CorruptRecordError
-from .parse import BLANK, SNIPPET, LineNumbers, Parse, cut_bom
+from .formats import values
+from .parse import BLANK, LineNumbers, Parse, cut_bom, describe_bad
 from .read import count_newlines
 from .shards import resolve_shards
 from .train import shm_ring
@@ -122,25 +123,22 @@ class LineBatch(RecordBatch):
         return f"LineBatch({len(self.lines)} lines)"
 
     def _parse(self) -> list[Any]:
-        loads = orjson.loads
-        try:
-            return [loads(line) for line in self.lines]
-        except orjson.JSONDecodeError:
-            pass
-        index, err = _first_malformed(self.lines)
-        line, block, offset = self.lines[index], self.blocks[index], self.offsets[index]
+        records, bad = _records(self.lines, self.offsets)
+        if bad is None:
+            return records
+        index, what = bad
+        block, offset = self.blocks[index], self.offsets[index]
         url, number = self.where.url(block), self.where.line(block, offset)
         where = f"byte offset {offset}"
         if number is not None:
             where = f"line {number} ({where})"
-        raise _malformed(url, where, offset, line, err, line_number=number) from err
+        raise _malformed(url, where, offset, what, line_number=number)
 
 
-def _malformed(url: str, where: str, offset: int, line: bytes,
-               err: Exception, *, line_number: int | None = None) -> CorruptRecordError:
-    snippet = line[:SNIPPET]
+def _malformed(url: str, where: str, offset: int, what: str, *,
+               line_number: int | None = None) -> CorruptRecordError:
     return CorruptRecordError(
-        f"{url}: {where}: invalid JSON ({err}): {snippet!r}; fix or remove the line, "
+        f"{url}: {where}: {what}; fix or remove the line, "
         "or pass on_error='skip' to skip and count malformed lines",
         url=url, line=line_number, offset=offset,
     )
@@ -199,19 +197,18 @@ def parse_payload(payload: bytes | memoryview) -> RecordBatch | MalformedLine:
     """A `LineBatch`'s payload -> its records; a `MalformedLine` if a line is malformed (an
     error raised here, while the DataLoader unpickles, would stop a pin-memory thread)."""
     lines, blocks, offsets, urls = marshal.loads(payload)
-    loads = orjson.loads
-    try:
-        return RecordBatch([loads(line) for line in lines])
-    except orjson.JSONDecodeError:
-        pass
-    index, err = _first_malformed(lines)
-    block, offset = _unpack(blocks)[index], _unpack(offsets)[index]
+    records, bad = _records(lines, offsets)
+    if bad is None:
+        return RecordBatch(records)
+    index, what = bad
+    offsets = _unpack(offsets)
+    block, offset = _unpack(blocks)[index], offsets[index]
     url = urls[block]
     number = _line_of_local(url, offset)
     where = (f"line {number} (byte offset {offset}; parsed in the main process)" if number
              else f"byte offset {offset} (parsed in the main process; num_workers=0 gives the "
              "line number of a remote file)")
-    return MalformedLine(_malformed(url, where, offset, lines[index], err, line_number=number))
+    return MalformedLine(_malformed(url, where, offset, what, line_number=number))
 
 
 def _line_of_local(url: str, offset: int) -> int | None:
@@ -228,14 +225,31 @@ def _line_of_local(url: str, offset: int) -> int | None:
     return None if missing else newlines + 1
 
 
-def _first_malformed(lines: Sequence[bytes]) -> tuple[int, orjson.JSONDecodeError]:
-    """The first line orjson refuses, and why (called once a batch of them failed)."""
+def _records(lines: Sequence[bytes], offsets: Sequence[int] | bytes
+             ) -> tuple[list[Any], tuple[int, str] | None]:
+    """The records of `lines` (exact: `streamds.formats.values`), or the first line that
+    holds none and why (invalid JSON, or a value that is not an object). `offsets`: each
+    line's decoded offset (packed as an array's bytes from a worker), for messages only."""
+    try:
+        records, whole = values.loads_many(lines)
+        if whole:
+            return records, None
+    except orjson.JSONDecodeError:
+        pass  # some line orjson refuses (or reads as no record): line by line
+    records = []
     for index, line in enumerate(lines):
+        err: Exception | None = None
+        value = None
         try:
-            orjson.loads(line)
-        except orjson.JSONDecodeError as err:
-            return index, err
-    raise AssertionError("orjson refused the batch but none of its lines")
+            value = values.loads(line)
+        except orjson.JSONDecodeError as error:
+            err = error
+        if err is not None or type(value) is not dict:
+            offset = (_unpack(offsets) if isinstance(offsets, bytes) else offsets)[index]
+            return [], (index, describe_bad(line, value, err, offset=offset,
+                                            file_start=offset == 0))
+        records.append(value)
+    return records, None
 
 
 def _unpack(packed: bytes) -> Sequence[int]:

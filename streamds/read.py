@@ -28,6 +28,7 @@ from .errors import CorruptShardError
 from .formats.codecs import READ_SIZE, decode
 from .formats.documents import LINES, document_records, probe
 from .formats.filenames import TAR_LINES_MEMBERS, TAR_RECORD_MEMBERS
+from .formats.samples import SampleKeys
 from .plan import Block
 from .ranges import RangeFile, RangeReader, stored_span
 from .readahead import ReadAhead
@@ -235,11 +236,13 @@ def _tar_records(
     cursor.next_line = first
     ordinal = 0
     stream = io.BufferedReader(opener(shard, 0), buffer_size=read_size)  # type: ignore[arg-type]
+    samples = SampleKeys(shard.url)
     with closing(stream), tarfile.open(fileobj=stream, mode="r|") as tar:
         for member in _tar_members(tar, shard.url):
             if not member.isfile():
                 continue
             if member.name.endswith(TAR_RECORD_MEMBERS):
+                samples.check(member.name)  # one JSON member per webdataset sample
                 count = 1
             elif member.name.endswith(TAR_LINES_MEMBERS):
                 count = -1

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import orjson
 
+from . import values
 from .codecs import strip_codec
 
 __all__ = [
@@ -57,7 +58,7 @@ def _first_value(line: bytes) -> str:
     """Whether `line` holds one whole JSON value ("whole"), the start of one that goes on
     ("partial"), or neither ("invalid")."""
     try:
-        orjson.loads(line)
+        values.loads(line)
     except orjson.JSONDecodeError as err:
         text = line.decode("utf-8", "replace").rstrip()
         return "partial" if err.pos >= len(text) else "invalid"
@@ -107,14 +108,17 @@ def probe(read: Callable[[int], bytes]) -> tuple[str, bytes]:
 
 def document_records(data: bytes) -> tuple[list[bytes], bool]:
     """The raw records of a whole document, and whether it was an array: its elements, each
-    as compact JSON, or the document itself (byte-order mark removed). A document that is
-    not valid JSON comes back whole, for the parse step to report or skip as one record."""
+    as compact JSON that reads back to the same value (`streamds.formats.values`: big
+    integers and lone surrogates kept), or the document itself (byte-order mark removed). A
+    document that is not valid JSON comes back whole, for the parse step to report or skip
+    as one record; so does one that is not an object or an array (the parse step refuses
+    it as no record)."""
     if data.startswith(BOM):
         data = data[len(BOM) :]
     try:
-        value = orjson.loads(data)
+        value = values.loads(data)
     except orjson.JSONDecodeError:
         return [data], False
     if isinstance(value, list):
-        return [orjson.dumps(element) for element in value], True
+        return [values.dumps(element) for element in value], True
     return [data], False

@@ -1,0 +1,264 @@
+"""Values: JSON bytes -> Python values exactly as the file holds them, and back; and what to
+say about bytes that are not a record.
+
+orjson is fast but differs from Python's `json` in two ways that would change or refuse
+data: it reads an integer beyond 64 bits (``123456789012345678901234567890``,
+``-9223372036854775809``) as a float, and it refuses a lone surrogate escape
+(``"\\ud800"``, which ``json.dumps`` writes). `loads` reads such bytes with `json` instead:
+a lone surrogate only on orjson's error path, a big integer when the bytes hold a run of 19
+digits (the shortest integer orjson cannot read exactly), which `may_hold_big_int` rules out
+for most data at a fraction of parsing's cost. NaN and Infinity, which `json` accepts and
+JSON does not, stay refused (`explain` says so). `dumps` writes what `loads` reads back.
+
+A record is a JSON object: `is_record` / `not_a_record` say so for parsed values.
+`explain` turns a line orjson refused into what the file looks like and what to do (NUL
+bytes of an interrupted write, UTF-16, CR-only line endings, pretty-printed JSON, Parquet,
+NaN), and `snippet` quotes a bad line without dumping a run of NUL bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+__all__ = [
+    "BIG_INT_DIGITS",
+    "dumps",
+    "explain",
+    "has_big_int",
+    "is_record",
+    "loads",
+    "loads_many",
+    "may_hold_big_int",
+    "not_a_record",
+    "snippet",
+]
+
+BIG_INT_DIGITS = 19  # -9223372036854775809: the shortest integer orjson reads as a float
+_STRIDE = 6  # a run of 19 digits holds three samples taken 6 bytes apart
+_SAMPLED = b"000"
+# digits -> "0"; what may precede a float's fraction or exponent digits -> "."; the rest " "
+_CLASSES = bytes(0x30 if 0x30 <= byte <= 0x39 else 0x2E if byte in b".eE" else 0x20
+                 for byte in range(256))
+_RUN = b"0" * BIG_INT_DIGITS
+_SNIPPET = 80  # bytes of a bad line quoted in a message
+
+
+def may_hold_big_int(data: bytes) -> bool:
+    """False when `data` holds no run of `BIG_INT_DIGITS` digits (so orjson reads every
+    integer in it exactly); True means maybe (`has_big_int` tells). Looks at every 6th byte
+    only: a run of 19 digits always holds three neighbouring samples, which text rarely
+    does by chance (a float's 17 digits may)."""
+    return data[::_STRIDE].translate(_CLASSES).find(_SAMPLED) >= 0
+
+
+def has_big_int(data: bytes) -> bool:
+    """Whether `data` holds an integer of `BIG_INT_DIGITS` digits or more, which orjson may
+    read as a float: a run of digits that follows no ``.``, ``e`` or ``E`` (it may also be
+    digits in a string, or a float's integer part: `json` then reads the same values)."""
+    classes = data.translate(_CLASSES)
+    return classes.startswith(_RUN) or classes.find(b" " + _RUN) >= 0
+
+
+class _Refused(ValueError):
+    """A value `json` reads and JSON does not allow (NaN, Infinity, a float out of range)."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _Refused(name)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Refused(text)
+    return value
+
+
+def _python_loads(data: bytes | memoryview) -> Any:
+    """`json.loads` of UTF-8 `data`, refusing NaN, Infinity and floats out of range as
+    orjson does; raises ValueError (UnicodeDecodeError, JSONDecodeError, `_Refused`)."""
+    text = bytes(data).decode("utf-8")
+    try:
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
+    except RecursionError as err:  # nested deeper than json can go (orjson refuses at 1024)
+        raise ValueError("nested too deeply") from err
+
+
+def _may_hold_surrogate(data: bytes | memoryview) -> bool:
+    data = bytes(data)
+    return b"\\ud" in data or b"\\uD" in data
+
+
+def loads(data: bytes | memoryview) -> Any:
+    """The JSON value in `data`, as Python's `json.loads` reads it (every integer exact, lone
+    surrogate escapes kept), with NaN and Infinity refused. Raises `orjson.JSONDecodeError`."""
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        if not _may_hold_surrogate(data):
+            raise
+        try:
+            return _python_loads(data)
+        except ValueError:
+            pass
+        raise  # orjson's error: it says where
+    if may_hold_big_int(data) and has_big_int(data):  # type: ignore[arg-type]
+        return _python_loads(data)
+    return value
+
+
+def loads_many(lines: Sequence[bytes]) -> tuple[list[Any], bool]:
+    """``[loads(line) for line in lines]`` at orjson's speed, and whether every value is a
+    record (a JSON object). One pass over a sample of the joined lines looks for big
+    integers (`may_hold_big_int`); the few lines it may find are read by `json`. Raises
+    `orjson.JSONDecodeError` if orjson refuses a line: the caller then goes line by line."""
+    loaded = orjson.loads
+    values = [loaded(line) for line in lines]
+    joined = b"\n".join(lines)
+    if may_hold_big_int(joined) and has_big_int(joined):  # no run spans two lines
+        for index, line in enumerate(lines):
+            if has_big_int(line):
+                values[index] = _python_loads(line)
+    return values, is_record(values)
+
+
+def dumps(value: Any) -> bytes:
+    """Compact JSON that `loads` reads back to `value`: orjson's, or `json`'s for what orjson
+    will not write (integers beyond 64 bits, strings with lone surrogates, written escaped).
+    Raises TypeError for a value that is not JSON (NaN included: ValueError)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError as err:
+        try:
+            text = json.dumps(value, ensure_ascii=False, separators=(",", ":"),
+                              allow_nan=False)
+        except TypeError:
+            raise err from None
+        try:
+            return text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: escaped, as json.dumps writes it
+            return json.dumps(value, separators=(",", ":"), allow_nan=False).encode("ascii")
+
+
+# -- records ----------------------------------------------------------------------------
+
+
+def is_record(values: Sequence[Any]) -> bool:
+    """Whether every value is a JSON object (a dict): what a record is."""
+    return all(map(dict.__instancecheck__, values)) if values else True
+
+
+_KINDS = {list: "a JSON array", str: "a JSON string", int: "a JSON number",
+          float: "a JSON number", bool: "true or false", type(None): "null"}
+
+
+def not_a_record(value: Any) -> str:
+    """What a parsed value that is not an object holds, and what to do, for a message."""
+    kind = _KINDS.get(type(value), type(value).__name__)
+    more = ""
+    if isinstance(value, list):
+        more = ("; a file that is one JSON array of records is read as its elements when "
+                "named .json")
+    return (f"holds {kind}, not a JSON object: a record is an object ({{...}}); write each "
+            f"record as an object (e.g. {{\"text\": ...}}){more}")
+
+
+# -- what a bad line looks like ------------------------------------------------------------
+
+
+def snippet(line: bytes) -> str:
+    """The start of `line` for a message; a run of NUL bytes is counted, not quoted."""
+    nul = line.find(b"\x00")
+    if nul < 0 or _utf16(line):
+        return repr(line[:_SNIPPET])
+    run = len(line) - nul - len(line[nul:].lstrip(b"\x00"))
+    rest = len(line) - nul - run
+    head = repr(line[: min(nul, _SNIPPET)])
+    return f"{head} then {run} NUL bytes" + (f" and {rest} more bytes" if rest else "")
+
+
+def _utf16(line: bytes) -> bool:
+    """Whether `line` looks like UTF-16 text: a byte-order mark, or ASCII with a NUL byte
+    beside every character."""
+    if line.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return True
+    head = line[:64]
+    if len(head) < 4:
+        return False
+    even, odd = head[0::2], head[1::2]
+    return (even.count(0) >= 0.8 * len(even) and odd.count(0) <= 0.2 * len(odd)) or (
+        odd.count(0) >= 0.8 * len(odd) and even.count(0) <= 0.2 * len(even))
+
+
+def _cr_only(line: bytes) -> bool:
+    if b"\r" not in line:
+        return False
+    first, rest = line.split(b"\r", 1)
+    if not first.strip() or not rest.strip(b" \t\r"):
+        return False
+    try:
+        orjson.loads(first)
+    except orjson.JSONDecodeError:
+        return False
+    return True
+
+
+def _nan(line: bytes) -> bool:
+    try:
+        json.loads(line.decode("utf-8"), parse_constant=_refuse_constant)
+    except _Refused:
+        return True
+    except (ValueError, RecursionError):
+        return False
+    return False
+
+
+def _goes_on(line: bytes, err: Exception) -> bool:
+    """Whether `line` is the start of a JSON value that goes on after it."""
+    pos = getattr(err, "pos", None)
+    text = line.decode("utf-8", "replace").rstrip()
+    return pos is not None and bool(text.strip()) and pos >= len(text)
+
+
+def explain(line: bytes, err: Exception, *, offset: int | None, file_start: bool) -> str:
+    """What `line` (refused by orjson with `err`) looks like and what to do, as a clause for
+    a message ("" when nothing is recognised). `offset`: the decoded byte where the line
+    begins (None: not a byte offset); `file_start`: the line is a file's first."""
+    if file_start and line.startswith(b"PAR1"):
+        return ("the file is Parquet (it begins with PAR1), not JSON lines; convert it first, "
+                "e.g. pandas.read_parquet(path).to_json(out, orient='records', lines=True, "
+                "force_ascii=False)")
+    if _utf16(line):
+        return ("the file looks UTF-16 encoded (a byte-order mark FF FE / FE FF, or a NUL "
+                "byte beside every character); streamds reads UTF-8: re-encode it, e.g. "
+                "iconv -f UTF-16 -t UTF-8 IN > OUT, or in Python "
+                "open(out, 'w', encoding='utf-8').write(open(path, encoding='utf-16').read())")
+    nul = line.find(b"\x00")
+    if nul >= 0:
+        at = f"byte offset {offset + nul}" if offset is not None else f"byte {nul} of the line"
+        tail = not line[nul:].strip(b"\x00")
+        where = "ends in" if tail else "holds"
+        cut = f"truncate it before {at} (e.g. truncate -s {offset + nul} FILE) or " if (
+            tail and offset is not None) else ""
+        return (f"the line {where} NUL bytes from {at}: a write that was interrupted (a "
+                "crash, a full disk, a copy cut short) leaves a file ending in NUL bytes on "
+                f"some filesystems; {cut}copy the file again from its source")
+    if _cr_only(line):
+        return ("the file uses CR-only line endings (\\r, classic Mac), so its lines read as "
+                "one; convert them to \\n, e.g. tr '\\r' '\\n' < IN > OUT, or in Python "
+                "data.replace(b'\\r', b'\\n')")
+    if _nan(line):
+        return ("the line holds NaN or Infinity, which JSON does not allow (Python's "
+                "json.dumps writes them unless allow_nan=False); write null (or a string) "
+                "for them instead")
+    if _goes_on(line, err):
+        return ("the line holds the start of a JSON value that goes on over the next lines: "
+                "the file looks like pretty-printed JSON (one document, e.g. an array), not "
+                "JSON lines; name it .json to read it as one document (an array as its "
+                "elements), or write one record per line (e.g. jq -c '.[]' IN > OUT)")
+    return ""
