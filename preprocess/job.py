@@ -27,7 +27,9 @@ from streamds.tools.spec import load_function
 
 from .commit import CommitQueue
 from .counts import Counts, Progress
+from .identity import InputFiles
 from .journal import Journal
+from .preflight import OUTPUT_MARKERS
 from .recovery import prepare_output
 from .run import ConversionRun
 from .sources import DEFAULT_READ_AHEAD, DEFAULT_READ_AHEAD_BYTES, Inputs, Meter, Span
@@ -36,13 +38,16 @@ from .writers import FORMATS
 __all__ = [
     "DEFAULT_FRAME_SIZE",
     "DEFAULT_SHARD_SIZE",
+    "FILES_KEY",
     "ConvertResult",
     "Job",
     "convert_directory",
+    "job_fingerprint",
 ]
 
 DEFAULT_SHARD_SIZE = 256 * 10**6
 DEFAULT_FRAME_SIZE = 4 << 20
+FILES_KEY = "files"  # fingerprint key: the digest of the input files (`identity.InputFiles`)
 
 
 @dataclass(frozen=True)
@@ -119,10 +124,11 @@ class Job:
         }
 
     def source(self) -> Inputs:
-        """The inputs to read (FileNotFoundError for one that does not exist)."""
+        """The inputs to read (FileNotFoundError for one that does not exist); their local
+        folders note the files that mark a converter's output (`preflight`)."""
         return Inputs(list(self.inputs), storage_options=self.storage_options,
                       read_ahead=self.read_ahead, read_ahead_bytes=self.read_ahead_bytes,
-                      retry=self.retry)
+                      retry=self.retry, markers=OUTPUT_MARKERS)
 
     def load_transform(self) -> Callable[[Any], Any] | None:
         """The transform as a callable (loading a ``module:function`` spec), or None."""
@@ -133,6 +139,12 @@ class Job:
         return apply
 
 
+def job_fingerprint(job: Job, files: InputFiles) -> dict[str, Any]:
+    """What an output's journal (or plan) must match to be resumed or reused: the inputs as
+    given, the options that shape the output, and the digest of the input files."""
+    return {"inputs": list(job.inputs), "options": job.options, FILES_KEY: files.digest}
+
+
 def convert_directory(
     job: Job,
     out: Path,
@@ -140,18 +152,21 @@ def convert_directory(
     source: Inputs,
     apply: Callable[[Any], Any] | None,
     fingerprint: dict[str, Any],
+    files: InputFiles | None = None,
     span: Span | None = None,
     tar_prefix: str = "",
     progress: Callable[[Progress], None] | None = None,
 ) -> ConvertResult:
     """Convert `source` (or its part `span`) into shards in `out`, resuming there.
 
-    `fingerprint` (inputs, options, the part) is what the journal must match to resume;
-    `tar_prefix` starts every tar member key (a part's number: keys stay unique).
+    `fingerprint` (inputs, options, input files, the part) is what the journal must match
+    to resume; `files`, the identity of the inputs, is recorded in a new `out` (None: a part,
+    whose plan recorded it); `tar_prefix` starts every tar member key (a part's number:
+    keys stay unique).
     """
     started = time.perf_counter()
     journal = Journal(out, fingerprint)
-    reused = prepare_output(out, journal, job.format)
+    reused = prepare_output(out, journal, job.format, files)
     meter = Meter()
     commits = CommitQueue(journal, job.workers)
     if not journal.complete:

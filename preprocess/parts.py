@@ -37,7 +37,8 @@ from streamds.formats.manifest import MANIFEST_NAME, Manifest, read_manifest, wr
 
 from .counts import Counts, Progress
 from .errors import ConversionError
-from .job import ConvertResult, Job, convert_directory
+from .identity import INPUTS_NAME, InputFiles
+from .job import FILES_KEY, ConvertResult, Job, convert_directory, job_fingerprint
 from .journal import JOURNAL_NAME, Journal
 from .plan import PLAN_NAME, Part, Plan, make_plan, read_plan, write_plan
 from .recovery import is_temporary
@@ -119,13 +120,16 @@ def finished_part(task: PartTask) -> Journal | None:
     return journal
 
 
-def prepare(job: Job, out: Path, parts: int | None, source: Inputs) -> Plan | None:
+def prepare(job: Job, out: Path, parts: int | None, source: Inputs,
+            files: InputFiles) -> Plan | None:
     """The plan `out` is converted by (made and written, or read and checked), or None for a
     conversion in one part, which writes straight into `out` as it always did.
 
-    ConversionError when `out` holds a conversion made otherwise.
+    `files` is the identity of the inputs (listed by `source`): its digest is part of the
+    plan's fingerprint, and a new plan records it in `out` first. ConversionError when `out`
+    holds a conversion made otherwise.
     """
-    fingerprint = {"inputs": list(job.inputs), "options": job.options}
+    fingerprint = job_fingerprint(job, files)
     recorded = read_plan(out)
     if recorded is not None:
         return _checked(recorded, fingerprint, parts, out)
@@ -142,6 +146,7 @@ def prepare(job: Job, out: Path, parts: int | None, source: Inputs) -> Plan | No
         return None
     written = read_plan(out)  # a task started at the same time may have written it
     if written is None:
+        files.write(out)  # before the plan: a plan always has its inputs' record
         write_plan(out, plan)
         return plan
     if written != plan:
@@ -155,14 +160,17 @@ def prepare(job: Job, out: Path, parts: int | None, source: Inputs) -> Plan | No
 def _checked(plan: Plan, fingerprint: dict[str, Any], parts: int | None, out: Path) -> Plan:
     theirs = plan.fingerprint
     options = {key: value for key, value in theirs["options"].items() if key != "parts"}
-    if theirs["inputs"] != fingerprint["inputs"] or options != fingerprint["options"]:
+    if ({**theirs, "options": options} != fingerprint):
         diff = [f"{key}: {options.get(key)!r} -> {value!r}"
                 for key, value in fingerprint["options"].items() if options.get(key) != value]
         if theirs["inputs"] != fingerprint["inputs"]:
             diff.append(f"inputs: {theirs['inputs']} -> {fingerprint['inputs']}")
+        if theirs.get(FILES_KEY) != fingerprint[FILES_KEY]:
+            diff.append("the input files (names, sizes or modification times)")
         raise ConversionError(
             f"{out} holds a conversion made with other inputs or options ({'; '.join(diff)}); "
-            "rerun the same command to resume it, or convert into an empty directory"
+            "rerun the same command to resume it, rerun with --overwrite to convert afresh "
+            "(it deletes the earlier shards), or convert into an empty directory"
         )
     if parts is not None and parts != len(plan.parts):
         raise ConversionError(
@@ -178,8 +186,8 @@ def _check_unused(out: Path, fmt: str) -> None:
     the temporary files of a run killed before its first shard."""
     leftovers = sorted(
         name for name in os.listdir(out)
-        if not (name == PLAN_NAME or name.startswith(f".{PLAN_NAME}.") or name.startswith("part-")
-                or is_temporary(name, fmt))
+        if not (name in (PLAN_NAME, INPUTS_NAME) or name.startswith(f".{PLAN_NAME}.")
+                or name.startswith("part-") or is_temporary(name, fmt))
     )
     if leftovers:
         shown = ", ".join(leftovers[:3]) + (", ..." if len(leftovers) > 3 else "")

@@ -68,7 +68,7 @@ from streamds.formats.trees import (
 from streamds.retry import DEFAULT_RETRY, PERMANENT_ERRORS, RetryPolicy, retrying
 from streamds.shards import same_file_error, source_items
 
-from .listing import ListingWalk, RemoteTree, remote_tree
+from .listing import ListingWalk, RemoteTree, remote_tree, remote_version
 from .readahead import ReadAhead
 
 __all__ = [
@@ -111,6 +111,7 @@ class Leaf:
     fs: AbstractFileSystem | None = field(default=None, compare=False, repr=False)
     fs_path: str = ""
     lines_from: int = 0  # decoded offset its line numbers count from (a part cut inside it)
+    version: str | None = None  # a remote file's ETag or modification time, as listed
 
     @property
     def folder(self) -> tuple[int, Rel]:
@@ -481,6 +482,7 @@ class _RemoteFile:
     fs: AbstractFileSystem
     path: str
     size: int | None
+    version: str | None = None
 
 
 _Plan = _LocalFile | _RemoteFile | ListingWalk | RemoteTree
@@ -496,7 +498,8 @@ class Inputs:
     how many ``.json`` files open at once and how many local folders list at once (0 or 1:
     one at a time), `read_ahead_bytes` how much read-ahead data may wait beyond the next
     `read_ahead` files; `retry` how transient errors are retried. None of these changes the
-    records or their order.
+    records or their order. Local folders holding one of the file names `markers` are noted
+    as they are listed (`plans`: each input's `ListingWalk.marked`).
 
     >>> inputs = Inputs(["data/train.txt", "data/small/"])      # doctest: +SKIP
     >>> next(inputs.records()).where                            # doctest: +SKIP
@@ -511,6 +514,7 @@ class Inputs:
         read_ahead: int = DEFAULT_READ_AHEAD,
         read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES,
         retry: RetryPolicy = DEFAULT_RETRY,
+        markers: frozenset[str] = frozenset(),
     ) -> None:
         if isinstance(items, (list, tuple)) and not items:
             raise ValueError("no inputs given; name JSONL files, directories, globs or tar files")
@@ -519,10 +523,17 @@ class Inputs:
         self.read_ahead = read_ahead
         self.read_ahead_bytes = read_ahead_bytes
         self.retry = retry
+        self.markers = markers
         self._exclude: set[tuple[int, int]] = set()
         self._plans: list[_Plan] = [self._plan(item) for item in self.items]
         self._all: list[Leaf] | None = None  # every leaf, once listed and checked
         self._index: dict[tuple[int, Rel | None], int] | None = None  # leaf -> its place
+
+    @property
+    def plans(self) -> tuple[Any, ...]:
+        """What each input expands by: a `ListingWalk` for a local folder or glob, a
+        `RemoteTree` for a remote one, else a file."""
+        return tuple(self._plans)
 
     def exclude(self, directory: str | os.PathLike) -> None:
         """Never walk into `directory` (an existing one): the output, when inside an input."""
@@ -549,9 +560,9 @@ class Inputs:
             return _LocalFile(item)
         threads = self.read_ahead if self.read_ahead > 1 else 0
         if os.path.isdir(item):
-            return ListingWalk(directory_walk(item, self._exclude), threads)
+            return ListingWalk(directory_walk(item, self._exclude), threads, self.markers)
         if has_magic(item):
-            walk = ListingWalk(glob_walk(item, self._exclude), threads)
+            walk = ListingWalk(glob_walk(item, self._exclude), threads, self.markers)
             if not os.path.isdir(walk.root or "."):
                 raise FileNotFoundError(f"no files match {item!r}: {walk.root!r} is no directory")
             return walk
@@ -573,8 +584,8 @@ class Inputs:
             return tree
         _kind, codec = leaf_kind(path.rsplit("/", 1)[-1])
         require_codec(codec, item)
-        size = retrying(lambda: fs.size(path), self.retry, item)
-        return _RemoteFile(fs, path, size)
+        info = retrying(lambda: fs.info(path), self.retry, item)
+        return _RemoteFile(fs, path, info.get("size"), remote_version(info))
 
     def leaves(self, start: Position | None = None) -> Iterator[Leaf]:
         """Every input file in order, from the one holding `start` on.
@@ -653,7 +664,8 @@ class Inputs:
                 yield Leaf(index, None, plan.path, kind, codec, _local_size(plan.path))
             elif isinstance(plan, _RemoteFile):
                 kind, codec = leaf_kind(plan.path.rsplit("/", 1)[-1])
-                yield Leaf(index, None, item, kind, codec, plan.size, plan.fs, plan.path)
+                yield Leaf(index, None, item, kind, codec, plan.size, plan.fs, plan.path,
+                           version=plan.version)
             elif isinstance(plan, RemoteTree):
                 for rel in plan.files:
                     if resume is not None and _before(rel, resume):
@@ -663,7 +675,7 @@ class Inputs:
                         require_codec(codec, rel[-1])
                     path = plan.path_of(rel)
                     yield Leaf(index, rel, plan.fs.unstrip_protocol(path), kind, codec,
-                               plan.sizes[rel], plan.fs, path)
+                               plan.sizes[rel], plan.fs, path, version=plan.versions[rel])
             else:
                 for rel in plan.files(resume):
                     kind, codec = leaf_kind(rel[-1])
