@@ -201,6 +201,14 @@ def summary(result: ConvertResult) -> str:
     reused = f", {result.shards_reused} reused after verification" if result.shards_reused else ""
     ratio = totals["decoded_bytes"] / totals["bytes"] if totals["bytes"] else 0.0
     speed = result.stored_bytes / result.seconds / 1e6 if result.seconds else 0.0
+    skipped = []
+    if c.bad:
+        more = c.bad - len(result.skipped)
+        skipped = [f"  skipped  {c.bad:,} bad records (--on-error skip)"
+                   + (", the first:" if result.skipped else "")]
+        skipped += [f"    {place}" for place in result.skipped]
+        if more > 0 and result.skipped:
+            skipped.append(f"    ... and {more:,} more")
     return "\n".join([
         f"wrote {totals['shards']} {m.shard_format} shards to {result.output} "
         f"({result.shards_written} this run{reused})",
@@ -209,6 +217,7 @@ def summary(result: ConvertResult) -> str:
         f"  bytes    in {human_bytes(c.input_bytes)}  out {human_bytes(totals['bytes'])}  "
         f"(decoded {human_bytes(totals['decoded_bytes'])}, ratio {ratio:.2f}x)",
         f"  time     {result.seconds:.1f} s  ({speed:.1f} MB/s of stored input this run)",
+        *skipped,
     ])
 
 

@@ -27,6 +27,7 @@ from streamds.tools.spec import load_function
 
 from .commit import CommitQueue
 from .counts import Counts, Progress
+from .errors import ConversionError
 from .identity import InputFiles
 from .journal import Journal
 from .preflight import OUTPUT_MARKERS
@@ -41,6 +42,7 @@ __all__ = [
     "FILES_KEY",
     "ConvertResult",
     "Job",
+    "check_converted",
     "convert_directory",
     "job_fingerprint",
 ]
@@ -60,6 +62,7 @@ class ConvertResult:
     shards_written: int
     stored_bytes: int  # input bytes read by this run
     seconds: float
+    skipped: tuple[str, ...] = ()  # where the first bad records skipped were (--on-error skip)
 
     @property
     def counts(self) -> Counts:
@@ -176,6 +179,9 @@ def convert_directory(
             workers=job.workers, commits=commits, meter=meter, progress=progress, span=span,
             tar_prefix=tar_prefix,
         ).run()
+    counts = Counts(**(journal.end or {}))
+    if span is None:
+        check_converted(job, counts, journal.skipped)
     manifest = Manifest(
         shard_format=job.format,
         shards=tuple(ShardEntry.from_json(item["shard"]) for item in journal.shards),
@@ -191,4 +197,31 @@ def convert_directory(
         shards_written=commits.written,
         stored_bytes=meter.stored_bytes,
         seconds=time.perf_counter() - started,
+        skipped=tuple(journal.skipped),
+    )
+
+
+def check_converted(job: Job, counts: Counts, skipped: list[str]) -> None:
+    """Refuse a whole conversion that wrote no record (ConversionError saying why): its
+    output would read as a valid, empty corpus. Checked before the manifest is written."""
+    if counts.records_out:
+        return
+    fix = ("; fix that, then rerun with --overwrite (a rerun of the same command refuses "
+           "again)")
+    if counts.records_in == 0:
+        raise ConversionError(
+            f"nothing to convert: the inputs ({', '.join(job.inputs)}) hold no records (empty "
+            f"files or only blank lines){fix}"
+        )
+    if counts.dropped:
+        raise ConversionError(
+            f"the transform {_transform_name(job.transform)} dropped every record: "
+            f"{counts.records_in:,} went in ({counts.dropped:,} dropped, {counts.bad:,} bad), "
+            f"none came out, so no shard was written; a transform returns None to drop a "
+            f"record{fix}"
+        )
+    first = f"; the first: {skipped[0]}" if skipped else ""
+    raise ConversionError(
+        f"every record was bad: {counts.bad:,} skipped (--on-error skip), none written{first}"
+        f"{fix}"
     )

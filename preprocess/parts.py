@@ -24,10 +24,11 @@ manifests.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, as_completed
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -38,10 +39,18 @@ from streamds.formats.manifest import MANIFEST_NAME, Manifest, read_manifest, wr
 from .counts import Counts, Progress
 from .errors import ConversionError
 from .identity import INPUTS_NAME, InputFiles
-from .job import FILES_KEY, ConvertResult, Job, convert_directory, job_fingerprint
+from .job import (
+    FILES_KEY,
+    ConvertResult,
+    Job,
+    check_converted,
+    convert_directory,
+    job_fingerprint,
+)
 from .journal import JOURNAL_NAME, Journal
 from .plan import PLAN_NAME, Part, Plan, make_plan, read_plan, write_plan
 from .recovery import is_temporary
+from .run import SKIPPED_SHOWN
 from .sources import Inputs, Leaf
 
 __all__ = ["SENT_FILES", "PartTask", "finished_part", "merge", "prepare", "run_part", "run_plan"]
@@ -76,18 +85,20 @@ class PartTask:
         return {**self.plan_fingerprint, "part": self.part.to_json()}
 
 
-def run_part(task: PartTask, source: Inputs | None = None) -> ConvertResult:
+def run_part(task: PartTask, source: Inputs | None = None,
+             progress: Callable[[Progress], None] | None = None) -> ConvertResult:
     """Convert one part into its folder (or find it finished); the part's result.
 
     Picklable and self-contained: any executor can run it on any machine that sees the
-    inputs and the output directory. `source`: the inputs already listed by the plan, when
-    the part runs in the process that made it.
+    inputs and the output directory. `source`: the inputs already listed by the plan, and
+    `progress`: reports while the part runs, when the part runs in the process that made it.
     """
     started = time.perf_counter()
-    if finished_part(task) is not None:
+    journal = finished_part(task)
+    if journal is not None:
         manifest = read_manifest(task.folder)
         return ConvertResult(task.folder, manifest, len(manifest.shards), 0, 0,
-                             time.perf_counter() - started)
+                             time.perf_counter() - started, tuple(journal.skipped))
     job = task.job
     if source is None:
         source = job.source()
@@ -98,6 +109,7 @@ def run_part(task: PartTask, source: Inputs | None = None) -> ConvertResult:
     return convert_directory(
         job, task.folder, source=source, apply=job.load_transform(),
         fingerprint=task.fingerprint, span=task.part.span, tar_prefix=f"{task.part.index:05d}-",
+        progress=progress,
     )
 
 
@@ -216,7 +228,7 @@ def run_plan(job: Job, out: Path, plan: Plan, executor: Executor | None,
     report = _Reporter(plan, progress)
     report(done.values())
     failures: list[tuple[Part, BaseException]] = []
-    for task, outcome in _outcomes(pending, executor, source):
+    for task, outcome in _outcomes(pending, executor, source, report.within(done)):
         if isinstance(outcome, BaseException):
             failures.append((task.part, outcome))
             continue
@@ -230,7 +242,7 @@ def run_plan(job: Job, out: Path, plan: Plan, executor: Executor | None,
             "to redo only the unfinished ones"
         ) from err
     manifest = merge(job, out, plan)
-    results = done.values()
+    results = [done[index] for index in sorted(done)]
     return ConvertResult(
         output=out,
         manifest=manifest,
@@ -238,15 +250,23 @@ def run_plan(job: Job, out: Path, plan: Plan, executor: Executor | None,
         shards_written=sum(result.shards_written for result in results),
         stored_bytes=sum(result.stored_bytes for result in results),
         seconds=time.perf_counter() - started,
+        skipped=_first_skipped(result.skipped for result in results),
     )
 
 
-def _outcomes(tasks: list[PartTask], executor: Executor | None, source: Inputs | None
+def _first_skipped(lists: Iterable[Sequence[str]]) -> tuple[str, ...]:
+    """The first `SKIPPED_SHOWN` places of skipped records, in part order."""
+    return tuple(itertools.islice(itertools.chain.from_iterable(lists), SKIPPED_SHOWN))
+
+
+def _outcomes(tasks: list[PartTask], executor: Executor | None, source: Inputs | None,
+              progress: Callable[[Progress], None] | None = None,
               ) -> Iterator[tuple[PartTask, ConvertResult | BaseException]]:
-    """Each task with its result or (on an executor) its error, as they finish."""
+    """Each task with its result or (on an executor) its error, as they finish; tasks run
+    here report `progress` as they go."""
     if executor is None:
         for task in tasks:
-            yield task, run_part(task, source)  # errors propagate as without parts
+            yield task, run_part(task, source, progress)  # errors propagate as without parts
         return
     if source is not None and source.listed:  # send each part its files, if not too many
         tasks = [_with_files(task, source) for task in tasks]
@@ -286,6 +306,30 @@ class _Reporter:
             parts_total=len(self.plan.parts),
         ))
 
+    def within(self, done: dict[int, ConvertResult]) -> Callable[[Progress], None] | None:
+        """A report for a part running here: the finished parts (`done`, as it grows) plus
+        what the running part read so far, so one big file shows its progress."""
+        if self.progress is None:
+            return None
+        progress = self.progress
+
+        def report(p: Progress) -> None:
+            results = list(done.values())
+            finished = {Path(result.output).name for result in results}
+            progress(Progress(
+                files=0,
+                records=sum(result.counts.records_in for result in results) + p.records,
+                stored_bytes=sum(part.bytes for part in self.plan.parts
+                                 if part.folder in finished) + p.stored_bytes,
+                resumed_bytes=p.resumed_bytes,
+                shards=sum(len(result.manifest.shards) for result in results) + p.shards,
+                bytes_total=self.plan.bytes,
+                parts=len(results),
+                parts_total=len(self.plan.parts),
+            ))
+
+        return report
+
 
 def merge(job: Job, out: Path, plan: Plan) -> Manifest:
     """Write ``out/manifest.json`` from the parts' manifests, in part order; ConversionError
@@ -300,12 +344,15 @@ def merge(job: Job, out: Path, plan: Plan) -> Manifest:
         )
     shards = []
     counts = Counts()
+    skipped = []
     for task in tasks:
+        skipped.append(Journal.read_skipped(task.folder))
         manifest = read_manifest(task.folder)
         shards += [replace(entry, name=f"{task.part.folder}/{entry.name}")
                    for entry in manifest.shards]
         for name in (each.name for each in fields(Counts)):
             setattr(counts, name, getattr(counts, name) + manifest.counts[name])
+    check_converted(job, counts, list(_first_skipped(skipped)))
     manifest = Manifest(
         shard_format=job.format,
         shards=tuple(shards),

@@ -20,7 +20,7 @@ from streamds.formats.manifest import MANIFEST_NAME, ShardEntry, file_checksum
 
 from .errors import ConversionError
 from .identity import INPUTS_NAME, InputFiles, is_inputs_temporary
-from .journal import JOURNAL_NAME, Journal
+from .journal import JOURNAL_NAME, SKIPPED_KEY, Journal
 from .plan import PLAN_NAME
 from .writers import FORMATS, is_shard_name
 
@@ -128,9 +128,11 @@ def prepare_output(output: Path, journal: Journal, fmt: str,
                     output, journal.shards[good]["shard"]["name"])
         journal.shards = journal.shards[:good]
         journal.end = None
+        journal.skipped = []
         journal.write()
     if journal.end is None and journal.shards and journal.shards[-1]["next"] is None:
         journal.end = journal.shards[-1]["counts"]  # killed between the last two writes
+        journal.skipped = journal.shards[-1][SKIPPED_KEY]
         journal.write()  # on disk too: a part is finished only when its journal says so
     keep = {item["shard"]["name"] for item in journal.shards}
     for name in os.listdir(output):

@@ -218,7 +218,8 @@ class RawRecord(NamedTuple):
 
 class Meter:
     """Reading progress: files passed (those before a resumed run's start included) and
-    stored (raw, possibly compressed) bytes read. Updated by the consuming thread only."""
+    stored (raw, possibly compressed) bytes read, counted as each read returns (so one big
+    file shows progress). Updated by the consuming thread only."""
 
     def __init__(self) -> None:
         self.files = 0
@@ -234,12 +235,13 @@ class _Reopening(io.RawIOBase):
     """
 
     def __init__(self, leaf: Leaf, policy: RetryPolicy, start: int = 0,
-                 end: int | None = None) -> None:
+                 end: int | None = None, meter: Meter | None = None) -> None:
         self.leaf = leaf
         self.policy = policy
         self.pos = start
         self.end = end  # reads stop here (None: at the end of the file)
         self.count = 0
+        self.meter = meter  # counts each read as it happens (progress inside one big file)
         self._file: BinaryIO | None = retrying(self._open, policy, f"{leaf.path}: open")
 
     def _open(self) -> BinaryIO:
@@ -279,6 +281,8 @@ class _Reopening(io.RawIOBase):
                         f"{self.leaf.path}: read at byte {self.pos}")
         self.pos += len(data)
         self.count += len(data)
+        if self.meter is not None:
+            self.meter.stored_bytes += len(data)
         return data
 
     def readinto(self, buffer) -> int:  # type: ignore[override]
@@ -347,7 +351,7 @@ def _read_jsonl(
     discards up to `offset`.
     """
     stored, decoded = (offset, offset) if leaf.codec is None else anchor
-    raw = _Reopening(leaf, policy, stored, stop)
+    raw = _Reopening(leaf, policy, stored, stop, meter)
     try:
         stream = decode(raw, leaf.codec, leaf.path, start=stored,  # type: ignore[arg-type]
                         decoded_start=decoded)
@@ -362,7 +366,6 @@ def _read_jsonl(
             skip -= len(data)
         yield from _lines(iter(lambda: stream.read(READ_SIZE), b""), leaf, offset, line)
     finally:
-        meter.stored_bytes += raw.count
         raw.close()
 
 
@@ -431,7 +434,7 @@ def _json_records(
 
 
 def _read_tar(leaf: Leaf, first: int, meter: Meter, policy: RetryPolicy) -> Iterator[RawRecord]:
-    raw = _Reopening(leaf, policy)
+    raw = _Reopening(leaf, policy, meter=meter)
     stream = io.BufferedReader(decode(raw, leaf.codec, leaf.path), READ_SIZE)  # type: ignore[arg-type]
     ordinal = 0
     try:
@@ -460,7 +463,6 @@ def _read_tar(leaf: Leaf, first: int, meter: Meter, policy: RetryPolicy) -> Iter
             offset=ordinal,
         ) from err
     finally:
-        meter.stored_bytes += raw.count
         stream.close()
 
 
