@@ -99,16 +99,18 @@ def check_listing(source: Inputs, leaves: Sequence[Leaf]) -> None:
 
 def _nothing_named(item: str, walk: ListingWalk) -> str:
     glob = walk.pattern.parts is not None
+    folder = walk.root or "."
     if walk.files_seen == 0:
         what = f"no files match {item!r}" if glob else f"the folder {item} holds no files"
     else:
         shown = ", ".join("/".join(rel) for rel in walk.some_files)
         more = ", ..." if walk.files_seen > len(walk.some_files) else ""
-        what = (f"{item!r} names no record files: its folder {walk.root or '.'} holds "
-                f"{walk.files_seen:,} files ({shown}{more}), none of them a record file")
+        held = f"{walk.files_seen:,} files ({shown}{more})"
+        what = (f"no files match {item!r} (its folder {folder} holds {held})" if glob else
+                f"the folder {item} holds {held}, none of them a record file")
     return (
         f"nothing to convert: {what} ({RECORD_FILES}). Name other files of JSON lines "
-        f"(such as .txt) one by one or with a glob (e.g. '{walk.root or '.'}/*.txt')"
+        f"(such as .txt) one by one or with a glob (e.g. '{folder}/*.txt')"
     )
 
 

@@ -60,6 +60,10 @@ def _converter_file(name: str) -> bool:
             or (name.startswith(f".{PLAN_NAME}.") and name.endswith(".tmp")))
 
 
+def _part_folder(path: Path) -> bool:
+    return bool(PART_FOLDER.fullmatch(path.name)) and path.is_dir() and not path.is_symlink()
+
+
 def clear_output(output: Path) -> int:
     """Delete an earlier conversion in `output` (``--overwrite``): its shards, journal,
     manifest, plan and part folders; other files stay (the conversion then refuses them).
@@ -69,7 +73,11 @@ def clear_output(output: Path) -> int:
         names = sorted(os.listdir(output))
     except FileNotFoundError:
         return 0
-    if names and not {JOURNAL_NAME, PLAN_NAME} & set(names):
+    ours = {JOURNAL_NAME, PLAN_NAME} & set(names) or all(
+        _part_folder(output / name) and all(map(_converter_file, os.listdir(output / name)))
+        for name in names
+    )  # a conversion, or what an earlier --overwrite left: part folders of other files
+    if not ours:
         shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
         raise ConversionError(
             f"{output} holds no earlier conversion ({JOURNAL_NAME} or {PLAN_NAME}) but other "
@@ -79,7 +87,7 @@ def clear_output(output: Path) -> int:
     deleted = 0
     for name in names:
         path = output / name
-        if PART_FOLDER.fullmatch(name) and path.is_dir() and not path.is_symlink():
+        if _part_folder(path):
             for inner in os.listdir(path):
                 if _converter_file(inner):
                     (path / inner).unlink()
