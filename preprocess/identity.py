@@ -55,7 +55,14 @@ def is_inputs_temporary(name: str) -> bool:
 def _stamp(leaf: Leaf) -> Stamp:
     if leaf.fs is not None:
         return leaf.size, leaf.version
-    info = os.stat(leaf.path)
+    try:
+        info = os.stat(leaf.path)
+    except OSError as err:
+        why = (f"a broken symbolic link (to {os.readlink(leaf.path)})"
+               if os.path.islink(leaf.path) else f"unreadable ({err.strerror})")
+        raise ConversionError(
+            f"{leaf.path}: the input file is {why}; fix or remove it, then rerun"
+        ) from err
     return info.st_size, str(info.st_mtime_ns)
 
 
