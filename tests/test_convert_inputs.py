@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import orjson
 import pytest
 
@@ -356,3 +357,17 @@ def test_a_finished_copy_elsewhere_is_no_change(tmp_path):
     shutil.move(tmp_path / "out", tmp_path / "moved")
     again = convert([source], tmp_path / "moved", **OPTIONS)
     assert again.shards_written == 0 and read_back(tmp_path / "moved") == list(range(100))
+
+
+def test_a_remote_input_replaced_at_the_same_size_is_refused(tmp_path):
+    memory = fsspec.filesystem("memory")
+    try:
+        memory.pipe("/changed/d/a.jsonl", records(0, 50, "a"))
+        for source in ("memory://changed/d/a.jsonl", "memory://changed/d"):
+            out = tmp_path / source.rsplit("/", 1)[-1]
+            convert([source], out, **OPTIONS)
+            memory.pipe("/changed/d/a.jsonl", records(0, 50, "b"))  # a new version
+            with pytest.raises(InputsChangedError, match=r"a\.jsonl"):
+                convert([source], out, **OPTIONS)
+    finally:
+        memory.rm("/changed", recursive=True)
