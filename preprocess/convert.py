@@ -52,7 +52,7 @@ from .job import (
     job_fingerprint,
 )
 from .journal import JOURNAL_NAME
-from .parts import PartTask, merge, prepare, run_part, run_plan
+from .parts import PARTS_FIX, PartTask, merge, prepare, run_part, run_plan
 from .plan import MAX_PARTS, Plan
 from .preflight import check_listing, check_output_outside, check_output_path
 from .recovery import clear_output
@@ -140,7 +140,7 @@ def convert_part(inputs: Sequence[str | os.PathLike], output: str | os.PathLike,
     one process per part, such as a Slurm job array. Skips a finished part. Makes and
     writes the plan if no task has yet, so every task may start at once."""
     job = Job(tuple(source_items(inputs, name="inputs")), **options)
-    ready = _prepared(job, output, parts, fix=_PARTS_FIX.format(output=output))
+    ready = _prepared(job, output, parts, fix=PARTS_FIX.format(output=output))
     plan = ready.plan
     if plan is None:
         if part != 0:
@@ -164,7 +164,7 @@ def merge_parts(inputs: Sequence[str | os.PathLike], output: str | os.PathLike, 
     naming the parts that are not finished. A conversion in one part is already merged."""
     job = Job(tuple(source_items(inputs, name="inputs")), **options)
     out = Path(output)
-    plan = _prepared(job, output, parts, fix=_PARTS_FIX.format(output=output)).plan
+    plan = _prepared(job, output, parts, fix=PARTS_FIX.format(output=output)).plan
     if plan is None:
         if (out / JOURNAL_NAME).exists():
             return convert_part(inputs, output, 0, parts=parts, **options)  # finished: reread
@@ -174,8 +174,6 @@ def merge_parts(inputs: Sequence[str | os.PathLike], output: str | os.PathLike, 
 
 _FIX = ("rerun with --overwrite to convert afresh (it deletes the earlier shards), or "
         "convert into a new directory")
-_PARTS_FIX = ("run the whole conversion again with --overwrite (without --part or --merge: "
-              "it deletes the earlier shards), or delete {output} and run every part again")
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ __all__ = [
     "InputFiles",
     "InputsChangedError",
     "check_inputs",
+    "check_part_files",
     "is_inputs_temporary",
 ]
 
@@ -168,3 +169,24 @@ def check_inputs(directory: Path, files: InputFiles, *, fix: str) -> None:
         f"{'; '.join(found)}. Its shards hold records of the earlier files, so it is not "
         f"resumed or reused; {fix}"
     )
+
+
+def check_part_files(directory: Path, items: Sequence[str], leaves: Sequence[Leaf], *,
+                     fix: str) -> None:
+    """Refuse when a file of one part (`leaves`) is not as `directory`'s record of the
+    inputs says: a task that starts after the plan was made (on another machine, later in a
+    job array) sees the files it reads as they are now."""
+    recorded = InputFiles.read(directory)
+    if recorded is None:
+        return
+    now = InputFiles.of(items, leaves)
+    then = {(i, rel): (size, version) for i, rel, size, version in recorded.files}
+    changed = [now.name(i, rel) for i, rel, size, version in now.files
+               if then.get((i, rel)) != (size, version)]
+    if changed:
+        more = f" and {len(changed) - SHOWN:,} more" if len(changed) > SHOWN else ""
+        raise InputsChangedError(
+            f"{directory}: input files changed since the conversion began ({len(changed):,} "
+            f"of this part's: {', '.join(changed[:SHOWN])}{more}), so the part is not "
+            f"converted: its records would mix with the earlier files' in the other parts; {fix}"
+        )

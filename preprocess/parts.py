@@ -38,7 +38,7 @@ from streamds.formats.manifest import MANIFEST_NAME, Manifest, read_manifest, wr
 
 from .counts import Counts, Progress
 from .errors import ConversionError
-from .identity import INPUTS_NAME, InputFiles
+from .identity import INPUTS_NAME, InputFiles, check_part_files
 from .job import (
     FILES_KEY,
     ConvertResult,
@@ -53,9 +53,20 @@ from .recovery import is_temporary
 from .run import SKIPPED_SHOWN
 from .sources import Inputs, Leaf
 
-__all__ = ["SENT_FILES", "PartTask", "finished_part", "merge", "prepare", "run_part", "run_plan"]
+__all__ = [
+    "PARTS_FIX",
+    "SENT_FILES",
+    "PartTask",
+    "finished_part",
+    "merge",
+    "prepare",
+    "run_part",
+    "run_plan",
+]
 
 SENT_FILES = 100_000  # a part of at most this many files gets their list with its task
+PARTS_FIX = ("run the whole conversion again with --overwrite (without --part or --merge: it "
+             "deletes the earlier shards), or delete {output} and run every part again")
 
 
 @dataclass(frozen=True)
@@ -105,6 +116,8 @@ def run_part(task: PartTask, source: Inputs | None = None,
         source.exclude(task.output)  # the output may lie inside an input directory
         if task.files is not None:
             source.use_listing(task.files)
+    check_part_files(Path(task.output), job.inputs, source.span_leaves(task.part.span),
+                     fix=PARTS_FIX.format(output=task.output))
     task.folder.mkdir(exist_ok=True)
     return convert_directory(
         job, task.folder, source=source, apply=job.load_transform(),

@@ -361,7 +361,8 @@ def _read_jsonl(
             if not data:
                 raise SourceError(
                     f"{leaf.path}: ends before decoded offset {offset}, where the conversion "
-                    "stopped; the input changed since, so convert into a new directory"
+                    "stopped; the input changed since: rerun with --overwrite to convert "
+                    "afresh, or convert into a new directory"
                 )
             skip -= len(data)
         yield from _lines(iter(lambda: stream.read(READ_SIZE), b""), leaf, offset, line)

@@ -29,8 +29,10 @@ from preprocess.convert import (
     merge_parts,
 )
 from preprocess.identity import INPUTS_NAME
+from preprocess.job import Job
 from preprocess.journal import JOURNAL_NAME
-from preprocess.plan import PLAN_NAME
+from preprocess.parts import PartTask, run_part
+from preprocess.plan import PLAN_NAME, read_plan
 from streamds import StreamingJsonl
 from streamds.formats.manifest import MANIFEST_NAME
 
@@ -165,6 +167,21 @@ def test_a_part_killed_then_the_input_changed_is_refused_by_every_task(tmp_path)
     for part in (1, 2):
         with pytest.raises(InputsChangedError):
             convert_part([source], out, part, **options)
+    assert not (out / "part-00001").exists()
+
+
+def test_a_part_task_that_starts_after_the_input_changed_refuses(tmp_path):
+    """A task on a worker (or late in a job array) checks the files of its own part."""
+    source, out = tmp_path / "big.jsonl", tmp_path / "out"
+    source.write_bytes(records(0, 3000))
+    convert_part([source], out, 0, parts=3, **OPTIONS)
+    plan = read_plan(out)
+    assert plan is not None
+    source.write_bytes(records(0, 3000, "y"))
+    touch_later(source)
+    task = PartTask(Job((str(source),), **OPTIONS), str(out), plan.parts[1], plan.fingerprint)
+    with pytest.raises(InputsChangedError, match=f"of this part's: {source}"):
+        run_part(task)
     assert not (out / "part-00001").exists()
 
 
