@@ -117,7 +117,9 @@ def convert(
     A rerun resumes or reuses `output` only over the same input files (names, sizes,
     modification times: `preprocess.identity`); other files are refused (InputsChangedError
     naming them) unless `overwrite`, which deletes the earlier conversion first and converts
-    afresh.
+    afresh. Converting nothing is an error: an input folder or glob that names no files, or
+    a conversion that writes no record (all dropped by the transform, all bad).
+
     Memory per task: one frame per shard in flight, ~16 MiB of queued lines per background
     shard, `read_ahead_bytes` plus one file per read-ahead thread, and its list of files.
     """
