@@ -8,7 +8,7 @@
                          [--read-ahead 64] [--read-ahead-bytes 256MiB]
                          [--storage-options JSON]
                          [--parts N] [--executor local|process|process:N|dask://HOST:PORT]
-                         [--part K | --merge]
+                         [--part K | --merge] [--overwrite]
 
 INPUT may be an fsspec URL (``https://host/d/train.jsonl.zst``, ``s3://bucket/d/``, a remote
 folder or glob of ``.json`` files).
@@ -20,6 +20,10 @@ folder by a task; ``--executor`` says where the tasks run (``local``: here, one 
 that start one process per part (a Slurm job array): ``--part K`` converts part K only,
 ``--merge`` writes the manifest once every part is done. The output is the same bytes
 whichever ran the parts.
+
+A rerun resumes (or reuses) ``--output`` only over the same input files: when a file was
+added, removed or changed since the conversion began, it is refused naming the file;
+``--overwrite`` deletes the earlier conversion and converts afresh.
 
 Exit status: 0 on success, 2 for bad arguments or input (the reason on stderr), 130 when
 interrupted (rerun the same command to resume). Results go to stdout, the progress bar to
@@ -106,6 +110,9 @@ def build_parser(prog: str = "python -m preprocess") -> argparse.ArgumentParser:
                       help="convert part K only (0-based), e.g. one task of a job array")
     only.add_argument("--merge", action="store_true",
                       help="write the manifest of a conversion whose parts are all done")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="delete an earlier conversion in --output (its shards, journal and "
+                        "manifest) and convert afresh, e.g. after the inputs changed")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     return parser
 
@@ -194,6 +201,14 @@ def summary(result: ConvertResult) -> str:
     reused = f", {result.shards_reused} reused after verification" if result.shards_reused else ""
     ratio = totals["decoded_bytes"] / totals["bytes"] if totals["bytes"] else 0.0
     speed = result.stored_bytes / result.seconds / 1e6 if result.seconds else 0.0
+    skipped = []
+    if c.bad:
+        more = c.bad - len(result.skipped)
+        skipped = [f"  skipped  {c.bad:,} bad records (--on-error skip)"
+                   + (", the first:" if result.skipped else "")]
+        skipped += [f"    {place}" for place in result.skipped]
+        if more > 0 and result.skipped:
+            skipped.append(f"    ... and {more:,} more")
     return "\n".join([
         f"wrote {totals['shards']} {m.shard_format} shards to {result.output} "
         f"({result.shards_written} this run{reused})",
@@ -202,6 +217,7 @@ def summary(result: ConvertResult) -> str:
         f"  bytes    in {human_bytes(c.input_bytes)}  out {human_bytes(totals['bytes'])}  "
         f"(decoded {human_bytes(totals['decoded_bytes'])}, ratio {ratio:.2f}x)",
         f"  time     {result.seconds:.1f} s  ({speed:.1f} MB/s of stored input this run)",
+        *skipped,
     ])
 
 
@@ -210,7 +226,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m preprocess") 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["convert"]:
         argv = argv[1:]
-    args = build_parser(prog).parse_args(argv)
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    if args.overwrite and (args.merge or args.part is not None):
+        parser.error("--overwrite deletes every part's shards, so it runs without --part and "
+                     "--merge: run the whole conversion with --overwrite once, or delete "
+                     f"{args.output} before the parts start")
     bar = _Bar() if not args.quiet and not args.merge else None
     options: dict[str, Any] = dict(
         shard_size=args.shard_size, format=args.format, level=args.level,
@@ -227,7 +248,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m preprocess") 
         else:
             with open_executor(args.executor) as executor:
                 result = convert(args.inputs, args.output, executor=executor, progress=bar,
-                                 **options)
+                                 overwrite=args.overwrite, **options)
     except (ConversionError, ValueError, FileNotFoundError, ImportError, OSError) as err:
         if bar is not None:
             bar.close()

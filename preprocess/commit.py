@@ -33,15 +33,16 @@ class CommitQueue:
     def __init__(self, journal: Journal, limit: int) -> None:
         self.journal = journal
         self._limit = limit
-        self._queue: deque[tuple[ShardResult, Position | None, Counts, int]] = deque()
+        self._queue: deque[tuple[ShardResult, Position | None, Counts, int, tuple[str, ...]]] = (
+            deque())
         self._lock = threading.Lock()
         self._error: BaseException | None = None
         self.written = 0
 
     def add(self, result: ShardResult, next_position: Position | None, counts: Counts,
-            stored_bytes: int) -> None:
+            stored_bytes: int, skipped: tuple[str, ...] = ()) -> None:
         with self._lock:
-            self._queue.append((result, next_position, counts, stored_bytes))
+            self._queue.append((result, next_position, counts, stored_bytes, skipped))
         if isinstance(result, Future):
             result.add_done_callback(self._on_done)
         self.commit(wait_until=self._limit - 1)
@@ -56,7 +57,7 @@ class CommitQueue:
         """Journal the finished shards at the head of the queue; never waits for a shard."""
         with self._lock:
             while self._queue:
-                result, next_position, counts, stored_bytes = self._queue[0]
+                result, next_position, counts, stored_bytes, skipped = self._queue[0]
                 if isinstance(result, Future):
                     if not result.done() or result.exception() is not None:
                         return
@@ -65,7 +66,7 @@ class CommitQueue:
                 else:
                     entry = result
                 self._queue.popleft()
-                self.journal.add(entry, next_position, counts, stored_bytes)
+                self.journal.add(entry, next_position, counts, stored_bytes, skipped)
                 self.journal.write()
                 self.written += 1
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +42,20 @@ from streamds.shards import source_items
 
 from .counts import Counts, Progress
 from .errors import ConversionError
-from .job import DEFAULT_FRAME_SIZE, DEFAULT_SHARD_SIZE, ConvertResult, Job, convert_directory
+from .identity import InputFiles, InputsChangedError, check_inputs
+from .job import (
+    DEFAULT_FRAME_SIZE,
+    DEFAULT_SHARD_SIZE,
+    ConvertResult,
+    Job,
+    convert_directory,
+    job_fingerprint,
+)
 from .journal import JOURNAL_NAME
-from .parts import PartTask, merge, prepare, run_part, run_plan
+from .parts import PARTS_FIX, PartTask, merge, prepare, run_part, run_plan
 from .plan import MAX_PARTS, Plan
+from .preflight import check_listing, check_output_outside, check_output_path
+from .recovery import clear_output
 from .sources import DEFAULT_READ_AHEAD, DEFAULT_READ_AHEAD_BYTES, Inputs
 
 __all__ = [
@@ -56,6 +67,7 @@ __all__ = [
     "ConversionError",
     "ConvertResult",
     "Counts",
+    "InputsChangedError",
     "Progress",
     "convert",
     "convert_part",
@@ -81,6 +93,7 @@ def convert(
     parts: int | None = None,
     executor: Executor | None = None,
     progress: Callable[[Progress], None] | None = None,
+    overwrite: bool = False,
 ) -> ConvertResult:
     """Convert `inputs` into shards in `output`; resume there if a conversion was interrupted.
 
@@ -100,6 +113,13 @@ def convert(
     a task that `executor` runs (any `concurrent.futures.Executor`: a process pool, a Dask
     cluster's ``Client.get_executor()``; None: here, one after another); the output depends
     on `parts`, never on the executor. One part writes straight into `output`.
+
+    A rerun resumes or reuses `output` only over the same input files (names, sizes,
+    modification times: `preprocess.identity`); other files are refused (InputsChangedError
+    naming them) unless `overwrite`, which deletes the earlier conversion first and converts
+    afresh. Converting nothing is an error: an input folder or glob that names no files, or
+    a conversion that writes no record (all dropped by the transform, all bad).
+
     Memory per task: one frame per shard in flight, ~16 MiB of queued lines per background
     shard, `read_ahead_bytes` plus one file per read-ahead thread, and its list of files.
     """
@@ -107,11 +127,12 @@ def convert(
               level=level, frame_size=frame_size, transform=transform, on_error=on_error,
               workers=workers, read_ahead=read_ahead, read_ahead_bytes=read_ahead_bytes,
               storage_options=storage_options, retry=retry)
-    plan, source, apply = _prepared(job, output, parts)
-    if plan is not None:
-        return run_plan(job, Path(output), plan, executor, progress, source)
-    return convert_directory(job, Path(output), source=source, apply=apply,
-                             fingerprint=_fingerprint(job), progress=progress)
+    ready = _prepared(job, output, parts, overwrite=overwrite, fix=_FIX)
+    if ready.plan is not None:
+        return run_plan(job, Path(output), ready.plan, executor, progress, ready.source)
+    return convert_directory(job, Path(output), source=ready.source, apply=ready.apply,
+                             fingerprint=job_fingerprint(job, ready.files), files=ready.files,
+                             progress=progress)
 
 
 def convert_part(inputs: Sequence[str | os.PathLike], output: str | os.PathLike, part: int, *,
@@ -121,20 +142,22 @@ def convert_part(inputs: Sequence[str | os.PathLike], output: str | os.PathLike,
     one process per part, such as a Slurm job array. Skips a finished part. Makes and
     writes the plan if no task has yet, so every task may start at once."""
     job = Job(tuple(source_items(inputs, name="inputs")), **options)
-    plan, source, apply = _prepared(job, output, parts)
+    ready = _prepared(job, output, parts, fix=PARTS_FIX.format(output=output))
+    plan = ready.plan
     if plan is None:
         if part != 0:
             raise ConversionError(
                 f"the conversion into {output} has 1 part; part {part} does not exist"
             )
-        return convert_directory(job, Path(output), source=source, apply=apply,
-                                 fingerprint=_fingerprint(job))
+        return convert_directory(job, Path(output), source=ready.source, apply=ready.apply,
+                                 fingerprint=job_fingerprint(job, ready.files),
+                                 files=ready.files)
     if not 0 <= part < len(plan.parts):
         raise ConversionError(
             f"the conversion into {output} has {len(plan.parts)} parts, 0 to "
             f"{len(plan.parts) - 1}; part {part} does not exist"
         )
-    return run_part(PartTask(job, str(output), plan.parts[part], plan.fingerprint), source)
+    return run_part(PartTask(job, str(output), plan.parts[part], plan.fingerprint), ready.source)
 
 
 def merge_parts(inputs: Sequence[str | os.PathLike], output: str | os.PathLike, *,
@@ -143,7 +166,7 @@ def merge_parts(inputs: Sequence[str | os.PathLike], output: str | os.PathLike, 
     naming the parts that are not finished. A conversion in one part is already merged."""
     job = Job(tuple(source_items(inputs, name="inputs")), **options)
     out = Path(output)
-    plan = _prepared(job, output, parts)[0]
+    plan = _prepared(job, output, parts, fix=PARTS_FIX.format(output=output)).plan
     if plan is None:
         if (out / JOURNAL_NAME).exists():
             return convert_part(inputs, output, 0, parts=parts, **options)  # finished: reread
@@ -151,22 +174,44 @@ def merge_parts(inputs: Sequence[str | os.PathLike], output: str | os.PathLike, 
     return ConvertResult(out, merge(job, out, plan), 0, 0, 0, 0.0)
 
 
-def _fingerprint(job: Job) -> dict[str, Any]:
-    return {"inputs": list(job.inputs), "options": job.options}
+_FIX = ("rerun with --overwrite to convert afresh (it deletes the earlier shards), or "
+        "convert into a new directory")
 
 
-def _prepared(job: Job, output: str | os.PathLike, parts: int | None
-              ) -> tuple[Plan | None, Inputs, Callable[[Any], Any] | None]:
-    """The plan of `output` (None: one part), the inputs (listed if the plan was made
-    here) and the loaded transform. Everything that can be refused is checked before
-    `output` is made.
+@dataclass(frozen=True)
+class _Ready:
+    plan: Plan | None  # None: a conversion in one part
+    source: Inputs  # listed
+    apply: Callable[[Any], Any] | None  # the loaded transform
+    files: InputFiles  # the identity of the inputs
+
+
+def _prepared(job: Job, output: str | os.PathLike, parts: int | None, *,
+              overwrite: bool = False, fix: str) -> _Ready:
+    """Check the options, the output and the inputs, list them, and find or make the plan.
+
+    Everything that can be refused is checked before `output` is made or changed:
+    ConversionError for an output that is a file or lies inside an input, an input that
+    names no files or holds an earlier output, and (naming the files and `fix`) an output
+    that holds a conversion of other input files. `overwrite` first deletes an earlier
+    conversion in `output`.
     """
     if parts is not None:
         check_int("parts", parts, 1, "about 1 per GiB of input (the default)",
                   maximum=MAX_PARTS)
     apply = job.load_transform()
-    source = job.source()
     out = Path(output)
+    check_output_path(out)
+    source = job.source()
+    if out.is_dir():
+        source.exclude(out)
+    check_output_outside(source, out)
+    leaves = list(source.leaves())  # listed once, here, for every check and the plan
+    check_listing(source, leaves)
+    files = InputFiles.of(job.inputs, leaves, threads=job.read_ahead)
+    if overwrite:
+        clear_output(out)
+    else:
+        check_inputs(out, files, fix=fix)
     out.mkdir(parents=True, exist_ok=True)
-    source.exclude(out)
-    return prepare(job, out, parts, source), source, apply
+    return _Ready(prepare(job, out, parts, source, files), source, apply, files)

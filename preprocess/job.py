@@ -27,7 +27,10 @@ from streamds.tools.spec import load_function
 
 from .commit import CommitQueue
 from .counts import Counts, Progress
+from .errors import ConversionError
+from .identity import InputFiles
 from .journal import Journal
+from .preflight import OUTPUT_MARKERS
 from .recovery import prepare_output
 from .run import ConversionRun
 from .sources import DEFAULT_READ_AHEAD, DEFAULT_READ_AHEAD_BYTES, Inputs, Meter, Span
@@ -36,13 +39,17 @@ from .writers import FORMATS
 __all__ = [
     "DEFAULT_FRAME_SIZE",
     "DEFAULT_SHARD_SIZE",
+    "FILES_KEY",
     "ConvertResult",
     "Job",
+    "check_converted",
     "convert_directory",
+    "job_fingerprint",
 ]
 
 DEFAULT_SHARD_SIZE = 256 * 10**6
 DEFAULT_FRAME_SIZE = 4 << 20
+FILES_KEY = "files"  # fingerprint key: the digest of the input files (`identity.InputFiles`)
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,7 @@ class ConvertResult:
     shards_written: int
     stored_bytes: int  # input bytes read by this run
     seconds: float
+    skipped: tuple[str, ...] = ()  # where the first bad records skipped were (--on-error skip)
 
     @property
     def counts(self) -> Counts:
@@ -119,10 +127,11 @@ class Job:
         }
 
     def source(self) -> Inputs:
-        """The inputs to read (FileNotFoundError for one that does not exist)."""
+        """The inputs to read (FileNotFoundError for one that does not exist); their local
+        folders note the files that mark a converter's output (`preflight`)."""
         return Inputs(list(self.inputs), storage_options=self.storage_options,
                       read_ahead=self.read_ahead, read_ahead_bytes=self.read_ahead_bytes,
-                      retry=self.retry)
+                      retry=self.retry, markers=OUTPUT_MARKERS)
 
     def load_transform(self) -> Callable[[Any], Any] | None:
         """The transform as a callable (loading a ``module:function`` spec), or None."""
@@ -133,6 +142,12 @@ class Job:
         return apply
 
 
+def job_fingerprint(job: Job, files: InputFiles) -> dict[str, Any]:
+    """What an output's journal (or plan) must match to be resumed or reused: the inputs as
+    given, the options that shape the output, and the digest of the input files."""
+    return {"inputs": list(job.inputs), "options": job.options, FILES_KEY: files.digest}
+
+
 def convert_directory(
     job: Job,
     out: Path,
@@ -140,18 +155,21 @@ def convert_directory(
     source: Inputs,
     apply: Callable[[Any], Any] | None,
     fingerprint: dict[str, Any],
+    files: InputFiles | None = None,
     span: Span | None = None,
     tar_prefix: str = "",
     progress: Callable[[Progress], None] | None = None,
 ) -> ConvertResult:
     """Convert `source` (or its part `span`) into shards in `out`, resuming there.
 
-    `fingerprint` (inputs, options, the part) is what the journal must match to resume;
-    `tar_prefix` starts every tar member key (a part's number: keys stay unique).
+    `fingerprint` (inputs, options, input files, the part) is what the journal must match
+    to resume; `files`, the identity of the inputs, is recorded in a new `out` (None: a part,
+    whose plan recorded it); `tar_prefix` starts every tar member key (a part's number:
+    keys stay unique).
     """
     started = time.perf_counter()
     journal = Journal(out, fingerprint)
-    reused = prepare_output(out, journal, job.format)
+    reused = prepare_output(out, journal, job.format, files)
     meter = Meter()
     commits = CommitQueue(journal, job.workers)
     if not journal.complete:
@@ -161,6 +179,9 @@ def convert_directory(
             workers=job.workers, commits=commits, meter=meter, progress=progress, span=span,
             tar_prefix=tar_prefix,
         ).run()
+    counts = Counts(**(journal.end or {}))
+    if span is None:
+        check_converted(job, counts, journal.skipped)
     manifest = Manifest(
         shard_format=job.format,
         shards=tuple(ShardEntry.from_json(item["shard"]) for item in journal.shards),
@@ -176,4 +197,31 @@ def convert_directory(
         shards_written=commits.written,
         stored_bytes=meter.stored_bytes,
         seconds=time.perf_counter() - started,
+        skipped=tuple(journal.skipped),
+    )
+
+
+def check_converted(job: Job, counts: Counts, skipped: list[str]) -> None:
+    """Refuse a whole conversion that wrote no record (ConversionError saying why): its
+    output would read as a valid, empty corpus. Checked before the manifest is written."""
+    if counts.records_out:
+        return
+    fix = ("; fix that, then rerun with --overwrite (a rerun of the same command refuses "
+           "again)")
+    if counts.records_in == 0:
+        raise ConversionError(
+            f"nothing to convert: the inputs ({', '.join(job.inputs)}) hold no records (empty "
+            f"files or only blank lines){fix}"
+        )
+    if counts.dropped:
+        raise ConversionError(
+            f"the transform {_transform_name(job.transform)} dropped every record: "
+            f"{counts.records_in:,} went in ({counts.dropped:,} dropped, {counts.bad:,} bad), "
+            f"none came out, so no shard was written; a transform returns None to drop a "
+            f"record{fix}"
+        )
+    first = f"; the first: {skipped[0]}" if skipped else ""
+    raise ConversionError(
+        f"every record was bad: {counts.bad:,} skipped (--on-error skip), none written{first}"
+        f"{fix}"
     )

@@ -6,11 +6,12 @@ and is rewritten atomically (temporary file, fsync, rename) after every shard. I
     {"format": "streamds.convert-journal/1",
      "fingerprint": {"inputs": [...], "options": {...}},
      "shards": [{"shard": entry, "next": position | None, "counts": {...},
-                 "stored_bytes": n}, ...],
-     "end": counts | None}
+                 "stored_bytes": n, "skipped": [place, ...]}, ...],
+     "end": counts | None, "skipped": [place, ...]}
 
 ``next`` is the input position the shard after this one starts at (None: the input ended);
-``end`` is set once every record is in a shard.
+``end`` is set once every record is in a shard. ``skipped`` names where the first bad
+records skipped under ``--on-error skip`` were (file and line), up to that shard or the end.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from .counts import Counts
 from .errors import ConversionError
 from .sources import Position
 
-__all__ = ["JOURNAL_FORMAT", "JOURNAL_NAME", "Journal"]
+__all__ = ["JOURNAL_FORMAT", "JOURNAL_NAME", "SKIPPED_KEY", "Journal"]
 
 JOURNAL_NAME = ".streamds-convert.json"
 JOURNAL_FORMAT = "streamds.convert-journal/1"
+SKIPPED_KEY = "skipped"
 
 
 class Journal:
@@ -42,6 +44,7 @@ class Journal:
         self.fingerprint = fingerprint
         self.shards: list[dict[str, Any]] = []
         self.end: dict[str, int] | None = None
+        self.skipped: list[str] = []  # set with `end`
 
     def load(self) -> bool:
         """Read the journal if there is one; refuse one made by other inputs or options."""
@@ -67,31 +70,41 @@ class Journal:
                 diff.append(f"inputs: {theirs['inputs']} -> {ours['inputs']}")
             if theirs.get("part") != ours.get("part"):
                 diff.append("the plan of parts (the inputs changed since it was made?)")
+            if theirs.get("files") != ours.get("files"):
+                diff.append("the input files (names, sizes or modification times)")
             raise ConversionError(
                 f"{self.path.parent} holds a conversion made with other inputs or options "
-                f"({'; '.join(diff)}); rerun the same command to resume it, or convert into "
-                "an empty directory"
+                f"({'; '.join(diff)}); rerun the same command to resume it, rerun with "
+                "--overwrite to convert afresh (it deletes the earlier shards), or convert "
+                "into an empty directory"
             )
         self.shards = list(doc["shards"])
         self.end = doc["end"]
+        self.skipped = list(doc[SKIPPED_KEY])
         return True
+
+    @staticmethod
+    def read_skipped(directory: Path) -> list[str]:
+        """The skipped places a finished conversion's journal in `directory` names."""
+        return list(orjson.loads((directory / JOURNAL_NAME).read_bytes())[SKIPPED_KEY])
 
     @property
     def complete(self) -> bool:
         return self.end is not None
 
     def add(self, entry: ShardEntry, next_position: Position | None, counts: Counts,
-            stored_bytes: int) -> None:
+            stored_bytes: int, skipped: tuple[str, ...] = ()) -> None:
         self.shards.append({
             "shard": entry.to_json(),
             "next": None if next_position is None else next_position.to_json(),
             "counts": asdict(counts),
             "stored_bytes": stored_bytes,
+            SKIPPED_KEY: list(skipped),
         })
 
     def write(self) -> None:
         doc = {"format": JOURNAL_FORMAT, "fingerprint": self.fingerprint,
-               "shards": self.shards, "end": self.end}
+               "shards": self.shards, "end": self.end, SKIPPED_KEY: self.skipped}
         tmp = self.path.with_name(self.path.name + ".tmp")
         with open(tmp, "wb") as f:
             f.write(orjson.dumps(doc))

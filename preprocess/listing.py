@@ -33,9 +33,11 @@ from streamds.formats.trees import (
     remote_rel,
 )
 
-__all__ = ["ListingWalk", "RemoteTree", "remote_tree"]
+__all__ = ["ListingWalk", "RemoteTree", "remote_tree", "remote_version"]
 
 Entry = tuple[tuple[Any, ...], str, bool]  # (sort key, name, is a directory): Walk's listing
+SOME_FILES = 5  # files a listing keeps to name in a message
+_NOTES = threading.Lock()  # listings are made in threads
 
 
 def _order(rel: Rel) -> tuple[Any, ...]:
@@ -51,13 +53,19 @@ class ListingWalk(Walk):
     ``2 * threads`` folders; symbolic links to folders are listed when the walk gets there.
     """
 
-    def __init__(self, walk: Walk, threads: int) -> None:
+    def __init__(self, walk: Walk, threads: int, markers: frozenset[str] = frozenset()) -> None:
         super().__init__(walk.root, walk.pattern, walk.exclude)
         self.threads = threads
         self.links: set[Rel] = set()
+        self.markers = markers
+        self.marked: dict[Rel, tuple[str, ...]] = {}  # folder -> the `markers` it holds
+        self.files_seen = 0  # files in the listings so far, named or not
+        self.some_files: list[Rel] = []  # the first few of them, for messages
         self._ahead: _Ahead | None = None
 
     def files(self, start: Rel | None = None) -> Iterator[Rel]:
+        """What `Walk.files` yields; notes `marked`, `files_seen` and `some_files` on the way
+        (a walk from `start` notes only the folders it lists)."""
         ahead = _Ahead(self, self.threads) if self.threads > 1 else None
         self._ahead = ahead
         try:
@@ -89,7 +97,20 @@ class ListingWalk(Walk):
                 entries.append((key, entry.name, is_dir))
         entries.sort()
         self.links.update(links)  # one bytecode-level update: safe under the GIL
+        self._note(rel, entries)
         return entries
+
+    def _note(self, rel: Rel, entries: list[Entry]) -> None:
+        """Note the `markers` a folder holds (what makes it a converter's output) and a few
+        of the files seen, to say what a listing that named nothing found."""
+        names = {name for _key, name, _is_dir in entries}
+        found = tuple(sorted(names & self.markers))
+        files = [(*rel, name) for _key, name, is_dir in entries if not is_dir]
+        with _NOTES:
+            if found:
+                self.marked[rel] = found
+            self.files_seen += len(files)
+            self.some_files.extend(files[:SOME_FILES - len(self.some_files)])
 
     def subfolders(self, rel: Rel, entries: list[Entry]) -> list[Rel]:
         """The folders in a listing the walk may enter, symbolic links left out."""
@@ -182,6 +203,21 @@ class _Ahead:
             self.cond.notify_all()
 
 
+# fsspec info keys that change with a remote file's content, most specific first
+VERSION_KEYS = ("ETag", "etag", "md5Hash", "Content-MD5", "Digest", "LastModified",
+                "last_modified", "mtime", "updated", "created")
+
+
+def remote_version(info: dict[str, Any]) -> str | None:
+    """A string that changes with a remote file's content, from its fsspec info (None: the
+    listing says nothing, and the size alone tells versions apart)."""
+    for key in VERSION_KEYS:
+        value = info.get(key)
+        if value is not None:
+            return str(value)
+    return None
+
+
 class RemoteTree:
     """The files of a remote directory or glob, listed once: `files` (rels, in natural
     order) and `sizes` (stored bytes where the listing says, else None), under `root`."""
@@ -191,6 +227,9 @@ class RemoteTree:
         self.root = root
         self.sizes: dict[Rel, int | None] = {
             remote_rel(name, root): info.get("size") for name, info in found.items()
+        }
+        self.versions: dict[Rel, str | None] = {
+            remote_rel(name, root): remote_version(info) for name, info in found.items()
         }
         self.files = sorted(self.sizes, key=lambda rel: natural_key("/".join(rel)))
 

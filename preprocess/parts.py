@@ -24,10 +24,11 @@ manifests.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, as_completed
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -37,15 +38,35 @@ from streamds.formats.manifest import MANIFEST_NAME, Manifest, read_manifest, wr
 
 from .counts import Counts, Progress
 from .errors import ConversionError
-from .job import ConvertResult, Job, convert_directory
+from .identity import INPUTS_NAME, InputFiles, check_part_files
+from .job import (
+    FILES_KEY,
+    ConvertResult,
+    Job,
+    check_converted,
+    convert_directory,
+    job_fingerprint,
+)
 from .journal import JOURNAL_NAME, Journal
 from .plan import PLAN_NAME, Part, Plan, make_plan, read_plan, write_plan
 from .recovery import is_temporary
+from .run import SKIPPED_SHOWN
 from .sources import Inputs, Leaf
 
-__all__ = ["SENT_FILES", "PartTask", "finished_part", "merge", "prepare", "run_part", "run_plan"]
+__all__ = [
+    "PARTS_FIX",
+    "SENT_FILES",
+    "PartTask",
+    "finished_part",
+    "merge",
+    "prepare",
+    "run_part",
+    "run_plan",
+]
 
 SENT_FILES = 100_000  # a part of at most this many files gets their list with its task
+PARTS_FIX = ("run the whole conversion again with --overwrite (without --part or --merge: it "
+             "deletes the earlier shards), or delete {output} and run every part again")
 
 
 @dataclass(frozen=True)
@@ -75,28 +96,33 @@ class PartTask:
         return {**self.plan_fingerprint, "part": self.part.to_json()}
 
 
-def run_part(task: PartTask, source: Inputs | None = None) -> ConvertResult:
+def run_part(task: PartTask, source: Inputs | None = None,
+             progress: Callable[[Progress], None] | None = None) -> ConvertResult:
     """Convert one part into its folder (or find it finished); the part's result.
 
     Picklable and self-contained: any executor can run it on any machine that sees the
-    inputs and the output directory. `source`: the inputs already listed by the plan, when
-    the part runs in the process that made it.
+    inputs and the output directory. `source`: the inputs already listed by the plan, and
+    `progress`: reports while the part runs, when the part runs in the process that made it.
     """
     started = time.perf_counter()
-    if finished_part(task) is not None:
+    journal = finished_part(task)
+    if journal is not None:
         manifest = read_manifest(task.folder)
         return ConvertResult(task.folder, manifest, len(manifest.shards), 0, 0,
-                             time.perf_counter() - started)
+                             time.perf_counter() - started, tuple(journal.skipped))
     job = task.job
     if source is None:
         source = job.source()
         source.exclude(task.output)  # the output may lie inside an input directory
         if task.files is not None:
             source.use_listing(task.files)
+    check_part_files(Path(task.output), job.inputs, source.span_leaves(task.part.span),
+                     fix=PARTS_FIX.format(output=task.output))
     task.folder.mkdir(exist_ok=True)
     return convert_directory(
         job, task.folder, source=source, apply=job.load_transform(),
         fingerprint=task.fingerprint, span=task.part.span, tar_prefix=f"{task.part.index:05d}-",
+        progress=progress,
     )
 
 
@@ -119,13 +145,16 @@ def finished_part(task: PartTask) -> Journal | None:
     return journal
 
 
-def prepare(job: Job, out: Path, parts: int | None, source: Inputs) -> Plan | None:
+def prepare(job: Job, out: Path, parts: int | None, source: Inputs,
+            files: InputFiles) -> Plan | None:
     """The plan `out` is converted by (made and written, or read and checked), or None for a
     conversion in one part, which writes straight into `out` as it always did.
 
-    ConversionError when `out` holds a conversion made otherwise.
+    `files` is the identity of the inputs (listed by `source`): its digest is part of the
+    plan's fingerprint, and a new plan records it in `out` first. ConversionError when `out`
+    holds a conversion made otherwise.
     """
-    fingerprint = {"inputs": list(job.inputs), "options": job.options}
+    fingerprint = job_fingerprint(job, files)
     recorded = read_plan(out)
     if recorded is not None:
         return _checked(recorded, fingerprint, parts, out)
@@ -142,6 +171,7 @@ def prepare(job: Job, out: Path, parts: int | None, source: Inputs) -> Plan | No
         return None
     written = read_plan(out)  # a task started at the same time may have written it
     if written is None:
+        files.write(out)  # before the plan: a plan always has its inputs' record
         write_plan(out, plan)
         return plan
     if written != plan:
@@ -155,14 +185,17 @@ def prepare(job: Job, out: Path, parts: int | None, source: Inputs) -> Plan | No
 def _checked(plan: Plan, fingerprint: dict[str, Any], parts: int | None, out: Path) -> Plan:
     theirs = plan.fingerprint
     options = {key: value for key, value in theirs["options"].items() if key != "parts"}
-    if theirs["inputs"] != fingerprint["inputs"] or options != fingerprint["options"]:
+    if ({**theirs, "options": options} != fingerprint):
         diff = [f"{key}: {options.get(key)!r} -> {value!r}"
                 for key, value in fingerprint["options"].items() if options.get(key) != value]
         if theirs["inputs"] != fingerprint["inputs"]:
             diff.append(f"inputs: {theirs['inputs']} -> {fingerprint['inputs']}")
+        if theirs.get(FILES_KEY) != fingerprint[FILES_KEY]:
+            diff.append("the input files (names, sizes or modification times)")
         raise ConversionError(
             f"{out} holds a conversion made with other inputs or options ({'; '.join(diff)}); "
-            "rerun the same command to resume it, or convert into an empty directory"
+            "rerun the same command to resume it, rerun with --overwrite to convert afresh "
+            "(it deletes the earlier shards), or convert into an empty directory"
         )
     if parts is not None and parts != len(plan.parts):
         raise ConversionError(
@@ -178,8 +211,8 @@ def _check_unused(out: Path, fmt: str) -> None:
     the temporary files of a run killed before its first shard."""
     leftovers = sorted(
         name for name in os.listdir(out)
-        if not (name == PLAN_NAME or name.startswith(f".{PLAN_NAME}.") or name.startswith("part-")
-                or is_temporary(name, fmt))
+        if not (name in (PLAN_NAME, INPUTS_NAME) or name.startswith(f".{PLAN_NAME}.")
+                or name.startswith("part-") or is_temporary(name, fmt))
     )
     if leftovers:
         shown = ", ".join(leftovers[:3]) + (", ..." if len(leftovers) > 3 else "")
@@ -208,7 +241,7 @@ def run_plan(job: Job, out: Path, plan: Plan, executor: Executor | None,
     report = _Reporter(plan, progress)
     report(done.values())
     failures: list[tuple[Part, BaseException]] = []
-    for task, outcome in _outcomes(pending, executor, source):
+    for task, outcome in _outcomes(pending, executor, source, report.within(done)):
         if isinstance(outcome, BaseException):
             failures.append((task.part, outcome))
             continue
@@ -222,7 +255,7 @@ def run_plan(job: Job, out: Path, plan: Plan, executor: Executor | None,
             "to redo only the unfinished ones"
         ) from err
     manifest = merge(job, out, plan)
-    results = done.values()
+    results = [done[index] for index in sorted(done)]
     return ConvertResult(
         output=out,
         manifest=manifest,
@@ -230,15 +263,23 @@ def run_plan(job: Job, out: Path, plan: Plan, executor: Executor | None,
         shards_written=sum(result.shards_written for result in results),
         stored_bytes=sum(result.stored_bytes for result in results),
         seconds=time.perf_counter() - started,
+        skipped=_first_skipped(result.skipped for result in results),
     )
 
 
-def _outcomes(tasks: list[PartTask], executor: Executor | None, source: Inputs | None
+def _first_skipped(lists: Iterable[Sequence[str]]) -> tuple[str, ...]:
+    """The first `SKIPPED_SHOWN` places of skipped records, in part order."""
+    return tuple(itertools.islice(itertools.chain.from_iterable(lists), SKIPPED_SHOWN))
+
+
+def _outcomes(tasks: list[PartTask], executor: Executor | None, source: Inputs | None,
+              progress: Callable[[Progress], None] | None = None,
               ) -> Iterator[tuple[PartTask, ConvertResult | BaseException]]:
-    """Each task with its result or (on an executor) its error, as they finish."""
+    """Each task with its result or (on an executor) its error, as they finish; tasks run
+    here report `progress` as they go."""
     if executor is None:
         for task in tasks:
-            yield task, run_part(task, source)  # errors propagate as without parts
+            yield task, run_part(task, source, progress)  # errors propagate as without parts
         return
     if source is not None and source.listed:  # send each part its files, if not too many
         tasks = [_with_files(task, source) for task in tasks]
@@ -278,6 +319,30 @@ class _Reporter:
             parts_total=len(self.plan.parts),
         ))
 
+    def within(self, done: dict[int, ConvertResult]) -> Callable[[Progress], None] | None:
+        """A report for a part running here: the finished parts (`done`, as it grows) plus
+        what the running part read so far, so one big file shows its progress."""
+        if self.progress is None:
+            return None
+        progress = self.progress
+
+        def report(p: Progress) -> None:
+            results = list(done.values())
+            finished = {Path(result.output).name for result in results}
+            progress(Progress(
+                files=0,
+                records=sum(result.counts.records_in for result in results) + p.records,
+                stored_bytes=sum(part.bytes for part in self.plan.parts
+                                 if part.folder in finished) + p.stored_bytes,
+                resumed_bytes=p.resumed_bytes,
+                shards=sum(len(result.manifest.shards) for result in results) + p.shards,
+                bytes_total=self.plan.bytes,
+                parts=len(results),
+                parts_total=len(self.plan.parts),
+            ))
+
+        return report
+
 
 def merge(job: Job, out: Path, plan: Plan) -> Manifest:
     """Write ``out/manifest.json`` from the parts' manifests, in part order; ConversionError
@@ -292,12 +357,15 @@ def merge(job: Job, out: Path, plan: Plan) -> Manifest:
         )
     shards = []
     counts = Counts()
+    skipped = []
     for task in tasks:
+        skipped.append(Journal.read_skipped(task.folder))
         manifest = read_manifest(task.folder)
         shards += [replace(entry, name=f"{task.part.folder}/{entry.name}")
                    for entry in manifest.shards]
         for name in (each.name for each in fields(Counts)):
             setattr(counts, name, getattr(counts, name) + manifest.counts[name])
+    check_converted(job, counts, list(_first_skipped(skipped)))
     manifest = Manifest(
         shard_format=job.format,
         shards=tuple(shards),

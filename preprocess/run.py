@@ -30,12 +30,15 @@ from streamds.parse import describe_bad
 from .commit import CommitQueue
 from .counts import Counts, Progress
 from .errors import ConversionError
+from .journal import SKIPPED_KEY
 from .sources import Inputs, Leaf, Meter, Position, RawRecord, SourceError, Span
 from .writers import BackgroundShard, ShardFile, open_shard, tar_member_size
 
-__all__ = ["PROGRESS_EVERY", "ConversionRun"]
+__all__ = ["PROGRESS_BYTES", "PROGRESS_EVERY", "SKIPPED_SHOWN", "ConversionRun"]
 
-PROGRESS_EVERY = 1024  # records between progress callbacks
+PROGRESS_EVERY = 1024  # records between progress callbacks, at most
+PROGRESS_BYTES = 1 << 20  # stored bytes read between progress callbacks, at most
+SKIPPED_SHOWN = 10  # skipped records named (log, journal, summary); the rest are counted
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +46,10 @@ log = logging.getLogger(__name__)
 class ConversionRun:
     """One pass over the inputs, from where the journal says the last good shard ended.
 
-    State: the open shard, its decoded bytes so far, the next shard number, and `counts`
-    (records in/out/dropped/bad up to the record being handled).
+    State: the open shard, its decoded bytes so far, the next shard number, `counts`
+    (records in/out/dropped/bad up to the record being handled) and `skipped` (where the
+    first `SKIPPED_SHOWN` bad records were, journaled with each shard). Progress is
+    reported every `PROGRESS_EVERY` records or `PROGRESS_BYTES` stored bytes read.
     """
 
     def __init__(self, source: Inputs, output: Path, *, format: str, level: int,
@@ -71,6 +76,8 @@ class ConversionRun:
         self.shard_bytes = 0
         self.index = 0
         self.counts = Counts()
+        self.skipped: list[str] = []  # where the first SKIPPED_SHOWN bad records were
+        self.reported_bytes = 0
         self.resumed_bytes = 0
         self.files_total: int | None = None
         self.bytes_total: int | None = None
@@ -80,6 +87,7 @@ class ConversionRun:
         last = self.journal.shards[-1] if self.journal.shards else None
         start = None if last is None else Position.from_json(last["next"])
         self.counts = Counts() if last is None else Counts(**last["counts"])
+        self.skipped = [] if last is None else list(last[SKIPPED_KEY])
         self.index = len(self.journal.shards)
         self.resumed_bytes = 0 if last is None else last["stored_bytes"]
         pool = ThreadPoolExecutor(self.workers, "streamds-shard") if self.workers > 1 else None
@@ -100,7 +108,11 @@ class ConversionRun:
                 self._close(None)
             self.commits.commit()
             self.journal.end = asdict(self.counts)
+            self.journal.skipped = list(self.skipped)
             self.journal.write()
+            if self.counts.bad > len(self.skipped):
+                log.warning("skipped %d bad records in all (the first %d named above)",
+                            self.counts.bad, len(self.skipped))
         except BaseException:
             if self.shard is not None:
                 self.shard.discard()
@@ -113,9 +125,15 @@ class ConversionRun:
                 pool.shutdown(wait=True)
 
     def _count_corrupt(self, leaf: Leaf, err: CorruptShardError) -> None:
-        log.warning("skipping the rest of %s: %s", leaf.path, err)
+        self._skip(f"{leaf.path}: the rest of the file is unreadable: {err}")
         self.counts.records_in += 1  # the unreadable rest of a file counts as one bad record
         self.counts.bad += 1
+
+    def _skip(self, place: str) -> None:
+        """Note a skipped bad record (--on-error skip): the first few are named."""
+        if len(self.skipped) < SKIPPED_SHOWN:
+            self.skipped.append(place)
+            log.warning("skipped (--on-error skip): %s", place)
 
     def _open(self, pool: ThreadPoolExecutor | None) -> None:
         shard = open_shard(
@@ -131,7 +149,8 @@ class ConversionRun:
         result = self.shard.finish()
         self.shard = None
         stored = self.resumed_bytes + self.meter.stored_bytes
-        self.commits.add(result, next_position, Counts(**asdict(self.counts)), stored)
+        self.commits.add(result, next_position, Counts(**asdict(self.counts)), stored,
+                         tuple(self.skipped))
 
     def _loop(self, records: Iterator[RawRecord], pool: ThreadPoolExecutor | None) -> None:
         loads, dumps, decode_error = values.loads, values.dumps, orjson.JSONDecodeError
@@ -140,7 +159,10 @@ class ConversionRun:
         seen = 0
         for raw in records:
             seen += 1
-            if self.progress is not None and seen % PROGRESS_EVERY == 0:
+            if self.progress is not None and (
+                seen % PROGRESS_EVERY == 0
+                or self.meter.stored_bytes - self.reported_bytes >= PROGRESS_BYTES
+            ):
                 self._report()
             data = raw.data
             read_bytes = len(data) + (raw.leaf.kind == "jsonl")
@@ -155,6 +177,7 @@ class ConversionRun:
                         f"{raw.where}: {_what(raw, record, error)}; fix or remove it, or pass "
                         "--on-error skip to skip and count bad records"
                     ) from error
+                self._skip(f"{raw.where}: {_what(raw, record, error)}")
                 counts.records_in += 1
                 counts.bad += 1
                 counts.input_bytes += read_bytes
@@ -194,6 +217,7 @@ class ConversionRun:
 
     def _report(self) -> None:
         assert self.progress is not None
+        self.reported_bytes = self.meter.stored_bytes
         self.progress(Progress(
             files=self.meter.files,
             records=self.counts.records_in,

@@ -69,7 +69,7 @@ from streamds.formats.trees import (
 from streamds.retry import DEFAULT_RETRY, PERMANENT_ERRORS, RetryPolicy, retrying
 from streamds.shards import same_file_error, source_items
 
-from .listing import ListingWalk, RemoteTree, remote_tree
+from .listing import ListingWalk, RemoteTree, remote_tree, remote_version
 from .readahead import ReadAhead
 
 __all__ = [
@@ -112,6 +112,7 @@ class Leaf:
     fs: AbstractFileSystem | None = field(default=None, compare=False, repr=False)
     fs_path: str = ""
     lines_from: int = 0  # decoded offset its line numbers count from (a part cut inside it)
+    version: str | None = None  # a remote file's ETag or modification time, as listed
 
     @property
     def folder(self) -> tuple[int, Rel]:
@@ -218,7 +219,8 @@ class RawRecord(NamedTuple):
 
 class Meter:
     """Reading progress: files passed (those before a resumed run's start included) and
-    stored (raw, possibly compressed) bytes read. Updated by the consuming thread only."""
+    stored (raw, possibly compressed) bytes read, counted as each read returns (so one big
+    file shows progress). Updated by the consuming thread only."""
 
     def __init__(self) -> None:
         self.files = 0
@@ -234,12 +236,13 @@ class _Reopening(io.RawIOBase):
     """
 
     def __init__(self, leaf: Leaf, policy: RetryPolicy, start: int = 0,
-                 end: int | None = None) -> None:
+                 end: int | None = None, meter: Meter | None = None) -> None:
         self.leaf = leaf
         self.policy = policy
         self.pos = start
         self.end = end  # reads stop here (None: at the end of the file)
         self.count = 0
+        self.meter = meter  # counts each read as it happens (progress inside one big file)
         self._file: BinaryIO | None = retrying(self._open, policy, f"{leaf.path}: open")
 
     def _open(self) -> BinaryIO:
@@ -279,6 +282,8 @@ class _Reopening(io.RawIOBase):
                         f"{self.leaf.path}: read at byte {self.pos}")
         self.pos += len(data)
         self.count += len(data)
+        if self.meter is not None:
+            self.meter.stored_bytes += len(data)
         return data
 
     def readinto(self, buffer) -> int:  # type: ignore[override]
@@ -347,7 +352,7 @@ def _read_jsonl(
     discards up to `offset`.
     """
     stored, decoded = (offset, offset) if leaf.codec is None else anchor
-    raw = _Reopening(leaf, policy, stored, stop)
+    raw = _Reopening(leaf, policy, stored, stop, meter)
     try:
         stream = decode(raw, leaf.codec, leaf.path, start=stored,  # type: ignore[arg-type]
                         decoded_start=decoded)
@@ -357,12 +362,12 @@ def _read_jsonl(
             if not data:
                 raise SourceError(
                     f"{leaf.path}: ends before decoded offset {offset}, where the conversion "
-                    "stopped; the input changed since, so convert into a new directory"
+                    "stopped; the input changed since: rerun with --overwrite to convert "
+                    "afresh, or convert into a new directory"
                 )
             skip -= len(data)
         yield from _lines(iter(lambda: stream.read(READ_SIZE), b""), leaf, offset, line)
     finally:
-        meter.stored_bytes += raw.count
         raw.close()
 
 
@@ -431,7 +436,7 @@ def _json_records(
 
 
 def _read_tar(leaf: Leaf, first: int, meter: Meter, policy: RetryPolicy) -> Iterator[RawRecord]:
-    raw = _Reopening(leaf, policy)
+    raw = _Reopening(leaf, policy, meter=meter)
     stream = io.BufferedReader(decode(raw, leaf.codec, leaf.path), READ_SIZE)  # type: ignore[arg-type]
     ordinal = 0
     samples = SampleKeys(leaf.path)
@@ -464,7 +469,6 @@ def _read_tar(leaf: Leaf, first: int, meter: Meter, policy: RetryPolicy) -> Iter
             offset=ordinal,
         ) from err
     finally:
-        meter.stored_bytes += raw.count
         stream.close()
 
 
@@ -486,6 +490,7 @@ class _RemoteFile:
     fs: AbstractFileSystem
     path: str
     size: int | None
+    version: str | None = None
 
 
 _Plan = _LocalFile | _RemoteFile | ListingWalk | RemoteTree
@@ -501,7 +506,8 @@ class Inputs:
     how many ``.json`` files open at once and how many local folders list at once (0 or 1:
     one at a time), `read_ahead_bytes` how much read-ahead data may wait beyond the next
     `read_ahead` files; `retry` how transient errors are retried. None of these changes the
-    records or their order.
+    records or their order. Local folders holding one of the file names `markers` are noted
+    as they are listed (`plans`: each input's `ListingWalk.marked`).
 
     >>> inputs = Inputs(["data/train.txt", "data/small/"])      # doctest: +SKIP
     >>> next(inputs.records()).where                            # doctest: +SKIP
@@ -516,6 +522,7 @@ class Inputs:
         read_ahead: int = DEFAULT_READ_AHEAD,
         read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES,
         retry: RetryPolicy = DEFAULT_RETRY,
+        markers: frozenset[str] = frozenset(),
     ) -> None:
         if isinstance(items, (list, tuple)) and not items:
             raise ValueError("no inputs given; name JSONL files, directories, globs or tar files")
@@ -524,10 +531,17 @@ class Inputs:
         self.read_ahead = read_ahead
         self.read_ahead_bytes = read_ahead_bytes
         self.retry = retry
+        self.markers = markers
         self._exclude: set[tuple[int, int]] = set()
         self._plans: list[_Plan] = [self._plan(item) for item in self.items]
         self._all: list[Leaf] | None = None  # every leaf, once listed and checked
         self._index: dict[tuple[int, Rel | None], int] | None = None  # leaf -> its place
+
+    @property
+    def plans(self) -> tuple[Any, ...]:
+        """What each input expands by: a `ListingWalk` for a local folder or glob, a
+        `RemoteTree` for a remote one, else a file."""
+        return tuple(self._plans)
 
     def exclude(self, directory: str | os.PathLike) -> None:
         """Never walk into `directory` (an existing one): the output, when inside an input."""
@@ -554,9 +568,9 @@ class Inputs:
             return _LocalFile(item)
         threads = self.read_ahead if self.read_ahead > 1 else 0
         if os.path.isdir(item):
-            return ListingWalk(directory_walk(item, self._exclude), threads)
+            return ListingWalk(directory_walk(item, self._exclude), threads, self.markers)
         if has_magic(item):
-            walk = ListingWalk(glob_walk(item, self._exclude), threads)
+            walk = ListingWalk(glob_walk(item, self._exclude), threads, self.markers)
             if not os.path.isdir(walk.root or "."):
                 raise FileNotFoundError(f"no files match {item!r}: {walk.root!r} is no directory")
             return walk
@@ -578,8 +592,8 @@ class Inputs:
             return tree
         _kind, codec = leaf_kind(path.rsplit("/", 1)[-1])
         require_codec(codec, item)
-        size = retrying(lambda: fs.size(path), self.retry, item)
-        return _RemoteFile(fs, path, size)
+        info = retrying(lambda: fs.info(path), self.retry, item)
+        return _RemoteFile(fs, path, info.get("size"), remote_version(info))
 
     def leaves(self, start: Position | None = None) -> Iterator[Leaf]:
         """Every input file in order, from the one holding `start` on.
@@ -658,7 +672,8 @@ class Inputs:
                 yield Leaf(index, None, plan.path, kind, codec, _local_size(plan.path))
             elif isinstance(plan, _RemoteFile):
                 kind, codec = leaf_kind(plan.path.rsplit("/", 1)[-1])
-                yield Leaf(index, None, item, kind, codec, plan.size, plan.fs, plan.path)
+                yield Leaf(index, None, item, kind, codec, plan.size, plan.fs, plan.path,
+                           version=plan.version)
             elif isinstance(plan, RemoteTree):
                 for rel in plan.files:
                     if resume is not None and _before(rel, resume):
@@ -668,7 +683,7 @@ class Inputs:
                         require_codec(codec, rel[-1])
                     path = plan.path_of(rel)
                     yield Leaf(index, rel, plan.fs.unstrip_protocol(path), kind, codec,
-                               plan.sizes[rel], plan.fs, path)
+                               plan.sizes[rel], plan.fs, path, version=plan.versions[rel])
             else:
                 for rel in plan.files(resume):
                     kind, codec = leaf_kind(rel[-1])

@@ -8,7 +8,6 @@ of the converter: from the plain bytes, and file order from a natural sort of fu
 from __future__ import annotations
 
 import bz2
-import fcntl
 import gzip
 import io
 import json
@@ -30,6 +29,7 @@ import zstandard
 from corpora.synthetic import write_pubmed, write_small_files, write_small_lines
 from preprocess import convert as convert_module
 from preprocess.convert import JOURNAL_NAME, ConversionError, convert
+from preprocess.identity import INPUTS_NAME
 from preprocess.sources import Inputs
 from streamds.formats.manifest import MANIFEST_NAME, read_manifest
 from streamds.formats.seekable import decompress_frames, read_seek_table
@@ -143,7 +143,7 @@ def test_round_trip_every_input_kind(corpus, tmp_path, name):
     assert result.counts.records_in == result.counts.records_out == len(expected)
     assert result.manifest.totals["records"] == len(expected)
     assert {p.name for p in out.iterdir()} == {
-        MANIFEST_NAME, JOURNAL_NAME, *(s.name for s in result.manifest.shards)
+        MANIFEST_NAME, JOURNAL_NAME, INPUTS_NAME, *(s.name for s in result.manifest.shards)
     }
 
 
@@ -179,15 +179,22 @@ def test_resume_positions_restart_exactly_at_every_record(corpus):
         assert rest == [data for data, _ in everything[k:]], k
 
 
-def test_output_inside_an_input_directory_is_not_read(corpus, tmp_path):
+def test_an_output_inside_an_input_folder_is_refused_naming_both(corpus, tmp_path):
     tree = tmp_path / "tree"
     shutil.copytree(corpus["root"] / "small", tree)
-    convert([tree], tree / "shards", shard_size=4000, frame_size=1000)
-    first = files_of(tree / "shards")
-    assert read_output(tree / "shards") == corpus["expected"]["small"]
-    shutil.rmtree(tree / "shards")
-    convert([tree], tree / "shards", shard_size=4000, frame_size=1000)
-    assert files_of(tree / "shards") == first
+    for output in (tree / "shards", tree / "part_001" / "shards", tree):
+        with pytest.raises(ConversionError, match="lies inside the input") as caught:
+            convert([tree], output, shard_size=4000, frame_size=1000)
+        assert str(output) in str(caught.value) and str(tree) in str(caught.value)
+        assert output == tree or not output.exists()  # refused before the output is made
+    # a glob that cannot reach the output does not read it: allowed
+    lines = tmp_path / "lines"
+    lines.mkdir()
+    shutil.copy(corpus["root"] / "lines.jsonl", lines / "a.jsonl")
+    convert([f"{lines}/*.jsonl"], lines / "shards", shard_size=4000, frame_size=1000)
+    assert read_output(lines / "shards") == corpus["expected"]["lines.jsonl"]
+    with pytest.raises(ConversionError, match="lies inside the input"):
+        convert([f"{lines}/*"], lines / "more", shard_size=4000)
 
 
 # -- the shard format --------------------------------------------------------------------
@@ -423,50 +430,47 @@ def test_other_options_or_a_foreign_directory_are_refused(corpus, tmp_path):
     assert (foreign / "notes.txt").read_text() == "mine"
 
 
-def _open_fifo_writer(path: Path, proc: subprocess.Popen, deadline: float) -> int:
-    while True:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
-        except OSError as err:  # ENXIO: no reader yet
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(
-                    f"the converter never opened the input (rc {proc.poll()})"
-                ) from err
-            time.sleep(0.01)
-            continue
-        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
-        return fd
+def block_at_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A transform that blocks for good at record ``$BLOCK_AT``, opening the FIFO
+    ``$BLOCK_FIFO`` that nobody writes: the converter then waits at a known record."""
+    if record["i"] == int(os.environ.get("BLOCK_AT", "-1")):
+        with open(os.environ["BLOCK_FIFO"], "rb") as f:
+            f.read()
+    return record
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_kill_9_then_rerun_gives_the_exact_set(tmp_path, workers):
-    """Kill the CLI while it waits on a pipe, after shards are journaled; rerun; compare."""
+def test_kill_9_then_rerun_gives_the_exact_set(tmp_path, workers, monkeypatch):
+    """Kill the CLI while its transform blocks, after shards are journaled; rerun; compare."""
     data = b"".join(orjson.dumps({"i": i, "text": "w" * (i % 97)}) + b"\n" for i in range(4000))
     source = tmp_path / "input.jsonl"
     source.write_bytes(data)
-    args = ["--shard-size", "20000", "--frame-size", "4096", "--workers", str(workers)]
-    options = {"shard_size": 20000, "frame_size": 4096, "workers": workers}
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    monkeypatch.delenv("BLOCK_AT", raising=False)
+    args = ["--shard-size", "20000", "--frame-size", "4096", "--workers", str(workers),
+            "--transform", "test_convert:block_at_record"]
+    options = {"shard_size": 20000, "frame_size": 4096, "workers": workers,
+               "transform": "test_convert:block_at_record"}
     convert([str(source)], tmp_path / "ref", **options)
-    part = data[: data.index(b"\n", len(data) * 3 // 5) + 1]  # what the pipe will deliver
+    block_at = 2400  # the converter blocks on this record, 3/5 of the way
     reference = json.loads((tmp_path / "ref" / JOURNAL_NAME).read_bytes())["shards"]
-    closable = sum(1 for item in reference if item["next"] and item["next"]["offset"] < len(part))
+    offset = data.index(orjson.dumps({"i": block_at, "text": "w" * (block_at % 97)}))
+    closable = sum(1 for item in reference if item["next"] and item["next"]["offset"] < offset)
     assert 3 <= closable < len(reference)
 
-    source.unlink()
-    os.mkfifo(source)  # the converter reads what the test writes, then blocks: a safe moment
+    fifo = tmp_path / "never-written"
+    os.mkfifo(fifo)
     out = tmp_path / "out"
+    env = {**os.environ, "BLOCK_AT": str(block_at), "BLOCK_FIFO": str(fifo),
+           "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
     proc = subprocess.Popen(
         [sys.executable, "-m", "preprocess", str(source), "--output", str(out), "--quiet",
-         *args], cwd=REPO,
+         *args], cwd=REPO, env=env,
     )
     try:
         deadline = time.monotonic() + 60
-        fd = _open_fifo_writer(source, proc, deadline)
-        view = memoryview(part)
-        while view:
-            view = view[os.write(fd, view):]
-        # Wait until every shard the part can close is journaled and the next one is open,
-        # under whatever name: the converter then waits on the pipe.
+        # Wait until every shard before the blocking record is journaled and the next one is
+        # open, under whatever name: the converter then waits in the transform.
         journaled: list[str] = []
         while len(journaled) < closable or len(list(out.glob("*shard-*"))) <= closable:
             assert time.monotonic() < deadline and proc.poll() is None
@@ -478,7 +482,6 @@ def test_kill_9_then_rerun_gives_the_exact_set(tmp_path, workers):
             time.sleep(0.01)
         proc.kill()  # SIGKILL: no cleanup handlers run
         proc.wait()
-        os.close(fd)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -488,8 +491,6 @@ def test_kill_9_then_rerun_gives_the_exact_set(tmp_path, workers):
     for path in out.glob("shard-*"):
         with open(path, "rb") as f:
             assert read_seek_table(f, path.stat().st_size, name=path.name) is not None
-    source.unlink()
-    source.write_bytes(data)
     stats = {name: (out / name).stat().st_mtime_ns for name in journaled}
     resumed = convert([str(source)], out, **options)
     assert resumed.shards_reused >= len(journaled)

@@ -248,8 +248,14 @@ def test_every_record_exactly_once_or_a_clear_error(tree: dict[str, Any]) -> Non
             event("refused: no visible files")
             with pytest.raises(FileNotFoundError, match=r"no JSONL files|no files match"):
                 StreamingJsonl(source)
+            with pytest.raises(ValueError, match=r"nothing to convert|does not exist"):
+                convert(source, base / "out")
             return
         event(f"read {'some' if expected else 'no'} records")
         event(f"{tree['workers']} workers, {tree['world_size']} ranks")
         assert read_all_ranks(source, tree) == expected
+        if not expected:  # converting nothing is an error, never an empty output
+            with pytest.raises(ValueError, match="nothing to convert"):
+                convert(source, base / "out")
+            return
         assert converted(source, base / "out") == expected
