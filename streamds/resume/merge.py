@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from ..balance import EvenRanks, pad_work
 from ..batch import Batch
 from ..buckets import PoolBatch, is_pool_state, pool_rng
 from ..chunks import Chunk, ChunkCursor, Position, WorkItem
@@ -160,6 +161,8 @@ def _unfinished(state: ReaderState) -> tuple[list[WorkItem], list[Position], dic
     snapshot = pipeline
     tail = {
         "work": [list(item) for item in _from_position(work, snapshot[Shuffle.SOURCE])],
+        "even": None if state.quota is None else _even_stream(state, list(work),
+                                                              snapshot[Shuffle.SOURCE]),
         "snapshot": {key: snapshot[key] for key in
                      (Shuffle.POSITIONS, Shuffle.ROUND, Shuffle.DRAINING)},
         "since": snapshot[Shuffle.SINCE],
@@ -169,6 +172,21 @@ def _unfinished(state: ReaderState) -> tuple[list[WorkItem], list[Position], dic
     if pool is not None:
         tail["pool"] = pool
     return [], [], tail
+
+
+def _even_stream(state: ReaderState, work: list[WorkItem], position: dict[str, Any]
+                 ) -> dict[str, Any]:
+    """What replays an even-ranks reader's stream from its shuffle snapshot: its whole work,
+    the pad work it cycles through once that is read, its quota (the carried-over records'
+    share taken off, as the reader does) and the snapshot's position in that stream, which
+    counts the records the reader had passed on. Replaying from the work left alone would
+    miss where the quota ends the stream ("drop") or pad records extend it ("pad"), so the
+    buffer's drain would be replayed wrongly."""
+    num_blocks, seed, shuffle = state.plan
+    assert state.quota is not None
+    pad = pad_work(Plan(num_blocks, seed, shuffle), state.epoch, work)
+    return {"work": [list(item) for item in work], "pad": [list(item) for item in pad],
+            "quota": max(0, state.quota - len(state.prefill)), "position": position}
 
 
 def merge_states(states: Any) -> dict[str, Any]:
@@ -362,15 +380,56 @@ def _read_after(
     return found, []
 
 
+def _read_even(
+    spec: Spec, even: dict[str, Any], limit: int
+) -> tuple[list[tuple[int, Position]], list[WorkItem]]:
+    """As `_read_after`, for an even-ranks reader: its own stream from the snapshot's
+    position (work, then pad work, ended by its quota), the work item of each record counted
+    through work then pad. The work left is the reader's own work after the last record
+    found: what the quota would have dropped is left to read, pad work never is."""
+    work = [(block, start) for block, start in even["work"]]
+    pad = [(block, start) for block, start in even["pad"]]
+    lines = Lines(spec.shards, spec.blocks, work, on_error=spec.on_error, opener=spec.opener,
+                  retry=spec.retry, pad_work=pad)
+    where = LineNumbers(spec.shards, spec.blocks, spec.opener)
+    chunks = EvenRanks(Transform(Parse(lines, spec.shards, spec.blocks, on_error=spec.on_error,
+                                       opener=spec.opener, where=where), spec.steps,
+                                 where=where),
+                       even["quota"], work_items=len(work), pad_items=len(pad))
+    cursor = ChunkCursor(chunks)
+    cursor.reset(even["position"])
+    found: list[tuple[int, Position]] = []
+    last: tuple[Chunk, int] | None = None
+    if limit:
+        for chunk in cursor.chunks():
+            for index, item in enumerate(chunk.items):
+                if item.__class__ is Marker:
+                    continue
+                found.append((chunk.item, (chunk.block, chunk.offsets[index])))
+                last = chunk, index
+                if len(found) == limit:
+                    break
+            if len(found) == limit:
+                break
+    if last is None or last[0].item >= len(work):
+        return found, []
+    chunk, index = last
+    return found, [(chunk.block, chunk.offsets[index + 1]), *work[chunk.item + 1 :]]
+
+
 def _resolve(
     tail: dict[str, Any], spec: Spec, *, then: int = 0
 ) -> tuple[list[WorkItem], list[Position], list[Position]]:
     """A shuffling reader's tail, `then` more records handed out -> (work left, buffered
     positions, positions of those `then` records in the order they came out)."""
-    work = [(block, start) for block, start in tail["work"]]
+    even = tail.get("even")
+    work = [(block, start) for block, start in (even or tail)["work"]]
     since = tail["since"]
     ahead = since + then + spec.buffer_size  # the most records the buffer can have read
-    found, after_all = _read_after(spec, work, ahead)
+    if even is None:
+        found, after_all = _read_after(spec, work, ahead)
+    else:
+        found, after_all = _read_even(spec, even, ahead)
     total = None if len(found) == ahead else len(found)
     handed: list[Position] = []
     shuffle, numbers = replay(size=spec.buffer_size, seed_parts=tuple(tail["seed"]),
@@ -382,11 +441,19 @@ def _resolve(
 
     buffered = [position(*at) for at in shuffle.buffered()]
     out = [position(*at) for at in handed[since:]]
+    if even is not None:  # leave pad repeats: pad records and records already handed out
+        seen = {position(*at) for at in handed}
+        buffered = [buffered_at for at, buffered_at in zip(shuffle.buffered(), buffered,
+                                                           strict=True)
+                    if not (at[0] == NEW and found[at[1]][0] >= len(work))
+                    and buffered_at not in seen]
     read = numbers.next  # records the reader had taken from its stream since the snapshot
     if read < len(found):
         item, (block, offset) = found[read]
+        if item >= len(work):  # into the pad work: its own work is all read
+            return [], buffered, out
         return [(block, offset), *work[item + 1 :]], buffered, out
-    return (after_all if total is None else []), buffered, out
+    return (after_all if total is None or even is not None else []), buffered, out
 
 
 def _resolve_pool(tail: dict[str, Any], spec: Spec) -> tuple[list[WorkItem], list[Position]]:
