@@ -131,11 +131,15 @@ class EvenRanks:
     """Stage: chunks -> chunks holding exactly `quota` records in all (None: pass through).
 
     Stops mid-chunk when the quota is reached; the source cycles through pad work when it
-    would run short. State: ``{"source": ..., "emitted": n}`` (records passed on so far).
+    would run short. State: ``{"source": ..., "emitted": n, "cut": [k, o] | None}``: records
+    passed on so far, and once the quota is reached, where the last one ends (work item k,
+    offset o), since the source has read on to the end of that chunk (an elastic resume
+    needs to know which records were passed on).
     """
 
     SOURCE = "source"
     EMITTED = "emitted"
+    CUT = "cut"
 
     def __init__(
         self, source: Any, quota: int | None, *, work_items: int = 0, pad_items: int = 0
@@ -155,9 +159,12 @@ class EvenRanks:
     def reset(self, state: dict[str, Any] | None = None) -> None:
         self.source.reset(None if state is None else state[self.SOURCE])
         self._emitted = 0 if state is None else state[self.EMITTED]
+        # states taken before streamds kept the cut have none: read as not cut
+        self._cut_at: list[int] | None = None if state is None else state.get(self.CUT)
 
     def get_state(self) -> dict[str, Any]:
-        return {self.SOURCE: self.source.get_state(), self.EMITTED: self._emitted}
+        return {self.SOURCE: self.source.get_state(), self.EMITTED: self._emitted,
+                self.CUT: self._cut_at}
 
     @property
     def counts(self) -> dict[str, int]:
@@ -182,6 +189,7 @@ class EvenRanks:
             if self._emitted + count >= quota:
                 cut = self._cut(chunk, quota - self._emitted)
                 self._emitted = quota  # before the yield: a state taken there counts it
+                self._cut_at = [cut.item, cut.offsets[-1]]
                 yield cut
                 return
             self._emitted += count

@@ -186,7 +186,75 @@ def _even_stream(state: ReaderState, work: list[WorkItem], position: dict[str, A
     assert state.quota is not None
     pad = pad_work(Plan(num_blocks, seed, shuffle), state.epoch, work)
     return {"work": [list(item) for item in work], "pad": [list(item) for item in pad],
-            "quota": max(0, state.quota - len(state.prefill)), "position": position}
+            "quota": max(0, state.quota - len(state.prefill)), "position": position,
+            "upto": list(_read_up_to(position))}
+
+
+def _read_up_to(position: dict[str, Any]) -> tuple[int, int | None]:
+    """(k, o): the records an even-ranks reader had passed on before a shuffle snapshot are
+    those of its stream's items before k, and of item k those before offset o (None: none).
+    Between chunks that is where the quota cut the stream, else where the line reader stands."""
+    item, offset = position[ChunkCursor.ITEM], position[ChunkCursor.OFFSET]
+    if item >= 0:
+        return item, offset
+    cut = position[ChunkCursor.SOURCE].get(EvenRanks.CUT)
+    if cut is not None:
+        return cut[0], cut[1]
+    lines = _lines_state(position)
+    return lines[Lines.ITEM], lines[Lines.OFFSET]
+
+
+class _Reads:
+    """How often an even-ranks reader's stream had read a record (a position) before a point:
+    once in its own work, then once per pass over its pad work (which repeats it)."""
+
+    def __init__(self, even: dict[str, Any]) -> None:
+        self.work = [(block, start) for block, start in even["work"]]
+        self.pad = [(block, start) for block, start in even["pad"]]
+        self.own_at = {block: k for k, (block, _) in enumerate(self.work)}
+        self.pad_at = {block: k for k, (block, _) in enumerate(self.pad)}
+        self.upto = tuple(even["upto"])
+
+    @staticmethod
+    def _inside(item: WorkItem, offset: int) -> bool:
+        return item[1] is None or offset >= item[1]
+
+    def own(self, position: Position) -> bool:
+        """Whether the record is one of the reader's own (not a carried-over one)."""
+        k = self.own_at.get(position[0])
+        return k is not None and self._inside(self.work[k], position[1])
+
+    def before(self, position: Position) -> int:
+        """Times the stream had read `position` before the point `upto`."""
+        (k, o), (block, offset) = self.upto, position
+        reads = 0
+        mine = self.own_at.get(block)
+        if mine is not None and self._inside(self.work[mine], offset):
+            reads += mine < k or (mine == k and o is not None and offset < o)
+        pad_k = self.pad_at.get(block)
+        if pad_k is not None and self._inside(self.pad[pad_k], offset) and k >= len(self.work):
+            passes, j = divmod(k - len(self.work), len(self.pad))
+            reads += passes + (pad_k < j or (pad_k == j and o is not None and offset < o))
+        return reads
+
+
+def _still_to_read(even: dict[str, Any], buffered: list[Position],
+                   read_since: list[Position]) -> list[Position]:
+    """The buffered records of an even-ranks reader that belong to the rest of the epoch, once
+    each: a record whose every copy read so far is still buffered (none handed out), and
+    that is the reader's own or one carried over to it, not a pad repeat of another's. Pad
+    copies share their original's position, so copies are counted, not told apart."""
+    reads = _Reads(even)
+    since = Counter(read_since)
+    held = Counter(buffered)
+    out: list[Position] = []
+    for position in held:
+        copies = reads.before(position) + since[position]
+        if not reads.own(position):
+            copies += 1  # carried over from another world's buffer (the only way in)
+        if held[position] == copies:
+            out.append(position)
+    return out
 
 
 def merge_states(states: Any) -> dict[str, Any]:
@@ -441,13 +509,9 @@ def _resolve(
 
     buffered = [position(*at) for at in shuffle.buffered()]
     out = [position(*at) for at in handed[since:]]
-    if even is not None:  # leave pad repeats: pad records and records already handed out
-        seen = {position(*at) for at in handed}
-        buffered = [buffered_at for at, buffered_at in zip(shuffle.buffered(), buffered,
-                                                           strict=True)
-                    if not (at[0] == NEW and found[at[1]][0] >= len(work))
-                    and buffered_at not in seen]
     read = numbers.next  # records the reader had taken from its stream since the snapshot
+    if even is not None:  # pad repeats and records already handed out stay behind
+        buffered = _still_to_read(even, buffered, [at for _, at in found[:read]])
     if read < len(found):
         item, (block, offset) = found[read]
         if item >= len(work):  # into the pad work: its own work is all read
