@@ -430,3 +430,23 @@ def test_even_ranks_resume_under_three_ranks_evenly(even_source: str, mode: str)
         assert not set(before) & set(flat) and len(flat) == len(set(flat))
     else:
         assert set(before) | set(flat) == set(range(EVEN_RECORDS))
+
+
+@pytest.mark.parametrize("mode", ["drop", "pad"])
+def test_even_ranks_merge_a_merge_resumed_run(even_source: str, mode: str) -> None:
+    """2 ranks -> merged -> 3 ranks (their buffers start with carried-over records) stopped
+    again -> merged -> 1 rank: the second rest re-reads nothing read before."""
+    before, states = read_part_way(even_source, mode, [600, 1100])
+    merged = merge_states(states)
+    again = []
+    for rank, cut in enumerate([100, 0, 150]):
+        data = even_dataset(even_source, mode, rank=rank, world_size=3, resume_from=merged)
+        iterator = iter(data)
+        before += [next(iterator)["id"] for _ in range(cut)]
+        again.append(pickle.loads(pickle.dumps(data.state_dict())))
+    [rest] = finish_even(even_source, mode, merge_states(again), 1, 0)
+    assert not set(before) & set(rest) and len(rest) == len(set(rest))
+    if mode == "pad":
+        assert set(before) | set(rest) == set(range(EVEN_RECORDS))
+    else:
+        assert len(before) == len(set(before))

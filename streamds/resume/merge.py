@@ -267,6 +267,13 @@ def merge_states(states: Any) -> dict[str, Any]:
     States of a `streamds.Mix` merge source by source (load with ``Mix(..., resume_from=)``);
     states of a packed dataset keep every reader's leftover tokens (load with
     ``packed.with_resume(merged)``).
+
+    Under even_ranks the rest never holds a record read before the checkpoint, nor one twice
+    unless the new world's own split pads. "drop": before and rest together hold every
+    record the uninterrupted epoch would have read (records an unfinished reader would have
+    dropped at its quota are left to read too). "pad": together they hold every record of the
+    corpus; the only records read twice are the old world's pad repeats handed out before the
+    checkpoint (its uninterrupted epoch repeats them as well).
     """
     _check_batchers(states)
     _check_rebatches(states)
