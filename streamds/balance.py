@@ -1,12 +1,22 @@
-"""Even ranks: how many records each reader yields so that every rank yields the same number.
+"""Even ranks: how many records each reader yields so that every rank yields the same batches.
 
-`quotas` is a pure function of the readers' record counts: with "drop" every rank yields as
-many records as the smallest rank has, with "pad" as many as the largest; within a rank the
-total is dealt to its workers. A reader that runs out before its quota repeats its own
-records (or, when it owns none, the first records of the epoch).
+The rule: every rank gives its worker w the same quota, so the per-worker quotas are one
+vector for the whole world. A DataLoader (any batch size, `drop_last`, `.batch(n)`) makes
+each worker's batches from that worker's records alone and takes them round-robin, skipping
+a worker once it runs out, so identical vectors give every rank the same sequence of batch
+sizes, and a DDP all-reduce never pairs across epochs. Evening only the rank totals is not
+enough: with workers each worker's last batch is short, and the batch count follows how a
+rank's total was dealt to its workers.
+
+`quotas` is a pure function of the readers' record counts: with "drop" worker w yields, on
+every rank, as many records as the fewest any rank's worker w has (never a record twice:
+the fewest dropped this rule allows); with "pad" as many as the most any rank's worker w
+has (the fewest repeated). A reader that runs out before its quota repeats its own records
+(or, when it owns none, the first records of the epoch).
 
 `check_split` refuses a split that would leave every rank nothing under "drop" and says how
-many records a split drops or repeats, so that no loss goes unnoticed.
+many records a split drops or repeats, so that no loss goes unnoticed. `empty_rank` finds a
+rank with nothing to read when ranks are not evened (a DDP job would wait for it forever).
 """
 
 from __future__ import annotations
@@ -14,53 +24,32 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from .chunks import Chunk
+from .chunks import Chunk, WorkItem
 from .parse import Marker
+from .plan import Plan
+from .world import World
 
-__all__ = ["EVEN_RANKS", "WARN_FRACTION", "EvenRanks", "check_split", "quotas", "records_in"]
+__all__ = [
+    "EVEN_RANKS", "WARN_FRACTION", "EvenRanks", "check_split", "empty_rank", "pad_work",
+    "quotas", "records_in",
+]
 
 EVEN_RANKS = (None, "drop", "pad")
 WARN_FRACTION = 0.01  # a split that drops or repeats more than this share of records warns
 
 
-def _trim(counts: Sequence[int], target: int) -> list[int]:
-    """Lower the largest counts first until they sum to `target`."""
-    quota = list(counts)
-    excess = sum(quota) - target
-    while excess > 0:
-        top = max(quota)
-        holders = [i for i, q in enumerate(quota) if q == top]
-        below = max([q for q in quota if q < top], default=0)
-        step = min(top - below, excess // len(holders)) if excess >= len(holders) else 0
-        if step == 0:  # fewer records to remove than holders: one from the first few
-            for i in holders[:excess]:
-                quota[i] -= 1
-            break
-        for i in holders:
-            quota[i] -= step
-        excess -= step * len(holders)
-    return quota
-
-
-def _grow(counts: Sequence[int], target: int) -> list[int]:
-    """Raise counts evenly, lowest worker first, until they sum to `target`."""
-    quota = list(counts)
-    extra = target - sum(quota)
-    share, rest = divmod(extra, len(quota))
-    return [q + share + (1 if i < rest else 0) for i, q in enumerate(quota)]
-
-
 def quotas(reader_counts: Sequence[int], world_size: int, mode: str) -> list[int]:
     """Records each reader yields, indexed like `World.reader` (rank-major).
 
-    `reader_counts[i]` is what reader i would yield on its own.
+    `reader_counts[i]` is what reader i would yield on its own. Every rank gets the same
+    per-worker vector: worker w's quota is the fewest ("drop") or the most ("pad") records
+    any rank's worker w has.
     """
     per_rank = len(reader_counts) // world_size
-    ranks = [reader_counts[r * per_rank : (r + 1) * per_rank] for r in range(world_size)]
-    totals = [sum(rank) for rank in ranks]
-    target = min(totals) if mode == "drop" else max(totals)
-    adjust = _trim if mode == "drop" else _grow
-    return [q for rank in ranks for q in adjust(rank, target)]
+    pick = min if mode == "drop" else max
+    vector = [pick(reader_counts[r * per_rank + w] for r in range(world_size))
+              for w in range(per_rank)]
+    return vector * world_size
 
 
 def check_split(
@@ -74,29 +63,61 @@ def check_split(
     records may not split evenly, which is said, not refused.
     """
     total, given = sum(reader_counts), sum(quota)
+    workers = len(reader_counts) // world_size
+    each = ("every rank's worker w yields as many records as the {} of the ranks' workers w "
+            f"({workers} per rank), so that every rank makes the same batches")
     if mode == "drop" and total and not given:
         if total < world_size:
             why = (f"even_ranks='drop' cannot split {total} records over {world_size} ranks: "
                    "every rank would yield 0 records")
             fix = "use even_ranks='pad' (ranks short of records repeat some) or fewer ranks"
         else:
-            why = (f"even_ranks='drop' would drop all {total} records: ranks own whole blocks "
-                   f"({blocks} in the corpus) and some of the {world_size} ranks own no "
-                   "record, so every rank would yield 0 records")
-            fix = ("use even_ranks='pad', fewer ranks, or shards that split finer (plain "
-                   ".jsonl, or `streamds convert` with a smaller frame size)")
+            who = (f"some of the {world_size} ranks own no record" if workers == 1 else
+                   f"for every worker index w some of the {world_size} ranks' worker w owns no "
+                   f"record ({each.format('fewest')})")
+            why = (f"even_ranks='drop' would drop all {total} records: readers own whole "
+                   f"blocks ({blocks} in the corpus) and {who}, so every rank would yield 0 "
+                   "records")
+            fix = ("use even_ranks='pad', fewer ranks or DataLoader workers, or shards that "
+                   "split finer (plain .jsonl, or `streamds convert` with a smaller frame size)")
         if not resumed:
             raise ValueError(f"{why}; {fix}")
         return f"{why} of what is left of this epoch; {fix}"
     changed = abs(given - total)
     if not total or changed <= WARN_FRACTION * total:
         return None
-    verb, fix = (("drops", "use even_ranks='pad' to repeat records instead")
-                 if mode == "drop" else
-                 ("repeats", "use even_ranks='drop' to drop records instead"))
+    verb, most, fix = (("drops", "fewest", "use even_ranks='pad' to repeat records instead")
+                       if mode == "drop" else
+                       ("repeats", "most", "use even_ranks='drop' to drop records instead"))
+    how = ("their record counts differ" if workers == 1 else
+           f"their record counts differ: {each.format(most)}")
     return (f"even_ranks={mode!r} {verb} {changed} of {total} records ({changed / total:.1%}) "
-            f"this epoch over {world_size} ranks: ranks own whole blocks ({blocks} in the "
-            f"corpus) and their record counts differ; {fix}, or use fewer ranks")
+            f"this epoch over {world_size} ranks: readers own whole blocks ({blocks} in the "
+            f"corpus) and {how}; {fix}, or use fewer ranks or DataLoader workers")
+
+
+def empty_rank(num_blocks: int, world: World, *, corpus_bytes: int) -> str | None:
+    """What is wrong when this reader's rank owns no block of the epoch (None: it owns some).
+
+    Blocks are dealt to readers in turn, rank-major (`streamds.plan.assign`), so rank r owns
+    a block exactly when there are more blocks than the readers of the ranks before it.
+    """
+    if world.world_size == 1 or num_blocks > world.rank * world.num_workers:
+        return None
+    readers = (f" ({world.num_workers} DataLoader workers per rank; blocks are dealt to "
+               "every worker of every rank in turn)" if world.num_workers > 1 else "")
+    return (f"rank {world.rank} of world_size={world.world_size} has nothing to read: the "
+            f"corpus ({corpus_bytes:,} bytes) is cut into {num_blocks} block(s), too few "
+            f"for the world{readers}, and a DDP job waits forever for a rank without batches; "
+            "use fewer ranks or DataLoader workers, even_ranks='pad' (ranks short of records "
+            "repeat some; a small corpus is cut finer), or a smaller block_size / shards that "
+            "split finer")
+
+
+def pad_work(plan: Plan, epoch: int, own: Sequence[WorkItem]) -> list[WorkItem]:
+    """What a reader short of its quota repeats: its own work, else the epoch's whole work
+    (from its first block), so that a reader owning nothing still yields its quota."""
+    return list(own) or plan.work(epoch, World())
 
 
 def records_in(chunk: Chunk) -> int:
@@ -110,11 +131,15 @@ class EvenRanks:
     """Stage: chunks -> chunks holding exactly `quota` records in all (None: pass through).
 
     Stops mid-chunk when the quota is reached; the source cycles through pad work when it
-    would run short. State: ``{"source": ..., "emitted": n}`` (records passed on so far).
+    would run short. State: ``{"source": ..., "emitted": n, "cut": [k, o] | None}``: records
+    passed on so far, and once the quota is reached, where the last one ends (work item k,
+    offset o), since the source has read on to the end of that chunk (an elastic resume
+    needs to know which records were passed on).
     """
 
     SOURCE = "source"
     EMITTED = "emitted"
+    CUT = "cut"
 
     def __init__(
         self, source: Any, quota: int | None, *, work_items: int = 0, pad_items: int = 0
@@ -134,9 +159,12 @@ class EvenRanks:
     def reset(self, state: dict[str, Any] | None = None) -> None:
         self.source.reset(None if state is None else state[self.SOURCE])
         self._emitted = 0 if state is None else state[self.EMITTED]
+        # states taken before streamds kept the cut have none: read as not cut
+        self._cut_at: list[int] | None = None if state is None else state.get(self.CUT)
 
     def get_state(self) -> dict[str, Any]:
-        return {self.SOURCE: self.source.get_state(), self.EMITTED: self._emitted}
+        return {self.SOURCE: self.source.get_state(), self.EMITTED: self._emitted,
+                self.CUT: self._cut_at}
 
     @property
     def counts(self) -> dict[str, int]:
@@ -161,6 +189,7 @@ class EvenRanks:
             if self._emitted + count >= quota:
                 cut = self._cut(chunk, quota - self._emitted)
                 self._emitted = quota  # before the yield: a state taken there counts it
+                self._cut_at = [cut.item, cut.offsets[-1]]
                 yield cut
                 return
             self._emitted += count

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .balance import EVEN_RANKS, check_split, quotas
+from .balance import EVEN_RANKS, check_split, empty_rank, pad_work, quotas
 from .batch import Batch, BatchSpec, RecordBatch
 from .buckets import RULES, LengthBuckets, PoolBatch, TokenBudget, is_pool_state
 from .cache import CacheSpec, namespace_of
@@ -48,6 +48,8 @@ __all__ = ["StreamingJsonl"]
 log = logging.getLogger(__name__)
 
 MAX_SEED = (1 << 64) - 1  # seeds are 64-bit, as torch's and numpy's are
+# (fingerprint, rank, world_size) of idle ranks already logged: said once per process
+_EMPTY_RANKS_SAID: set[tuple[str, int, int]] = set()
 
 
 def _cache_spec(
@@ -348,12 +350,19 @@ class StreamingJsonl(IterableDataset):
         """`state` with its record quota under even_ranks, counted once for every reader.
 
         Refuses a split that leaves every rank nothing; with `report`, reader 0 logs how many
-        records the split drops or repeats when that is more than 1%.
+        records the split drops or repeats when that is more than 1%. Without even_ranks, a
+        rank that owns no block of a fresh epoch is refused when the world was detected (a
+        DDP job would wait for it forever) and logged once when rank= / world_size= were
+        passed (a split by hand, e.g. inference on slices, may leave a rank idle on purpose).
         """
-        if self.even_ranks is None or state.quota is not None:
+        resumed = self._merged is not None and state.work is not None
+        if self.even_ranks is None:
+            if not resumed:
+                self._check_rank_has_work(state.world)
+            return state
+        if state.quota is not None:
             return state
         world = state.world
-        resumed = self._merged is not None and state.work is not None
         if resumed:
             counts = []
             for reader in range(world.readers):
@@ -372,6 +381,17 @@ class StreamingJsonl(IterableDataset):
         state.quota = shares[world.reader]
         return state
 
+    def _check_rank_has_work(self, world: World) -> None:
+        said = empty_rank(self._plan.num_blocks, world,
+                          corpus_bytes=sum(shard.size for shard in self._shards))
+        if said is None:
+            return
+        if self.rank is None and self.world_size is None:
+            raise ValueError(said)
+        if (self._fingerprint, world.rank, world.world_size) not in _EMPTY_RANKS_SAID:
+            _EMPTY_RANKS_SAID.add((self._fingerprint, world.rank, world.world_size))
+            log.warning("%s", said)
+
     def _records_of(self, work: list[WorkItem]) -> int:
         assert self._block_counts is not None
         return sum(
@@ -385,7 +405,7 @@ class StreamingJsonl(IterableDataset):
         """What a reader short of its quota repeats: its own work, else the epoch's."""
         own = state.work if state.work is not None else self._plan.work(state.epoch,
                                                                          state.share)
-        return own or self._plan.work(state.epoch, World())
+        return pad_work(self._plan, state.epoch, own)
 
     # -- iteration -----------------------------------------------------------------------
 

@@ -11,10 +11,20 @@ from __future__ import annotations
 import pickle
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import corpus
 import pytest
-from resume_contract import ids, run_test_save_load_state, stop_ranks_part_way, write_mixed
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from resume_contract import (
+    ids,
+    records,
+    run_test_save_load_state,
+    stop_ranks_part_way,
+    write_mixed,
+)
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -253,3 +263,190 @@ def test_merge_finds_reader_states_inside_a_batchers_loader_state(tmp_path) -> N
         next(iterator)
     merged = merge_states([loader.state_dict()])
     assert merged["epoch"] == 0 and (merged["remaining"] or merged["tails"])
+
+
+# -- even ranks: exact at every cut, the shuffle buffer's drain included (issue 26) --------------
+#
+# What merge_states promises under even_ranks, checked below: the rest (what the new world
+# yields after resume_from=merged) never holds a record read before the checkpoint, and never
+# one twice unless the new world's own split pads. With "drop", before + rest hold every record
+# the uninterrupted epoch would have read (records an old reader would have dropped at its
+# quota may be read too: they are left to read, never read twice). With "pad", before + rest
+# hold every record of the corpus; the only records read twice are the old world's pad repeats
+# handed out before the checkpoint (they were read twice in the uninterrupted epoch as well).
+
+EVEN_RECORDS = 2300  # 2 ranks share ~1,150 each: past the shuffle's 1,024-record round
+EVEN_BUFFER = 128
+
+
+@pytest.fixture(scope="module")
+def even_source(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("even_elastic") / "corpus.jsonl"
+    corpus.write_plain(path, corpus.jsonl(records(EVEN_RECORDS, 0)))
+    return str(path)
+
+
+def even_dataset(path: str, mode: str, *, buffer: int = EVEN_BUFFER, seed: int = 5,
+                 **world: Any) -> StreamingJsonl:
+    return StreamingJsonl(path, shuffle=True, seed=seed, buffer_size=buffer, even_ranks=mode,
+                          **world)
+
+
+@pytest.fixture(scope="module")
+def even_epochs(even_source: str) -> dict[tuple[str, int], list[list[list[int]]]]:
+    """The uninterrupted epoch's batches of each rank of 2, per (mode, DataLoader workers)."""
+    out = {}
+    for mode in ("drop", "pad"):
+        for workers in (0, 2):
+            out[mode, workers] = [
+                list(DataLoader(even_dataset(even_source, mode, rank=rank, world_size=2),
+                                batch_size=BATCH, num_workers=workers, collate_fn=ids))
+                for rank in range(2)]
+    return out
+
+
+def flat(batches: Sequence[list[int]]) -> list[int]:
+    return [i for batch in batches for i in batch]
+
+
+def read_part_way(path: str, mode: str, cuts: Sequence[int], *, buffer: int = EVEN_BUFFER,
+                  seed: int = 5) -> tuple[list[int], list[Any]]:
+    """Each rank of 2 (no DataLoader) yields `cuts[rank]` records; (ids read, states)."""
+    read, states = [], []
+    for rank, cut in enumerate(cuts):
+        data = even_dataset(path, mode, buffer=buffer, seed=seed, rank=rank, world_size=2)
+        iterator = iter(data)
+        read += [next(iterator)["id"] for _ in range(cut)]
+        states.append(pickle.loads(pickle.dumps(data.state_dict())))
+    return read, states
+
+
+def finish_even(path: str, mode: str, merged: dict[str, Any], world_size: int, workers: int,
+                *, buffer: int = EVEN_BUFFER, seed: int = 5) -> list[list[int]]:
+    out = []
+    for rank in range(world_size):
+        data = even_dataset(path, mode, buffer=buffer, seed=seed, rank=rank,
+                            world_size=world_size, resume_from=merged)
+        loader = DataLoader(data, batch_size=BATCH, num_workers=workers, collate_fn=ids)
+        out.append([i for batch in loader for i in batch])
+    return out
+
+
+def assert_even_resume(mode: str, before: list[int], rest: list[int],
+                       uninterrupted: list[int], every: int) -> None:
+    """The promise above, for a new world whose split neither drops nor pads (one rank)."""
+    twice = sorted(i for i, n in Counter(rest).items() if n > 1)
+    again = sorted(set(before) & set(rest))
+    assert not twice and not again, f"rest repeats {twice[:10]}, re-reads {again[:10]} " \
+        f"({len(twice)}, {len(again)})"
+    together = set(before) | set(rest)
+    if mode == "drop":
+        assert len(before) == len(set(before))
+        lost = sorted(set(uninterrupted) - together)
+        assert not lost, f"never read: {lost[:10]} ({len(lost)})"
+        assert together <= set(range(every))
+    else:
+        lost = sorted(set(range(every)) - together)
+        assert not lost, f"never read: {lost[:10]} ({len(lost)})"
+        # the only repeats: the old world's pad records, which its epoch repeats too
+        old_repeats = len(uninterrupted) - len(set(uninterrupted))
+        assert len(before) - len(set(before)) <= old_repeats
+
+
+@pytest.mark.parametrize("mode", ["pad", "drop"])
+def test_the_issues_checkpoint_in_the_drain_resumes_exactly(
+    tmp_path: Path, mode: str
+) -> None:
+    """Issue 26: 2 ranks, buffer_size=256, 2,010 records, checkpoint after 900 per rank (in
+    the buffer's drain), finished by one process: was 62 records twice and 62 never."""
+    path = corpus.write_plain(tmp_path / "c.jsonl", corpus.jsonl(
+        {"id": i, "text": "x" * (20 + i % 50)} for i in range(2010)))
+    before, states = read_part_way(str(path), mode, [900, 900], buffer=256, seed=0)
+    [rest] = finish_even(str(path), mode, merge_states(states), 1, 0, buffer=256, seed=0)
+    whole = [r["id"] for rank in range(2) for r in even_dataset(
+        str(path), mode, buffer=256, seed=0, rank=rank, world_size=2)]
+    assert_even_resume(mode, before, rest, whole, 2010)
+
+
+@st.composite
+def even_cuts(draw: st.DrawFn) -> tuple[str, list[int]]:
+    """A mode and each rank's cut: anywhere, or in the last buffer's worth (the drain)."""
+    mode = draw(st.sampled_from(["drop", "pad"]))
+    share = EVEN_RECORDS // 2 - 40  # a little below either rank's share, whatever the mode
+    anywhere = st.integers(0, share)
+    drain = st.integers(share - EVEN_BUFFER - 20, share)
+    return mode, [draw(st.one_of(anywhere, drain)) for _ in range(2)]
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=even_cuts())
+def test_even_ranks_resume_elastically_at_any_cut(
+    even_source: str, even_epochs: dict[tuple[str, int], list[list[list[int]]]],
+    cut: tuple[str, list[int]],
+) -> None:
+    mode, cuts = cut
+    uninterrupted = [flat(rank) for rank in even_epochs[mode, 0]]
+    cuts = [min(c, len(rank)) for c, rank in zip(cuts, uninterrupted, strict=True)]
+    before, states = read_part_way(even_source, mode, cuts)
+    assert before == [i for c, rank in zip(cuts, uninterrupted, strict=True) for i in rank[:c]]
+    [rest] = finish_even(even_source, mode, merge_states(states), 1, 0)
+    assert_even_resume(mode, before, rest, [i for rank in uninterrupted for i in rank],
+                       EVEN_RECORDS)
+
+
+@pytest.mark.parametrize("mode", ["drop", "pad"])
+@pytest.mark.parametrize("where", ["middle", "drain", "last_batch", "end"])
+def test_even_ranks_with_two_workers_resume_elastically(
+    even_source: str, even_epochs: dict[tuple[str, int], list[list[list[int]]]], mode: str,
+    where: str,
+) -> None:
+    """2 ranks x 2 workers stopped in the middle, in the workers' drains, before the last
+    batch and after it; finished by 1 rank x 2 workers."""
+    uninterrupted = even_epochs[mode, 2]
+    batches = len(uninterrupted[0])
+    assert batches == len(uninterrupted[1])
+    at = {"middle": batches // 2, "drain": batches - EVEN_BUFFER // BATCH,
+          "last_batch": batches - 1, "end": batches}[where]
+    before, states = stop_ranks_part_way(
+        lambda rank: StatefulDataLoader(
+            even_dataset(even_source, mode, rank=rank, world_size=2),
+            batch_size=BATCH, num_workers=2, collate_fn=ids), [at, at])
+    assert before == [i for rank in uninterrupted for i in flat(rank[:at])]
+    [rest] = finish_even(even_source, mode, merge_states(states), 1, 2)
+    assert_even_resume(mode, before, rest, [i for rank in uninterrupted for i in flat(rank)],
+                       EVEN_RECORDS)
+
+
+@pytest.mark.parametrize("mode", ["drop", "pad"])
+def test_even_ranks_resume_under_three_ranks_evenly(even_source: str, mode: str) -> None:
+    """A new world that evens again: every rank the same count; drop reads nothing twice,
+    pad misses nothing."""
+    before, states = read_part_way(even_source, mode, [700, 1000])
+    rest = finish_even(even_source, mode, merge_states(states), 3, 0)
+    assert len({len(rank) for rank in rest}) == 1
+    flat = [i for rank in rest for i in rank]
+    if mode == "drop":
+        assert not set(before) & set(flat) and len(flat) == len(set(flat))
+    else:
+        assert set(before) | set(flat) == set(range(EVEN_RECORDS))
+
+
+@pytest.mark.parametrize("mode", ["drop", "pad"])
+def test_even_ranks_merge_a_merge_resumed_run(even_source: str, mode: str) -> None:
+    """2 ranks -> merged -> 3 ranks (their buffers start with carried-over records) stopped
+    again -> merged -> 1 rank: the second rest re-reads nothing read before."""
+    before, states = read_part_way(even_source, mode, [600, 1100])
+    merged = merge_states(states)
+    again = []
+    for rank, cut in enumerate([100, 0, 150]):
+        data = even_dataset(even_source, mode, rank=rank, world_size=3, resume_from=merged)
+        iterator = iter(data)
+        before += [next(iterator)["id"] for _ in range(cut)]
+        again.append(pickle.loads(pickle.dumps(data.state_dict())))
+    [rest] = finish_even(even_source, mode, merge_states(again), 1, 0)
+    assert not set(before) & set(rest) and len(rest) == len(set(rest))
+    if mode == "pad":
+        assert set(before) | set(rest) == set(range(EVEN_RECORDS))
+    else:
+        assert len(before) == len(set(before))

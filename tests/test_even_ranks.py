@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader
 
 from streamds import StreamingJsonl
 from streamds.balance import quotas
+from streamds.world import World
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -52,28 +53,46 @@ def rank_totals(per_reader: list[int], world_size: int) -> list[int]:
     return [sum(per_reader[r * per_rank : (r + 1) * per_rank]) for r in range(world_size)]
 
 
+def per_worker(per_reader: list[int], world_size: int) -> list[list[int]]:
+    per_rank = len(per_reader) // world_size
+    return [per_reader[r * per_rank : (r + 1) * per_rank] for r in range(world_size)]
+
+
 @given(worlds())
-def test_drop_quotas_are_equal_per_rank_and_never_exceed_counts(world: tuple[list[int], int]):
+def test_drop_quotas_give_every_rank_one_worker_vector_and_never_exceed_counts(
+    world: tuple[list[int], int]
+) -> None:
     counts, world_size = world
     quota = quotas(counts, world_size, "drop")
     assert len(quota) == len(counts)
-    assert rank_totals(quota, world_size) == [min(rank_totals(counts, world_size))] * world_size
-    assert all(0 <= q <= c for q, c in zip(quota, counts, strict=True))
+    vectors = per_worker(quota, world_size)
+    assert all(vector == vectors[0] for vector in vectors)  # the same batches on every rank
+    assert all(0 <= q <= c for q, c in zip(quota, counts, strict=True))  # never a repeat
+    # the fewest dropped under that rule: each worker index keeps the least any rank has
+    assert vectors[0] == [min(column) for column in zip(*per_worker(counts, world_size),
+                                                        strict=True)]
 
 
 @given(worlds())
-def test_pad_quotas_are_equal_per_rank_and_never_below_counts(world: tuple[list[int], int]):
+def test_pad_quotas_give_every_rank_one_worker_vector_and_never_go_below_counts(
+    world: tuple[list[int], int]
+) -> None:
     counts, world_size = world
     quota = quotas(counts, world_size, "pad")
     assert len(quota) == len(counts)
-    assert rank_totals(quota, world_size) == [max(rank_totals(counts, world_size))] * world_size
-    assert all(q >= c for q, c in zip(quota, counts, strict=True))
+    vectors = per_worker(quota, world_size)
+    assert all(vector == vectors[0] for vector in vectors)
+    assert all(q >= c for q, c in zip(quota, counts, strict=True))  # never a record dropped
+    assert vectors[0] == [max(column) for column in zip(*per_worker(counts, world_size),
+                                                        strict=True)]
 
 
 def test_quotas_of_a_known_world() -> None:
-    # 2 ranks x 2 workers: rank totals 10 and 4
-    assert quotas([7, 3, 4, 0], 2, "drop") == [2, 2, 4, 0]
+    # 2 ranks x 2 workers: (7, 3) and (4, 0); even rank totals alone, e.g. (2, 2) and (4, 0),
+    # would give rank 0 two batches of 2 and rank 1 one batch of 4
+    assert quotas([7, 3, 4, 0], 2, "drop") == [4, 0, 4, 0]
     assert quotas([7, 3, 4, 0], 2, "pad") == [7, 3, 7, 3]
+    assert quotas([5, 9], 2, "drop") == [5, 5]  # no workers: one reader per rank
 
 
 # -- datasets in one process ------------------------------------------------------------------
@@ -112,7 +131,9 @@ def per_rank(
     return out
 
 
-def assert_even(drop: list[list[int]], pad: list[list[int]], every: list[int]) -> None:
+def assert_even(
+    drop: list[list[int]], pad: list[list[int]], every: list[int], *, one_reader: bool = True
+) -> None:
     """Drop and pad over the same world: each rank keeps to its own records.
 
     Even ranks cut a small corpus finer than a plain read does (streamds.plan), so a rank's own
@@ -122,11 +143,15 @@ def assert_even(drop: list[list[int]], pad: list[list[int]], every: list[int]) -
     assert sorted(i for rank in own for i in rank) == every, "ranks' own records overlap"
     sizes = [len(rank) for rank in own]
     assert len(set(sizes)) > 1, f"the corpus must be uneven for this world: {sizes}"
-    assert [len(rank) for rank in drop] == [min(sizes)] * len(drop)
+    # one reader per rank: the rank totals are evened; with workers each worker index is,
+    # which may drop or repeat a few more
+    kept, padded = [len(rank) for rank in drop], [len(rank) for rank in pad]
+    assert len(set(kept)) == 1 and len(set(padded)) == 1, (kept, padded)
+    assert kept[0] == min(sizes) if one_reader else kept[0] <= min(sizes)
+    assert padded[0] == max(sizes) if one_reader else padded[0] >= max(sizes)
     assert max(Counter(i for rank in drop for i in rank).values()) == 1, "drop repeated a record"
     for mine, theirs in zip(drop, own, strict=True):
         assert set(mine) <= theirs, "drop moved records between ranks"
-    assert [len(rank) for rank in pad] == [max(sizes)] * len(pad)
 
 
 @pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
@@ -143,7 +168,7 @@ def test_even_ranks_in_one_process(
 
     drop = per_rank(source, world_size, workers, shuffle, "drop")
     pad = per_rank(source, world_size, workers, shuffle, "pad")
-    assert_even(drop, pad, every)
+    assert_even(drop, pad, every, one_reader=workers <= 1)
 
 
 def even_id(record: dict[str, Any]) -> bool:
@@ -167,7 +192,9 @@ def test_a_filter_keeps_rank_counts_equal(uneven: tuple[str, list[int]], mode: s
 # -- real processes: torchrun, gloo, an all_reduce after every batch ----------------------------
 
 
-def torchrun(nproc: int, source: str, out: Path, *, shuffle: bool) -> list[dict[str, Any]]:
+def torchrun(
+    nproc: int, source: str, out: Path, *, shuffle: bool, options: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
     command = [
         sys.executable,
         "-m",
@@ -177,6 +204,7 @@ def torchrun(nproc: int, source: str, out: Path, *, shuffle: bool) -> list[dict[
         str(WORKER),
         source,
         str(out),
+        *options,
     ]
     if shuffle:
         command.append("--shuffle")
@@ -209,7 +237,8 @@ def test_ddp_loop_with_even_ranks_does_not_hang(
     assert [report["rank"] for report in reports] == list(range(nproc))
     assert all(report["world_size"] == nproc for report in reports)
     by_mode = {
-        mode: [report["modes"][mode] for report in reports] for mode in ("none", "drop", "pad")
+        mode: [report["modes"][mode]["loader"] for report in reports]
+        for mode in ("none", "drop", "pad")
     }
 
     # without even_ranks the same world is uneven: a DDP loop over it would hang
@@ -224,3 +253,101 @@ def test_ddp_loop_with_even_ranks_does_not_hang(
     for mode in ("drop", "pad"):
         steps = {rank["steps"] for rank in by_mode[mode]}
         assert len(steps) == 1 and steps != {0}, (mode, steps)
+
+
+@pytest.mark.parametrize("mode", ["drop", "pad"])
+def test_ddp_with_two_workers_per_rank_makes_equal_batches(
+    issue_corpus: tuple[str, int], tmp_path: Path, mode: str
+) -> None:
+    """Issue 26: torchrun, 2 ranks x 2 DataLoader workers, batches of 16 made by the loader
+    and by ``.batch(16)``: an all_reduce after every batch finishes (was a hang: 63 batches
+    on one rank, 64 on the other), and both ranks see the same batch sizes."""
+    source, total = issue_corpus
+    reports = torchrun(2, source, tmp_path, shuffle=True, options=(
+        "--workers", "2", "--batch", "16", "--buffer", "256", "--modes", mode,
+        "--batching", "loader", "dataset"))
+    for batching in ("loader", "dataset"):
+        runs = [report["modes"][mode][batching] for report in reports]
+        assert runs[0]["sizes"] == runs[1]["sizes"], batching
+        assert runs[0]["steps"] == runs[1]["steps"] == len(runs[0]["sizes"]) > 0
+        read = [i for run in runs for i in run["ids"]]
+        if mode == "drop":
+            assert len(read) == len(set(read)) >= 0.95 * total
+        else:
+            assert set(read) == set(range(total))
+
+
+# -- the issue's numbers: batch sizes, not only records, are even -------------------------------
+
+ISSUE_RECORDS = 2010
+
+
+@pytest.fixture(scope="module")
+def issue_corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, int]:
+    path = tmp_path_factory.mktemp("issue26") / "corpus.jsonl"
+    part = [{"id": i, "text": "t" * (20 + i % 50)} for i in range(ISSUE_RECORDS)]
+    corpus.write_plain(path, corpus.jsonl(part))
+    return str(path), ISSUE_RECORDS
+
+
+def issue_dataset(source: str, mode: str, rank: int) -> StreamingJsonl:
+    return StreamingJsonl(source, shuffle=True, seed=0, buffer_size=256, even_ranks=mode,
+                          rank=rank, world_size=2)
+
+
+def worker_quotas(source: str, mode: str, workers: int) -> list[int]:
+    """The per-reader quotas of the issue's world (white box: from the plan's counts)."""
+    dataset = issue_dataset(source, mode, 0)
+    world = World(0, 2, 0, workers)
+    assert dataset._block_counts is not None
+    counts = dataset._plan.reader_records(0, world, dataset._block_counts)
+    return quotas(counts, 2, mode)
+
+
+def batch_sizes(source: str, mode: str, rank: int, **loader: Any) -> list[int]:
+    dataset: Any = issue_dataset(source, mode, rank)
+    if loader.pop("in_reader", False):
+        dataset = dataset.batch(loader.pop("batch_size"), collate=ids)
+        loader["batch_size"] = None
+    else:
+        loader["collate_fn"] = ids
+    made = DataLoader(dataset, num_workers=2, **loader)
+    return [len(batch) for batch in made]
+
+
+def uneven_batch(source: str, mode: str) -> int:
+    """A batch size at which the two workers make different numbers of batches, so the
+    DataLoader's round-robin goes on with one worker after the other ran out."""
+    vector = worker_quotas(source, mode, 2)[:2]
+    for size in range(2, 64):
+        if -(-vector[0] // size) != -(-vector[1] // size):
+            return size
+    raise AssertionError(f"no batch size gives workers of {vector} different batch counts")
+
+
+@pytest.mark.parametrize("mode", ["drop", "pad"])
+@pytest.mark.parametrize("loader", [
+    {"batch_size": 16}, {"batch_size": 16, "drop_last": True},
+    {"batch_size": 16, "in_reader": True}, {"batch_size": "uneven"}],
+    ids=["batch16", "drop_last", "dot_batch16", "worker_runs_out"])
+def test_every_rank_makes_the_same_batch_sizes_with_two_workers(
+    issue_corpus: tuple[str, int], mode: str, loader: dict[str, Any]
+) -> None:
+    """Issue 26's repro: 2,010 records, 2 ranks x 2 workers. Evening rank totals alone gave
+    the ranks different batch sequences (63 and 64 batches)."""
+    source, _ = issue_corpus
+    loader = dict(loader)
+    if loader["batch_size"] == "uneven":
+        loader["batch_size"] = uneven_batch(source, mode)
+    sizes = [batch_sizes(source, mode, rank, **loader) for rank in range(2)]
+    assert sizes[0] == sizes[1]
+    assert sizes[0] and sum(sizes[0]) == sum(worker_quotas(source, mode, 2)[:2]) - (
+        sum(size % loader["batch_size"] for size in worker_quotas(source, mode, 2)[:2])
+        if loader.get("drop_last") else 0)
+
+
+def test_worker_quotas_are_one_vector_and_lose_little(issue_corpus: tuple[str, int]) -> None:
+    source, total = issue_corpus
+    drop, pad = worker_quotas(source, "drop", 2), worker_quotas(source, "pad", 2)
+    assert drop[:2] == drop[2:] and pad[:2] == pad[2:]
+    assert total - sum(drop) <= 0.03 * total and sum(pad) - total <= 0.03 * total

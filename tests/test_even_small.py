@@ -220,3 +220,70 @@ def test_elastic_resume_over_the_fine_cut(small_file: tuple[str, int]) -> None:
     assert len({len(rank) for rank in rest}) == 1
     assert max(Counter(seen).values()) == 1
     assert set(seen) | {i for rank in rest for i in rank} == set(range(total))
+
+
+# -- a rank with nothing to read is never silent (issue 26) ---------------------------------------
+
+README_BYTES = 119_000  # the README's example file: two 64 KiB blocks when read plainly
+
+
+@pytest.fixture(scope="module")
+def readme_sized(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("readme") / "example.jsonl"
+    lines, size, i = [], 0, 0
+    while size < README_BYTES:
+        lines.append(corpus.jsonl([{"id": i, "text": "z" * (80 + i % 40)}]))
+        size += len(lines[-1])
+        i += 1
+    path.write_bytes(b"".join(lines))
+    return str(path)
+
+
+def detected_rank(monkeypatch: pytest.MonkeyPatch, rank: int, world_size: int) -> None:
+    """The world as torchrun gives it (RANK / WORLD_SIZE), not as arguments."""
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(world_size))
+
+
+def test_an_empty_rank_of_a_detected_world_is_refused(
+    readme_sized: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two blocks over 2 ranks x 2 workers: rank 0's workers take both, rank 1 has none. A
+    DDP job would wait for rank 1 forever; it is refused at iteration, in the worker."""
+    detected_rank(monkeypatch, 1, 2)
+    loader = DataLoader(StreamingJsonl(readme_sized), batch_size=16, num_workers=2)
+    with pytest.raises(ValueError, match=(
+            r"rank 1 of world_size=2 has nothing to read: the corpus \(1\d\d,\d{3} bytes\) is "
+            r"cut into 2 block\(s\).*2 DataLoader workers per rank.*fewer ranks.*"
+            r"even_ranks='pad'.*block_size")):
+        next(iter(loader))
+    # one gzip file is one block: without workers rank 1 of 2 gets none
+    gz = corpus.write(Path(readme_sized).with_suffix(".jsonl.gz"), corpus.make_records(40))
+    with pytest.raises(ValueError, match="rank 1 of world_size=2 has nothing to read"):
+        list(StreamingJsonl(str(gz)))
+
+
+def test_ranks_that_all_read_something_are_not_refused(
+    readme_sized: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same file over 2 ranks without workers (a block each), and with even_ranks='pad'
+    with 2 workers (cut finer): every rank reads."""
+    counts = []
+    for rank in range(2):
+        detected_rank(monkeypatch, rank, 2)
+        counts.append(sum(1 for _ in StreamingJsonl(readme_sized)))
+        padded = DataLoader(StreamingJsonl(readme_sized, even_ranks="pad"), batch_size=16,
+                            num_workers=2, collate_fn=corpus.as_list)
+        assert sum(len(batch) for batch in padded) > 0
+    assert all(counts)
+
+
+def test_an_empty_rank_chosen_by_arguments_is_logged_once(
+    readme_sized: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """rank= / world_size= passed by hand (a deliberate split, e.g. inference on slices):
+    the idle rank is said once per process, not refused."""
+    dataset = StreamingJsonl(readme_sized, rank=3, world_size=4)
+    assert list(dataset) == [] and list(dataset) == []
+    said = [r.getMessage() for r in caplog.records if "has nothing to read" in r.getMessage()]
+    assert len(said) == 1 and "rank 3 of world_size=4" in said[0]

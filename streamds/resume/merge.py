@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from ..balance import EvenRanks, pad_work
 from ..batch import Batch
 from ..buckets import PoolBatch, is_pool_state, pool_rng
 from ..chunks import Chunk, ChunkCursor, Position, WorkItem
@@ -160,6 +161,8 @@ def _unfinished(state: ReaderState) -> tuple[list[WorkItem], list[Position], dic
     snapshot = pipeline
     tail = {
         "work": [list(item) for item in _from_position(work, snapshot[Shuffle.SOURCE])],
+        "even": None if state.quota is None else _even_stream(state, list(work),
+                                                              snapshot[Shuffle.SOURCE]),
         "snapshot": {key: snapshot[key] for key in
                      (Shuffle.POSITIONS, Shuffle.ROUND, Shuffle.DRAINING)},
         "since": snapshot[Shuffle.SINCE],
@@ -169,6 +172,89 @@ def _unfinished(state: ReaderState) -> tuple[list[WorkItem], list[Position], dic
     if pool is not None:
         tail["pool"] = pool
     return [], [], tail
+
+
+def _even_stream(state: ReaderState, work: list[WorkItem], position: dict[str, Any]
+                 ) -> dict[str, Any]:
+    """What replays an even-ranks reader's stream from its shuffle snapshot: its whole work,
+    the pad work it cycles through once that is read, its quota (the carried-over records'
+    share taken off, as the reader does) and the snapshot's position in that stream, which
+    counts the records the reader had passed on. Replaying from the work left alone would
+    miss where the quota ends the stream ("drop") or pad records extend it ("pad"), so the
+    buffer's drain would be replayed wrongly."""
+    num_blocks, seed, shuffle = state.plan
+    assert state.quota is not None
+    pad = pad_work(Plan(num_blocks, seed, shuffle), state.epoch, work)
+    return {"work": [list(item) for item in work], "pad": [list(item) for item in pad],
+            "quota": max(0, state.quota - len(state.prefill)), "position": position,
+            "upto": list(_read_up_to(position))}
+
+
+def _read_up_to(position: dict[str, Any]) -> tuple[int, int | None]:
+    """(k, o): the records an even-ranks reader had passed on before a shuffle snapshot are
+    those of its stream's items before k, and of item k those before offset o (None: none).
+    Between chunks that is where the quota cut the stream, else where the line reader stands."""
+    item, offset = position[ChunkCursor.ITEM], position[ChunkCursor.OFFSET]
+    if item >= 0:
+        return item, offset
+    cut = position[ChunkCursor.SOURCE].get(EvenRanks.CUT)
+    if cut is not None:
+        return cut[0], cut[1]
+    lines = _lines_state(position)
+    return lines[Lines.ITEM], lines[Lines.OFFSET]
+
+
+class _Reads:
+    """How often an even-ranks reader's stream had read a record (a position) before a point:
+    once in its own work, then once per pass over its pad work (which repeats it)."""
+
+    def __init__(self, even: dict[str, Any]) -> None:
+        self.work = [(block, start) for block, start in even["work"]]
+        self.pad = [(block, start) for block, start in even["pad"]]
+        self.own_at = {block: k for k, (block, _) in enumerate(self.work)}
+        self.pad_at = {block: k for k, (block, _) in enumerate(self.pad)}
+        self.upto = tuple(even["upto"])
+
+    @staticmethod
+    def _inside(item: WorkItem, offset: int) -> bool:
+        return item[1] is None or offset >= item[1]
+
+    def own(self, position: Position) -> bool:
+        """Whether the record is one of the reader's own (not a carried-over one)."""
+        k = self.own_at.get(position[0])
+        return k is not None and self._inside(self.work[k], position[1])
+
+    def before(self, position: Position) -> int:
+        """Times the stream had read `position` before the point `upto`."""
+        (k, o), (block, offset) = self.upto, position
+        reads = 0
+        mine = self.own_at.get(block)
+        if mine is not None and self._inside(self.work[mine], offset):
+            reads += mine < k or (mine == k and o is not None and offset < o)
+        pad_k = self.pad_at.get(block)
+        if pad_k is not None and self._inside(self.pad[pad_k], offset) and k >= len(self.work):
+            passes, j = divmod(k - len(self.work), len(self.pad))
+            reads += passes + (pad_k < j or (pad_k == j and o is not None and offset < o))
+        return reads
+
+
+def _still_to_read(even: dict[str, Any], buffered: list[Position],
+                   read_since: list[Position]) -> list[Position]:
+    """The buffered records of an even-ranks reader that belong to the rest of the epoch, once
+    each: a record whose every copy read so far is still buffered (none handed out), and
+    that is the reader's own or one carried over to it, not a pad repeat of another's. Pad
+    copies share their original's position, so copies are counted, not told apart."""
+    reads = _Reads(even)
+    since = Counter(read_since)
+    held = Counter(buffered)
+    out: list[Position] = []
+    for position in held:
+        copies = reads.before(position) + since[position]
+        if not reads.own(position):
+            copies += 1  # carried over from another world's buffer (the only way in)
+        if held[position] == copies:
+            out.append(position)
+    return out
 
 
 def merge_states(states: Any) -> dict[str, Any]:
@@ -181,6 +267,13 @@ def merge_states(states: Any) -> dict[str, Any]:
     States of a `streamds.Mix` merge source by source (load with ``Mix(..., resume_from=)``);
     states of a packed dataset keep every reader's leftover tokens (load with
     ``packed.with_resume(merged)``).
+
+    Under even_ranks the rest never holds a record read before the checkpoint, nor one twice
+    unless the new world's own split pads. "drop": before and rest together hold every
+    record the uninterrupted epoch would have read (records an unfinished reader would have
+    dropped at its quota are left to read too). "pad": together they hold every record of the
+    corpus; the only records read twice are the old world's pad repeats handed out before the
+    checkpoint (its uninterrupted epoch repeats them as well).
     """
     _check_batchers(states)
     _check_rebatches(states)
@@ -362,15 +455,56 @@ def _read_after(
     return found, []
 
 
+def _read_even(
+    spec: Spec, even: dict[str, Any], limit: int
+) -> tuple[list[tuple[int, Position]], list[WorkItem]]:
+    """As `_read_after`, for an even-ranks reader: its own stream from the snapshot's
+    position (work, then pad work, ended by its quota), the work item of each record counted
+    through work then pad. The work left is the reader's own work after the last record
+    found: what the quota would have dropped is left to read, pad work never is."""
+    work = [(block, start) for block, start in even["work"]]
+    pad = [(block, start) for block, start in even["pad"]]
+    lines = Lines(spec.shards, spec.blocks, work, on_error=spec.on_error, opener=spec.opener,
+                  retry=spec.retry, pad_work=pad)
+    where = LineNumbers(spec.shards, spec.blocks, spec.opener)
+    chunks = EvenRanks(Transform(Parse(lines, spec.shards, spec.blocks, on_error=spec.on_error,
+                                       opener=spec.opener, where=where), spec.steps,
+                                 where=where),
+                       even["quota"], work_items=len(work), pad_items=len(pad))
+    cursor = ChunkCursor(chunks)
+    cursor.reset(even["position"])
+    found: list[tuple[int, Position]] = []
+    last: tuple[Chunk, int] | None = None
+    if limit:
+        for chunk in cursor.chunks():
+            for index, item in enumerate(chunk.items):
+                if item.__class__ is Marker:
+                    continue
+                found.append((chunk.item, (chunk.block, chunk.offsets[index])))
+                last = chunk, index
+                if len(found) == limit:
+                    break
+            if len(found) == limit:
+                break
+    if last is None or last[0].item >= len(work):
+        return found, []
+    chunk, index = last
+    return found, [(chunk.block, chunk.offsets[index + 1]), *work[chunk.item + 1 :]]
+
+
 def _resolve(
     tail: dict[str, Any], spec: Spec, *, then: int = 0
 ) -> tuple[list[WorkItem], list[Position], list[Position]]:
     """A shuffling reader's tail, `then` more records handed out -> (work left, buffered
     positions, positions of those `then` records in the order they came out)."""
-    work = [(block, start) for block, start in tail["work"]]
+    even = tail.get("even")
+    work = [(block, start) for block, start in (even or tail)["work"]]
     since = tail["since"]
     ahead = since + then + spec.buffer_size  # the most records the buffer can have read
-    found, after_all = _read_after(spec, work, ahead)
+    if even is None:
+        found, after_all = _read_after(spec, work, ahead)
+    else:
+        found, after_all = _read_even(spec, even, ahead)
     total = None if len(found) == ahead else len(found)
     handed: list[Position] = []
     shuffle, numbers = replay(size=spec.buffer_size, seed_parts=tuple(tail["seed"]),
@@ -383,10 +517,14 @@ def _resolve(
     buffered = [position(*at) for at in shuffle.buffered()]
     out = [position(*at) for at in handed[since:]]
     read = numbers.next  # records the reader had taken from its stream since the snapshot
+    if even is not None:  # pad repeats and records already handed out stay behind
+        buffered = _still_to_read(even, buffered, [at for _, at in found[:read]])
     if read < len(found):
         item, (block, offset) = found[read]
+        if item >= len(work):  # into the pad work: its own work is all read
+            return [], buffered, out
         return [(block, offset), *work[item + 1 :]], buffered, out
-    return (after_all if total is None else []), buffered, out
+    return (after_all if total is None or even is not None else []), buffered, out
 
 
 def _resolve_pool(tail: dict[str, Any], spec: Spec) -> tuple[list[WorkItem], list[Position]]:
