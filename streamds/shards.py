@@ -216,6 +216,14 @@ def _list_files(item: str, storage_options: dict[str, Any]) -> _Found:
             "names such as .ipynb_checkpoints unless the pattern spells the dot)"
             + (f"; left out: {left_out.summary()}" if left_out else "")
         )
+    foreign = [path for path, _ in left_out.examples if foreign_format(path) is not None]
+    if not infos and foreign:
+        kind = foreign_format(foreign[0]) or ""
+        raise FileNotFoundError(
+            f"directory {item!r} has no JSON lines files but {len(foreign)} file(s) in a format "
+            f"streamds does not read ({', '.join(map(repr, foreign[:5]))}): "
+            f"{foreign_hint(kind)}; left out: {left_out.summary()}"
+        )
     if not infos:
         raise FileNotFoundError(
             f"directory {item!r} has no JSONL files (looked for {', '.join(RECORD_SUFFIXES)}, "
