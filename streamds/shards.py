@@ -264,13 +264,14 @@ def _check_manifests(item: str, found: _Found) -> None:
     sizes = {fs._strip_protocol(info["name"]): info.get("size") for info in found.infos}
     for path in found.left_out.manifests:
         folder = fs._strip_protocol(path).rsplit("/", 1)[0]
+        shown = _url_of(fs, folder, item)  # the folder as messages name it
         try:
-            manifest = parse_manifest(fs.cat_file(path), name=path)
+            manifest = parse_manifest(fs.cat_file(path), name=f"{shown}/{MANIFEST_NAME}")
         except ForeignManifestError:
             continue  # another tool's manifest.json: nothing to check against
         except (ManifestError, OSError) as err:
             log.warning("%s; the files beside it are read as found (run `streamds verify %s` "
-                        "to check them)", err, folder)
+                        "to check them)", err, shown)
             continue
         files = {name[len(folder) + 1 :]: size for name, size in sizes.items()
                  if name.startswith(folder + "/")}
@@ -281,23 +282,24 @@ def _check_manifests(item: str, found: _Found) -> None:
                     f"{', '.join(e.name for e in check.missing[1:6])})"
                     if len(check.missing) > 1 else "")
             raise MissingShardError(
-                f"{folder}/{first.name} is listed in {path} ({first.records:,} records) but "
-                f"missing{more}; reading the rest would silently lose its records. Restore "
-                f"the file or convert again, and run `streamds verify {folder}` to check the "
-                "other shards"
+                f"{shown}/{first.name} is listed in {shown}/{MANIFEST_NAME} "
+                f"({first.records:,} records) but missing{more}; reading the rest would "
+                "silently lose its records. Restore the file or convert again, and run "
+                f"`streamds verify {shown}` to check the other shards"
             )
         if check.resized:
             log.warning(
                 "%s lists %s; the manifest is stale, the files are read as they are (run "
-                "`streamds verify %s`)", path,
+                "`streamds verify %s`)", f"{shown}/{MANIFEST_NAME}",
                 ", ".join(f"{e.name} with {e.bytes} bytes, the file has {size}"
-                          for e, size in check.resized[:5]), folder,
+                          for e, size in check.resized[:5]), shown,
             )
         if check.unlisted:
             log.warning(
                 "%s does not list %d record file(s) beside it (%s); they are read too. If they "
                 "are left from an earlier conversion, remove them (`streamds verify %s` lists "
-                "them)", path, len(check.unlisted), ", ".join(check.unlisted[:5]), folder,
+                "them)", f"{shown}/{MANIFEST_NAME}", len(check.unlisted),
+                ", ".join(check.unlisted[:5]), shown,
             )
 
 

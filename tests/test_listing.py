@@ -304,3 +304,19 @@ def test_every_line_yields_lets_a_map_that_keeps_every_record_resume(plain: Path
     got = [record["id"] for record in rest]
     assert got == list(range(90, 200))
     assert len(got) == 110  # the issue's dropping filter gave 130 here: refused above
+
+
+def test_a_missing_listed_shard_of_a_remote_folder_is_an_error(shards: Path) -> None:
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    try:
+        for path in shards.iterdir():
+            fs.pipe(f"/issue27/{path.name}", path.read_bytes())
+        assert len(ids("memory://issue27")) == 3000
+        fs.rm("/issue27/shard-000001.jsonl.zst")
+        with pytest.raises(MissingShardError, match=r"memory:///issue27/shard-000001\.jsonl\.zst "
+                                                    r"is listed in memory:///issue27/manifest"):
+            StreamingJsonl("memory://issue27")
+    finally:
+        fs.rm("/issue27", recursive=True)

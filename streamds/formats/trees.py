@@ -344,7 +344,7 @@ def remote_record_files(
         elif left_out is not None:
             reason = pattern.why_left_out(rel)
             if reason is not None:
-                left_out.add(name, reason)
+                left_out.add(fs.unstrip_protocol(name), reason)
     return root, taken
 
 
