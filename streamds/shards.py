@@ -216,6 +216,8 @@ def _list_files(item: str, storage_options: dict[str, Any]) -> _Found:
             "names such as .ipynb_checkpoints unless the pattern spells the dot)"
             + (f"; left out: {left_out.summary()}" if left_out else "")
         )
+    if not infos:  # a converted folder whose shards are all gone: name them
+        _check_manifests(item, _Found(fs, infos, left_out))
     foreign = [path for path, _ in left_out.examples if foreign_format(path) is not None]
     if not infos and foreign:
         kind = foreign_format(foreign[0]) or ""

@@ -64,6 +64,14 @@ def test_a_missing_listed_shard_is_an_error_naming_it_and_verify(copy: Path) -> 
     assert len(ids(f"{copy}/*.jsonl.zst")) < 3000
 
 
+def test_a_folder_whose_shards_are_all_missing_names_them(copy: Path) -> None:
+    for shard in copy.glob("*.zst"):
+        shard.unlink()
+    with pytest.raises(MissingShardError, match=r"shard-000000\.jsonl\.zst is listed .* \(and \d+ "
+                                                r"more: shard-000001\.jsonl\.zst"):
+        StreamingJsonl(str(copy))
+
+
 def test_a_missing_shard_of_a_converted_subfolder_is_an_error(copy: Path) -> None:
     (copy / "shard-000000.jsonl.zst").unlink()
     with pytest.raises(MissingShardError, match=r"shard-000000\.jsonl\.zst"):
