@@ -15,6 +15,7 @@ or both must refuse the source with an error that says so.
 
 from __future__ import annotations
 
+import atexit
 import fnmatch
 import gzip
 import json
@@ -273,6 +274,7 @@ def converted_folder() -> Path:
     """A conversion of ids 10,000-10,059 into three shards (made once, then copied)."""
     if "out" not in _CONVERTED:
         base = Path(tempfile.mkdtemp(prefix="streamds-messy-"))
+        atexit.register(shutil.rmtree, base, True)
         (base / "in.jsonl").write_bytes(encode("lines", list(range(10_000, 10_060))))
         convert([base / "in.jsonl"], base / "out", shard_size=1000)
         _CONVERTED["out"] = base / "out"
