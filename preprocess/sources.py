@@ -306,7 +306,7 @@ def leaf_kind(name: str) -> tuple[str, str | None]:
     if name.endswith(".json"):  # the common case of a small-file tree, without codec lookups
         return "json", None
     fmt, codec = format_of(name)
-    if fmt == "jsonl" and strip_codec(name).endswith(".json"):
+    if fmt == "jsonl" and strip_codec(name).lower().endswith(".json"):
         return "json", codec
     return fmt, codec
 

@@ -34,7 +34,7 @@ from .read import open_decoded_at
 from .readahead import DEFAULT_READAHEAD, wants_readahead
 from .resume.counts import count_block_records, count_from
 from .resume.merge import MERGED_FORMAT, resolve_tails, share_of
-from .resume.plain_loader import batches_after, pipeline_state_after
+from .resume.plain_loader import batches_after, pipeline_state_after, require_line_per_record
 from .resume.state import ReaderState, check_epoch_change
 from .retry import RetryPolicy
 from .seeds import shuffle_seed_parts
@@ -529,7 +529,8 @@ class StreamingJsonl(IterableDataset):
     # -- resuming a plain DataLoader -----------------------------------------------------
 
     def resume_after_batches(
-        self, consumed: int, *, batch_size: int, num_workers: int, drop_last: bool = False
+        self, consumed: int, *, batch_size: int, num_workers: int, drop_last: bool = False,
+        every_line_yields: bool = False,
     ) -> StreamingJsonl:
         """A copy that continues this epoch after a plain DataLoader yielded `consumed` batches.
 
@@ -537,8 +538,10 @@ class StreamingJsonl(IterableDataset):
         again. Computed from record counts per block (one counting pass over the data, kept
         for later calls), never by reading and discarding records; the resumed loader yields
         exactly what the interrupted one would have, in the same order. Exact only when
-        every line yields a record (no dropping filter, no skipped bad lines); otherwise use
-        torchdata's StatefulDataLoader with `state_dict()`. A dataset batched by
+        every line yields a record, so a dataset with a `.filter`, a `.map` (or `transform=`;
+        returning None drops a record) or `on_error="skip"` is refused unless
+        `every_line_yields=True` says each non-blank line yields exactly one record; use
+        torchdata's StatefulDataLoader with `state_dict()` for those. A dataset batched by
         `LengthBuckets` resumes at its pool (re-read and cut again, the batches already
         yielded skipped); one batched by `TokenBudget` is refused (its batch count depends on
         the records' lengths).
@@ -551,6 +554,7 @@ class StreamingJsonl(IterableDataset):
         check_int("consumed", consumed, 0, "pass the number of batches the loader yielded")
         check_int("batch_size", batch_size, 1, "pass the DataLoader's batch_size")
         check_int("num_workers", num_workers, 0, "pass the DataLoader's num_workers")
+        require_line_per_record(self._steps, self.on_error, every_line_yields)
         rule = None if self._batch is None else self._batch.rule
         if isinstance(rule, TokenBudget):
             raise ValueError(

@@ -5,6 +5,12 @@ A `Shard` is one file with what planning needs to know about it: its size, its f
 by the rule of `streamds.formats.documents`), its codec and, for seekable zstd files, its
 frames. Resolving lists and stats files but keeps nothing open, so shards pickle into
 workers.
+
+A folder listing also checks what it found against any `manifest.json` in the folder (a
+listed shard that is missing is an error: its records would be lost), reports the files it
+left out and why (a debug log record; a warning for data in formats streamds does not read),
+and warns when two files it found look like copies of each other (their records would come
+twice). Only the heads of such pairs are read.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import logging
 import os
 import pickle
 from collections.abc import Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
@@ -21,12 +28,27 @@ import fsspec
 from fsspec.core import url_to_fs
 
 from .errors import CorruptShardError
-from .formats.codecs import require_codec
+from .formats.codecs import codec_of, decode, require_codec, strip_codec
 from .formats.documents import LINES, RESOLVE_ABOVE, is_document_name, probe
-from .formats.filenames import RECORD_SUFFIXES, format_of
-from .formats.manifest import MANIFEST_NAME, parse_manifest
+from .formats.filenames import (
+    RECORD_SUFFIXES,
+    copy_of,
+    foreign_format,
+    foreign_hint,
+    format_of,
+    sibling_key,
+)
+from .formats.manifest import (
+    MANIFEST_NAME,
+    ForeignManifestError,
+    ManifestError,
+    MissingShardError,
+    check_listing,
+    parse_manifest,
+)
 from .formats.seekable import Frame, SeekTableError, read_seek_table
 from .formats.trees import (
+    LeftOut,
     canonical_path,
     directory_walk,
     glob_walk,
@@ -38,9 +60,11 @@ from .formats.trees import (
 from .retry import DEFAULT_RETRY, retrying
 
 __all__ = [
+    "Listing",
     "Shard",
     "canonical_path",
     "has_magic",
+    "list_source",
     "natural_key",
     "process_fs",
     "resolve_shards",
@@ -137,15 +161,27 @@ def _local_info(fs: fsspec.AbstractFileSystem, path: str, item: str) -> dict:
         ) from err
 
 
-def _remote_files(fs: fsspec.AbstractFileSystem, path: str, glob: bool) -> list[dict]:
+def _remote_files(
+    fs: fsspec.AbstractFileSystem, path: str, glob: bool, left_out: LeftOut
+) -> list[dict]:
     """The record files of a remote directory or glob, by the rule of `formats.trees`."""
-    _, found = remote_record_files(fs, path, glob)
+    _, found = remote_record_files(fs, path, glob, left_out)
     # an HTTP listing gives names without sizes: ask each file once (a HEAD), here in the
     # constructor, so blocks can be cut and requests stop at the file's end
     return [fs.info(name) if info.get("size") is None else info for name, info in found.items()]
 
 
-def _list_files(item: str, storage_options: dict[str, Any]) -> tuple[Any, list[dict]]:
+@dataclass
+class _Found:
+    """What one source item names: its files' infos, and for a folder or glob what the
+    listing left out (None for a file named itself)."""
+
+    fs: fsspec.AbstractFileSystem
+    infos: list[dict]
+    left_out: LeftOut | None
+
+
+def _list_files(item: str, storage_options: dict[str, Any]) -> _Found:
     """The file infos one source item names: a glob, a directory (recursive) or a file.
 
     Directories and globs expand by the one rule of `streamds.formats.trees` (hidden names
@@ -163,28 +199,110 @@ def _list_files(item: str, storage_options: dict[str, Any]) -> tuple[Any, list[d
         if info.get("type") != "directory" and (
             _is_local(fs) or not remote_is_folder(fs, path, info)
         ):
-            return fs, [info]
+            return _Found(fs, [info], None)
+    left_out = LeftOut()
     if _is_local(fs):
-        walk = glob_walk(path) if glob else directory_walk(path)
+        walk = (glob_walk if glob else directory_walk)(path, left_out=left_out)
         try:
             rels = list(walk.files())
         except FileNotFoundError:  # the glob's fixed directory does not exist
             rels = []
         infos = [_local_info(fs, os.path.join(walk.root, *rel), item) for rel in rels]
     else:
-        infos = _remote_files(fs, path, glob)
+        infos = _remote_files(fs, path, glob, left_out)
     if not infos and glob:
         raise FileNotFoundError(
             f"no files match the pattern {item!r}; check the glob (wildcards skip hidden "
             "names such as .ipynb_checkpoints unless the pattern spells the dot)"
+            + (f"; left out: {left_out.summary()}" if left_out else "")
+        )
+    if not infos:  # a converted folder whose shards are all gone: name them
+        _check_manifests(item, _Found(fs, infos, left_out))
+    foreign = [path for path, _ in left_out.examples if foreign_format(path) is not None]
+    if not infos and foreign:
+        kind = foreign_format(foreign[0]) or ""
+        raise FileNotFoundError(
+            f"directory {item!r} has no JSON lines files but {len(foreign)} file(s) in a format "
+            f"streamds does not read ({', '.join(map(repr, foreign[:5]))}): "
+            f"{foreign_hint(kind)}; left out: {left_out.summary()}"
         )
     if not infos:
         raise FileNotFoundError(
             f"directory {item!r} has no JSONL files (looked for {', '.join(RECORD_SUFFIXES)}, "
-            "plain or with .zst/.gz/.bz2/.xz, at any depth; hidden folders such as "
+            "plain or with .zst/.gz/.bz2/.xz, in any case, at any depth; hidden folders such as "
             ".ipynb_checkpoints skipped); name files explicitly or with a glob"
+            + (f"; left out: {left_out.summary()}" if left_out else "")
         )
-    return fs, infos
+    return _Found(fs, infos, left_out)
+
+
+def _report_left_out(item: str, left_out: LeftOut) -> None:
+    """Log what the listing of `item` left out: every reason at debug level, and a warning
+    when files in a data format streamds does not read were passed over."""
+    if not left_out:
+        return
+    log.debug("listing %r left out %d files and folders: %s", item, len(left_out),
+              left_out.summary(limit=left_out.keep))
+    foreign = [path for path, _ in left_out.examples if foreign_format(path) is not None]
+    if foreign:
+        kinds = sorted({foreign_format(path) or "" for path in foreign})
+        log.warning(
+            "listing %r left out %s file(s) (%s): %s", item, " and ".join(kinds),
+            ", ".join(map(repr, foreign[:5])) + (" ..." if len(foreign) > 5 else ""),
+            foreign_hint(kinds[0]),
+        )
+
+
+def _check_manifests(item: str, found: _Found) -> None:
+    """Compare each streamds manifest a folder listing passed with the files it found.
+
+    A listed shard that is missing raises MissingShardError naming it (its records would be
+    lost without a word); listed shards of another size and record files the manifest does
+    not list are read as found, with a warning naming them.
+    """
+    if found.left_out is None or not found.left_out.manifests:
+        return
+    fs = found.fs
+    sizes = {fs._strip_protocol(info["name"]): info.get("size") for info in found.infos}
+    for path in found.left_out.manifests:
+        folder = fs._strip_protocol(path).rsplit("/", 1)[0]
+        shown = _url_of(fs, folder, item)  # the folder as messages name it
+        try:
+            manifest = parse_manifest(fs.cat_file(path), name=f"{shown}/{MANIFEST_NAME}")
+        except ForeignManifestError:
+            continue  # another tool's manifest.json: nothing to check against
+        except (ManifestError, OSError) as err:
+            log.warning("%s; the files beside it are read as found (run `streamds verify %s` "
+                        "to check them)", err, shown)
+            continue
+        files = {name[len(folder) + 1 :]: size for name, size in sizes.items()
+                 if name.startswith(folder + "/")}
+        check = check_listing(manifest, files)
+        if check.missing:
+            first = check.missing[0]
+            more = (f" (and {len(check.missing) - 1} more: "
+                    f"{', '.join(e.name for e in check.missing[1:6])})"
+                    if len(check.missing) > 1 else "")
+            raise MissingShardError(
+                f"{shown}/{first.name} is listed in {shown}/{MANIFEST_NAME} "
+                f"({first.records:,} records) but missing{more}; reading the rest would "
+                "silently lose its records. Restore the file or convert again, and run "
+                f"`streamds verify {shown}` to check the other shards"
+            )
+        if check.resized:
+            log.warning(
+                "%s lists %s; the manifest is stale, the files are read as they are (run "
+                "`streamds verify %s`)", f"{shown}/{MANIFEST_NAME}",
+                ", ".join(f"{e.name} with {e.bytes} bytes, the file has {size}"
+                          for e, size in check.resized[:5]), shown,
+            )
+        if check.unlisted:
+            log.warning(
+                "%s does not list %d record file(s) beside it (%s); they are read too. If they "
+                "are left from an earlier conversion, remove them (`streamds verify %s` lists "
+                "them)", f"{shown}/{MANIFEST_NAME}", len(check.unlisted),
+                ", ".join(check.unlisted[:5]), shown,
+            )
 
 
 def same_file_error(
@@ -247,7 +365,7 @@ def _manifest_frames(fs: fsspec.AbstractFileSystem, infos: list[dict]) -> dict[s
     skipped (the seek tables are read instead); so is an entry whose size is not the file's.
     """
     known: dict[str, Any] = {}
-    parents = {info["name"].rsplit("/", 1)[0] for info in infos if info["name"].endswith(".zst")}
+    parents = {info["name"].rsplit("/", 1)[0] for info in infos if codec_of(info["name"]) == "zst"}
     for parent in sorted(parents):
         try:
             manifest = parse_manifest(fs.cat_file(f"{parent}/{MANIFEST_NAME}"), name=parent)
@@ -286,6 +404,9 @@ def _shard_of(
     path = info["name"]
     url = _url_of(fs, path, given)
     name = path.rsplit("/", 1)[-1]
+    foreign = foreign_format(name)
+    if foreign in ("Parquet", "Arrow", "Feather", "Avro", "ORC"):  # binary: never JSON lines
+        raise ValueError(f"{url} is a {foreign} file: {foreign_hint(foreign)}")
     fmt, codec = format_of(name)
     require_codec(codec, url)
     size = info.get("size")
@@ -348,6 +469,48 @@ def source_items(source: Any, *, name: str = "source") -> list[str]:
     return texts
 
 
+@dataclass
+class Listing:
+    """What a source names: its shards, and what its folder and glob listings left out."""
+
+    shards: list[Shard]
+    left_out: LeftOut
+
+
+def list_source(
+    source: Source, storage_options: dict[str, Any] | None = None, *, on_error: str = "raise"
+) -> Listing:
+    """The shards of `source` (`resolve_shards`) and what its listings left out, and why."""
+    items = source_items(source)
+    options = dict(storage_options or {})
+    shards: list[Shard] = []
+    listed: list[Shard] = []  # found by a folder or glob listing (not named themselves)
+    left_out = LeftOut()
+    named: dict[str, str] = {}  # identity -> the URL that first named it
+    real_dirs: dict[str, str] = {}
+    for given in items:
+        found = retrying(functools.partial(_list_files, given, options), DEFAULT_RETRY, given)
+        fs, infos = found.fs, found.infos
+        for info in infos:
+            identity = _identity(fs, info, real_dirs)
+            url = _url_of(fs, info["name"], given)
+            if identity in named:
+                raise same_file_error(named[identity], url, identity)
+            named[identity] = url
+        if found.left_out is not None:
+            _check_manifests(given, found)
+            _report_left_out(given, found.left_out)
+            left_out.extend(found.left_out)
+        known = _manifest_frames(fs, infos)
+        made = [_shard_of(fs, info, given, known, on_error) for info in infos]
+        shards.extend(made)
+        if found.left_out is not None:
+            listed.extend(made)
+    shards.sort(key=lambda shard: natural_key(shard.url))
+    _warn_copies(listed)
+    return Listing(shards, left_out)
+
+
 def resolve_shards(
     source: Source, storage_options: dict[str, Any] | None = None, *, on_error: str = "raise"
 ) -> list[Shard]:
@@ -356,23 +519,62 @@ def resolve_shards(
     `source` is a path, a directory (searched recursively for JSONL-like files), a glob, an
     fsspec URL (chained URLs such as ``simplecache::https://...`` too) or a list of these.
     Hidden names (``.ipynb_checkpoints``, dotfiles) are skipped unless spelled out. Raises
-    FileNotFoundError naming the item that matched nothing, and ValueError when one file is
-    named twice under any spelling (see `canonical_path`).
+    FileNotFoundError naming the item that matched nothing or a shard its folder's manifest
+    lists that is missing (`MissingShardError`), and ValueError when one file is named twice
+    under any spelling (see `canonical_path`) or is in a format streamds does not read.
     """
-    items = source_items(source)
-    options = dict(storage_options or {})
-    shards: list[Shard] = []
-    named: dict[str, str] = {}  # identity -> the URL that first named it
-    real_dirs: dict[str, str] = {}
-    for given in items:
-        fs, infos = retrying(functools.partial(_list_files, given, options), DEFAULT_RETRY, given)
-        for info in infos:
-            identity = _identity(fs, info, real_dirs)
-            url = _url_of(fs, info["name"], given)
-            if identity in named:
-                raise same_file_error(named[identity], url, identity)
-            named[identity] = url
-        known = _manifest_frames(fs, infos)
-        shards.extend(_shard_of(fs, info, given, known, on_error) for info in infos)
-    shards.sort(key=lambda shard: natural_key(shard.url))
-    return shards
+    return list_source(source, storage_options, on_error=on_error).shards
+
+
+# -- copies ------------------------------------------------------------------------------
+
+_HEAD_BYTES = 4096  # decoded bytes compared to tell a copy: the first records
+
+
+def _head(shard: Shard) -> bytes | None:
+    """The first decoded bytes of `shard` (None when they cannot be read)."""
+    try:
+        with closing(decode(shard.open_raw(), shard.codec, shard.url)) as stream:
+            return stream.read(_HEAD_BYTES)
+    except (OSError, ValueError) as err:
+        log.debug("%s: head not read to compare with a possible copy: %s", shard.url, err)
+        return None
+
+
+def _same_head(first: Shard, second: Shard) -> bool:
+    a, b = _head(first), _head(second)
+    if not a or not b:
+        return False
+    size = min(len(a), len(b))
+    return a[:size] == b[:size]
+
+
+def _warn_copies(shards: Sequence[Shard]) -> None:
+    """Warn once when files that folder and glob listings found look like copies of each
+    other, naming each pair: the same name with another codec (``a.jsonl``, ``a.jsonl.gz``),
+    or a copy's name (``train (1).jsonl``, ``Copy of train.jsonl``) holding the same first
+    records. Both are read, so their records would come twice."""
+    groups: dict[tuple[str, str], list[Shard]] = {}
+    for shard in shards:
+        parent, _, name = shard.url.rpartition("/")
+        groups.setdefault((parent, sibling_key(name)), []).append(shard)
+    pairs = []
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        names = {id(s): s.url.rpartition("/")[2] for s in members}
+        original = next((s for s in members if copy_of(names[id(s)]) is None), members[0])
+        for other in members:
+            if other is original:
+                continue
+            if strip_codec(names[id(other)]) == strip_codec(names[id(original)]):
+                pairs.append(f"{original.url!r} and {other.url!r} (the same name, another codec)")
+            elif _same_head(original, other):
+                pairs.append(f"{original.url!r} and {other.url!r} (a copy's name, the same "
+                             "first records)")
+    if pairs:
+        log.warning(
+            "%d pair(s) of files look like copies of each other, and both of each are read, "
+            "so their records would come twice: %s. Remove or move one of each pair, or name "
+            "the files to read explicitly", len(pairs), "; ".join(pairs),
+        )

@@ -19,11 +19,13 @@ from streamds.tools.cli import main
 NAMES = [
     "a.jsonl", "b.json", "c.ndjson", "d.tar", "e.tgz",  # records, plain
     "f.jsonl.zst", "g.json.gz", "h.ndjson.bz2", "i.tar.xz", "j.jsonl.zstd",  # compressed
-    "train.txt", "notes.md", "k.zst", "l.tgz.tmp",  # not record names
+    "A.JSONL", "B.Json.GZIP", "c.NDJSON.ZSTD", "m.jsonlines.bzip2", "n.LDJSON", "O.TGZ",  # cases
+    "train.txt", "notes.md", "k.zst", "l.tgz.tmp", "p.parquet", "q.CSV",  # not record names
     ".hidden.jsonl", "_SUCCESS", "_meta.jsonl", ".shard-000001.jsonl.zst.tmp", "manifest.json",
 ]  # fmt: skip
 RECORDS = {"a.jsonl", "b.json", "c.ndjson", "d.tar", "e.tgz", "f.jsonl.zst", "g.json.gz",
-           "h.ndjson.bz2", "i.tar.xz", "j.jsonl.zstd"}  # fmt: skip
+           "h.ndjson.bz2", "i.tar.xz", "j.jsonl.zstd", "A.JSONL", "B.Json.GZIP", "c.NDJSON.ZSTD",
+           "m.jsonlines.bzip2", "n.LDJSON", "O.TGZ"}  # fmt: skip
 
 
 def test_record_names():
@@ -35,7 +37,9 @@ def test_record_names():
     [("a.jsonl", ("jsonl", None)), ("train.txt", ("jsonl", None)),
      ("f.jsonl.zst", ("jsonl", "zst")), ("j.jsonl.zstd", ("jsonl", "zst")),
      ("d.tar", ("tar", None)), ("e.tgz", ("tar", "gz")), ("i.tar.xz", ("tar", "xz")),
-     ("x.tgz.gz", ("tar", "gz")), ("g.json.gz", ("jsonl", "gz"))],
+     ("x.tgz.gz", ("tar", "gz")), ("g.json.gz", ("jsonl", "gz")),
+     ("A.JSONL.GZ", ("jsonl", "gz")), ("b.jsonl.gzip", ("jsonl", "gz")),
+     ("c.ndjson.bzip2", ("jsonl", "bz2")), ("D.TAR.XZ", ("tar", "xz")), ("e.TGZ", ("tar", "gz"))],
 )  # fmt: skip
 def test_format_and_codec(name, expected):
     assert format_of(name) == expected

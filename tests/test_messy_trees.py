@@ -15,10 +15,14 @@ or both must refuse the source with an error that says so.
 
 from __future__ import annotations
 
+import atexit
 import fnmatch
 import gzip
 import json
+import logging
 import os
+import re
+import shutil
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -32,7 +36,7 @@ from torch.utils.data import DataLoader
 
 from preprocess.convert import convert
 from streamds import StreamingJsonl
-from streamds.formats.manifest import read_manifest
+from streamds.formats.manifest import MissingShardError, read_manifest
 
 pytestmark = [
     pytest.mark.skipif(os.name == "nt", reason="symbolic links need privileges there"),
@@ -259,3 +263,137 @@ def test_every_record_exactly_once_or_a_clear_error(tree: dict[str, Any]) -> Non
                 convert(source, base / "out")
             return
         assert converted(source, base / "out") == expected
+
+
+# -- spellings, sibling copies, stale manifests and missing shards (issue 27) --------------------
+
+SPELLINGS = [".jsonl", ".JSONL", ".Jsonl", ".ndjson", ".NDJSON", ".jsonlines", ".json"]
+CODEC_SPELLINGS = {"": "", ".gz": ".gz", ".GZ": ".gz", ".gzip": ".gz", ".zst": ".zst",
+                   ".zstd": ".zst", ".ZST": ".zst"}
+COPY_NAMES = ["{stem} (1){suffix}", "Copy of {stem}{suffix}", "{stem} copy{suffix}",
+              "{stem} - Copy{suffix}", "{stem}{record}{other_codec}"]
+MANIFEST_DAMAGE = ["none", "missing-shard", "unlisted-file", "stale-size"]
+_CONVERTED: dict[str, Path] = {}  # one conversion per session, copied into each tree
+
+
+def converted_folder() -> Path:
+    """A conversion of ids 10,000-10,059 into three shards (made once, then copied)."""
+    if "out" not in _CONVERTED:
+        base = Path(tempfile.mkdtemp(prefix="streamds-messy-"))
+        atexit.register(shutil.rmtree, base, True)
+        (base / "in.jsonl").write_bytes(encode("lines", list(range(10_000, 10_060))))
+        convert([base / "in.jsonl"], base / "out", shard_size=1000)
+        _CONVERTED["out"] = base / "out"
+    return _CONVERTED["out"]
+
+
+@st.composite
+def spelled_trees(draw: Any) -> dict[str, Any]:
+    files = []
+    for index in range(draw(st.integers(1, 5))):
+        suffix = draw(st.sampled_from(SPELLINGS))
+        codec = draw(st.sampled_from(sorted(CODEC_SPELLINGS)))
+        files.append({"stem": f"part_{index}", "suffix": suffix, "codec": codec,
+                      "ids": list(range(index * 100, index * 100 + draw(st.integers(1, 4))))})
+    copies = draw(st.lists(st.tuples(st.integers(0, len(files) - 1), st.sampled_from(COPY_NAMES)),
+                           max_size=2, unique_by=lambda pair: pair[0]))
+    return {"files": files, "copies": copies,
+            "converted": draw(st.booleans()),
+            "damage": draw(st.sampled_from(MANIFEST_DAMAGE)),
+            "strays": draw(st.booleans()),  # notes.txt, a .parquet file, _SUCCESS
+            "world_size": draw(st.integers(1, 2)), "workers": draw(st.integers(0, 1)),
+            "shuffle": draw(st.booleans())}
+
+
+def build_spelled(tree: dict[str, Any], root: Path) -> tuple[Counter[int], str | None, list[str]]:
+    """Write the tree; return the ids it holds (a copy's twice), the shard whose absence
+    must be refused (or None), and the pairs of names a copy warning must name."""
+    expected: Counter[int] = Counter()
+    root.mkdir()
+    for spec in tree["files"]:
+        name = f"{spec['stem']}{spec['suffix']}{spec['codec']}"
+        data = compress(CODEC_SPELLINGS[spec["codec"]], encode("lines", spec["ids"]))
+        (root / name).write_bytes(data)
+        spec["name"] = name
+        expected.update(spec["ids"])
+    pairs = []
+    for index, pattern in tree["copies"]:
+        spec = tree["files"][index]
+        other = ".gz" if CODEC_SPELLINGS[spec["codec"]] != ".gz" else ".zst"
+        name = pattern.format(stem=spec["stem"], suffix=spec["suffix"] + spec["codec"],
+                              record=spec["suffix"], other_codec=other)
+        codec = other if "{other_codec}" in pattern else CODEC_SPELLINGS[spec["codec"]]
+        (root / name).write_bytes(compress(codec, encode("lines", spec["ids"])))
+        expected.update(spec["ids"])  # read twice: both files are record files
+        pairs.append((spec["name"], name))
+    if tree["strays"]:
+        (root / "notes.txt").write_text("not records\n")
+        (root / "table.parquet").write_bytes(b"PAR1\x00\x00PAR1")
+        (root / "_SUCCESS").write_text("")
+    missing = None
+    if tree["converted"]:
+        shards = root / "shards"
+        shutil.copytree(converted_folder(), shards)
+        entries = read_manifest(shards).shards
+        for entry in entries:
+            expected.update(range(10_000 + sum(e.records for e in entries[: entries.index(entry)]),
+                                  10_000 + sum(e.records for e in entries[: entries.index(entry)])
+                                  + entry.records))
+        damage = tree["damage"]
+        if damage == "missing-shard":
+            (shards / entries[1].name).unlink()
+            missing = entries[1].name
+        elif damage == "unlisted-file":
+            (shards / "extra.jsonl").write_bytes(encode("lines", [20_000]))
+            expected.update([20_000])
+        elif damage == "stale-size":
+            text = (shards / "manifest.json").read_text()
+            entry = entries[0]
+            (shards / "manifest.json").write_text(
+                text.replace(f'"bytes":{entry.bytes},', f'"bytes":{entry.bytes + 7},', 1))
+    return expected, missing, pairs
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tree=spelled_trees())
+def test_spellings_copies_and_manifests_every_record_once_or_an_error_naming_the_file(
+    tree: dict[str, Any],
+) -> None:
+    """Every record of every file the listing reads comes exactly once (a sibling copy's
+    records come again, with a warning naming both files), or a missing shard is refused
+    naming it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "root"
+        expected, missing, pairs = build_spelled(tree, root)
+        logger = logging.getLogger("streamds.shards")
+        handler = _Records()
+        logger.addHandler(handler)
+        old_level = logger.level
+        logger.setLevel(logging.DEBUG)
+        try:
+            if missing is not None:
+                event("refused: a listed shard is missing")
+                with pytest.raises(MissingShardError, match=re.escape(missing)):
+                    StreamingJsonl(str(root))
+                return
+            event(f"{len(pairs)} copies, damage {tree['damage'] if tree['converted'] else '-'}")
+            got = read_all_ranks([str(root)], tree)
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(old_level)
+        assert got == expected
+        warned = " ".join(handler.messages)
+        for original, copy in pairs:
+            assert f"/{original}'" in warned and f"/{copy}'" in warned, (original, copy)
+        assert ("look like copies" in warned) == bool(pairs)
+        if tree["strays"]:
+            assert "notes.txt" in warned and "table.parquet" in warned

@@ -40,7 +40,9 @@ CODEC_SUFFIXES: dict[str, tuple[str, str, str]] = {
     ".zst": ("zst", "zstandard", "zstandard"),
     ".zstd": ("zst", "zstandard", "zstandard"),
     ".gz": ("gz", "gzip", "the Python zlib module (rebuild Python with zlib)"),
+    ".gzip": ("gz", "gzip", "the Python zlib module (rebuild Python with zlib)"),
     ".bz2": ("bz2", "bz2", "the Python bz2 module (rebuild Python with libbz2)"),
+    ".bzip2": ("bz2", "bz2", "the Python bz2 module (rebuild Python with libbz2)"),
     ".xz": ("xz", "lzma", "the Python lzma module (rebuild Python with liblzma)"),
 }
 
@@ -63,9 +65,13 @@ class TransientReadError(OSError):
 
 
 def codec_of(name: str) -> str | None:
-    """The codec of a file name: "zst", "gz", "bz2", "xz", or None for plain bytes."""
+    """The codec of a file name: "zst", "gz", "bz2", "xz", or None for plain bytes.
+
+    Suffixes match in any case and common spelling (``.GZ``, ``.gzip``, ``.zstd``, ``.bzip2``).
+    """
+    lowered = name.lower()
     for suffix, (codec, _, _) in CODEC_SUFFIXES.items():
-        if name.endswith(suffix):
+        if lowered.endswith(suffix):
             return codec
     return None
 

@@ -51,7 +51,7 @@ def is_document_name(name: str) -> bool:
     >>> [is_document_name(n) for n in ("a.json", "a.json.gz", "a.jsonl", "a.json.txt")]
     [True, True, False, False]
     """
-    return strip_codec(name).endswith(".json")
+    return strip_codec(name).lower().endswith(".json")
 
 
 def _first_value(line: bytes) -> str:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 import tarfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,9 +47,13 @@ __all__ = [
     "MANIFEST_NAME",
     "MANIFEST_VERSION",
     "SHARD_FORMATS",
+    "ForeignManifestError",
+    "ListingCheck",
     "Manifest",
     "ManifestError",
+    "MissingShardError",
     "ShardEntry",
+    "check_listing",
     "file_checksum",
     "parse_manifest",
     "read_manifest",
@@ -67,6 +71,14 @@ _READ_SIZE = 1 << 20
 
 class ManifestError(ValueError):
     """A manifest that cannot be read: bad JSON, wrong format or version, missing fields."""
+
+
+class ForeignManifestError(ManifestError):
+    """A `manifest.json` that some other tool wrote (no streamds format field)."""
+
+
+class MissingShardError(FileNotFoundError):
+    """A shard that a manifest lists is not there: reading the rest would lose its records."""
 
 
 @dataclass(frozen=True)
@@ -180,7 +192,9 @@ def parse_manifest(data: bytes, *, name: str = MANIFEST_NAME) -> Manifest:
     except orjson.JSONDecodeError as err:
         raise ManifestError(f"{name}: not valid JSON ({err}); convert the shards again") from err
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
-        raise ManifestError(f"{name}: not a streamds manifest (no format {MANIFEST_FORMAT!r})")
+        raise ForeignManifestError(
+            f"{name}: not a streamds manifest (no format {MANIFEST_FORMAT!r})"
+        )
     if doc.get("version") != MANIFEST_VERSION:
         raise ManifestError(
             f"{name}: manifest version {doc.get('version')!r}, this streamds reads version "
@@ -208,6 +222,36 @@ def parse_manifest(data: bytes, *, name: str = MANIFEST_NAME) -> Manifest:
     if len(set(names)) != len(names):
         raise ManifestError(f"{name}: a shard is listed twice; the manifest was edited")
     return manifest
+
+
+@dataclass(frozen=True)
+class ListingCheck:
+    """How a manifest and the files in its folder disagree (all empty: they agree)."""
+
+    missing: tuple[ShardEntry, ...]  # listed, not there
+    resized: tuple[tuple[ShardEntry, int], ...]  # listed with another size: (entry, size)
+    unlisted: tuple[str, ...]  # record files directly in the folder, not listed
+
+
+def check_listing(manifest: Manifest, files: Mapping[str, int | None]) -> ListingCheck:
+    """Compare `manifest` with `files`: the record files a listing found below its folder,
+    as {path relative to the folder ("/"-separated): size, None when unknown}.
+
+    Files in subfolders count as unlisted only when the manifest lists none there (a
+    conversion in parts lists ``part-00003/...``; another folder is another corpus).
+    """
+    listed = {entry.name for entry in manifest.shards}
+    folders = {name.rsplit("/", 1)[0] for name in listed if "/" in name}
+    missing = tuple(entry for entry in manifest.shards if entry.name not in files)
+    resized = tuple(
+        (entry, size) for entry in manifest.shards
+        if (size := files.get(entry.name)) is not None and size != entry.bytes
+    )
+    unlisted = tuple(
+        name for name in files
+        if name not in listed and ("/" not in name or name.rsplit("/", 1)[0] in folders)
+    )
+    return ListingCheck(missing, resized, unlisted)
 
 
 def read_manifest(path: str | os.PathLike) -> Manifest:
@@ -268,6 +312,11 @@ def verify_shard(directory: str | os.PathLike, entry: ShardEntry, shard_format: 
         problems.append(
             f"{entry.name}: {CHECKSUM_ALGORITHM} checksum {checksum}, the manifest says "
             f"{entry.checksum}"
+        )
+    if entry.frames and sum(entry.records_per_frame) != entry.records:
+        problems.append(
+            f"{entry.name}: the manifest says records={entry.records} but its frames hold "
+            f"{sum(entry.records_per_frame)} (records_per_frame)"
         )
     check = _verify_zstd if shard_format == "jsonl.zst" else _verify_tar
     problems.extend(check(path, entry, size))

@@ -16,20 +16,26 @@ here, so they read the same files:
 A local walk lists each directory once with ``os.scandir`` and sorts it in natural order
 (``part_2`` before ``part_10``), so memory is one listing per level; it restarts from a file
 it once yielded. Remote filesystems list with fsspec and filter with the same `Pattern`.
+
+Where a source names a folder's record files, a `LeftOut` given to the walk collects the
+files and hidden folders it did not take, with the reason (`left_out_reason`), and the
+manifests it passed, so the reader can report them and check the manifests' shards.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from fnmatch import fnmatchcase
 from pathlib import PurePath
 from typing import Any
 
-from .filenames import is_hidden, is_record_name
+from .filenames import MANIFEST_NAME, is_hidden, is_record_name, left_out_reason
 
 __all__ = [
+    "LeftOut",
     "Pattern",
     "Rel",
     "Walk",
@@ -75,6 +81,47 @@ def canonical_path(
             real = real_dirs[parent] = os.path.realpath(parent or ".")
         return os.path.join(real, name)
     return os.path.realpath(path)
+
+
+HIDDEN_FOLDER = "hidden folder (starts with '.'); name it in the source to read it"
+
+
+class LeftOut:
+    """What folder listings did not take: every file's reason counted, the first `keep`
+    named (a folder of 100,000 stray files stays small), and every manifest passed.
+
+    Paths are as the listing names them (the walk's root joined with the components).
+    """
+
+    def __init__(self, keep: int = 100) -> None:
+        self.keep = keep
+        self.counts: Counter[str] = Counter()  # reason -> files and folders
+        self.examples: list[tuple[str, str]] = []  # (path, reason), the first `keep`
+        self.manifests: list[str] = []  # every manifest.json passed
+
+    def add(self, path: str, reason: str) -> None:
+        self.counts[reason] += 1
+        if len(self.examples) < self.keep:
+            self.examples.append((path, reason))
+        if path.rsplit("/", 1)[-1].rsplit(os.sep, 1)[-1] == MANIFEST_NAME:
+            self.manifests.append(path)
+
+    def __len__(self) -> int:
+        return sum(self.counts.values())
+
+    def extend(self, other: LeftOut) -> None:
+        self.counts.update(other.counts)
+        self.examples.extend(other.examples[: max(0, self.keep - len(self.examples))])
+        self.manifests.extend(other.manifests)
+
+    def summary(self, *, limit: int = 5) -> str:
+        """One line per reason: how many, and the first few paths."""
+        lines = []
+        for reason, count in self.counts.most_common():
+            paths = [path for path, why in self.examples if why == reason][:limit]
+            more = f" and {count - len(paths)} more" if count > len(paths) else ""
+            lines.append(f"{count} x {reason}: {', '.join(map(repr, paths))}{more}")
+        return "; ".join(lines)
 
 
 def _component_matches(name: str, pattern: str) -> bool:
@@ -124,6 +171,27 @@ class Pattern:
         inside = rel[size:]  # in a directory the pattern matched: its record files
         return not any(map(is_hidden, inside)) and is_record_name(inside[-1])
 
+    def lists(self, rel: Rel) -> bool:
+        """Whether `rel` lies where the source names every record file of a folder (a
+        directory source, or inside a folder that a glob without ``**`` matched), so that
+        a file there not taken was left out rather than not named."""
+        if self.parts is None:
+            return True
+        if self.recursive:
+            return False
+        size = len(self.parts)
+        return len(rel) > size and all(map(_component_matches, rel[:size], self.parts))
+
+    def why_left_out(self, rel: Rel, *, folder: bool = False) -> str | None:
+        """Why the file (or with `folder`, the folder) at `rel` is not taken, where the
+        pattern `lists` its folder; None where it is taken or was never named."""
+        if not self.lists(rel):
+            return None
+        base = len(self.parts) if self.parts is not None else 0
+        if folder or any(map(is_hidden, rel[base:-1])):
+            return HIDDEN_FOLDER if any(map(is_hidden, rel[base:])) else None
+        return left_out_reason(rel[-1])
+
     def may_enter(self, rel: Rel) -> bool:
         """Whether the directory at `rel` can hold named files."""
         if self.parts is None:
@@ -150,13 +218,25 @@ class Walk:
     """The local files under `root` that `pattern` names, in natural order of their paths.
 
     `exclude` holds (device, inode) pairs of directories never entered (a conversion's output
-    inside its input); the caller may add to it before walking.
+    inside its input); the caller may add to it before walking. `left_out`, when given,
+    collects what a walk from the start did not take (`Pattern.why_left_out`).
     """
 
-    def __init__(self, root: str, pattern: Pattern, exclude: set[tuple[int, int]]) -> None:
+    def __init__(
+        self, root: str, pattern: Pattern, exclude: set[tuple[int, int]],
+        left_out: LeftOut | None = None,
+    ) -> None:
         self.root = root
         self.pattern = pattern
         self.exclude = exclude
+        self.left_out = left_out
+
+    def _leave_out(self, rel: Rel, *, folder: bool = False) -> None:
+        if self.left_out is None:
+            return
+        reason = self.pattern.why_left_out(rel, folder=folder)
+        if reason is not None:
+            self.left_out.add(os.path.join(self.root, *rel), reason)
 
     def files(self, start: Rel | None = None) -> Iterator[Rel]:
         """Paths (as components) in natural order, from `start` (a path once yielded) on."""
@@ -189,6 +269,7 @@ class Walk:
                 start = None
             if is_dir:
                 if not self.pattern.may_enter(child):
+                    self._leave_out(child, folder=True)
                     continue
                 info = os.stat(os.path.join(self.root, *child))
                 ident = (info.st_dev, info.st_ino)
@@ -197,6 +278,8 @@ class Walk:
                 yield from self._walk(child, rest, ancestors | {ident})
             elif rest is None and self.pattern.matches(child):
                 yield child
+            elif rest is None:
+                self._leave_out(child)
 
 
 def split_glob(pattern: str) -> tuple[str, Rel]:
@@ -232,10 +315,12 @@ def remote_is_folder(fs: Any, path: str, info: dict[str, Any]) -> bool:
     return listing_page and fs.isdir(path)
 
 
-def remote_record_files(fs: Any, path: str, glob: bool) -> tuple[str, dict[str, dict]]:
+def remote_record_files(
+    fs: Any, path: str, glob: bool, left_out: LeftOut | None = None
+) -> tuple[str, dict[str, dict]]:
     """(root, {name: fsspec info}) of the record files that the remote folder or glob `path`
     names on the fsspec filesystem `fs`, by the same `Pattern` as local walks (empty when
-    nothing matches)."""
+    nothing matches); `left_out` collects the files of named folders not taken."""
     if glob:
         root, parts = _split_remote_glob(path)
         pattern = Pattern(parts)
@@ -249,18 +334,30 @@ def remote_record_files(fs: Any, path: str, glob: bool) -> tuple[str, dict[str, 
     else:
         root, pattern = path.rstrip("/"), Pattern(None)
         found = fs.find(path, detail=True)
-    return root, {
-        name: info for name, info in found.items()
-        if info.get("type") != "directory" and pattern.matches(remote_rel(name, root))
-    }
+    taken = {}
+    for name, info in found.items():
+        if info.get("type") == "directory":
+            continue
+        rel = remote_rel(name, root)
+        if pattern.matches(rel):
+            taken[name] = info
+        elif left_out is not None:
+            reason = pattern.why_left_out(rel)
+            if reason is not None:
+                left_out.add(fs.unstrip_protocol(name), reason)
+    return root, taken
 
 
-def directory_walk(root: str, exclude: set[tuple[int, int]] | None = None) -> Walk:
+def directory_walk(
+    root: str, exclude: set[tuple[int, int]] | None = None, left_out: LeftOut | None = None
+) -> Walk:
     """The record files below the local directory `root`."""
-    return Walk(root, Pattern(None), set() if exclude is None else exclude)
+    return Walk(root, Pattern(None), set() if exclude is None else exclude, left_out)
 
 
-def glob_walk(pattern: str, exclude: set[tuple[int, int]] | None = None) -> Walk:
+def glob_walk(
+    pattern: str, exclude: set[tuple[int, int]] | None = None, left_out: LeftOut | None = None
+) -> Walk:
     """The local files the glob `pattern` names."""
     root, parts = split_glob(pattern)
-    return Walk(root, Pattern(parts), set() if exclude is None else exclude)
+    return Walk(root, Pattern(parts), set() if exclude is None else exclude, left_out)

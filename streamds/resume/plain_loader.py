@@ -7,7 +7,11 @@ buffer is replayed on record numbers alone, so nothing is re-read except the blo
 hold the resume point and the buffered records.
 
 Exact as long as every line yields a record: filters that drop records and malformed lines
-skipped under on_error="skip" shift the count (use torchdata's StatefulDataLoader then).
+skipped under on_error="skip" shift the count, so `require_line_per_record` refuses such
+pipelines (use torchdata's StatefulDataLoader then) unless the caller says every line
+yields one. A block read to find the resume point is read to its end and its records
+checked against the count it was planned with (from the manifest, or counted earlier), so a
+manifest that is wrong about it fails naming the shard instead of resuming elsewhere.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..chunks import ChunkCursor, WorkItem
+from ..formats.manifest import ManifestError
 from ..parse import cut_bom
 from ..pipeline import Reader
 from ..plan import Block
@@ -25,7 +30,51 @@ from ..shards import Shard
 from ..shuffle import Shuffle, pack_positions, unpack_positions
 from .replay import replay
 
-__all__ = ["batches_after", "batches_per_reader", "epoch_batches", "pipeline_state_after"]
+__all__ = [
+    "CountMismatchError",
+    "batches_after",
+    "batches_per_reader",
+    "epoch_batches",
+    "pipeline_state_after",
+    "require_line_per_record",
+]
+
+_USE_STATEFUL = (
+    "use torchdata's StatefulDataLoader and save and load its state_dict() instead, which "
+    "is exact whatever the pipeline drops"
+)
+
+
+class CountMismatchError(ManifestError):
+    """A block holds another number of records than the count a plain-loader resume was
+    planned with: the manifest is wrong about its shard, or the file changed."""
+
+
+def require_line_per_record(
+    steps: Sequence[tuple[str, Any]], on_error: str, every_line_yields: bool
+) -> None:
+    """Refuse a plain-loader resume that cannot be exact: a pipeline whose `steps` (kind,
+    function) hold a filter or a map (a map returning None drops its record), or that skips
+    malformed lines (`on_error="skip"`), may yield fewer records than it has lines, and the
+    batch count then points to the wrong record. `every_line_yields=True` is the caller's
+    word that every non-blank line yields exactly one record."""
+    if every_line_yields:
+        return
+    kinds = [kind for kind, _ in steps]
+    why = []
+    if "filter" in kinds:
+        why.append("a .filter() step")
+    if "map" in kinds:
+        why.append("a .map() or transform= step (one that returns None drops its record)")
+    if on_error == "skip":
+        why.append('on_error="skip" (malformed lines are skipped)')
+    if why:
+        raise ValueError(
+            f"resume_after_batches counts lines, and this dataset has {' and '.join(why)}, so "
+            "records dropped before the resume point would make it repeat or skip records; "
+            f"{_USE_STATEFUL}. If every line yields exactly one record, pass "
+            "every_line_yields=True"
+        )
 
 
 def epoch_batches(records: Sequence[int], *, batch_size: int, drop_last: bool) -> int:
@@ -86,19 +135,44 @@ def _positions_of(
         inside = [n for n in wanted if first <= n < first + count]
         if inside:
             block = blocks[block_id]
+            shard = shards[block.shard]
+            # counts from a manifest are checked: the block is read to its end (frames of a
+            # few MiB); others were counted by this process and are read up to the last one
+            whole = shard.frame_records is not None and start is None
+            wanted_here = set(inside)
             number = first
-            for chunk in read_lines(shards[block.shard], block, block_id, resume_at=start):
+            for chunk in read_lines(shard, block, block_id, resume_at=start):
                 lines = cut_bom(chunk.lines, chunk.offsets, chunk.labels)
                 for offset, line in zip(chunk.offsets, lines, strict=False):
                     if not line.strip():
                         continue
-                    if number in inside:
+                    if number in wanted_here:
                         found[number] = (k, offset)
                     number += 1
-                if number > inside[-1]:
+                if number > inside[-1] and not whole:
                     break
+            if (whole and number - first != count) or number <= inside[-1]:
+                raise _count_mismatch(shard, block, number - first, count, whole)
         first += count
     return found
+
+
+def _count_mismatch(
+    shard: Shard, block: Block, held: int, planned: int, whole: bool
+) -> CountMismatchError:
+    where = f"{shard.url} (decoded bytes {block.start} to {block.end or 'the end'})"
+    held_text = f"{held}" if whole else f"only {held}"
+    if shard.frame_records is not None:
+        return CountMismatchError(
+            f"{where} holds {held_text} records, its folder's manifest.json says {planned} "
+            "(records_per_frame); the manifest does not match the shard, so the batch count "
+            "cannot be turned into a position. Run `streamds verify` on the folder and convert "
+            f"again, or {_USE_STATEFUL}"
+        )
+    return CountMismatchError(
+        f"{where} holds {held_text} records, {planned} when they were counted for this resume; the "
+        f"file changed since. Build the dataset again, or {_USE_STATEFUL}"
+    )
 
 
 def pipeline_state_after(

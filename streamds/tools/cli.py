@@ -8,7 +8,7 @@
                      [--parts N] [--executor local|process|process:N|dask://HOST:PORT]
                      [--part K | --merge] [--storage-options JSON] [--read-ahead N]
     streamds inspect DIR_OR_FILE [--no-count] [--quiet]
-    streamds verify DIR [--quiet]
+    streamds verify DIR_OR_FILE [--quiet]
     streamds bench SOURCE [...]
 
 Exit status: 0 on success, 1 when `verify` finds damage, 2 for bad arguments or input.
@@ -41,7 +41,7 @@ _USAGE = """usage: streamds {convert,inspect,verify,bench} ...
 
   convert INPUT... --output DIR   JSONL files, small-file trees, tar shards -> seekable shards
   inspect DIR_OR_FILE             shards, records, bytes, frames, codec, ratio, a sample record
-  verify DIR                      re-read every shard against manifest.json (exit 1 on damage)
+  verify DIR_OR_FILE              re-read every shard against manifest.json (exit 1 on damage)
   bench SOURCE [...]              loader throughput and where the time goes
 
 Run `streamds COMMAND --help` for a command's options."""
@@ -143,10 +143,26 @@ def _inspect_manifest(directory: Path, manifest: Manifest) -> list[str]:
     return out
 
 
-def _inspect_files(target: str, count: bool, quiet: bool) -> list[str]:
-    from ..shards import resolve_shards
+def _left_out_lines(left_out: Any, target: str) -> list[str]:
+    """What a folder listing did not read, one line per file (the first few) with why."""
+    if not left_out:
+        return []
+    folder = os.path.abspath(target) if os.path.isdir(target) else None
+    out = [f"  left out   {len(left_out):,} file{'s' * (len(left_out) != 1)} or folders not "
+           "read as records:"]
+    for path, reason in left_out.examples[:_TABLE_ROWS]:
+        name = os.path.relpath(path, folder) if folder and os.path.isabs(path) else path
+        out.append(f"    {name}: {reason}")
+    if len(left_out) > _TABLE_ROWS:
+        out.append(f"    ... {len(left_out) - _TABLE_ROWS} more")
+    return out
 
-    shards = resolve_shards(target)
+
+def _inspect_files(target: str, count: bool, quiet: bool) -> list[str]:
+    from ..shards import list_source
+
+    listing = list_source(target)
+    shards = listing.shards
     out = [f"{target}: {len(shards)} file{'s' * (len(shards) != 1)}"]
     out.append(f"  {'file':<40}{'codec':>6}{'seekable':>9}{'frames':>8}{'records':>12}"
                f"{'bytes':>11}{'decoded':>11}{'ratio':>7}")
@@ -183,6 +199,7 @@ def _inspect_files(target: str, count: bool, quiet: bool) -> list[str]:
                    f"{human_bytes(total_decoded)} decoded (ratio {ratio_all:.2f}x)")
     formats = sorted({s.format for s in shards})
     out.append(f"  format     {', '.join(formats)}")
+    out.extend(_left_out_lines(listing.left_out, target))
     record = _first_record(shards)
     if record is not None:
         out.append(f"  sample     {_sample(record)}")
@@ -233,22 +250,69 @@ def _unlisted(directory: Path, manifest: Manifest) -> list[str]:
     return extra
 
 
+def _verify_file(path: Path) -> int:
+    """Verify one file: against the manifest beside it when that lists it, else by reading
+    every record (decoding, seek table, JSON) with what no manifest can tell left unchecked."""
+    directory = path.parent
+    manifest = None
+    if (directory / MANIFEST_NAME).is_file():
+        try:
+            manifest = read_manifest(directory)
+        except ManifestError as err:
+            print(f"streamds verify: error: {err}", file=sys.stderr)
+            return 1
+    entry = next((e for e in manifest.shards if e.name == path.name), None) if manifest else None
+    if manifest is not None and entry is not None:
+        problems = verify_shard(directory, entry, manifest.shard_format)
+        if problems:
+            print(f"DAMAGED {entry.name}")
+            for problem in problems:
+                print(f"  {problem}")
+            print(f"{path}: damaged", file=sys.stderr)
+            return 1
+        print(f"{path}: OK, {entry.records:,} records, {entry.frames:,} frames verified against "
+              f"{directory / MANIFEST_NAME}")
+        return 0
+    from ..dataset import StreamingJsonl
+
+    records = 0
+    try:
+        for _ in StreamingJsonl(str(path)):
+            records += 1
+    except (OSError, ValueError) as err:
+        print(f"DAMAGED {path}\n  {err}")
+        print(f"{path}: damaged after {records:,} records", file=sys.stderr)
+        return 1
+    print(f"{path}: OK, {records:,} records decoded and parsed; no {MANIFEST_NAME} beside it "
+          "lists it, so its size, checksum and record counts were not checked (verify the "
+          "folder `streamds convert` wrote for those)")
+    return 0
+
+
 def _cmd_verify(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="streamds verify",
         description="Re-read every shard of a converted directory against its manifest: "
         "size, xxh64 checksum, seek table, records per frame, every record parses. "
-        "Exit 1 naming each damaged shard.",
+        "Exit 1 naming each damaged shard. Given one file, verify it against the manifest "
+        "beside it, or without one read and parse every record.",
     )
-    parser.add_argument("directory", metavar="DIR")
+    parser.add_argument("directory", metavar="DIR_OR_FILE")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     directory = Path(args.directory)
+    if directory.is_file() and directory.name != MANIFEST_NAME:
+        return _verify_file(directory)
+    if directory.is_file():  # the manifest itself: its folder
+        directory = directory.parent
+    if not directory.exists():
+        print(f"streamds verify: error: {directory} does not exist", file=sys.stderr)
+        return 2
     try:
         manifest = read_manifest(directory)
     except FileNotFoundError:
         print(f"streamds verify: error: {directory} has no {MANIFEST_NAME}; verify works on "
-              "directories written by `streamds convert`", file=sys.stderr)
+              "directories written by `streamds convert`, and on single files", file=sys.stderr)
         return 2
     except ManifestError as err:
         print(f"streamds verify: error: {err}", file=sys.stderr)
