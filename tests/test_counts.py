@@ -185,9 +185,12 @@ def test_counts_of_a_stateful_loader_state_sums_every_worker(defects, shuffle, w
     ds = skipping(defects["root"], shuffle=shuffle).filter(even_ids)
     loader = StatefulDataLoader(ds, batch_size=32, num_workers=workers, collate_fn=keep)
     seen = sum(len(batch) for batch in loader)
-    if workers:
-        assert ds.counts == {}  # the workers counted, in their own processes
     counts = streamds.counts_of(loader.state_dict())
+    if workers:  # the workers counted, in their own processes: no empty dict here
+        with pytest.raises(RuntimeError, match=r"streamds\.counts_of\(loader\.state_dict"):
+            ds.counts  # noqa: B018
+    else:
+        assert {key: ds.counts[key] for key in counts} == counts
     assert counts == {"bad": defects["bad"], "blank": defects["blank"],
                       "dropped": len(defects["ids"]) - seen, "corrupt_blocks": 0}
 
