@@ -195,6 +195,25 @@ def test_counts_of_a_stateful_loader_state_sums_every_worker(defects, shuffle, w
                       "dropped": len(defects["ids"]) - seen, "corrupt_blocks": 0}
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_counts_in_the_main_process_of_a_plain_loader(defects, workers):
+    """With workers the main process has no counts: it refuses (naming where they are)
+    instead of an empty dict that reads as "nothing skipped"; without, it has them."""
+    ds = skipping(defects["root"], shuffle=True)
+    with pytest.raises(RuntimeError, match="no iterator of this dataset ran in this process"):
+        ds.counts  # noqa: B018  (nothing read yet, anywhere)
+    seen = sum(len(batch) for batch in DataLoader(ds, batch_size=32, num_workers=workers,
+                                                  collate_fn=keep))
+    assert seen == len(defects["ids"])
+    if workers:
+        with pytest.raises(RuntimeError) as refused:
+            ds.counts  # noqa: B018
+        assert "streamds.counts_of(loader.state_dict())" in str(refused.value)
+        assert "'epoch N done' log line" in str(refused.value)
+    else:
+        assert (ds.counts["bad"], ds.counts["blank"]) == (defects["bad"], defects["blank"])
+
+
 @pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
 def test_counts_survive_a_resume_and_count_the_whole_epoch(defects, shuffle, caplog):
     def loader() -> StatefulDataLoader:

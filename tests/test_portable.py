@@ -132,16 +132,6 @@ def _value(item: dict[str, Any], key: str) -> Any:
     return value.tolist() if hasattr(value, "tolist") else value
 
 
-def test_resume_after_batches_over_the_moved_files(drive, local):
-    whole = [i for batch in loader(str(drive), 2) for i in batch]
-    plain = loader(str(drive), 2)
-    seen = [i for batch in itertools.islice(plain, 9) for i in batch]
-    resumed = StreamingJsonl(str(local), **OPTIONS).resume_after_batches(
-        9, batch_size=8, num_workers=2)
-    again = StatefulDataLoader(resumed, batch_size=8, num_workers=2, collate_fn=ids)
-    assert sorted(seen + [i for batch in again for i in batch]) == sorted(whole)
-
-
 # -- a real difference, named -----------------------------------------------------------------
 
 
