@@ -230,7 +230,9 @@ class Mix(IterableDataset):
         return Packed(self, packer)
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch: it seeds the draws and every source's order."""
+        """Choose the epoch: it seeds the draws and every source's order. Call it rather
+        than the sources' own set_epoch, which the mix's copies do not follow (a source moved
+        to another epoch than the mix's is refused when the mix starts)."""
         check_int("epoch", epoch, 0, "epochs count from 0")
         check_epoch_change(self._pending, epoch)
         self.epoch = epoch

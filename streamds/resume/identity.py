@@ -102,7 +102,7 @@ def _digest(value: Any, size: int = 12) -> str:
 
 
 def _pack(kind: str, rows: list[list[Any]]) -> str:
-    return kind + base64.b64encode(zlib.compress(orjson.dumps(rows), 9)).decode("ascii")
+    return kind + base64.b64encode(zlib.compress(orjson.dumps(rows))).decode("ascii")
 
 
 def _unpack(listing: str) -> tuple[str, list[list[Any]]]:
@@ -138,8 +138,9 @@ class Identity:
         files = [[name, shard.size, shard.checksum] for name, shard in zip(names, shards,
                                                                             strict=True)]
         read = [[shard.format, shard.codec, len(shard.frames or ())] for shard in shards]
-        listing = _pack(_FILES, files)
-        if len(listing) > LISTING_LIMIT:
+        # a file takes a few characters at least: skip compressing what cannot fit
+        listing = _pack(_FILES, files) if len(files) <= LISTING_LIMIT // 2 else ""
+        if not listing or len(listing) > LISTING_LIMIT:
             listing = _pack(_FOLDERS, _folder_rows(files))
         if len(listing) > LISTING_LIMIT:
             listing = ""
