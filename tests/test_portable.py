@@ -16,6 +16,9 @@ from typing import Any
 
 import orjson
 import pytest
+from fsspec.core import url_to_fs
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from resume_contract import checkpoint, ids, write_mixed
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -24,8 +27,8 @@ import streamds.resume.identity as identity
 from preprocess.convert import convert
 from streamds import Mix, PackTokens, StreamingJsonl, merge_states
 from streamds.errors import StateMismatchError
-from streamds.resume.identity import Identity, relative_names
-from streamds.shards import Shard
+from streamds.resume.identity import Identity, relative_names, source_root
+from streamds.shards import Shard, natural_key
 
 OPTIONS: dict[str, Any] = {"shuffle": True, "seed": 3, "buffer_size": 16}
 
@@ -288,3 +291,42 @@ def test_taking_a_state_shares_the_listing(drive):
     first, second = dataset.state_dict(), dataset.state_dict()
     assert first["fingerprint"]["listing"] is second["fingerprint"]["listing"]
     assert len(first["fingerprint"]["listing"]) <= streamds.resume.identity.LISTING_LIMIT
+
+
+NAME = st.from_regex(r"[a-z0-9]{1,3}(/[a-z0-9]{1,3}){0,2}\.jsonl", fullmatch=True)
+ROOTS = ["/mnt/drive/MyDrive/corpus", "/content/corpus", "/data/x1/y", "memory://bucket/c"]
+
+
+def placed(names: list[str], root: str, spelling: str) -> tuple[list[Shard], dict[str, Any]]:
+    """Fake shards of `names` under `root` in reading order, and their identity's state."""
+    _, path = url_to_fs(root)  # a shard's path is its filesystem's ("/bucket/c/a.jsonl")
+    shards = sorted((Shard(url=f"{root}/{name}", path=f"{path}/{name}", size=len(name),
+                           format="jsonl", codec=None) for name in names),
+                    key=lambda shard: natural_key(shard.url))
+    items = [root] if spelling == "folder" else [shard.url for shard in shards]
+    roots = [source_root(item, shards, {}) for item in items]
+    return shards, Identity.of(shards, relative_names(shards, roots),
+                               dict.fromkeys(identity.SETTINGS)).to_state()
+
+
+@settings(max_examples=60, deadline=None)
+@given(names=st.lists(NAME, min_size=2, max_size=12, unique=True),
+       where=st.permutations(ROOTS), spelling=st.sampled_from(["folder", "list"]),
+       data=st.data())
+def test_the_same_names_under_any_root_are_one_corpus_and_a_change_is_named(
+        names, where, spelling, data):
+    names = [name for name in names if not any(other.startswith(name[:-6] + "/")
+                                               for other in names)]  # no file-folder clash
+    assume(len(names) >= 2)
+    first, second = where[0], where[1]
+    _, old = placed(names, first, spelling)
+    _, new = placed(names, second, spelling)
+    assert old["corpus"] == new["corpus"]
+    assert identity.differences(old, new) == []
+    if spelling == "folder":  # a list's common folder moves with the files it lists
+        gone = data.draw(st.sampled_from(names))
+        _, fewer = placed([name for name in names if name != gone], second, spelling)
+        said = identity.differences(old, fewer)
+        assert said == [f"files differ: missing here (only in the state): {gone!r}"]
+        assert identity.differences(fewer, old) == [
+            f"files differ: added here (not in the state): {gone!r}"]
