@@ -354,3 +354,23 @@ def test_a_state_taken_over_http_with_a_signed_url_resumes_from_local_disk(drive
     local = StreamingJsonl([str(folder / name) for name in names], **OPTIONS)
     local.load_state_dict(state)
     assert [record["id"] for record in local] == rest and head
+
+
+def test_a_merged_mix_state_finishes_over_the_moved_files(drive, local):
+    def mix(root: Path, rank: int | None = None, **options: Any) -> Mix:
+        world = {} if rank is None else {"rank": rank, "world_size": 2}
+        a = StreamingJsonl(str(root / "train" / "part-0.jsonl"), **OPTIONS, **world)
+        b = StreamingJsonl(str(root / "train"), **OPTIONS, **world)
+        return Mix([a, b], [0.3, 0.7], seed=1, **options)
+
+    seen: list[int] = []
+    states = []
+    for rank in range(2):
+        ranked = mix(drive, rank)
+        iterator = iter(ranked)
+        seen += [next(iterator)["id"] for _ in range(25)]
+        states.append(checkpoint(ranked.state_dict()))
+    merged = checkpoint(merge_states(states))
+    rest = [record["id"] for record in mix(local, resume_from=merged)]
+    every = [record["id"] for record in mix(drive)]
+    assert sorted(seen + rest) == sorted(every)
