@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import copy
 import functools
-import hashlib
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import orjson
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .balance import EVEN_RANKS, check_split, empty_rank, pad_work, quotas
@@ -33,12 +31,13 @@ from .plan import DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE, Plan, make_blocks, small_c
 from .read import open_decoded_at
 from .readahead import DEFAULT_READAHEAD, wants_readahead
 from .resume.counts import count_block_records, count_from
+from .resume.identity import Identity, check_identity, relative_names, source_root
 from .resume.merge import MERGED_FORMAT, resolve_tails, share_of
 from .resume.plain_loader import batches_after, pipeline_state_after, require_line_per_record
 from .resume.state import ReaderState, check_epoch_change
 from .retry import RetryPolicy
 from .seeds import shuffle_seed_parts
-from .shards import Shard, resolve_shards
+from .shards import Shard, resolve_shards, source_items
 from .timing import StageTimer
 from .transform import Step
 from .world import World, detect_world
@@ -50,6 +49,20 @@ log = logging.getLogger(__name__)
 MAX_SEED = (1 << 64) - 1  # seeds are 64-bit, as torch's and numpy's are
 # (fingerprint, rank, world_size) of idle ranks already logged: said once per process
 _EMPTY_RANKS_SAID: set[tuple[str, int, int]] = set()
+
+
+class _Epoch:
+    """The epoch of a dataset and of every copy derived from it (`map`, `filter`, `batch`,
+    `pack`, `with_resume`, `resume_after_batches`): `set_epoch` on any of them reaches them
+    all, so a loader over ``base.map(f)`` follows ``base.set_epoch(e)``. `loaded`: a state
+    loaded into one of them in the middle of its epoch, until its iterator starts (the
+    epoch may not change under it)."""
+
+    __slots__ = ("loaded", "value")
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+        self.loaded: ReaderState | None = None
 
 
 def _cache_spec(
@@ -146,13 +159,21 @@ class StreamingJsonl(IterableDataset):
         self.worker_cpus = worker_cpus
         self.retry = RetryPolicy() if retry is None else retry
         limit = size_setting("cache_limit", cache_limit, "None: as much as the disk holds")
-        self.epoch = 0
+        self._epoch = _Epoch(0)
         self._steps: tuple[Step, ...] = (Step("map", transform),) if transform is not None else ()
         self._batch: BatchSpec | None = None  # whole batches out of the workers (.batch)
         self._shards: list[Shard] = resolve_shards(source, storage_options, on_error=on_error)
         # even ranks cut a small corpus finer, so that ranks' shares differ by little
         self._fine_piece = small_corpus_piece(self._shards) if even_ranks is not None else None
-        self._fingerprint = self._make_fingerprint()
+        # what a state says about the corpus (names under the source root, sizes, checksums)
+        # and the settings, so that it loads wherever the same files are mounted
+        self._identity = Identity.of(
+            self._shards,
+            relative_names(self._shards, [source_root(item, self._shards, storage_options or {})
+                                          for item in source_items(source)]),
+            {"seed": seed, "shuffle": shuffle, "buffer_size": buffer_size,
+             "block_size": block_size, "even_ranks": even_ranks},
+        )
         self._cache = _cache_spec(cache_dir, limit or None, self._shards)
         if readahead == "auto":  # remote and mounted shards: on; local disks: off
             ahead = DEFAULT_READAHEAD if wants_readahead(self._shards) else 0
@@ -191,15 +212,22 @@ class StreamingJsonl(IterableDataset):
         state["_active"] = None  # a live pipeline stays in the process that made it
         return state
 
-    def _make_fingerprint(self) -> str:
-        described = [
-            [s.url, s.size, s.format, s.codec, len(s.frames or ())] for s in self._shards
-        ]
-        layout: list[Any] = [described, self.block_size, self.shuffle, self.seed,
-                             self.buffer_size]
-        if self._fine_piece is not None:  # the finer cut of a small corpus (even ranks)
-            layout.append(["fine", self._fine_piece])
-        return hashlib.blake2b(orjson.dumps(layout), digest_size=12).hexdigest()
+    @property
+    def epoch(self) -> int:
+        return self._epoch.value
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self._epoch.value = value
+
+    def _detached(self) -> StreamingJsonl:
+        """A copy with an epoch of its own, for a `streamds.Mix`, which sets the epochs of
+        its sources itself (each source's pass may be in another epoch)."""
+        clone = copy.copy(self)
+        clone._epoch = _Epoch(self.epoch)
+        clone._epoch.loaded = clone._loaded
+        clone._active = None
+        return clone
 
     def _spec(self) -> Spec:
         opener = functools.partial(open_decoded_at, retry=self.retry, cache=self._cache)
@@ -302,6 +330,11 @@ class StreamingJsonl(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: it seeds the block order and the shuffle buffer.
 
+        A dataset and every copy derived from it (`map`, `filter`, `batch`, `pack`,
+        `with_resume`, `resume_after_batches`) share one epoch: ``base.set_epoch(e)`` reaches
+        a loader over ``base.map(f)``. A `streamds.Mix` sets its sources' epochs itself: call
+        ``mix.set_epoch(e)`` (a source's own call that the mix would ignore is refused).
+
         A loaded state in the middle of another epoch refuses: finish that epoch first.
         DataLoader workers copy the dataset when they start, so call it before the loader
         starts its workers: with ``persistent_workers=True`` they start once, the call does
@@ -310,14 +343,14 @@ class StreamingJsonl(IterableDataset):
         a new DataLoader after each set_epoch().
         """
         check_int("epoch", epoch, 0, "epochs count from 0")
-        check_epoch_change(self._loaded, epoch,
+        check_epoch_change(self._epoch.loaded, epoch,
                            or_else="or build a fresh dataset to skip its remaining records")
         self.epoch = epoch
 
     # -- where a reader starts -----------------------------------------------------------
 
     def _fresh(self, world: World) -> ReaderState:
-        return ReaderState(self._fingerprint, self.epoch, world,
+        return ReaderState(self._identity.to_state(), self.epoch, world,
                            (self._plan.num_blocks, self.seed, self.shuffle))
 
     def _start_state(self, world: World, *, report: bool = False) -> ReaderState:
@@ -415,6 +448,8 @@ class StreamingJsonl(IterableDataset):
         state = self._start_state(world, report=True)
         pad = self._pad_work(state) if state.quota is not None else []
         self._active = Reader(self._spec(), state, pad_work=pad, timer=self.timer)
+        if self._epoch.loaded is self._loaded:
+            self._epoch.loaded = None
         self._loaded = None  # a loaded state starts one iterator
         return iter(self._active)
 
@@ -441,11 +476,19 @@ class StreamingJsonl(IterableDataset):
     def counts(self) -> dict[str, int]:
         """This process's counts of lines without a record (bad, blank, dropped, ...).
 
-        With DataLoader workers each worker counts in its own process, so this is {} in the
-        main process; use `streamds.counts_of(loader.state_dict())` or each worker's
-        end-of-epoch log line.
+        Raises RuntimeError when no iterator of this dataset ran in this process, e.g. in the
+        main process of a DataLoader with workers, where each worker counts in its own
+        process: an empty dict would read as "nothing skipped".
         """
-        return {} if self._active is None else self._active.counts
+        if self._active is None:
+            raise RuntimeError(
+                "no iterator of this dataset ran in this process, so it has no counts here: "
+                "with DataLoader workers each worker counts the lines it skipped in its own "
+                "process; read them with streamds.counts_of(loader.state_dict()) (torchdata's "
+                "StatefulDataLoader: every worker's counts) or in each worker's 'epoch N done' "
+                "log line, or iterate with num_workers=0 to read ds.counts"
+            )
+        return self._active.counts
 
     # -- state ---------------------------------------------------------------------------
 
@@ -469,12 +512,7 @@ class StreamingJsonl(IterableDataset):
         starts at its beginning, as an uninterrupted run would.
         """
         loaded = ReaderState.from_dict(state)
-        if loaded.fingerprint != self._fingerprint:
-            raise StateMismatchError(
-                "the state was taken from a dataset with other files, seed, shuffle, "
-                "buffer_size, block_size or even_ranks; build the dataset with the same "
-                "arguments"
-            )
+        check_identity(loaded.fingerprint, self._identity, "the state")
         if loaded.plan[0] != self._plan.num_blocks:
             raise StateMismatchError(
                 f"the state was taken with the corpus cut into {loaded.plan[0]} blocks, but "
@@ -494,6 +532,7 @@ class StreamingJsonl(IterableDataset):
         if not loaded.finished:
             self.epoch = loaded.epoch
         self._loaded = copy.deepcopy(loaded)
+        self._epoch.loaded = self._loaded
 
     def _batching(self) -> str:
         """How this dataset batches, in the words of `_batching(pipeline state)`."""
@@ -509,12 +548,7 @@ class StreamingJsonl(IterableDataset):
                 "resume_from must be the dict streamds.merge_states() returns; to resume with "
                 "the same world, use load_state_dict() instead"
             )
-        if merged["fingerprint"] != self._fingerprint:
-            raise StateMismatchError(
-                "resume_from was merged from a dataset with other files, seed, shuffle, "
-                "buffer_size, block_size or even_ranks; build the dataset with the same "
-                "arguments"
-            )
+        check_identity(merged["fingerprint"], self._identity, "resume_from (a merged state)")
         self.epoch = merged["epoch"]
         return copy.deepcopy(merged)
 
@@ -632,7 +666,7 @@ class StreamingJsonl(IterableDataset):
         total = self._share_records(epoch, seat)
         assert self._block_counts is not None
         work = self._plan.work(epoch, seat)
-        state = ReaderState(self._fingerprint, epoch, world,
+        state = ReaderState(self._identity.to_state(), epoch, world,
                             (self._plan.num_blocks, self.seed, self.shuffle),
                             seat=(seat.rank, seat.worker))
         if yielded == 0:

@@ -199,7 +199,11 @@ class Mix(IterableDataset):
                 "give them all the same (or none, to detect it)"
             )
         total = sum(weights)
-        self.datasets = [copy.copy(ds) for ds in datasets]  # set_epoch must not reach theirs
+        # copies with epochs of their own: the mix sets them (a source's pass may be in
+        # another epoch), and the user's set_epoch must not reach them ...
+        self.datasets = [ds._detached() for ds in datasets]
+        # ... so it is refused when it would be ignored: each source's own epoch, as given
+        self._given = [(ds._epoch, ds.epoch) for ds in datasets]
         self.weights = [float(w) / total for w in weights]
         self.seed = seed
         self.stop = stop
@@ -234,7 +238,9 @@ class Mix(IterableDataset):
         return Packed(self, packer)
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch: it seeds the draws and every source's order."""
+        """Choose the epoch: it seeds the draws and every source's order. Call it rather
+        than the sources' own set_epoch, which the mix's copies do not follow (a source moved
+        to another epoch than the mix's is refused when the mix starts)."""
         check_int("epoch", epoch, 0, "epochs count from 0")
         check_epoch_change(self._pending, epoch)
         self.epoch = epoch
@@ -282,7 +288,21 @@ class Mix(IterableDataset):
 
     # -- iteration -----------------------------------------------------------------------
 
+    def _check_source_epochs(self) -> None:
+        """Refuse to start while a source was moved to another epoch than the mix's by its
+        own set_epoch() (or a dataset's derived from it) after Mix() copied it: the mix
+        would ignore it and silently repeat an order."""
+        for index, (holder, given) in enumerate(self._given):
+            if holder.value not in (given, self.epoch):
+                raise ValueError(
+                    f"set_epoch({holder.value}) was called on datasets[{index}] of this Mix "
+                    f"(or on a dataset derived from it) after Mix() copied it, but the mix is "
+                    f"at epoch {self.epoch} and sets its sources' epochs itself; call "
+                    f"mix.set_epoch({holder.value}) each epoch instead"
+                )
+
     def __iter__(self) -> Iterator[Any]:
+        self._check_source_epochs()
         world = detect_world(self.rank, self.world_size)
         cursor, states = self._start(world)
         self._pending = None

@@ -185,11 +185,33 @@ def test_counts_of_a_stateful_loader_state_sums_every_worker(defects, shuffle, w
     ds = skipping(defects["root"], shuffle=shuffle).filter(even_ids)
     loader = StatefulDataLoader(ds, batch_size=32, num_workers=workers, collate_fn=keep)
     seen = sum(len(batch) for batch in loader)
-    if workers:
-        assert ds.counts == {}  # the workers counted, in their own processes
     counts = streamds.counts_of(loader.state_dict())
+    if workers:  # the workers counted, in their own processes: no empty dict here
+        with pytest.raises(RuntimeError, match=r"streamds\.counts_of\(loader\.state_dict"):
+            ds.counts  # noqa: B018
+    else:
+        assert {key: ds.counts[key] for key in counts} == counts
     assert counts == {"bad": defects["bad"], "blank": defects["blank"],
                       "dropped": len(defects["ids"]) - seen, "corrupt_blocks": 0}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_counts_in_the_main_process_of_a_plain_loader(defects, workers):
+    """With workers the main process has no counts: it refuses (naming where they are)
+    instead of an empty dict that reads as "nothing skipped"; without, it has them."""
+    ds = skipping(defects["root"], shuffle=True)
+    with pytest.raises(RuntimeError, match="no iterator of this dataset ran in this process"):
+        ds.counts  # noqa: B018  (nothing read yet, anywhere)
+    seen = sum(len(batch) for batch in DataLoader(ds, batch_size=32, num_workers=workers,
+                                                  collate_fn=keep))
+    assert seen == len(defects["ids"])
+    if workers:
+        with pytest.raises(RuntimeError) as refused:
+            ds.counts  # noqa: B018
+        assert "streamds.counts_of(loader.state_dict())" in str(refused.value)
+        assert "'epoch N done' log line" in str(refused.value)
+    else:
+        assert (ds.counts["bad"], ds.counts["blank"]) == (defects["bad"], defects["blank"])
 
 
 @pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])

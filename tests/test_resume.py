@@ -404,31 +404,35 @@ def taken_state(source: str | list[str], **options: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    "changed",
+    ("changed", "message"),
     [
-        {"seed": 4},
-        {"shuffle": False},
-        {"buffer_size": 17},
-        {"source": "other"},
-        {"source": "fewer"},
+        ({"seed": 4}, "seed=3 in the state, 4 here"),
+        ({"shuffle": False}, "shuffle=True in the state, False here"),
+        ({"buffer_size": 17}, "buffer_size=16 in the state, 17 here"),
+        ({"source": "other"}, r"other size: 'part-0.jsonl' \(\d+ bytes in the state, \d+ here\)"),
+        ({"source": "fewer"}, r"missing here \(only in the state\): 'part-5.jsonl.zst'"),
     ],
-    ids=lambda changed: "-".join(f"{k}={v}" for k, v in changed.items()),
+    ids=lambda value: "-".join(f"{k}={v}" for k, v in value.items())
+    if isinstance(value, dict) else "",
 )
 def test_state_of_another_dataset_is_refused(
-    mixed: tuple[Path, list[int]], tmp_path: Path, changed: dict[str, Any]
+    mixed: tuple[Path, list[int]], tmp_path: Path, changed: dict[str, Any], message: str
 ) -> None:
     source, _ = mixed
     options = {"shuffle": True, "seed": 3, "buffer_size": 16}
     state = taken_state(str(source), **options)
     other = {**options, **changed}
     target: str | list[str] = str(source)
-    if other.pop("source", None) == "other":
+    if other.pop("source", None) == "other":  # the corpus elsewhere, one file grown
         write_mixed(tmp_path / "copy")
+        with open(tmp_path / "copy" / "part-0.jsonl", "ab") as grown:
+            grown.write(b'{"id": -1}\n')
         target = str(tmp_path / "copy")
     elif "source" in changed:
         target = sorted(str(path) for path in source.iterdir())[:-1]
-    with pytest.raises(StateMismatchError, match="build the dataset with the same arguments"):
+    with pytest.raises(StateMismatchError, match=message) as refused:
         StreamingJsonl(target, **other).load_state_dict(state)
+    assert "build the dataset over the files and with the settings" in str(refused.value)
 
 
 def test_something_else_is_refused_as_a_state(mixed: tuple[Path, list[int]]) -> None:
@@ -452,6 +456,7 @@ def test_a_state_with_a_missing_or_unknown_key_is_refused(mixed: tuple[Path, lis
 
 @pytest.mark.parametrize(("version", "message"), [
     ("streamds.state/1", "written by streamds 0.1"),
+    ("streamds.reader/2", "named the files by absolute path"),
     ("streamds.reader/9", "unknown state format"),
 ])
 def test_a_state_of_another_version_is_refused(

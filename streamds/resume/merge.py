@@ -31,6 +31,7 @@ from ..train.batching import STATE_FORMAT as BATCHER_FORMAT
 from ..train.rebatch import STATE_FORMAT as REBATCH_FORMAT
 from ..transform import Transform
 from ..world import World
+from .identity import differences
 from .replay import NEW, replay
 from .state import OLD_FORMATS, STATE_FORMAT, ReaderState
 
@@ -290,10 +291,15 @@ def merge_states(states: Any) -> dict[str, Any]:
     readers.sort(key=lambda s: (s.world.rank, s.world.worker))
     first = readers[0]
     for state in readers:
-        if state.fingerprint != first.fingerprint or state.epoch != first.epoch:
+        said = differences(first.fingerprint, state.fingerprint,
+                           labels=(f"in reader {_where(first)}", f"in reader {_where(state)}"))
+        if state.epoch != first.epoch:
+            said.append(f"epoch {first.epoch} in reader {_where(first)}, {state.epoch} in "
+                        f"reader {_where(state)}")
+        if said:
             raise StateMismatchError(
-                "the states come from different datasets or epochs; merge the states taken "
-                "at one checkpoint of one run"
+                f"the states come from different datasets or epochs ({'; '.join(said)}); "
+                "merge the states taken at one checkpoint of one run"
             )
     _check_complete(readers)
     remaining: list[WorkItem] = []
@@ -318,6 +324,10 @@ def merge_states(states: Any) -> dict[str, Any]:
         "tails": tails,
         "counts": dict(counts),
     }
+
+
+def _where(state: ReaderState) -> str:
+    return f"(rank {state.world.rank}, worker {state.world.worker})"
 
 
 def _check_batchers(states: Any) -> None:

@@ -7,7 +7,9 @@ a running pipeline.
 
 Dict form (``state_dict()``)::
 
-    {"format": "streamds.reader/2", "fingerprint": str, "epoch": int,
+    {"format": "streamds.reader/3",
+     "fingerprint": {...},                     # the corpus and settings (`resume.identity`)
+     "epoch": int,
      "world": [rank, world_size, worker, num_workers],
      "plan": [num_blocks, seed, shuffle],      # to derive the reader's work
      "seat": [rank, worker],                   # whose share and shuffle seed it reads
@@ -33,15 +35,22 @@ from ..world import World
 
 __all__ = ["OLD_FORMATS", "STATE_FORMAT", "ReaderState", "check_epoch_change", "check_state"]
 
-STATE_FORMAT = "streamds.reader/2"
-OLD_FORMATS = ("streamds.state/1",)  # streamds 0.1
+STATE_FORMAT = "streamds.reader/3"
+# formats of earlier versions, refused with the reason
+_OLD_REASONS = {
+    "streamds.state/1": "written by streamds 0.1",
+    "streamds.reader/2": "written by an earlier streamds version, whose states named the "
+                         "files by absolute path (this one names them relative to the source "
+                         "root, so that states survive moving the files)",
+}
+OLD_FORMATS = tuple(_OLD_REASONS)
 _KEYS = ("format", "fingerprint", "epoch", "world", "plan", "seat", "work", "prefill", "carried",
          "quota", "finished", "pipeline")
 
 
 @dataclass
 class ReaderState:
-    fingerprint: str
+    fingerprint: dict[str, Any]  # the corpus and settings (`streamds.resume.identity`)
     epoch: int
     world: World
     plan: tuple[int, int, bool]  # (num_blocks, seed, shuffle)
@@ -87,9 +96,10 @@ class ReaderState:
             )
         if state["format"] in OLD_FORMATS:
             raise StateMismatchError(
-                f"this state has format {state['format']!r}, written by streamds 0.1; this "
-                f"version reads {STATE_FORMAT!r} only. Finish the epoch with streamds 0.1, or "
-                "restart the epoch (its records are not lost, only re-read)"
+                f"this state has format {state['format']!r}, {_OLD_REASONS[state['format']]}; "
+                f"this version reads {STATE_FORMAT!r} only. Finish the epoch with the version "
+                "that took the state, or restart the epoch (its records are not lost, only "
+                "re-read)"
             )
         if state["format"] != STATE_FORMAT:
             raise StateMismatchError(
