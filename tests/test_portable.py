@@ -8,6 +8,7 @@ the file and how it differs, and a different setting by name with both values.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import pickle
@@ -144,8 +145,13 @@ def refused(state: Any, source: Any, **options: Any) -> str:
     again = loader(source, 2, **options)
     again.load_state_dict(state)
     with pytest.raises(StateMismatchError) as raised:
-        next(iter(again))
-    return str(raised.value)
+        next(iter(again))  # a StatefulDataLoader's workers load the state as they start
+    message = str(raised.value)
+    # stop the failed iterator's workers and queue feeder threads now (its traceback holds
+    # it): a later fork while a feeder thread holds an import lock breaks the child's imports
+    del raised
+    gc.collect()
+    return message
 
 
 def test_a_deleted_shard_is_named(drive, local):
