@@ -4,7 +4,8 @@ Transient: any OSError except the permanent kinds (missing file, permission, a d
 request the server refuses for good), damaged data (`CorruptShardError`) and a read that
 already ran out of retries (`GaveUpError`): retrying cannot fix those. `as_os_error` turns
 what remote filesystems raise (aiohttp's HTTP statuses and dropped connections, timeouts)
-into these kinds, so one rule decides everywhere.
+into these kinds, so one rule decides everywhere. Every text these errors and the retry
+warnings carry goes through `streamds.redact`: a URL's credentials never reach a message.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from .errors import CorruptShardError
+from .redact import redact, safe_cause
 
 __all__ = [
     "DEFAULT_RETRY",
@@ -25,7 +27,9 @@ __all__ = [
     "GaveUpError",
     "PermanentReadError",
     "RetryPolicy",
+    "UnreachableError",
     "as_os_error",
+    "http_status",
     "is_transient",
     "retrying",
 ]
@@ -41,10 +45,15 @@ class GaveUpError(OSError):
     """A read still failed after the retry policy's time or attempts ran out."""
 
 
+class UnreachableError(ConnectionError):
+    """No connection to the source's host when the dataset was made (refused, no such host):
+    a wrong host or port, or a server that is not running; reported at once, not retried."""
+
+
 # "this file is not there / not allowed": retrying cannot fix these
 PERMANENT_ERRORS = (
     FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,
-    PermanentReadError, GaveUpError,
+    PermanentReadError, GaveUpError, UnreachableError,
 )
 _RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 
@@ -86,7 +95,8 @@ class RetryPolicy:
 DEFAULT_RETRY = RetryPolicy()
 
 
-def _http_status(err: BaseException) -> int | None:
+def http_status(err: BaseException) -> int | None:
+    """The HTTP status an aiohttp/fsspec error carries, or None."""
     status = getattr(err, "status", None)
     return status if isinstance(status, int) else None
 
@@ -95,12 +105,14 @@ def as_os_error(err: BaseException, url: str) -> BaseException:
     """`err` as the OSError kind that says whether retrying can help; other errors as they are.
 
     HTTP 404/410 -> FileNotFoundError, 401/403 -> PermissionError, 408/425/429/5xx and lost
-    connections -> a transient OSError, any other 4xx -> PermanentReadError, each naming `url`.
+    connections -> a transient OSError, any other 4xx -> PermanentReadError, each naming `url`
+    (credentials redacted, as in the foreign error's text).
     """
+    url = redact(url)
     if isinstance(err, OSError):
         return err
     module = type(err).__module__
-    status = _http_status(err)
+    status = http_status(err)
     if status is not None and module.startswith(("aiohttp", "fsspec", "requests")):
         what = f"{url}: HTTP {status}"
         if status in (404, 410):
@@ -110,10 +122,12 @@ def as_os_error(err: BaseException, url: str) -> BaseException:
             return PermissionError(errno.EACCES, f"{what}: access denied; check the "
                                    "credentials in storage_options or the URL's signature")
         if status in _RETRY_STATUSES or status >= 500:
-            return OSError(errno.EIO, f"{what} ({err})")
-        return PermanentReadError(errno.EIO, f"{what}: the server refuses the request ({err})")
+            return OSError(errno.EIO, f"{what} ({redact(str(err))})")
+        return PermanentReadError(errno.EIO, f"{what}: the server refuses the request "
+                                  f"({redact(str(err))})")
     if module.startswith("aiohttp") or isinstance(err, TimeoutError):
-        return ConnectionError(errno.ECONNRESET, f"{url}: {type(err).__name__}: {err}")
+        return ConnectionError(errno.ECONNRESET, f"{url}: {type(err).__name__}: "
+                               f"{redact(str(err))}")
     return err
 
 
@@ -140,7 +154,7 @@ def retrying(call: Callable[[], T], policy: RetryPolicy, what: str) -> T:
             if not is_transient(err):
                 if err is raised:
                     raise
-                raise err from raised
+                raise err from safe_cause(raised)
             failures += 1
             if failures == 1:
                 first = time.monotonic()
@@ -148,10 +162,11 @@ def retrying(call: Callable[[], T], policy: RetryPolicy, what: str) -> T:
                 waited = time.monotonic() - first
                 raise GaveUpError(
                     getattr(err, "errno", None) or errno.EIO,
-                    f"{what}: failed {failures} times in a row over {waited:.0f}s: {err}; "
-                    "check the storage, or give the dataset a longer "
+                    f"{redact(what)}: failed {failures} times in a row over {waited:.0f}s: "
+                    f"{redact(str(err))}; check the storage, or give the dataset a longer "
                     "retry=streamds.RetryPolicy(give_up_after=...)",
-                ) from raised
+                ) from safe_cause(raised)
             delay = policy.delay(failures)
-            log.warning("%s failed (%s); retry %d in %.1fs", what, err, failures, delay)
+            log.warning("%s failed (%s); retry %d in %.1fs", redact(what), redact(str(err)),
+                        failures, delay)
             time.sleep(delay)

@@ -9,10 +9,12 @@ workers.
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
 import pickle
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -35,7 +37,8 @@ from .formats.trees import (
     remote_is_folder,
     remote_record_files,
 )
-from .retry import DEFAULT_RETRY, retrying
+from .redact import describe_error, redact, safe_cause
+from .retry import DEFAULT_RETRY, UnreachableError, as_os_error, http_status, retrying
 
 __all__ = [
     "Shard",
@@ -81,14 +84,16 @@ def process_fs(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
 class Shard:
     """One file of the corpus."""
 
-    url: str  # how the user and error messages name it
-    path: str  # the path within `fs`
+    url: str  # how messages, sorting and the cache name it: credentials redacted (`redact`)
+    path: str = field(repr=False)  # the path within `fs` (a URL's credentials included)
     size: int | None  # stored bytes; None when the storage does not say (some HTTP servers)
     format: str  # "jsonl", "tar", or "json": a .json file read whole (a document or lines)
     codec: str | None  # "zst", "gz", "bz2", "xz" or None
     frames: tuple[Frame, ...] | None = None  # seekable zstd frames, when the file has a seek table
     frame_records: tuple[int, ...] | None = None  # records per frame, from a manifest
     checksum: str | None = None  # the manifest's xxh64 hex digest of the stored file
+    # what the storage said identifies this content (ETag, Last-Modified, mtime: `_version_of`)
+    version: str | None = field(default=None, compare=False)
     fs: fsspec.AbstractFileSystem = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
     @property
@@ -112,10 +117,26 @@ class Shard:
 
 
 def _url_of(fs: fsspec.AbstractFileSystem, path: str, given: str) -> str:
+    """How messages name the file: the user's spelling, credentials redacted."""
     if given and not has_magic(given) and "::" in given:
-        return given  # chained URL named by the user: keep their spelling
+        return redact(given)  # chained URL named by the user: keep their spelling
     protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
-    return path if protocol in ("file", "local") else fs.unstrip_protocol(path)
+    return path if protocol in ("file", "local") else redact(fs.unstrip_protocol(path))
+
+
+# What the storage says identifies a file's content, most specific first: an object store's
+# ETag or generation, an HTTP server's ETag or Last-Modified, a local file's modification
+# time, an in-memory file's creation time
+_VERSION_KEYS = ("etag", "generation", "version_id", "last-modified", "lastmodified",
+                 "last_modified", "updated", "mtime", "created")
+
+
+def _version_of(info: dict) -> str | None:
+    """The validators the storage gave for a file (None: it gave none), for the cache to tell a
+    changed file from its stale copy when no manifest checksum does."""
+    lowered = {str(key).lower(): value for key, value in info.items()}
+    found = [f"{key}={lowered[key]}" for key in _VERSION_KEYS if lowered.get(key) is not None]
+    return " ".join(found) or None
 
 
 def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
@@ -145,21 +166,66 @@ def _remote_files(fs: fsspec.AbstractFileSystem, path: str, glob: bool) -> list[
     return [fs.info(name) if info.get("size") is None else info for name, info in found.items()]
 
 
+def _before_query(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    """`path` without an HTTP URL's query (a presigned URL's "?" is no wildcard)."""
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return path.partition("?")[0] if {"http", "https"} & set(protocols) else path
+
+
+def _missing_error(shown: str, options: dict[str, Any], err: FileNotFoundError) -> OSError:
+    """What a failed look at source `shown` means. fsspec's HTTP filesystem reports every
+    failure of its HEAD and GET as FileNotFoundError; the cause tells a refusal (HTTP 403),
+    a server error, a refused connection and an unknown storage option from a missing file."""
+    cause = err.__cause__ or err.__context__
+    what = f"source {shown!r}"
+    if cause is not None and http_status(cause) not in (None, 404, 410):
+        return as_os_error(cause, what)  # 401/403: PermissionError; 5xx: retried
+    if isinstance(cause, TypeError) and options:
+        return _option_error(shown, options, cause)
+    if cause is not None and _is_connection_failure(cause):
+        return UnreachableError(
+            errno.ECONNREFUSED, f"{what}: could not connect ({describe_error(cause)}); check "
+            "the host and port in the URL and that the server is running"
+        )
+    return FileNotFoundError(errno.ENOENT, f"{what} does not exist; check the path or URL")
+
+
+def _is_connection_failure(err: BaseException) -> bool:
+    """Whether `err` says no connection was made (refused, unreachable, no such host)."""
+    return type(err).__name__.startswith("ClientConnector") or isinstance(
+        err, (ConnectionRefusedError, socket.gaierror)
+    )
+
+
+def _option_error(shown: str, options: dict[str, Any], err: Exception) -> TypeError:
+    """A storage option the filesystem does not take (names only: values may be secrets)."""
+    return TypeError(
+        f"source {shown!r}: the filesystem does not take one of storage_options "
+        f"{sorted(map(str, options))} ({describe_error(err)}); check the option's name "
+        "against the filesystem's documentation (s3fs, gcsfs, aiohttp's client for HTTP)"
+    )
+
+
 def _list_files(item: str, storage_options: dict[str, Any]) -> tuple[Any, list[dict]]:
     """The file infos one source item names: a glob, a directory (recursive) or a file.
 
     Directories and globs expand by the one rule of `streamds.formats.trees` (hidden names
     skipped unless spelled out, symbolic links followed), as the converter expands them.
     """
-    fs, path = url_to_fs(item, **storage_options)
-    glob = has_magic(path) and not fs.exists(path)  # an existing "train[1].jsonl" is a file
+    shown = redact(item)
+    try:
+        fs, path = url_to_fs(item, **storage_options)
+    except TypeError as err:
+        if not storage_options:
+            raise
+        raise _option_error(shown, storage_options, err) from safe_cause(err)
+    # an existing "train[1].jsonl" is a file; so is an HTTP URL whose "?" starts its query
+    glob = has_magic(_before_query(fs, path)) and not fs.exists(path)
     if not glob:
         try:
             info = fs.info(path)
         except FileNotFoundError as err:
-            raise FileNotFoundError(
-                f"source {item!r} does not exist; check the path or URL"
-            ) from err
+            raise _missing_error(shown, storage_options, err) from safe_cause(err)
         if info.get("type") != "directory" and (
             _is_local(fs) or not remote_is_folder(fs, path, info)
         ):
@@ -175,12 +241,12 @@ def _list_files(item: str, storage_options: dict[str, Any]) -> tuple[Any, list[d
         infos = _remote_files(fs, path, glob)
     if not infos and glob:
         raise FileNotFoundError(
-            f"no files match the pattern {item!r}; check the glob (wildcards skip hidden "
+            f"no files match the pattern {shown!r}; check the glob (wildcards skip hidden "
             "names such as .ipynb_checkpoints unless the pattern spells the dot)"
         )
     if not infos:
         raise FileNotFoundError(
-            f"directory {item!r} has no JSONL files (looked for {', '.join(RECORD_SUFFIXES)}, "
+            f"directory {shown!r} has no JSONL files (looked for {', '.join(RECORD_SUFFIXES)}, "
             "plain or with .zst/.gz/.bz2/.xz, at any depth; hidden folders such as "
             ".ipynb_checkpoints skipped); name files explicitly or with a glob"
         )
@@ -300,7 +366,7 @@ def _shard_of(
             frames = _frames_of(fs, path, size, url, on_error)
     return Shard(
         url=url, path=path, size=size, format=fmt, codec=codec, frames=frames,
-        frame_records=frame_records, checksum=checksum, fs=fs,
+        frame_records=frame_records, checksum=checksum, version=_version_of(info), fs=fs,
     )
 
 
@@ -365,7 +431,8 @@ def resolve_shards(
     named: dict[str, str] = {}  # identity -> the URL that first named it
     real_dirs: dict[str, str] = {}
     for given in items:
-        fs, infos = retrying(functools.partial(_list_files, given, options), DEFAULT_RETRY, given)
+        fs, infos = retrying(functools.partial(_list_files, given, options), DEFAULT_RETRY,
+                             redact(given))
         for info in infos:
             identity = _identity(fs, info, real_dirs)
             url = _url_of(fs, info["name"], given)
