@@ -152,7 +152,7 @@ def merge_parts(inputs: Sequence[str | os.PathLike], output: str | os.PathLike, 
 
 
 def _fingerprint(job: Job) -> dict[str, Any]:
-    return {"inputs": list(job.inputs), "options": job.options}
+    return {"inputs": list(job.recorded_inputs), "options": job.options}
 
 
 def _prepared(job: Job, output: str | os.PathLike, parts: int | None

@@ -125,7 +125,7 @@ def prepare(job: Job, out: Path, parts: int | None, source: Inputs) -> Plan | No
 
     ConversionError when `out` holds a conversion made otherwise.
     """
-    fingerprint = {"inputs": list(job.inputs), "options": job.options}
+    fingerprint = {"inputs": list(job.recorded_inputs), "options": job.options}
     recorded = read_plan(out)
     if recorded is not None:
         return _checked(recorded, fingerprint, parts, out)
@@ -303,7 +303,7 @@ def merge(job: Job, out: Path, plan: Plan) -> Manifest:
         shards=tuple(shards),
         counts=asdict(counts),
         options=plan.fingerprint["options"],
-        inputs=job.inputs,
+        inputs=job.recorded_inputs,
     )
     write_manifest(out, manifest)
     return manifest

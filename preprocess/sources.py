@@ -65,7 +65,15 @@ from streamds.formats.trees import (
     has_magic,
     natural_key,
 )
-from streamds.retry import DEFAULT_RETRY, PERMANENT_ERRORS, RetryPolicy, retrying
+from streamds.redact import redact, safe_cause
+from streamds.retry import (
+    DEFAULT_RETRY,
+    PERMANENT_ERRORS,
+    RetryPolicy,
+    lookup_error,
+    option_error,
+    retrying,
+)
 from streamds.shards import same_file_error, source_items
 
 from .listing import ListingWalk, RemoteTree, remote_tree
@@ -533,9 +541,15 @@ class Inputs:
         if _is_url(item):
             try:
                 fs, path = url_to_fs(item, **self.storage_options)
+            except TypeError as err:
+                if not self.storage_options:
+                    raise
+                raise option_error(f"input {redact(item)!r}", self.storage_options, err
+                                   ) from safe_cause(err)
             except ImportError as err:
                 raise ImportError(
-                    f"input {item!r} needs a filesystem library that is not installed ({err}); "
+                    f"input {redact(item)!r} needs a filesystem library that is not installed "
+                    f"({err}); "
                     "for https:// install the 'remote' extra (pip install 'streamds[remote]'), "
                     "for s3:// s3fs, for gs:// gcsfs"
                 ) from err
@@ -558,22 +572,30 @@ class Inputs:
         raise FileNotFoundError(f"input {item!r} does not exist; check the path")
 
     def _plan_remote(self, item: str, fs: AbstractFileSystem, path: str) -> _Plan:
+        """The remote file or tree `item` names; messages show it redacted (`redact`)."""
+        shown = redact(item)
         try:
-            tree = retrying(lambda: remote_tree(fs, path), self.retry, item)
+            tree = retrying(lambda: remote_tree(fs, path), self.retry, shown)
         except FileNotFoundError as err:
-            raise FileNotFoundError(f"input {item!r}: {err}") from err
-        except (OSError, ValueError):
-            raise
+            found = lookup_error(f"input {shown!r}", self.storage_options, err)
+            if isinstance(found, FileNotFoundError):  # it is not there: the listing's words
+                found = FileNotFoundError(f"input {shown!r}: {redact(str(err))}")
+            raise found from safe_cause(err)
+        except (OSError, ValueError) as err:
+            if safe_cause(err) is not None:
+                raise
+            text = f"input {shown!r}: {redact(str(err))}"  # the foreign text showed a secret
+            raise (OSError(text) if isinstance(err, OSError) else ValueError(text)) from None
         except Exception as err:  # e.g. botocore's NoCredentialsError, which is no OSError
             raise SourceError(
-                f"input {item!r} cannot be listed: {type(err).__name__}: {err}; check the URL "
-                "and the credentials (--storage-options)"
-            ) from err
+                f"input {shown!r} cannot be listed: {type(err).__name__}: {redact(str(err))}; "
+                "check the URL and the credentials (--storage-options)"
+            ) from safe_cause(err)
         if tree is not None:
             return tree
         _kind, codec = leaf_kind(path.rsplit("/", 1)[-1])
-        require_codec(codec, item)
-        size = retrying(lambda: fs.size(path), self.retry, item)
+        require_codec(codec, shown)
+        size = retrying(lambda: fs.size(path), self.retry, shown)
         return _RemoteFile(fs, path, size)
 
     def leaves(self, start: Position | None = None) -> Iterator[Leaf]:
@@ -653,7 +675,8 @@ class Inputs:
                 yield Leaf(index, None, plan.path, kind, codec, _local_size(plan.path))
             elif isinstance(plan, _RemoteFile):
                 kind, codec = leaf_kind(plan.path.rsplit("/", 1)[-1])
-                yield Leaf(index, None, item, kind, codec, plan.size, plan.fs, plan.path)
+                # a remote leaf's `path` only names it: credentials redacted
+                yield Leaf(index, None, redact(item), kind, codec, plan.size, plan.fs, plan.path)
             elif isinstance(plan, RemoteTree):
                 for rel in plan.files:
                     if resume is not None and _before(rel, resume):
@@ -662,7 +685,7 @@ class Inputs:
                     if codec is not None:
                         require_codec(codec, rel[-1])
                     path = plan.path_of(rel)
-                    yield Leaf(index, rel, plan.fs.unstrip_protocol(path), kind, codec,
+                    yield Leaf(index, rel, redact(plan.fs.unstrip_protocol(path)), kind, codec,
                                plan.sizes[rel], plan.fs, path)
             else:
                 for rel in plan.files(resume):

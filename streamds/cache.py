@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from .redact import redact
 from .shards import Shard
 
 try:
@@ -449,7 +450,8 @@ class Cache:
 
     def _give_up(self, shard: Shard, partial: Path, lock: int, err: BaseException, *,
                  locked: bool = False) -> None:
-        log.warning("%s: copying into the cache failed (%s); reading the source", shard.url, err)
+        log.warning("%s: copying into the cache failed (%s); reading the source", shard.url,
+                    redact(str(err)))
         partial.unlink(missing_ok=True)
         os.close(lock)
         if locked:

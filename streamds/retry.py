@@ -13,24 +13,28 @@ from __future__ import annotations
 import errno
 import logging
 import random
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from .errors import CorruptShardError
-from .redact import redact, safe_cause
+from .redact import describe_error, redact, safe_cause
 
 __all__ = [
     "DEFAULT_RETRY",
     "PERMANENT_ERRORS",
     "GaveUpError",
     "PermanentReadError",
+    "RangeNotSupportedError",
     "RetryPolicy",
     "UnreachableError",
     "as_os_error",
     "http_status",
     "is_transient",
+    "lookup_error",
+    "option_error",
     "retrying",
 ]
 
@@ -39,6 +43,19 @@ log = logging.getLogger(__name__)
 
 class PermanentReadError(OSError):
     """The storage refused a read for good (an HTTP 4xx other than 404, 403, 408 and 429)."""
+
+
+class RangeNotSupportedError(PermanentReadError):
+    """The server answers a request for part of a file with all of it (no HTTP Range)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(
+            errno.EIO,
+            f"{redact(url)}: the server ignores HTTP Range requests (asked for part of the file, "
+            "it sends all of it); streamds reads remote files by byte ranges: serve the file "
+            "from a server that honours Range (object stores and common web servers do), or "
+            "download it (e.g. with `curl -O` or fsspec's `get`) and read the local copy",
+        )
 
 
 class GaveUpError(OSError):
@@ -112,6 +129,8 @@ def as_os_error(err: BaseException, url: str) -> BaseException:
     if isinstance(err, OSError):
         return err
     module = type(err).__module__
+    if isinstance(err, ValueError) and "support range requests" in str(err):
+        return RangeNotSupportedError(url)  # fsspec's HTTPFile, when a ranged GET came back whole
     status = http_status(err)
     if status is not None and module.startswith(("aiohttp", "fsspec", "requests")):
         what = f"{url}: HTTP {status}"
@@ -170,3 +189,53 @@ def retrying(call: Callable[[], T], policy: RetryPolicy, what: str) -> T:
             log.warning("%s failed (%s); retry %d in %.1fs", redact(what), redact(str(err)),
                         failures, delay)
             time.sleep(delay)
+
+
+def lookup_error(what: str, options: dict[str, Any], err: FileNotFoundError) -> Exception:
+    """What a failed look at `what` (e.g. "source 'URL'", redacted) means.
+
+    fsspec's HTTP filesystem reports every failure of its HEAD and GET as FileNotFoundError;
+    the causes tell a refusal (HTTP 401/403: PermissionError), a server error (retried), a
+    connection that could not be made (`UnreachableError`) and a storage option the
+    filesystem does not take (TypeError) from a file that is not there.
+    """
+    for cause in _causes(err):
+        status = http_status(cause)
+        if status in (404, 410):
+            break
+        if status is not None:
+            return as_os_error(cause, what)
+        if isinstance(cause, TypeError) and options:
+            return option_error(what, options, cause)
+        if _is_connection_failure(cause):
+            return UnreachableError(
+                errno.ECONNREFUSED, f"{what}: could not connect ({describe_error(cause)}); "
+                "check the host and port in the URL and that the server is running"
+            )
+    return FileNotFoundError(errno.ENOENT, f"{what} does not exist; check the path or URL")
+
+
+def option_error(what: str, options: dict[str, Any], err: Exception) -> TypeError:
+    """A storage option the filesystem does not take (names only: values may be secrets)."""
+    return TypeError(
+        f"{what}: the filesystem does not take one of storage_options "
+        f"{sorted(map(str, options))} ({describe_error(err)}); check the option's name "
+        "against the filesystem's documentation (s3fs, gcsfs, aiohttp's client for HTTP)"
+    )
+
+
+def _causes(err: BaseException) -> list[BaseException]:
+    """The exceptions `err` was raised from, nearest first."""
+    found: list[BaseException] = []
+    link = err.__cause__ or err.__context__
+    while link is not None and all(link is not seen for seen in found):
+        found.append(link)
+        link = link.__cause__ or link.__context__
+    return found
+
+
+def _is_connection_failure(err: BaseException) -> bool:
+    """Whether `err` says no connection was made (refused, unreachable, no such host)."""
+    return type(err).__name__.startswith("ClientConnector") or isinstance(
+        err, (ConnectionRefusedError, socket.gaierror)
+    )

@@ -9,12 +9,10 @@ workers.
 
 from __future__ import annotations
 
-import errno
 import functools
 import logging
 import os
 import pickle
-import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -37,8 +35,8 @@ from .formats.trees import (
     remote_is_folder,
     remote_record_files,
 )
-from .redact import describe_error, redact, safe_cause
-from .retry import DEFAULT_RETRY, UnreachableError, as_os_error, http_status, retrying
+from .redact import redact, safe_cause
+from .retry import DEFAULT_RETRY, lookup_error, option_error, retrying
 
 __all__ = [
     "Shard",
@@ -168,42 +166,8 @@ def _remote_files(fs: fsspec.AbstractFileSystem, path: str, glob: bool) -> list[
 
 def _before_query(fs: fsspec.AbstractFileSystem, path: str) -> str:
     """`path` without an HTTP URL's query (a presigned URL's "?" is no wildcard)."""
-    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    return path.partition("?")[0] if {"http", "https"} & set(protocols) else path
-
-
-def _missing_error(shown: str, options: dict[str, Any], err: FileNotFoundError) -> OSError:
-    """What a failed look at source `shown` means. fsspec's HTTP filesystem reports every
-    failure of its HEAD and GET as FileNotFoundError; the cause tells a refusal (HTTP 403),
-    a server error, a refused connection and an unknown storage option from a missing file."""
-    cause = err.__cause__ or err.__context__
-    what = f"source {shown!r}"
-    if cause is not None and http_status(cause) not in (None, 404, 410):
-        return as_os_error(cause, what)  # 401/403: PermissionError; 5xx: retried
-    if isinstance(cause, TypeError) and options:
-        return _option_error(shown, options, cause)
-    if cause is not None and _is_connection_failure(cause):
-        return UnreachableError(
-            errno.ECONNREFUSED, f"{what}: could not connect ({describe_error(cause)}); check "
-            "the host and port in the URL and that the server is running"
-        )
-    return FileNotFoundError(errno.ENOENT, f"{what} does not exist; check the path or URL")
-
-
-def _is_connection_failure(err: BaseException) -> bool:
-    """Whether `err` says no connection was made (refused, unreachable, no such host)."""
-    return type(err).__name__.startswith("ClientConnector") or isinstance(
-        err, (ConnectionRefusedError, socket.gaierror)
-    )
-
-
-def _option_error(shown: str, options: dict[str, Any], err: Exception) -> TypeError:
-    """A storage option the filesystem does not take (names only: values may be secrets)."""
-    return TypeError(
-        f"source {shown!r}: the filesystem does not take one of storage_options "
-        f"{sorted(map(str, options))} ({describe_error(err)}); check the option's name "
-        "against the filesystem's documentation (s3fs, gcsfs, aiohttp's client for HTTP)"
-    )
+    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+    return path.partition("?")[0] if {"http", "https"} & protocols else path
 
 
 def _list_files(item: str, storage_options: dict[str, Any]) -> tuple[Any, list[dict]]:
@@ -218,14 +182,14 @@ def _list_files(item: str, storage_options: dict[str, Any]) -> tuple[Any, list[d
     except TypeError as err:
         if not storage_options:
             raise
-        raise _option_error(shown, storage_options, err) from safe_cause(err)
+        raise option_error(f"source {shown!r}", storage_options, err) from safe_cause(err)
     # an existing "train[1].jsonl" is a file; so is an HTTP URL whose "?" starts its query
     glob = has_magic(_before_query(fs, path)) and not fs.exists(path)
     if not glob:
         try:
             info = fs.info(path)
         except FileNotFoundError as err:
-            raise _missing_error(shown, storage_options, err) from safe_cause(err)
+            raise lookup_error(f"source {shown!r}", storage_options, err) from safe_cause(err)
         if info.get("type") != "directory" and (
             _is_local(fs) or not remote_is_folder(fs, path, info)
         ):
@@ -257,6 +221,7 @@ def same_file_error(
     first: str, second: str, real: str, *, named_by: str = "source names"
 ) -> ValueError:
     """The refusal of one file named twice, for the reader and the converter alike."""
+    first, second, real = redact(first), redact(second), redact(real)
     how = "twice" if first == second else f"as {first!r} and as {second!r}"
     return ValueError(
         f"{named_by} the file {real!r} more than once ({how}); list each file once and "
