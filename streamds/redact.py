@@ -12,13 +12,29 @@ harmless parameter costs a little detail in a message, showing a secret is never
 
 `storage_options` values are never formatted into text at all (only their names are), so they
 need no rule here. This module imports nothing from streamds: every layer may use it.
+
+streamds' own messages are redacted where they are made. The storage libraries log the URLs
+they were given (fsspec's HTTP filesystem, at DEBUG, password and signature included), so
+`guard_loggers` puts a `RedactingFilter` on their loggers: a filter on a logger sees the
+records logged on that logger, which is where these are.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import traceback
 
-__all__ = ["SECRET_NAMES", "SECRET_PARTS", "describe_error", "redact", "safe_cause"]
+__all__ = [
+    "SECRET_NAMES",
+    "SECRET_PARTS",
+    "STORAGE_LOGGERS",
+    "RedactingFilter",
+    "describe_error",
+    "guard_loggers",
+    "redact",
+    "safe_cause",
+]
 
 MASK = "***"
 SECRET_PARTS = ("token", "signature", "secret", "passw", "credential", "apikey", "api_key",
@@ -88,3 +104,34 @@ def describe_error(err: BaseException) -> str:
     """``Type: text`` of `err`, redacted: a foreign error's words for a message."""
     text = redact(str(err))
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+# the loggers of the storage libraries that log URLs as they were given
+STORAGE_LOGGERS = ("fsspec", "fsspec.http", "fsspec.cached", "fsspec.reference", "s3fs",
+                   "gcsfs", "adlfs", "aiohttp.client", "aiohttp.internal")
+
+
+class RedactingFilter(logging.Filter):
+    """Redacts a record's message and its exception's text (keeps every record)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = redact(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
+            # formatters print a cached exc_text instead of formatting exc_info again
+            record.exc_text = redact("".join(traceback.format_exception(*record.exc_info))
+                                     ).rstrip("\n")
+        return True
+
+
+_FILTER = RedactingFilter()
+
+
+def guard_loggers(names: tuple[str, ...] = STORAGE_LOGGERS) -> None:
+    """Put the one `RedactingFilter` on each logger named (once; safe to call again)."""
+    for name in names:
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)

@@ -35,7 +35,7 @@ from .formats.trees import (
     remote_is_folder,
     remote_record_files,
 )
-from .redact import redact, safe_cause
+from .redact import guard_loggers, redact, safe_cause
 from .retry import DEFAULT_RETRY, lookup_error, option_error, retrying
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+guard_loggers()  # fsspec and its kin log the URLs they are given: credentials redacted
 
 Source = str | os.PathLike | Sequence[str | os.PathLike]
 

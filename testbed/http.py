@@ -50,7 +50,7 @@ class Faults:
     drop_every: int = 0  # every Nth ranged GET sends headers and half the body, then hangs up
     status_for: dict[str, int] = field(default_factory=dict)  # URL path -> forced status
     ignore_range: bool = False  # answer ranged GETs with 200 and the whole file
-    validators: bool = True  # send ETag and Last-Modified with files
+    validators: tuple[str, ...] = ("ETag", "Last-Modified")  # the ones files are sent with
 
 
 class Request(NamedTuple):
@@ -170,8 +170,10 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         self.send_header("Content-Length", str(end - start + 1))
         if not self.server.faults.ignore_range:
             self.send_header("Accept-Ranges", "bytes")
-        if self.server.faults.validators:
+        validators = self.server.faults.validators
+        if "ETag" in validators:
             self.send_header("ETag", f'"{stat.st_mtime_ns:x}-{size:x}"')
+        if "Last-Modified" in validators:
             self.send_header("Last-Modified", self.date_time_string(int(stat.st_mtime)))
         self.end_headers()
         self._body_length = end - start + 1
