@@ -10,6 +10,7 @@ converter or the cache wrote.
 
 from __future__ import annotations
 
+import errno
 import logging
 import traceback
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from preprocess.cli import main as convert_main
 from preprocess.convert import convert
 from streamds import StreamingJsonl, merge_states
 from streamds.redact import describe_error, redact, safe_cause
-from streamds.retry import GaveUpError, RetryPolicy
+from streamds.retry import GaveUpError, RetryPolicy, retrying
 from streamds.tools.cli import main as streamds_main
 from testbed.http import Faults, RangeServer, serve
 
@@ -71,6 +72,7 @@ def assert_tree_clean(root: Path) -> None:
 def served(tmp_path_factory) -> Iterator[RangeServer]:
     root = tmp_path_factory.mktemp("www")
     (root / "a.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in RECORDS))
+    (root / "bad.jsonl").write_bytes(b'{"id": 0}\n{"id": 1\n{"id": 2}\n')  # line 2 is cut
     with serve(root) as server:
         yield server
 
@@ -119,6 +121,31 @@ def test_safe_cause_cuts_a_chain_that_shows_a_credential():
         assert "pw" not in describe_error(err.__cause__)
     clean = ValueError("no url here")
     assert safe_cause(clean) is clean
+
+
+def _failing(times: int):
+    """A storage call whose error text shows the URL it was given, `times` times."""
+    calls = [0]
+
+    def call() -> str:
+        calls[0] += 1
+        if calls[0] <= times:
+            raise OSError(errno.EIO, f"http://reader:{PASSWORD}@h/a.jsonl?sig={SIGNATURE}: reset")
+        return "data"
+
+    return call
+
+
+def test_retry_warnings_and_give_up_errors_hide_what_the_storage_error_shows(caplog):
+    caplog.set_level(logging.DEBUG)
+    what = f"http://reader:{PASSWORD}@h/a.jsonl (bytes 0-10)"
+    assert retrying(_failing(1), FAST, what) == "data"
+    with pytest.raises(GaveUpError) as caught:
+        retrying(_failing(10), FAST, what)
+    assert "a.jsonl" in str(caught.value)
+    assert_error_clean(caught.value)
+    assert len([r for r in caplog.records if r.name == "streamds.retry"]) >= 2
+    assert_logs_clean(caplog)
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -219,11 +246,49 @@ def test_convert_in_parts_records_no_credential(served, tmp_path):
     assert_tree_clean(out)
 
 
+def test_a_bad_line_is_named_without_credentials_by_reader_and_converter(served, tmp_path,
+                                                                         caplog):
+    caplog.set_level(logging.DEBUG)
+    url = secret_url(served, "bad.jsonl")
+    with pytest.raises(ValueError, match=r"bad\.jsonl.*line 2") as caught:
+        list(StreamingJsonl(url))
+    assert_error_clean(caught.value)
+    with pytest.raises(ValueError, match=r"bad\.jsonl.*line 2") as caught:
+        convert([url], tmp_path / "out", progress=None)
+    assert_error_clean(caught.value)
+    convert([url], tmp_path / "skip", progress=None, on_error="skip")  # logs what it skips
+    assert_logs_clean(caplog)
+
+
 def test_convert_of_a_missing_url_prints_no_credential(served, tmp_path, capsys):
     code = convert_main([secret_url(served, "nope.jsonl"), "--output", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert code == 2 and "nope.jsonl" in err and "does not exist" in err
     assert_clean(err, "the converter's error")
+
+
+def test_the_command_line_redacts_a_journal_written_before_redaction(served, tmp_path, capsys):
+    """An output converted by an older streamds holds the URL as given; the refusal to resume
+    quotes the recorded inputs and `inspect` shows them: the command line prints them
+    redacted."""
+    out = tmp_path / "old"
+    convert([secret_url(served, "a.jsonl")], out, progress=None)
+    journal = out / ".streamds-convert.json"
+    doc = orjson.loads(journal.read_bytes())
+    doc["fingerprint"]["inputs"] = [secret_url(served, "a.jsonl")]
+    journal.write_bytes(orjson.dumps(doc))
+    code = convert_main([secret_url(served, "a.jsonl"), "--output", str(out), "--quiet",
+                         "--shard-size", "40KB"])
+    err = capsys.readouterr().err
+    assert code == 2 and "inputs" in err
+    assert_clean(err, "the converter's error")
+    manifest = orjson.loads((out / "manifest.json").read_bytes())
+    manifest["inputs"] = [secret_url(served, "a.jsonl")]
+    (out / "manifest.json").write_bytes(orjson.dumps(manifest))
+    assert streamds_main(["inspect", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "inputs" in shown and "a.jsonl" in shown
+    assert_clean(shown, "streamds inspect")
 
 
 def test_storage_options_given_on_the_command_line_are_never_echoed(tmp_path, capsys):
