@@ -117,7 +117,7 @@ class Leaf:
     codec: str | None
     size: int | None = None  # stored bytes, when known without asking (a listing, a stat)
     fs: AbstractFileSystem | None = field(default=None, compare=False, repr=False)
-    fs_path: str = ""
+    fs_path: str = field(default="", repr=False)  # a URL's credentials included
     lines_from: int = 0  # decoded offset its line numbers count from (a part cut inside it)
 
     @property

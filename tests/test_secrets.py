@@ -305,3 +305,41 @@ def test_bench_reports_the_source_redacted(served):
                        records=200, seconds=5.0, progress=False)
     assert_clean(orjson.dumps(report).decode(), "the bench report")
     assert "***" in str(report["source"])
+
+
+# -- storage_options ------------------------------------------------------------------------
+
+
+def test_s3_storage_options_never_reach_a_message_a_log_or_a_file(tmp_path, caplog, capsys):
+    """The key, secret and session token given in storage_options (moto takes any)."""
+    pytest.importorskip("s3fs")
+    from testbed.s3 import serve_s3, upload_folder
+
+    caplog.set_level(logging.DEBUG, logger="streamds")
+    caplog.set_level(logging.INFO)
+    (tmp_path / "up").mkdir()
+    (tmp_path / "up" / "a.jsonl").write_bytes(
+        b"".join(orjson.dumps(r) + b"\n" for r in RECORDS[:300]))
+    with serve_s3() as (endpoint_url, options):
+        upload_folder(tmp_path / "up", "secrets-corpus", endpoint_url=endpoint_url)
+        options = {**options, "key": CREDENTIAL, "secret": PASSWORD, "token": TOKEN}
+        ds = StreamingJsonl("s3://secrets-corpus/a.jsonl", storage_options=options)
+        assert [r["id"] for r in ds] == list(range(300))
+        assert_clean(repr(ds) + repr(ds.shards) + repr(ds.state_dict()), "a repr or state")
+        with pytest.raises(FileNotFoundError) as caught:
+            StreamingJsonl("s3://secrets-corpus/nope.jsonl", storage_options=options)
+        assert_error_clean(caught.value)
+        with pytest.raises(TypeError) as caught:
+            StreamingJsonl("s3://secrets-corpus/a.jsonl",
+                           storage_options={**options, "bogus_option": SIGNATURE})
+        assert_error_clean(caught.value)
+        with pytest.raises(ValueError) as caught:
+            StreamingJsonl("s3://secrets-corpus/a.jsonl", storage_options=orjson.dumps(options))
+        assert_error_clean(caught.value)
+        out = tmp_path / "out"
+        convert(["s3://secrets-corpus/a.jsonl"], out, storage_options=options, progress=None)
+        assert_tree_clean(out)
+        assert streamds_main(["inspect", str(out)]) == 0
+    assert_clean(capsys.readouterr().out, "streamds inspect")
+    assert_logs_clean(caplog)
+
