@@ -183,6 +183,19 @@ def test_reading_shows_no_credential_in_reprs_states_or_logs(served, caplog):
     assert_logs_clean(caplog)
 
 
+def test_a_state_resumes_under_a_url_signed_anew(served):
+    """The state names no credential, so a checkpoint resumes with the URL signed again."""
+    first = StreamingJsonl(secret_url(served, "a.jsonl"), shuffle=True, seed=4)
+    records = iter(first)
+    head = [next(records)["id"] for _ in range(500)]
+    state = first.state_dict()
+    again = StreamingJsonl(secret_url(served, "a.jsonl", signature="SIGother"), shuffle=True,
+                           seed=4)
+    again.load_state_dict(state)
+    rest = [record["id"] for record in again]
+    assert sorted(head + rest) == [r["id"] for r in RECORDS]
+
+
 def test_a_read_that_gives_up_names_the_shard_without_credentials(served, caplog):
     caplog.set_level(logging.DEBUG)
     ds = StreamingJsonl(secret_url(served, "a.jsonl"), retry=FAST)
