@@ -2,8 +2,8 @@
 
 Layout: ``cache_dir/<namespace>/<key>-<name>``, where the namespace is a digest of the
 dataset's shard list (per shard its manifest checksum, name and size, or without a manifest
-its URL, size and version: two corpora never collide, and a corpus mounted or served elsewhere
-finds its copies) and the key is the shard's checksum (or a digest of its URL and version).
+its URL and size: two corpora never collide, and a corpus mounted or served elsewhere finds
+its copies) and the key is the shard's checksum (or a digest of its URL and version).
 The version is what the storage said identifies the file's content when the dataset was made
 (an ETag, a Last-Modified time, a local modification time): a file changed at the same size
 gets a new key, never its stale copy; a shard with neither a checksum nor a version is not
@@ -226,11 +226,14 @@ def _name(shard: Shard) -> str:
     return shard.url.partition("?")[0].rstrip("/").rsplit("/", 1)[-1]
 
 
-def _identity(shard: Shard) -> str:
+def _identity(shard: Shard, *, versioned: bool = True) -> str:
     """What names a shard's bytes: its manifest checksum and name, else its (redacted) URL and
-    the version the storage gave for it."""
+    the version the storage gave for it (left out of the namespace: one changed file gets a
+    new copy, the others keep theirs)."""
     if shard.checksum is not None:
         return f"{shard.checksum}\0{_name(shard)}\0{shard.size}"
+    if not versioned:
+        return f"{shard.url}\0{shard.size}"
     return f"{shard.url}\0{shard.size}\0{shard.version}"
 
 
@@ -248,7 +251,7 @@ def namespace_of(shards: Sequence[Shard]) -> str:
     """A digest of the shard list: what the cache of one dataset is filed under."""
     digest = hashlib.blake2b(digest_size=8)
     for shard in shards:
-        digest.update(_identity(shard).encode() + b"\n")
+        digest.update(_identity(shard, versioned=False).encode() + b"\n")
     return digest.hexdigest()
 
 
