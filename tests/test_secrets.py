@@ -151,11 +151,14 @@ def test_retry_warnings_and_give_up_errors_hide_what_the_storage_error_shows(cap
 # -- reading ----------------------------------------------------------------------------------
 
 
-def test_a_missing_url_is_named_without_its_credentials(served):
+def test_a_missing_url_is_named_without_its_credentials(served, caplog):
+    caplog.set_level(logging.DEBUG)  # fsspec logs the failed HEAD with its traceback
     with pytest.raises(FileNotFoundError, match=r"nope\.jsonl.*does not exist") as caught:
         StreamingJsonl(secret_url(served, "nope.jsonl"))
     assert "http://***@" in str(caught.value)
     assert_error_clean(caught.value)
+    assert any(record.exc_info for record in caplog.records)
+    assert_logs_clean(caplog)
 
 
 def test_reading_shows_no_credential_in_reprs_states_or_logs(served, caplog):
