@@ -65,7 +65,7 @@ from streamds.formats.trees import (
     has_magic,
     natural_key,
 )
-from streamds.redact import redact, safe_cause
+from streamds.redact import redact, safe_cause, scrubbed
 from streamds.retry import (
     DEFAULT_RETRY,
     PERMANENT_ERRORS,
@@ -581,11 +581,10 @@ class Inputs:
             if isinstance(found, FileNotFoundError):  # it is not there: the listing's words
                 found = FileNotFoundError(f"input {shown!r}: {redact(str(err))}")
             raise found from safe_cause(err)
-        except (OSError, ValueError) as err:
+        except (OSError, ValueError) as err:  # what the storage raised, credentials redacted
             if safe_cause(err) is not None:
                 raise
-            text = f"input {shown!r}: {redact(str(err))}"  # the foreign text showed a secret
-            raise (OSError(text) if isinstance(err, OSError) else ValueError(text)) from None
+            raise scrubbed(err) from None
         except Exception as err:  # e.g. botocore's NoCredentialsError, which is no OSError
             raise SourceError(
                 f"input {shown!r} cannot be listed: {type(err).__name__}: {redact(str(err))}; "

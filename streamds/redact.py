@@ -34,6 +34,7 @@ __all__ = [
     "guard_loggers",
     "redact",
     "safe_cause",
+    "scrubbed",
 ]
 
 MASK = "***"
@@ -98,6 +99,20 @@ def safe_cause(err: BaseException) -> BaseException | None:
         if redact(text) != text:
             return None
     return err
+
+
+def scrubbed(err: Exception) -> Exception:
+    """`err` as an error of its nearest built-in class (FileNotFoundError, PermissionError,
+    OSError, ValueError ...) with its text redacted, for a foreign error whose chain shows a
+    credential (`safe_cause` is None): ``raise scrubbed(err) from None``."""
+    builtin = next(cls for cls in type(err).__mro__ if cls.__module__ == "builtins")
+    args = [redact(arg) if isinstance(arg, str) else arg for arg in err.args]
+    if isinstance(err, OSError) and err.strerror is not None:
+        args = [err.errno, redact(err.strerror)]  # (the file name, a URL, left out)
+    try:
+        return builtin(*args)
+    except Exception:  # a class whose arguments are not its text
+        return builtin(redact(str(err)))
 
 
 def describe_error(err: BaseException) -> str:

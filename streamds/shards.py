@@ -35,7 +35,7 @@ from .formats.trees import (
     remote_is_folder,
     remote_record_files,
 )
-from .redact import guard_loggers, redact, safe_cause
+from .redact import guard_loggers, redact, safe_cause, scrubbed
 from .retry import DEFAULT_RETRY, lookup_error, option_error, retrying
 
 __all__ = [
@@ -157,12 +157,23 @@ def _local_info(fs: fsspec.AbstractFileSystem, path: str, item: str) -> dict:
         ) from err
 
 
-def _remote_files(fs: fsspec.AbstractFileSystem, path: str, glob: bool) -> list[dict]:
+def _remote_files(fs: fsspec.AbstractFileSystem, path: str, glob: bool,
+                  storage_options: dict[str, Any]) -> list[dict]:
     """The record files of a remote directory or glob, by the rule of `formats.trees`."""
     _, found = remote_record_files(fs, path, glob)
     # an HTTP listing gives names without sizes: ask each file once (a HEAD), here in the
     # constructor, so blocks can be cut and requests stop at the file's end
-    return [fs.info(name) if info.get("size") is None else info for name, info in found.items()]
+    return [_remote_info(fs, name, storage_options) if info.get("size") is None else info
+            for name, info in found.items()]
+
+
+def _remote_info(fs: fsspec.AbstractFileSystem, name: str, storage_options: dict[str, Any]
+                 ) -> dict:
+    try:
+        return fs.info(name)
+    except FileNotFoundError as err:  # a listed file refused or gone: say which and why
+        shown = f"listed file {redact(fs.unstrip_protocol(name))!r}"
+        raise lookup_error(shown, storage_options, err) from safe_cause(err)
 
 
 def _before_query(fs: fsspec.AbstractFileSystem, path: str) -> str:
@@ -203,7 +214,7 @@ def _list_files(item: str, storage_options: dict[str, Any]) -> tuple[Any, list[d
             rels = []
         infos = [_local_info(fs, os.path.join(walk.root, *rel), item) for rel in rels]
     else:
-        infos = _remote_files(fs, path, glob)
+        infos = _remote_files(fs, path, glob, storage_options)
     if not infos and glob:
         raise FileNotFoundError(
             f"no files match the pattern {shown!r}; check the glob (wildcards skip hidden "
@@ -397,8 +408,13 @@ def resolve_shards(
     named: dict[str, str] = {}  # identity -> the URL that first named it
     real_dirs: dict[str, str] = {}
     for given in items:
-        fs, infos = retrying(functools.partial(_list_files, given, options), DEFAULT_RETRY,
-                             redact(given))
+        try:
+            fs, infos = retrying(functools.partial(_list_files, given, options), DEFAULT_RETRY,
+                                 redact(given))
+        except Exception as err:  # what the storage raised, showing a credential: redacted
+            if safe_cause(err) is not None:
+                raise
+            raise scrubbed(err) from None
         for info in infos:
             identity = _identity(fs, info, real_dirs)
             url = _url_of(fs, info["name"], given)

@@ -88,6 +88,18 @@ def test_http_403_is_access_denied_not_missing(server, tmp_path, opener):
     assert "does not exist" not in text
 
 
+def test_a_file_refused_inside_a_listed_folder_is_named_with_the_reason(tmp_path):
+    (tmp_path / "d").mkdir()
+    for name in ("a.jsonl", "b.jsonl"):
+        (tmp_path / "d" / name).write_bytes(b"".join(LINES[:5]))
+    with serve(tmp_path) as server:
+        server.faults.status_for["/d/b.jsonl"] = 403
+        with pytest.raises(PermissionError) as caught:
+            read(with_password(f"{server.url}/d/"))
+    text = _message(caught.value)
+    assert "b.jsonl" in text and "403" in text and "access denied" in text
+
+
 @pytest.mark.parametrize("opener", sorted(OPENERS))
 def test_a_refused_connection_says_it_could_not_connect(tmp_path, opener):
     url = with_password(f"http://127.0.0.1:{free_port()}/a.jsonl")

@@ -22,7 +22,7 @@ import pytest
 from preprocess.cli import main as convert_main
 from preprocess.convert import convert
 from streamds import StreamingJsonl, merge_states
-from streamds.redact import describe_error, redact, safe_cause
+from streamds.redact import describe_error, redact, safe_cause, scrubbed
 from streamds.retry import GaveUpError, RetryPolicy, retrying
 from streamds.tools.cli import main as streamds_main
 from testbed.http import Faults, RangeServer, serve
@@ -146,6 +146,19 @@ def test_retry_warnings_and_give_up_errors_hide_what_the_storage_error_shows(cap
     assert_error_clean(caught.value)
     assert len([r for r in caplog.records if r.name == "streamds.retry"]) >= 2
     assert_logs_clean(caplog)
+
+
+def test_scrubbed_keeps_the_builtin_kind_and_redacts_the_text():
+    class ClientOSError(ConnectionResetError):  # as aiohttp's, a subclass of a built-in
+        pass
+
+    for err, kind in [(FileNotFoundError(f"http://u:{PASSWORD}@h/x"), FileNotFoundError),
+                      (ClientOSError(errno.ECONNRESET, f"reset: http://u:{PASSWORD}@h/x"),
+                       ConnectionResetError),
+                      (ValueError(f"bad http://h/x?sig={SIGNATURE}"), ValueError)]:
+        clean = scrubbed(err)
+        assert type(clean) is kind and "http" in str(clean)
+        assert_error_clean(clean)
 
 
 # -- reading ----------------------------------------------------------------------------------
