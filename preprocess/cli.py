@@ -44,6 +44,7 @@ from typing import Any
 import orjson
 
 from streamds.parse import ON_ERROR
+from streamds.redact import redact
 from streamds.tools.units import human_bytes, size_argument
 
 from .convert import (
@@ -125,7 +126,7 @@ def _executor_argument(text: str) -> str:
           or (text.startswith("dask://") and len(text) > len("dask://")))
     if not ok:
         raise argparse.ArgumentTypeError(
-            f"{text!r}: use local, process, process:N (N processes) or dask://HOST:PORT"
+            f"{redact(text)!r}: use local, process, process:N (N processes) or dask://HOST:PORT"
         )
     return text
 
@@ -158,9 +159,12 @@ def _json_object(text: str) -> dict[str, Any]:
     try:
         value = orjson.loads(text)
     except orjson.JSONDecodeError as err:
-        raise argparse.ArgumentTypeError(f"not JSON ({err}): {text!r}") from err
+        # the value is not shown: it holds keys and secrets
+        raise argparse.ArgumentTypeError(f"not JSON ({err})") from None
     if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"must be a JSON object ({{...}}), got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"must be a JSON object ({{...}}), got a JSON {type(value).__name__}"
+        )
     return value
 
 
@@ -252,7 +256,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m preprocess") 
     except (ConversionError, ValueError, FileNotFoundError, ImportError, OSError) as err:
         if bar is not None:
             bar.close()
-        print(f"{prog}: error: {err}", file=sys.stderr)
+        print(f"{prog}: error: {redact(str(err))}", file=sys.stderr)  # (a net: see redact)
         return 2
     except KeyboardInterrupt:
         if bar is not None:

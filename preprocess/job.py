@@ -22,6 +22,7 @@ from streamds.checks import check_choice, check_int
 from streamds.formats.manifest import Manifest, ShardEntry, write_manifest
 from streamds.formats.seekable import MAX_FRAME_SIZE
 from streamds.parse import ON_ERROR
+from streamds.redact import redact
 from streamds.retry import DEFAULT_RETRY, RetryPolicy
 from streamds.tools.spec import load_function
 
@@ -86,7 +87,7 @@ class Job:
     how fast it goes.
     """
 
-    inputs: tuple[str, ...]
+    inputs: tuple[str, ...] = field(repr=False)  # URLs may hold credentials: see recorded_inputs
     format: str = "jsonl.zst"
     shard_size: int = DEFAULT_SHARD_SIZE
     level: int = 3
@@ -112,6 +113,13 @@ class Job:
                   f"e.g. {DEFAULT_READ_AHEAD_BYTES >> 20} MiB (the default)", maximum=1 << 40)
         check_choice("format", self.format, tuple(FORMATS))
         check_choice("on_error", self.on_error, ON_ERROR)
+
+    @property
+    def recorded_inputs(self) -> tuple[str, ...]:
+        """The inputs as the journal, the plan and the manifest record them: credentials
+        redacted (`streamds.redact`), so nothing written to disk holds one; a rerun passes
+        them again, and a URL signed anew still matches."""
+        return tuple(redact(item) for item in self.inputs)
 
     @property
     def options(self) -> dict[str, Any]:
@@ -145,7 +153,8 @@ class Job:
 def job_fingerprint(job: Job, files: InputFiles) -> dict[str, Any]:
     """What an output's journal (or plan) must match to be resumed or reused: the inputs as
     given, the options that shape the output, and the digest of the input files."""
-    return {"inputs": list(job.inputs), "options": job.options, FILES_KEY: files.digest}
+    return {"inputs": list(job.recorded_inputs), "options": job.options,
+            FILES_KEY: files.digest}
 
 
 def convert_directory(
@@ -187,7 +196,7 @@ def convert_directory(
         shards=tuple(ShardEntry.from_json(item["shard"]) for item in journal.shards),
         counts=dict(journal.end or {}),
         options=fingerprint["options"],
-        inputs=job.inputs,
+        inputs=job.recorded_inputs,
     )
     write_manifest(out, manifest)
     return ConvertResult(

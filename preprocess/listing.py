@@ -243,7 +243,9 @@ def remote_tree(fs: AbstractFileSystem, path: str) -> RemoteTree | None:
 
     Raises FileNotFoundError naming `path` when nothing is there or nothing matches.
     """
-    glob = has_magic(path) and not fs.exists(path)  # an existing "train[1].jsonl" is a file
+    # an existing "train[1].jsonl" is a file; so is an HTTP URL whose "?" starts its query
+    named = path.partition("?")[0] if path.startswith(("http://", "https://")) else path
+    glob = has_magic(named) and not fs.exists(path)
     if not glob:
         try:
             info = fs.info(path)

@@ -371,7 +371,7 @@ def merge(job: Job, out: Path, plan: Plan) -> Manifest:
         shards=tuple(shards),
         counts=asdict(counts),
         options=plan.fingerprint["options"],
-        inputs=job.inputs,
+        inputs=job.recorded_inputs,
     )
     write_manifest(out, manifest)
     return manifest

@@ -66,7 +66,15 @@ from streamds.formats.trees import (
     has_magic,
     natural_key,
 )
-from streamds.retry import DEFAULT_RETRY, PERMANENT_ERRORS, RetryPolicy, retrying
+from streamds.redact import redact, safe_cause, scrubbed
+from streamds.retry import (
+    DEFAULT_RETRY,
+    PERMANENT_ERRORS,
+    RetryPolicy,
+    lookup_error,
+    option_error,
+    retrying,
+)
 from streamds.shards import same_file_error, source_items
 
 from .listing import ListingWalk, RemoteTree, remote_tree, remote_version
@@ -110,7 +118,7 @@ class Leaf:
     codec: str | None
     size: int | None = None  # stored bytes, when known without asking (a listing, a stat)
     fs: AbstractFileSystem | None = field(default=None, compare=False, repr=False)
-    fs_path: str = ""
+    fs_path: str = field(default="", repr=False)  # a URL's credentials included
     lines_from: int = 0  # decoded offset its line numbers count from (a part cut inside it)
     version: str | None = None  # a remote file's ETag or modification time, as listed
 
@@ -552,9 +560,15 @@ class Inputs:
         if _is_url(item):
             try:
                 fs, path = url_to_fs(item, **self.storage_options)
+            except TypeError as err:
+                if not self.storage_options:
+                    raise
+                raise option_error(f"input {redact(item)!r}", self.storage_options, err
+                                   ) from safe_cause(err)
             except ImportError as err:
                 raise ImportError(
-                    f"input {item!r} needs a filesystem library that is not installed ({err}); "
+                    f"input {redact(item)!r} needs a filesystem library that is not installed "
+                    f"({err}); "
                     "for https:// install the 'remote' extra (pip install 'streamds[remote]'), "
                     "for s3:// s3fs, for gs:// gcsfs"
                 ) from err
@@ -577,22 +591,29 @@ class Inputs:
         raise FileNotFoundError(f"input {item!r} does not exist; check the path")
 
     def _plan_remote(self, item: str, fs: AbstractFileSystem, path: str) -> _Plan:
+        """The remote file or tree `item` names; messages show it redacted (`redact`)."""
+        shown = redact(item)
         try:
-            tree = retrying(lambda: remote_tree(fs, path), self.retry, item)
+            tree = retrying(lambda: remote_tree(fs, path), self.retry, shown)
         except FileNotFoundError as err:
-            raise FileNotFoundError(f"input {item!r}: {err}") from err
-        except (OSError, ValueError):
-            raise
+            found = lookup_error(f"input {shown!r}", self.storage_options, err)
+            if isinstance(found, FileNotFoundError):  # it is not there: the listing's words
+                found = FileNotFoundError(f"input {shown!r}: {redact(str(err))}")
+            raise found from safe_cause(err)
+        except (OSError, ValueError) as err:  # what the storage raised, credentials redacted
+            if safe_cause(err) is not None:
+                raise
+            raise scrubbed(err) from None
         except Exception as err:  # e.g. botocore's NoCredentialsError, which is no OSError
             raise SourceError(
-                f"input {item!r} cannot be listed: {type(err).__name__}: {err}; check the URL "
-                "and the credentials (--storage-options)"
-            ) from err
+                f"input {shown!r} cannot be listed: {type(err).__name__}: {redact(str(err))}; "
+                "check the URL and the credentials (--storage-options)"
+            ) from safe_cause(err)
         if tree is not None:
             return tree
         _kind, codec = leaf_kind(path.rsplit("/", 1)[-1])
-        require_codec(codec, item)
-        info = retrying(lambda: fs.info(path), self.retry, item)
+        require_codec(codec, shown)
+        info = retrying(lambda: fs.info(path), self.retry, shown)
         return _RemoteFile(fs, path, info.get("size"), remote_version(info))
 
     def leaves(self, start: Position | None = None) -> Iterator[Leaf]:
@@ -672,7 +693,8 @@ class Inputs:
                 yield Leaf(index, None, plan.path, kind, codec, _local_size(plan.path))
             elif isinstance(plan, _RemoteFile):
                 kind, codec = leaf_kind(plan.path.rsplit("/", 1)[-1])
-                yield Leaf(index, None, item, kind, codec, plan.size, plan.fs, plan.path,
+                # a remote leaf's `path` only names it: credentials redacted
+                yield Leaf(index, None, redact(item), kind, codec, plan.size, plan.fs, plan.path,
                            version=plan.version)
             elif isinstance(plan, RemoteTree):
                 for rel in plan.files:
@@ -682,7 +704,7 @@ class Inputs:
                     if codec is not None:
                         require_codec(codec, rel[-1])
                     path = plan.path_of(rel)
-                    yield Leaf(index, rel, plan.fs.unstrip_protocol(path), kind, codec,
+                    yield Leaf(index, rel, redact(plan.fs.unstrip_protocol(path)), kind, codec,
                                plan.sizes[rel], plan.fs, path, version=plan.versions[rel])
             else:
                 for rel in plan.files(resume):

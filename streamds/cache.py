@@ -3,7 +3,12 @@
 Layout: ``cache_dir/<namespace>/<key>-<name>``, where the namespace is a digest of the
 dataset's shard list (per shard its manifest checksum, name and size, or without a manifest
 its URL and size: two corpora never collide, and a corpus mounted or served elsewhere finds
-its copies) and the key is the shard's checksum (or a digest of its URL). Beside each copy,
+its copies) and the key is the shard's checksum (or a digest of its URL and version).
+The version is what the storage said identifies the file's content when the dataset was made
+(an ETag, a Last-Modified time, a local modification time): a file changed at the same size
+gets a new key, never its stale copy; a shard with neither a checksum nor a version is not
+cached, since nothing could tell its copy stale. URLs enter only as redacted (`Shard.url`)
+and names without their query: no credential reaches a file name. Beside each copy,
 ``<file>.lock`` (an `fcntl.flock` lock) and, while it is being written, ``<file>.partial-<random>``.
 
 - The first process to find a shard missing takes the shard's lock exclusively (without
@@ -40,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from .redact import redact
 from .shards import Shard
 
 try:
@@ -216,21 +222,36 @@ if hasattr(os, "register_at_fork"):
 
 
 def _name(shard: Shard) -> str:
-    return shard.path.rstrip("/").rsplit("/", 1)[-1]
+    """The file name part of the shard's URL (no query: it may hold a signature)."""
+    return shard.url.partition("?")[0].rstrip("/").rsplit("/", 1)[-1]
 
 
-def _identity(shard: Shard) -> str:
-    """What names a shard's bytes: its manifest checksum and name, else its URL."""
+def _identity(shard: Shard, *, versioned: bool = True) -> str:
+    """What names a shard's bytes: its manifest checksum and name, else its (redacted) URL and
+    the version the storage gave for it (left out of the namespace: one changed file gets a
+    new copy, the others keep theirs)."""
     if shard.checksum is not None:
         return f"{shard.checksum}\0{_name(shard)}\0{shard.size}"
-    return f"{shard.url}\0{shard.size}"
+    if not versioned:
+        return f"{shard.url}\0{shard.size}"
+    return f"{shard.url}\0{shard.size}\0{shard.version}"
+
+
+def _uncheckable(shard: Shard) -> str | None:
+    """Why a copy of `shard` could not be told stale (None: it can)."""
+    if shard.size is None:
+        return "the storage does not give its size"
+    if shard.checksum is None and shard.version is None:
+        return ("the storage gives no ETag or modification time and no manifest lists its "
+                "checksum, so a changed file could not be told from its stale copy")
+    return None
 
 
 def namespace_of(shards: Sequence[Shard]) -> str:
     """A digest of the shard list: what the cache of one dataset is filed under."""
     digest = hashlib.blake2b(digest_size=8)
     for shard in shards:
-        digest.update(_identity(shard).encode() + b"\n")
+        digest.update(_identity(shard, versioned=False).encode() + b"\n")
     return digest.hexdigest()
 
 
@@ -308,6 +329,12 @@ class Cache:
                 return held[1]
             if self._closed or shard.path in self._refused:
                 return None
+            if (why := _uncheckable(shard)) is not None:  # neither use a copy nor make one
+                # warned once per process and dataset (a corpus may have thousands of shards)
+                say = log.debug if self._refused else log.warning
+                say("%s: not cached: %s; reading the source", shard.url, why)
+                self._refused.add(shard.path)
+                return None
             with _FILLING_LOCK:
                 if str(self.path_of(shard)) in _FILLING:
                     return None
@@ -358,9 +385,6 @@ class Cache:
         return None
 
     def _start_copy(self, shard: Shard) -> None:
-        if shard.size is None:
-            self._refused.add(shard.path)  # the size bounds the copy and checks it
-            return
         if self.spec.limit is not None and shard.size > self.spec.limit:
             log.warning("%s: %d bytes is more than cache_limit=%d; not cached",
                         shard.url, shard.size, self.spec.limit)
@@ -429,7 +453,8 @@ class Cache:
 
     def _give_up(self, shard: Shard, partial: Path, lock: int, err: BaseException, *,
                  locked: bool = False) -> None:
-        log.warning("%s: copying into the cache failed (%s); reading the source", shard.url, err)
+        log.warning("%s: copying into the cache failed (%s); reading the source", shard.url,
+                    redact(str(err)))
         partial.unlink(missing_ok=True)
         os.close(lock)
         if locked:

@@ -139,7 +139,9 @@ class StreamingJsonl(IterableDataset):
                      "'drop' trims every rank to the smallest, 'pad' repeats records up to "
                      "the largest")
         if storage_options is not None and not isinstance(storage_options, dict):
-            raise ValueError(f"storage_options must be a dict, got {storage_options!r}")
+            raise ValueError(  # its value is not shown: it may hold keys
+                f"storage_options must be a dict, got {type(storage_options).__name__}; pass "
+                "e.g. {'anon': True} (parse a JSON string with json.loads first)")
         if readahead != "auto":
             ahead = size_setting("readahead", readahead,
                                  "'auto' (the default) or 0/None to turn it off")

@@ -28,7 +28,8 @@ from fsspec.implementations.local import LocalFileSystem
 from .cache import Cache, CacheSpec, pread_full
 from .errors import CorruptShardError
 from .mounts import on_fuse_mount
-from .retry import DEFAULT_RETRY, RetryPolicy, as_os_error, retrying
+from .redact import describe_error, redact, safe_cause
+from .retry import DEFAULT_RETRY, RangeNotSupportedError, RetryPolicy, as_os_error, retrying
 from .shards import Shard, process_fs
 
 __all__ = ["DIRECT_REQUEST", "LINE_PROBE", "Prefetched", "RangeFile", "RangeReader",
@@ -94,7 +95,12 @@ class RangeReader:
                 raise
             fix = ("make the dataset again from what the storage holds now"
                    if isinstance(err, FileNotFoundError) else "check the credentials")
-            raise type(err)(err.errno, f"{shard.url}: {err}; {fix}") from err
+            raise type(err)(err.errno, f"{shard.url}: {redact(str(err))}; {fix}"
+                            ) from safe_cause(err)
+        except OSError as err:  # a storage error whose text shows a credential: without it
+            if safe_cause(err) is not None:
+                raise
+            raise OSError(err.errno, f"{shard.url}: {describe_error(err)}") from None
         if len(data) < end - start and shard.size is not None and start + len(data) < min(
             end, shard.size
         ):
@@ -124,9 +130,12 @@ class RangeReader:
         except Exception as err:
             if getattr(err, "status", None) == 416:  # asked past the end of a file of unknown size
                 return b""
-            raise as_os_error(err, shard.url) from err
+            converted = as_os_error(err, shard.url)
+            if converted is err:
+                raise
+            raise converted from safe_cause(err)
         if len(data) > end - start:  # the server ignored the Range header: sent the whole file
-            data = data[start:end]
+            raise RangeNotSupportedError(shard.url)  # (each read would fetch all of it again)
         return data
 
     def _pread(self, shard: Shard, start: int, end: int) -> bytes:

@@ -4,7 +4,8 @@ Transient: any OSError except the permanent kinds (missing file, permission, a d
 request the server refuses for good), damaged data (`CorruptShardError`) and a read that
 already ran out of retries (`GaveUpError`): retrying cannot fix those. `as_os_error` turns
 what remote filesystems raise (aiohttp's HTTP statuses and dropped connections, timeouts)
-into these kinds, so one rule decides everywhere.
+into these kinds, so one rule decides everywhere. Every text these errors and the retry
+warnings carry goes through `streamds.redact`: a URL's credentials never reach a message.
 """
 
 from __future__ import annotations
@@ -12,21 +13,28 @@ from __future__ import annotations
 import errno
 import logging
 import random
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from .errors import CorruptShardError
+from .redact import describe_error, redact, safe_cause
 
 __all__ = [
     "DEFAULT_RETRY",
     "PERMANENT_ERRORS",
     "GaveUpError",
     "PermanentReadError",
+    "RangeNotSupportedError",
     "RetryPolicy",
+    "UnreachableError",
     "as_os_error",
+    "http_status",
     "is_transient",
+    "lookup_error",
+    "option_error",
     "retrying",
 ]
 
@@ -37,14 +45,32 @@ class PermanentReadError(OSError):
     """The storage refused a read for good (an HTTP 4xx other than 404, 403, 408 and 429)."""
 
 
+class RangeNotSupportedError(PermanentReadError):
+    """The server answers a request for part of a file with all of it (no HTTP Range)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(
+            errno.EIO,
+            f"{redact(url)}: the server ignores HTTP Range requests (asked for part of the file, "
+            "it sends all of it); streamds reads remote files by byte ranges: serve the file "
+            "from a server that honours Range (object stores and common web servers do), or "
+            "download it (e.g. with `curl -O` or fsspec's `get`) and read the local copy",
+        )
+
+
 class GaveUpError(OSError):
     """A read still failed after the retry policy's time or attempts ran out."""
+
+
+class UnreachableError(ConnectionError):
+    """No connection to the source's host when the dataset was made (refused, no such host):
+    a wrong host or port, or a server that is not running; reported at once, not retried."""
 
 
 # "this file is not there / not allowed": retrying cannot fix these
 PERMANENT_ERRORS = (
     FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,
-    PermanentReadError, GaveUpError,
+    PermanentReadError, GaveUpError, UnreachableError,
 )
 _RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 
@@ -86,7 +112,8 @@ class RetryPolicy:
 DEFAULT_RETRY = RetryPolicy()
 
 
-def _http_status(err: BaseException) -> int | None:
+def http_status(err: BaseException) -> int | None:
+    """The HTTP status an aiohttp/fsspec error carries, or None."""
     status = getattr(err, "status", None)
     return status if isinstance(status, int) else None
 
@@ -95,12 +122,16 @@ def as_os_error(err: BaseException, url: str) -> BaseException:
     """`err` as the OSError kind that says whether retrying can help; other errors as they are.
 
     HTTP 404/410 -> FileNotFoundError, 401/403 -> PermissionError, 408/425/429/5xx and lost
-    connections -> a transient OSError, any other 4xx -> PermanentReadError, each naming `url`.
+    connections -> a transient OSError, any other 4xx -> PermanentReadError, each naming `url`
+    (credentials redacted, as in the foreign error's text).
     """
+    url = redact(url)
     if isinstance(err, OSError):
         return err
     module = type(err).__module__
-    status = _http_status(err)
+    if isinstance(err, ValueError) and "support range requests" in str(err):
+        return RangeNotSupportedError(url)  # fsspec's HTTPFile, when a ranged GET came back whole
+    status = http_status(err)
     if status is not None and module.startswith(("aiohttp", "fsspec", "requests")):
         what = f"{url}: HTTP {status}"
         if status in (404, 410):
@@ -110,10 +141,12 @@ def as_os_error(err: BaseException, url: str) -> BaseException:
             return PermissionError(errno.EACCES, f"{what}: access denied; check the "
                                    "credentials in storage_options or the URL's signature")
         if status in _RETRY_STATUSES or status >= 500:
-            return OSError(errno.EIO, f"{what} ({err})")
-        return PermanentReadError(errno.EIO, f"{what}: the server refuses the request ({err})")
+            return OSError(errno.EIO, f"{what} ({redact(str(err))})")
+        return PermanentReadError(errno.EIO, f"{what}: the server refuses the request "
+                                  f"({redact(str(err))})")
     if module.startswith("aiohttp") or isinstance(err, TimeoutError):
-        return ConnectionError(errno.ECONNRESET, f"{url}: {type(err).__name__}: {err}")
+        return ConnectionError(errno.ECONNRESET, f"{url}: {type(err).__name__}: "
+                               f"{redact(str(err))}")
     return err
 
 
@@ -140,7 +173,7 @@ def retrying(call: Callable[[], T], policy: RetryPolicy, what: str) -> T:
             if not is_transient(err):
                 if err is raised:
                     raise
-                raise err from raised
+                raise err from safe_cause(raised)
             failures += 1
             if failures == 1:
                 first = time.monotonic()
@@ -148,10 +181,61 @@ def retrying(call: Callable[[], T], policy: RetryPolicy, what: str) -> T:
                 waited = time.monotonic() - first
                 raise GaveUpError(
                     getattr(err, "errno", None) or errno.EIO,
-                    f"{what}: failed {failures} times in a row over {waited:.0f}s: {err}; "
-                    "check the storage, or give the dataset a longer "
+                    f"{redact(what)}: failed {failures} times in a row over {waited:.0f}s: "
+                    f"{redact(str(err))}; check the storage, or give the dataset a longer "
                     "retry=streamds.RetryPolicy(give_up_after=...)",
-                ) from raised
+                ) from safe_cause(raised)
             delay = policy.delay(failures)
-            log.warning("%s failed (%s); retry %d in %.1fs", what, err, failures, delay)
+            log.warning("%s failed (%s); retry %d in %.1fs", redact(what), redact(str(err)),
+                        failures, delay)
             time.sleep(delay)
+
+
+def lookup_error(what: str, options: dict[str, Any], err: FileNotFoundError) -> Exception:
+    """What a failed look at `what` (e.g. "source 'URL'", redacted) means.
+
+    fsspec's HTTP filesystem reports every failure of its HEAD and GET as FileNotFoundError;
+    the causes tell a refusal (HTTP 401/403: PermissionError), a server error (retried), a
+    connection that could not be made (`UnreachableError`) and a storage option the
+    filesystem does not take (TypeError) from a file that is not there.
+    """
+    for cause in _causes(err):
+        status = http_status(cause)
+        if status in (404, 410):
+            break
+        if status is not None:
+            return as_os_error(cause, what)
+        if isinstance(cause, TypeError) and options:
+            return option_error(what, options, cause)
+        if _is_connection_failure(cause):
+            return UnreachableError(
+                errno.ECONNREFUSED, f"{what}: could not connect ({describe_error(cause)}); "
+                "check the host and port in the URL and that the server is running"
+            )
+    return FileNotFoundError(errno.ENOENT, f"{what} does not exist; check the path or URL")
+
+
+def option_error(what: str, options: dict[str, Any], err: Exception) -> TypeError:
+    """A storage option the filesystem does not take (names only: values may be secrets)."""
+    return TypeError(
+        f"{what}: the filesystem does not take one of storage_options "
+        f"{sorted(map(str, options))} ({describe_error(err)}); check the option's name "
+        "against the filesystem's documentation (s3fs, gcsfs, aiohttp's client for HTTP)"
+    )
+
+
+def _causes(err: BaseException) -> list[BaseException]:
+    """The exceptions `err` was raised from, nearest first."""
+    found: list[BaseException] = []
+    link = err.__cause__ or err.__context__
+    while link is not None and all(link is not seen for seen in found):
+        found.append(link)
+        link = link.__cause__ or link.__context__
+    return found
+
+
+def _is_connection_failure(err: BaseException) -> bool:
+    """Whether `err` says no connection was made (refused, unreachable, no such host)."""
+    return type(err).__name__.startswith("ClientConnector") or isinstance(
+        err, (ConnectionRefusedError, socket.gaierror)
+    )

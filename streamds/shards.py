@@ -57,7 +57,8 @@ from .formats.trees import (
     remote_is_folder,
     remote_record_files,
 )
-from .retry import DEFAULT_RETRY, retrying
+from .redact import guard_loggers, redact, safe_cause, scrubbed
+from .retry import DEFAULT_RETRY, lookup_error, option_error, retrying
 
 __all__ = [
     "Listing",
@@ -73,6 +74,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+guard_loggers()  # fsspec and its kin log the URLs they are given: credentials redacted
 
 Source = str | os.PathLike | Sequence[str | os.PathLike]
 
@@ -105,14 +107,16 @@ def process_fs(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
 class Shard:
     """One file of the corpus."""
 
-    url: str  # how the user and error messages name it
-    path: str  # the path within `fs`
+    url: str  # how messages, sorting and the cache name it: credentials redacted (`redact`)
+    path: str = field(repr=False)  # the path within `fs` (a URL's credentials included)
     size: int | None  # stored bytes; None when the storage does not say (some HTTP servers)
     format: str  # "jsonl", "tar", or "json": a .json file read whole (a document or lines)
     codec: str | None  # "zst", "gz", "bz2", "xz" or None
     frames: tuple[Frame, ...] | None = None  # seekable zstd frames, when the file has a seek table
     frame_records: tuple[int, ...] | None = None  # records per frame, from a manifest
     checksum: str | None = None  # the manifest's xxh64 hex digest of the stored file
+    # what the storage said identifies this content (ETag, Last-Modified, mtime: `_version_of`)
+    version: str | None = field(default=None, compare=False)
     fs: fsspec.AbstractFileSystem = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
     @property
@@ -136,10 +140,26 @@ class Shard:
 
 
 def _url_of(fs: fsspec.AbstractFileSystem, path: str, given: str) -> str:
+    """How messages name the file: the user's spelling, credentials redacted."""
     if given and not has_magic(given) and "::" in given:
-        return given  # chained URL named by the user: keep their spelling
+        return redact(given)  # chained URL named by the user: keep their spelling
     protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
-    return path if protocol in ("file", "local") else fs.unstrip_protocol(path)
+    return path if protocol in ("file", "local") else redact(fs.unstrip_protocol(path))
+
+
+# What the storage says identifies a file's content, most specific first: an object store's
+# ETag or generation, an HTTP server's ETag or Last-Modified, a local file's modification
+# time, an in-memory file's creation time
+_VERSION_KEYS = ("etag", "generation", "version_id", "last-modified", "lastmodified",
+                 "last_modified", "updated", "mtime", "created")
+
+
+def _version_of(info: dict) -> str | None:
+    """The validators the storage gave for a file (None: it gave none), for the cache to tell a
+    changed file from its stale copy when no manifest checksum does."""
+    lowered = {str(key).lower(): value for key, value in info.items()}
+    found = [f"{key}={lowered[key]}" for key in _VERSION_KEYS if lowered.get(key) is not None]
+    return " ".join(found) or None
 
 
 def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
@@ -162,13 +182,30 @@ def _local_info(fs: fsspec.AbstractFileSystem, path: str, item: str) -> dict:
 
 
 def _remote_files(
-    fs: fsspec.AbstractFileSystem, path: str, glob: bool, left_out: LeftOut
+    fs: fsspec.AbstractFileSystem, path: str, glob: bool, left_out: LeftOut,
+    storage_options: dict[str, Any],
 ) -> list[dict]:
     """The record files of a remote directory or glob, by the rule of `formats.trees`."""
     _, found = remote_record_files(fs, path, glob, left_out)
     # an HTTP listing gives names without sizes: ask each file once (a HEAD), here in the
     # constructor, so blocks can be cut and requests stop at the file's end
-    return [fs.info(name) if info.get("size") is None else info for name, info in found.items()]
+    return [_remote_info(fs, name, storage_options) if info.get("size") is None else info
+            for name, info in found.items()]
+
+
+def _remote_info(fs: fsspec.AbstractFileSystem, name: str, storage_options: dict[str, Any]
+                 ) -> dict:
+    try:
+        return fs.info(name)
+    except FileNotFoundError as err:  # a listed file refused or gone: say which and why
+        shown = f"listed file {redact(fs.unstrip_protocol(name))!r}"
+        raise lookup_error(shown, storage_options, err) from safe_cause(err)
+
+
+def _before_query(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    """`path` without an HTTP URL's query (a presigned URL's "?" is no wildcard)."""
+    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+    return path.partition("?")[0] if {"http", "https"} & protocols else path
 
 
 @dataclass
@@ -187,15 +224,20 @@ def _list_files(item: str, storage_options: dict[str, Any]) -> _Found:
     Directories and globs expand by the one rule of `streamds.formats.trees` (hidden names
     skipped unless spelled out, symbolic links followed), as the converter expands them.
     """
-    fs, path = url_to_fs(item, **storage_options)
-    glob = has_magic(path) and not fs.exists(path)  # an existing "train[1].jsonl" is a file
+    shown = redact(item)
+    try:
+        fs, path = url_to_fs(item, **storage_options)
+    except TypeError as err:
+        if not storage_options:
+            raise
+        raise option_error(f"source {shown!r}", storage_options, err) from safe_cause(err)
+    # an existing "train[1].jsonl" is a file; so is an HTTP URL whose "?" starts its query
+    glob = has_magic(_before_query(fs, path)) and not fs.exists(path)
     if not glob:
         try:
             info = fs.info(path)
         except FileNotFoundError as err:
-            raise FileNotFoundError(
-                f"source {item!r} does not exist; check the path or URL"
-            ) from err
+            raise lookup_error(f"source {shown!r}", storage_options, err) from safe_cause(err)
         if info.get("type") != "directory" and (
             _is_local(fs) or not remote_is_folder(fs, path, info)
         ):
@@ -209,10 +251,10 @@ def _list_files(item: str, storage_options: dict[str, Any]) -> _Found:
             rels = []
         infos = [_local_info(fs, os.path.join(walk.root, *rel), item) for rel in rels]
     else:
-        infos = _remote_files(fs, path, glob, left_out)
+        infos = _remote_files(fs, path, glob, left_out, storage_options)
     if not infos and glob:
         raise FileNotFoundError(
-            f"no files match the pattern {item!r}; check the glob (wildcards skip hidden "
+            f"no files match the pattern {shown!r}; check the glob (wildcards skip hidden "
             "names such as .ipynb_checkpoints unless the pattern spells the dot)"
             + (f"; left out: {left_out.summary()}" if left_out else "")
         )
@@ -222,13 +264,13 @@ def _list_files(item: str, storage_options: dict[str, Any]) -> _Found:
     if not infos and foreign:
         kind = foreign_format(foreign[0]) or ""
         raise FileNotFoundError(
-            f"directory {item!r} has no JSON lines files but {len(foreign)} file(s) in a format "
+            f"directory {shown!r} has no JSON lines files but {len(foreign)} file(s) in a format "
             f"streamds does not read ({', '.join(map(repr, foreign[:5]))}): "
             f"{foreign_hint(kind)}; left out: {left_out.summary()}"
         )
     if not infos:
         raise FileNotFoundError(
-            f"directory {item!r} has no JSONL files (looked for {', '.join(RECORD_SUFFIXES)}, "
+            f"directory {shown!r} has no JSONL files (looked for {', '.join(RECORD_SUFFIXES)}, "
             "plain or with .zst/.gz/.bz2/.xz, in any case, at any depth; hidden folders such as "
             ".ipynb_checkpoints skipped); name files explicitly or with a glob"
             + (f"; left out: {left_out.summary()}" if left_out else "")
@@ -241,14 +283,15 @@ def _report_left_out(item: str, left_out: LeftOut) -> None:
     when files in a data format streamds does not read were passed over."""
     if not left_out:
         return
+    item = redact(item)
     log.debug("listing %r left out %d files and folders: %s", item, len(left_out),
-              left_out.summary(limit=left_out.keep))
+              redact(left_out.summary(limit=left_out.keep)))
     foreign = [path for path, _ in left_out.examples if foreign_format(path) is not None]
     if foreign:
         kinds = sorted({foreign_format(path) or "" for path in foreign})
         log.warning(
             "listing %r left out %s file(s) (%s): %s", item, " and ".join(kinds),
-            ", ".join(map(repr, foreign[:5])) + (" ..." if len(foreign) > 5 else ""),
+            redact(", ".join(map(repr, foreign[:5])) + (" ..." if len(foreign) > 5 else "")),
             foreign_hint(kinds[0]),
         )
 
@@ -309,6 +352,7 @@ def same_file_error(
     first: str, second: str, real: str, *, named_by: str = "source names"
 ) -> ValueError:
     """The refusal of one file named twice, for the reader and the converter alike."""
+    first, second, real = redact(first), redact(second), redact(real)
     how = "twice" if first == second else f"as {first!r} and as {second!r}"
     return ValueError(
         f"{named_by} the file {real!r} more than once ({how}); list each file once and "
@@ -421,7 +465,7 @@ def _shard_of(
             frames = _frames_of(fs, path, size, url, on_error)
     return Shard(
         url=url, path=path, size=size, format=fmt, codec=codec, frames=frames,
-        frame_records=frame_records, checksum=checksum, fs=fs,
+        frame_records=frame_records, checksum=checksum, version=_version_of(info), fs=fs,
     )
 
 
@@ -489,7 +533,13 @@ def list_source(
     named: dict[str, str] = {}  # identity -> the URL that first named it
     real_dirs: dict[str, str] = {}
     for given in items:
-        found = retrying(functools.partial(_list_files, given, options), DEFAULT_RETRY, given)
+        try:
+            found = retrying(functools.partial(_list_files, given, options), DEFAULT_RETRY,
+                             redact(given))
+        except Exception as err:  # what the storage raised, showing a credential: redacted
+            if safe_cause(err) is not None:
+                raise
+            raise scrubbed(err) from None
         fs, infos = found.fs, found.infos
         for info in infos:
             identity = _identity(fs, info, real_dirs)

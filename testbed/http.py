@@ -1,8 +1,10 @@
 """A threaded HTTP server on 127.0.0.1 serving a folder as an object store does, with faults.
 
 Files answer single-range GETs (`Range: bytes=a-b`, `a-`, `-n`) with 206 and Content-Range,
-HEAD with Content-Length; folders answer the plain HTML listing that fsspec's HTTPFileSystem
-parses. Connections are HTTP/1.1 keep-alive, as aiohttp's are against a real store.
+HEAD with Content-Length; both with an ETag (of the file's size and modification time) and a
+Last-Modified, as object stores and web servers send them; folders answer the plain HTML
+listing that fsspec's HTTPFileSystem parses. Connections are HTTP/1.1 keep-alive, as
+aiohttp's are against a real store.
 
 Faults are read from `server.faults` on every request, so a test may change them (or replace
 the object) while the server runs:
@@ -47,6 +49,8 @@ class Faults:
     throttle_every: int = 0  # every Nth ranged GET answers 429
     drop_every: int = 0  # every Nth ranged GET sends headers and half the body, then hangs up
     status_for: dict[str, int] = field(default_factory=dict)  # URL path -> forced status
+    ignore_range: bool = False  # answer ranged GETs with 200 and the whole file
+    validators: tuple[str, ...] = ("ETag", "Last-Modified")  # the ones files are sent with
 
 
 class Request(NamedTuple):
@@ -145,7 +149,10 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
             listing = super().send_head()  # a folder's listing, a redirect to "dir/", or 404
             self._body_length = _length(listing)
             return listing
-        size = path.stat().st_size
+        stat = path.stat()
+        size = stat.st_size
+        if self.server.faults.ignore_range:
+            header = None  # as a server without range support: the whole file, 200
         span = _span(header, size) if header is not None else (0, size - 1)
         if span is None:
             self.send_response(416)
@@ -161,7 +168,13 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         if header is not None:
             self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
         self.send_header("Content-Length", str(end - start + 1))
-        self.send_header("Accept-Ranges", "bytes")
+        if not self.server.faults.ignore_range:
+            self.send_header("Accept-Ranges", "bytes")
+        validators = self.server.faults.validators
+        if "ETag" in validators:
+            self.send_header("ETag", f'"{stat.st_mtime_ns:x}-{size:x}"')
+        if "Last-Modified" in validators:
+            self.send_header("Last-Modified", self.date_time_string(int(stat.st_mtime)))
         self.end_headers()
         self._body_length = end - start + 1
         return handle

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from ..errors import CorruptShardError, MissingCodecError
+from ..redact import redact, safe_cause
 from ..retry import is_transient
 
 __all__ = [
@@ -189,7 +190,8 @@ class _MarkTransient(_Stream):
         except OSError as err:
             if not is_transient(err):
                 raise
-            raise TransientReadError(f"{self._url}: read failed: {err}") from err
+            raise TransientReadError(
+                f"{self._url}: read failed: {redact(str(err))}") from safe_cause(err)
 
     def close(self) -> None:
         self._raw.close()

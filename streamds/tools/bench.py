@@ -49,6 +49,7 @@ from tqdm import tqdm
 from ..checks import check_int
 from ..dataset import StreamingJsonl
 from ..pipeline import Reader
+from ..redact import redact
 from ..timing import StageTimer
 from ..train.collate import as_list
 from ..train.rebatch import Rebatch
@@ -406,7 +407,9 @@ def run_bench(
     dataset = build_dataset(source, shuffle=shuffle, buffer_size=buffer_size, transform=fn)
     shards = dataset.shards
     report: dict[str, Any] = {
-        "source": source if isinstance(source, str) else list(source),
+        # printed and saved as JSON: credentials redacted
+        "source": redact(source) if isinstance(source, str) else [
+            redact(os.fspath(item)) for item in source],
         "shards": len(shards),
         "codecs": sorted({shard.codec or "none" for shard in shards}),
         "compressed": any(shard.codec for shard in shards),
@@ -584,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
             progress=not args.quiet,
         )
     except (OSError, ValueError, ImportError) as err:
-        print(f"streamds bench: error: {err}", file=sys.stderr)
+        print(f"streamds bench: error: {redact(str(err))}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(report, indent=2))

@@ -33,6 +33,7 @@ import orjson
 
 from ..formats.filenames import is_record_name
 from ..formats.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest, verify_shard
+from ..redact import redact
 from .units import human_bytes
 
 __all__ = ["main"]
@@ -128,7 +129,8 @@ def _inspect_manifest(directory: Path, manifest: Manifest) -> list[str]:
                    f"  dropped {c.get('dropped', 0):,}  bad {c.get('bad', 0):,}")
     options = "  ".join(f"{k}={v}" for k, v in manifest.options.items() if v is not None)
     out.append(f"  options    {options}")
-    out.append(f"  inputs     {', '.join(manifest.inputs)}")
+    # redacted again: a manifest written before streamds redacted its inputs may hold them
+    out.append(f"  inputs     {redact(', '.join(manifest.inputs))}")
     out.append(f"  {'shard':<28}{'records':>12}{'bytes':>12}{'decoded':>12}{'frames':>8}")
     for entry in manifest.shards[:_TABLE_ROWS]:
         out.append(f"  {entry.name:<28}{entry.records:>12,}{human_bytes(entry.bytes):>12}"
@@ -229,7 +231,7 @@ def _cmd_inspect(argv: Sequence[str]) -> int:
         else:
             lines = _inspect_files(args.target, not args.no_count, args.quiet)
     except (OSError, ValueError) as err:
-        print(f"streamds inspect: error: {err}", file=sys.stderr)
+        print(f"streamds inspect: error: {redact(str(err))}", file=sys.stderr)
         return 2
     print("\n".join(lines))
     return 0
