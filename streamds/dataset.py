@@ -423,8 +423,8 @@ class StreamingJsonl(IterableDataset):
             return
         if self.rank is None and self.world_size is None:
             raise ValueError(said)
-        if (self._fingerprint, world.rank, world.world_size) not in _EMPTY_RANKS_SAID:
-            _EMPTY_RANKS_SAID.add((self._fingerprint, world.rank, world.world_size))
+        if (self._identity.state["corpus"], world.rank, world.world_size) not in _EMPTY_RANKS_SAID:
+            _EMPTY_RANKS_SAID.add((self._identity.state["corpus"], world.rank, world.world_size))
             log.warning("%s", said)
 
     def _records_of(self, work: list[WorkItem]) -> int:
