@@ -1,0 +1,97 @@
+"""len() where the record count is known: a converted corpus (its manifest lists records per
+frame) or a count taken for even_ranks; a TypeError otherwise, never a guess.
+
+Seen from a DataLoader, len(loader) is the number of batches the loader really yields, for any
+num_workers, batch size, drop_last, rank and even_ranks, and after `.batch(n)`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import corpus
+import pytest
+from torch.utils.data import DataLoader
+
+from preprocess.convert import convert
+from streamds import StreamingJsonl
+
+RECORDS = 200
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = tmp_path_factory.mktemp("len")
+    (root / "in.jsonl").write_bytes(corpus.jsonl(corpus.make_records(RECORDS)))
+    convert([str(root / "in.jsonl")], root / "out", shard_size=1500, frame_size=600)
+    return str(root / "out")
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("plain") / "in.jsonl"
+    path.write_bytes(corpus.jsonl(corpus.make_records(RECORDS)))
+    return str(path)
+
+
+def test_len_of_a_converted_corpus_is_its_record_count(converted: str) -> None:
+    dataset = StreamingJsonl(converted)
+    assert len(dataset) == RECORDS
+    shares = [len(StreamingJsonl(converted, rank=rank, world_size=3)) for rank in range(3)]
+    assert sum(shares) == RECORDS
+    assert all(0 < share < RECORDS for share in shares)
+
+
+@pytest.mark.parametrize(("world_size", "num_workers", "batch_size", "drop_last", "even"),
+                         [(1, 0, 4, False, None), (1, 2, 7, False, None), (2, 3, 7, True, None),
+                          (2, 2, 5, False, "drop"), (2, 1, 3, False, "pad")])
+def test_len_of_the_loader_is_the_batches_it_yields(
+    converted: str, world_size: int, num_workers: int, batch_size: int, drop_last: bool,
+    even: str | None,
+) -> None:
+    for rank, epoch in itertools.product(range(world_size), (0, 1)):
+        dataset = StreamingJsonl(converted, shuffle=True, seed=3, buffer_size=8, rank=rank,
+                                 world_size=world_size, even_ranks=even)
+        dataset.set_epoch(epoch)
+        loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
+                            drop_last=drop_last, collate_fn=list)
+        assert len(loader) == sum(1 for _ in loader)
+        batched = DataLoader(dataset.batch(batch_size, drop_last=drop_last), batch_size=None,
+                             num_workers=num_workers)
+        assert len(batched) == sum(1 for _ in batched)
+
+
+def test_len_with_workers_counts_each_workers_short_batch(converted: str) -> None:
+    # torch divides len(dataset) by batch_size; with 3 workers each has a short last batch
+    dataset = StreamingJsonl(converted)
+    loader = DataLoader(dataset, batch_size=10, num_workers=3, collate_fn=list)
+    batches = sum(1 for _ in loader)
+    assert batches > RECORDS // 10  # more than the record count alone would say
+    assert len(loader) == batches
+    assert len(dataset) == RECORDS  # outside a DataLoader: the records
+
+
+def test_len_is_known_from_the_count_even_ranks_takes(plain: str) -> None:
+    assert len(StreamingJsonl(plain, even_ranks="pad", rank=0, world_size=1)) == RECORDS
+
+
+@pytest.mark.parametrize("make", [
+    lambda source, plain: StreamingJsonl(plain),  # no manifest, no count taken
+    lambda source, plain: StreamingJsonl(source).filter(bool),
+    lambda source, plain: StreamingJsonl(source).batch(
+        __import__("streamds").TokenBudget(64)),
+])
+def test_no_len_without_a_known_count(converted: str, plain: str, make) -> None:
+    with pytest.raises(TypeError):
+        len(make(converted, plain))
+
+
+def test_trainer_style_has_length_sees_no_length(plain: str) -> None:
+    # transformers' has_length() catches TypeError only
+    with pytest.raises(TypeError, match="streamds convert"):
+        len(StreamingJsonl(plain))
+
+
+def test_converted_fixture_has_several_blocks(converted: str) -> None:
+    assert len(list(Path(converted).glob("*.zst"))) > 3
