@@ -51,6 +51,20 @@ def even_corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(root / "shards")
 
 
+@pytest.fixture(scope="module")
+def unsized_corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The same records as plain .jsonl files of PER_SHARD records (one block each): no
+    manifest, so no len(), and Lightning's fetcher fetches one batch ahead."""
+    root = tmp_path_factory.mktemp("unsized")
+    for part in range(RECORDS // PER_SHARD):
+        lines = [orjson.dumps({"id": i, "text": "x" * (8 - len(str(i)))}) + b"\n"
+                 for i in range(part * PER_SHARD, (part + 1) * PER_SHARD)]
+        (root / f"part-{part}.jsonl").write_bytes(b"".join(lines))
+    with pytest.raises(TypeError):
+        len(StreamingJsonl(str(root)))
+    return str(root)
+
+
 def torchrun(out: Path, *args: str) -> tuple[int, str, list[dict[str, Any]]]:
     """Run tests/framework_worker.py on 2 ranks; (exit status, output, the ranks' reports)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -125,9 +139,9 @@ def test_streamds_trainer_exact_and_resumes_exactly(
 
 
 @pytest.mark.slow
-def test_lightning_ddp_exact_and_resumes_exactly(even_corpus: str, tmp_path: Path) -> None:
+def test_lightning_ddp_exact_and_resumes_exactly(unsized_corpus: str, tmp_path: Path) -> None:
     pytest.importorskip("lightning")
-    base = ["lightning", even_corpus, "--workers", "2"]
+    base = ["lightning", unsized_corpus, "--workers", "2"]
     status, output, reports = torchrun(tmp_path, *base)
     assert status == 0, output
     steps = steps_per_epoch(2)

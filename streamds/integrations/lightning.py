@@ -4,14 +4,14 @@ What Lightning 2.6 does with an `IterableDataset`, and what this module does abo
 
 - it never calls `set_epoch` on the dataset (only on samplers): `StreamdsCallback` calls it at
   every epoch start, so each epoch has its own order;
-- its fetcher fetches one batch ahead of the one being trained, so a loader state taken for a
-  checkpoint already counts a batch that was never trained: `StreamdsLoader` keeps the state
-  after each batch it hands out, and its `state_dict()` is the state after the last batch
-  trained (the callback counts them);
+- its fetcher fetches one batch ahead of the one being trained when the loader has no len(),
+  so a loader state taken for a checkpoint already counts a batch that was never trained:
+  `StreamdsLoader` keeps the state after each batch it hands out, and its `state_dict()` is
+  the state after the last batch trained (the callback counts them);
 - under DDP the checkpoint holds rank 0's loader state only, loaded into every rank:
-  `StreamdsLoader.state_dict()` gathers every rank's state (it runs on every rank while a
-  checkpoint is written), and `load_state_dict` gives each rank its own, or, when the world
-  changed, finishes the epoch from `streamds.merge_states` of them (elastic resume).
+  `StreamdsLoader.state_dict()` gathers every rank's state (`streamds.integrations.loader`),
+  and `load_state_dict` gives each rank its own, or, when the world changed, finishes the
+  epoch from `streamds.merge_states` of them (elastic resume).
 
 Example::
 
@@ -23,83 +23,14 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from . import require
+from .loader import StreamdsLoader
 
 _pl = require("lightning.pytorch")
-_stateful = require("torchdata.stateful_dataloader")
 
 __all__ = ["StreamdsCallback", "StreamdsLoader"]
-
-RANKS = "streamds_ranks"  # key of the gathered states: one loader state per rank, by rank
-
-
-def _world() -> tuple[int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-class StreamdsLoader(_stateful.StatefulDataLoader):
-    """A torchdata `StatefulDataLoader` whose state is that of the last batch trained, from
-    every rank. Use it with `StreamdsCallback`, which counts the batches trained."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._after: dict[int, dict[str, Any]] = {}  # batches handed out -> state after them
-        self._handed = 0
-        self.trained = 0  # batches of the current iterator trained (set by StreamdsCallback)
-
-    def __iter__(self) -> Iterator[Any]:
-        iterator = super().__iter__()
-        self._handed = self.trained = 0
-        self._after = {0: super().state_dict()}
-        return self._keep_states(iterator)
-
-    def _keep_states(self, iterator: Iterator[Any]) -> Iterator[Any]:
-        for batch in iterator:
-            self._handed += 1
-            self._after[self._handed] = super().state_dict()
-            for old in [n for n in self._after if n < self.trained]:
-                del self._after[old]  # only the batches ahead of training are kept
-            yield batch
-
-    def own_state_dict(self) -> dict[str, Any]:
-        """This rank's state after the last batch trained."""
-        if not self._after:
-            return super().state_dict()
-        return self._after[min(self.trained, self._handed)]
-
-    def state_dict(self) -> dict[str, Any]:
-        """Every rank's `own_state_dict()`, gathered (a collective call under DDP)."""
-        import torch.distributed as dist
-
-        own = self.own_state_dict()
-        _, size = _world()
-        states: list[Any] = [None] * size
-        if size > 1:
-            dist.all_gather_object(states, own)
-        else:
-            states[0] = own
-        return {RANKS: states}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """This rank's own state when the world is the same, else the merged states of all
-        ranks (the dataset then finishes their epoch under this world)."""
-        from ..resume.merge import merge_states
-
-        states = state_dict[RANKS]
-        rank, size = _world()
-        if len(states) == size:
-            super().load_state_dict(states[rank])
-            return
-        merged = merge_states(states)
-        resumed = self.dataset.with_resume(merged)
-        vars(self.dataset).update(vars(resumed))  # the loader keeps its dataset object
 
 
 class StreamdsCallback(_pl.Callback):
@@ -110,6 +41,13 @@ class StreamdsCallback(_pl.Callback):
         combined = getattr(trainer.fit_loop, "_combined_loader", None)
         return [] if combined is None else list(combined.flattened)
 
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        # from here on the callback counts (also in a run resumed in the middle of an epoch,
+        # where on_train_epoch_start is not called); the fetcher may already hold a batch
+        for loader in self._loaders(trainer):
+            if isinstance(loader, StreamdsLoader) and loader.trained is None:
+                loader.trained = 0
+
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         for loader in self._loaders(trainer):
             dataset = getattr(loader, "dataset", None)
@@ -119,5 +57,5 @@ class StreamdsCallback(_pl.Callback):
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         for loader in self._loaders(trainer):
-            if isinstance(loader, StreamdsLoader):
+            if isinstance(loader, StreamdsLoader) and loader.trained is not None:
                 loader.trained += 1
