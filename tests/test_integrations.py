@@ -1,0 +1,92 @@
+"""streamds.integrations in one process: the missing-framework message, and StreamdsLoader's
+gathered state (each rank's own back in the same world; merged under another world)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import corpus
+import pytest
+
+from streamds import StreamingJsonl
+from streamds.integrations import require
+
+pytest.importorskip("torchdata")
+
+from streamds.integrations.loader import RANKS, StreamdsLoader
+
+RECORDS = 160
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = tmp_path_factory.mktemp("integrations")
+    for part in range(8):
+        (root / f"part-{part}.jsonl").write_bytes(
+            corpus.jsonl(corpus.make_records(RECORDS // 8, start=part * RECORDS // 8)))
+    return str(root)
+
+
+def ids(batch: list[dict]) -> list[int]:
+    return [record["id"] for record in batch]
+
+
+def test_a_missing_framework_names_the_extra() -> None:
+    with pytest.raises(ImportError, match=r"pip install 'streamds\[frameworks\]'"):
+        require("no_such_framework_for_streamds")
+
+
+def test_import_streamds_imports_no_framework() -> None:
+    code = ("import sys, streamds, streamds.integrations; "
+            "print(sorted(m for m in ('transformers', 'accelerate', 'lightning') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).parent.parent)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_state_of_one_process_resumes_exactly(source: str, workers: int) -> None:
+    def loader() -> StreamdsLoader:
+        return StreamdsLoader(StreamingJsonl(source, shuffle=True, seed=2, buffer_size=8),
+                              batch_size=4, num_workers=workers, collate_fn=ids)
+
+    whole = [batch for batch in loader()]
+    first = loader()
+    iterator = iter(first)
+    head = [next(iterator) for _ in range(9)]
+    state = first.state_dict()
+    assert list(state) == [RANKS] and len(state[RANKS]) == 1
+    again = loader()
+    again.load_state_dict(state)
+    assert head + list(again) == whole
+
+
+def test_trained_lags_the_batches_handed_out(source: str) -> None:
+    loader = StreamdsLoader(StreamingJsonl(source), batch_size=4, collate_fn=ids)
+    iterator = iter(loader)
+    loader.trained = 0
+    trained = [next(iterator) for _ in range(5)]
+    loader.trained = 4  # the fifth batch was fetched ahead, not trained
+    resumed = StreamdsLoader(StreamingJsonl(source), batch_size=4, collate_fn=ids)
+    resumed.load_state_dict(loader.state_dict())
+    assert next(iter(resumed)) == trained[4]
+
+
+def test_states_of_another_world_are_merged(source: str) -> None:
+    # two ranks read part of their shares; one process finishes the epoch
+    states, read = [], []
+    for rank in range(2):
+        loader = StreamdsLoader(StreamingJsonl(source, shuffle=True, seed=2, buffer_size=8,
+                                               rank=rank, world_size=2),
+                                batch_size=4, collate_fn=ids)
+        iterator = iter(loader)
+        read += [i for _ in range(6) for i in next(iterator)]
+        states.append(loader.own_state_dict())
+    alone = StreamdsLoader(StreamingJsonl(source, shuffle=True, seed=2, buffer_size=8),
+                           batch_size=4, collate_fn=ids)
+    alone.load_state_dict({RANKS: states})
+    rest = [i for batch in alone for i in batch]
+    assert sorted(read + rest) == list(range(RECORDS))
