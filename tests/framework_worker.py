@@ -4,6 +4,7 @@
         SCENARIO SOURCE OUT_DIR [--workers W] [--max-steps N] [--resume-from CHECKPOINT]
 
 Scenarios: "accelerate" (a DataLoader through Accelerator().prepare, accelerate's defaults),
+"streamds-accelerate" (streamds.integrations.accelerate.prepare_loader, save_state at step 35),
 "trainer" (Hugging Face Trainer, its defaults), "lightning" (StreamdsLoader and
 StreamdsCallback, DDP, a checkpoint every 5 steps under OUT_DIR/ckpt), "streamds-trainer"
 (streamds.integrations.transformers.StreamdsTrainer), two epochs or --max-steps, a
@@ -59,6 +60,41 @@ def run_accelerate(source: str, workers: int, seen: list[list[int]]) -> None:
         DataLoader(dataset, batch_size=BATCH, num_workers=workers, collate_fn=collate))
     for batch in loader:
         seen.append(batch["rid"].tolist())
+
+
+def run_streamds_accelerate(source: str, out: Path, workers: int, resume_from: str | None,
+                            seen: list[list[int]]) -> None:
+    """A plain accelerate loop with streamds.integrations.accelerate.prepare_loader; the state
+    is saved with accelerator.save_state after step 35 (OUT_DIR/state)."""
+    from accelerate import Accelerator
+
+    from streamds.integrations.accelerate import prepare_loader
+
+    accelerator = Accelerator(cpu=True)
+    model = tiny_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    dataset = StreamingJsonl(source, shuffle=True, seed=0, buffer_size=16)
+    loader = prepare_loader(dataset, accelerator, batch_size=BATCH, num_workers=workers,
+                            collate_fn=collate)
+    step, first_epoch = 0, 0
+    if resume_from is not None:
+        accelerator.load_state(resume_from)
+        step, first_epoch = json.loads((Path(resume_from) / "progress.json").read_text())
+    for epoch in range(first_epoch, 2):
+        dataset.set_epoch(epoch)
+        for batch in loader:
+            rid = batch.pop("rid")
+            seen.append(rid.tolist())
+            batch = {key: value.to(accelerator.device) for key, value in batch.items()}
+            accelerator.backward(model(**batch).loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            step += 1
+            if step == 35 and resume_from is None:
+                accelerator.save_state(str(out / "state"))
+                if accelerator.is_main_process:
+                    (out / "state" / "progress.json").write_text(json.dumps([step, epoch]))
 
 
 def trainer_class(base: type) -> type:
@@ -130,7 +166,8 @@ def run_lightning(source: str, out: Path, workers: int, resume_from: str | None,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("scenario",
-                        choices=["accelerate", "trainer", "streamds-trainer", "lightning"])
+                        choices=["accelerate", "streamds-accelerate", "trainer",
+                                 "streamds-trainer", "lightning"])
     parser.add_argument("source")
     parser.add_argument("out", type=Path)
     parser.add_argument("--workers", type=int, default=0)
@@ -143,6 +180,8 @@ def main() -> None:
     try:
         if args.scenario == "accelerate":
             run_accelerate(args.source, args.workers, seen)
+        elif args.scenario == "streamds-accelerate":
+            run_streamds_accelerate(args.source, args.out, args.workers, args.resume_from, seen)
         elif args.scenario == "lightning":
             run_lightning(args.source, args.out, args.workers, args.resume_from, seen)
         else:

@@ -157,3 +157,19 @@ def test_lightning_ddp_exact_and_resumes_exactly(unsized_corpus: str, tmp_path: 
     for before, after in zip(reports, resumed, strict=True):
         assert after["error"] is None
         assert after["steps"] == before["steps"][35:]
+
+
+@pytest.mark.slow
+def test_accelerate_prepare_loader_exact_and_resumes_exactly(
+    unsized_corpus: str, tmp_path: Path
+) -> None:
+    base = ["streamds-accelerate", unsized_corpus, "--workers", "2"]
+    status, output, reports = torchrun(tmp_path, *base)
+    assert status == 0, output
+    check_epochs(reports, 2, steps_per_epoch(2))
+    # accelerator.save_state after step 35 holds every rank's own loader state
+    status, output, resumed = torchrun(tmp_path, *base, "--resume-from", str(tmp_path / "state"))
+    assert status == 0, output
+    for before, after in zip(reports, resumed, strict=True):
+        assert after["error"] is None
+        assert after["steps"] == before["steps"][35:]
