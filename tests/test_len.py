@@ -95,3 +95,23 @@ def test_trainer_style_has_length_sees_no_length(plain: str) -> None:
 
 def test_converted_fixture_has_several_blocks(converted: str) -> None:
     assert len(list(Path(converted).glob("*.zst"))) > 3
+
+
+@pytest.mark.xfail(strict=True, reason="needs even_ranks batch evening (branch even)")
+@pytest.mark.parametrize("mode", ["drop", "pad"])
+def test_even_ranks_give_every_rank_the_same_len_with_workers(
+    tmp_path: Path, mode: str
+) -> None:
+    # what StreamdsTrainer (one epoch length for all ranks) and DDP need; the repro
+    path = tmp_path / "uneven.jsonl"
+    path.write_bytes(corpus.jsonl(corpus.make_records(2010)))
+    for epoch in range(2):
+        lengths = []
+        for rank in range(2):
+            dataset = StreamingJsonl(str(path), shuffle=True, seed=0, buffer_size=256,
+                                     even_ranks=mode, rank=rank, world_size=2)
+            dataset.set_epoch(epoch)
+            loader = DataLoader(dataset, batch_size=16, num_workers=2, collate_fn=list)
+            assert len(loader) == sum(1 for _ in loader)
+            lengths.append(len(loader))
+        assert lengths[0] == lengths[1], f"epoch {epoch}: {lengths}"
