@@ -90,3 +90,34 @@ def test_states_of_another_world_are_merged(source: str) -> None:
     alone.load_state_dict({RANKS: states})
     rest = [i for batch in alone for i in batch]
     assert sorted(read + rest) == list(range(RECORDS))
+
+
+def test_streamds_trainer_refuses_an_epoch_of_another_length(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    import framework_worker as worker
+    from transformers import TrainingArguments
+
+    from preprocess.convert import convert
+    from streamds.integrations.transformers import StreamdsTrainer
+
+    sources, start = [], 0
+    for part, count in enumerate((3, 9, 30)):  # one block each, of unequal sizes
+        (tmp_path / f"p{part}.jsonl").write_bytes(
+            corpus.jsonl(corpus.make_records(count, start=start)))
+        convert([str(tmp_path / f"p{part}.jsonl")], tmp_path / f"o{part}")
+        sources.append(str(tmp_path / f"o{part}"))
+        start += count
+    # 2 workers, batches of 4: epochs 0, 1 and 2 yield 11, 11 and 12 batches
+    args = TrainingArguments(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4,
+                             num_train_epochs=3, dataloader_num_workers=2, report_to=[],
+                             save_strategy="no", remove_unused_columns=False, use_cpu=True,
+                             disable_tqdm=True, logging_strategy="no")
+    trainer = worker.trainer_class(StreamdsTrainer)(
+        model=worker.tiny_model(), args=args,
+        train_dataset=StreamingJsonl(sources, shuffle=True, seed=0),
+        data_collator=worker.collate)
+    trainer.seen = []
+    with pytest.raises(ValueError, match="epoch 2 yields 12 batches on this rank, but Trainer "
+                                         "planned every epoch from the first one's 11"):
+        trainer.train()
+    assert len(trainer.seen) == 22  # epochs 0 and 1 whole; nothing of epoch 2
