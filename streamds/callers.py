@@ -20,6 +20,7 @@ are recognised by their class and module names: accelerate is never imported her
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -96,16 +97,17 @@ def outer_split(dataset: Any, *, depth: int = 2) -> OuterSplit | None:
     return None
 
 
-def check_outer_split(dataset: Any, world_size: int) -> None:
+def check_outer_split(dataset: Any, world_size: Callable[[], int]) -> None:
     """Refuse a second split: accelerate splits across processes and streamds splits by rank
-    (`world_size` > 1), or accelerate's dispatcher would drop workers' short batches.
+    (`world_size()` > 1, asked only under accelerate's split), or accelerate's dispatcher
+    would drop workers' short batches.
 
     Called from the dataset's `set_epoch` and `__iter__`.
     """
     split = outer_split(dataset, depth=3)
     if split is None or split.num_processes <= 1:
         return
-    if world_size > 1:
+    if world_size() > 1:
         where = ("DataLoaderDispatcher, dispatch_batches=True" if split.kind == "dispatcher"
                  else "IterableDatasetShard, dispatch_batches=False")
         how = ("rank 0 reads and sends every rank a slice of its batches, so only rank 0's "
@@ -114,7 +116,7 @@ def check_outer_split(dataset: Any, world_size: int) -> None:
         raise DoubleSplitError(
             f"accelerate splits this StreamingJsonl across {split.num_processes} processes "
             f"({where}) "
-            f"and streamds splits it by rank too ({world_size} ranks): {how}, and most records "
+            f"and streamds splits it by rank too ({world_size()} ranks): {how}, and most records "
             f"would never be trained. Let one of them split: streamds (exact, each rank reads "
             f"only its share) -- {_ROUTE}; or accelerate alone -- pass rank=0, world_size=1 to "
             "StreamingJsonl and dispatch_batches=False (every rank reads and parses the whole "

@@ -312,7 +312,7 @@ class StreamingJsonl(IterableDataset):
         check_epoch_change(self._loaded, epoch,
                            or_else="or build a fresh dataset to skip its remaining records")
         # accelerate's loaders call this on every process before an epoch's first batch
-        check_outer_split(self, detect_world(self.rank, self.world_size).world_size)
+        check_outer_split(self, lambda: detect_world(self.rank, self.world_size).world_size)
         self.epoch = epoch
 
     # -- where a reader starts -----------------------------------------------------------
@@ -394,7 +394,7 @@ class StreamingJsonl(IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         world = detect_world(self.rank, self.world_size)
-        check_outer_split(self, world.world_size)
+        check_outer_split(self, lambda: world.world_size)
         self._note_worker_epoch()
         state = self._start_state(world, report=True)
         pad = self._pad_work(state) if state.quota is not None else []

@@ -2,8 +2,10 @@
 
     python -m torch.distributed.run --standalone --nproc_per_node=N tests/framework_worker.py \\
         SCENARIO SOURCE OUT_DIR [--workers W] [--max-steps N] [--resume-from CHECKPOINT]
+        [--one-rank]
 
-Scenarios: "accelerate" (a DataLoader through Accelerator().prepare, accelerate's defaults),
+Scenarios: "accelerate" (a DataLoader through Accelerator().prepare, accelerate's defaults;
+--one-rank: the dataset does not split by rank, accelerate's dispatcher alone splits),
 "streamds-accelerate" (streamds.integrations.accelerate.prepare_loader, save_state at step 35),
 "trainer" (Hugging Face Trainer, its defaults), "lightning" (StreamdsLoader and
 StreamdsCallback, DDP, a checkpoint every 5 steps under OUT_DIR/ckpt), "streamds-trainer"
@@ -50,12 +52,13 @@ def tiny_model() -> torch.nn.Module:
     return GPT2LMHeadModel(config)
 
 
-def run_accelerate(source: str, workers: int, seen: list[list[int]]) -> None:
+def run_accelerate(source: str, workers: int, one_rank: bool, seen: list[list[int]]) -> None:
     from accelerate import Accelerator
     from torch.utils.data import DataLoader
 
     accelerator = Accelerator(cpu=True)
-    dataset = StreamingJsonl(source, shuffle=True, seed=0, buffer_size=16)
+    world = {"rank": 0, "world_size": 1} if one_rank else {}
+    dataset = StreamingJsonl(source, shuffle=True, seed=0, buffer_size=16, **world)
     loader = accelerator.prepare(
         DataLoader(dataset, batch_size=BATCH, num_workers=workers, collate_fn=collate))
     for batch in loader:
@@ -173,13 +176,15 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--max-steps", type=int, default=-1)
     parser.add_argument("--resume-from", default=None)
+    parser.add_argument("--one-rank", action="store_true",
+                        help="accelerate: StreamingJsonl(rank=0, world_size=1)")
     args = parser.parse_args()
     rank = int(os.environ.get("RANK", "0"))
     seen: list[list[int]] = []
     report: dict[str, Any] = {"steps": seen, "error": None}
     try:
         if args.scenario == "accelerate":
-            run_accelerate(args.source, args.workers, seen)
+            run_accelerate(args.source, args.workers, args.one_rank, seen)
         elif args.scenario == "streamds-accelerate":
             run_streamds_accelerate(args.source, args.out, args.workers, args.resume_from, seen)
         elif args.scenario == "lightning":

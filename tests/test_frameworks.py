@@ -173,3 +173,19 @@ def test_accelerate_prepare_loader_exact_and_resumes_exactly(
     for before, after in zip(reports, resumed, strict=True):
         assert after["error"] is None
         assert after["steps"] == before["steps"][35:]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_accelerate_dispatcher_alone(even_corpus: str, tmp_path: Path, workers: int) -> None:
+    # rank=0, world_size=1: accelerate's dispatcher alone splits; with workers it would drop
+    # the rest of each worker's short batch, so that is refused
+    status, output, reports = torchrun(tmp_path, "accelerate", even_corpus, "--workers",
+                                       str(workers), "--one-rank")
+    if workers:
+        assert status != 0, output
+        assert all("num_workers=2" in report["error"] for report in reports)
+        return
+    assert status == 0, output
+    trained = ids(reports[0]["steps"]) + ids(reports[1]["steps"])
+    assert sorted(set(trained)) == list(range(RECORDS))
+    assert len(trained) - RECORDS < 2  # accelerate's padding of the last batch (N-1 at most)
