@@ -434,14 +434,16 @@ class StreamingJsonl(IterableDataset):
     # -- length: where the record count is known ----------------------------------------
 
     def worker_records(self, num_workers: int = 0) -> list[int]:
-        """Records each DataLoader worker of this rank yields in the current epoch, for a
-        loader with `num_workers` (0: one list entry, the main process).
+        """Records each DataLoader worker of this rank yields in every epoch, for a loader
+        with `num_workers` (0: one list entry, the main process).
 
         Known from the manifest's records per frame (shards from `streamds convert`) or from a
-        count already taken (even_ranks, `resume_after_batches`), never guessed: a TypeError
-        otherwise, and for a dataset with a `.filter()` (it may drop any number). Under
-        even_ranks these are the quotas. A map that returns None, or bad lines skipped under
-        on_error="skip", make the epoch shorter than this.
+        count already taken (even_ranks, `resume_after_batches`), and only where every epoch
+        gives the same counts (Trainer and Lightning take the first epoch's length for all):
+        shuffle=False, one reader in all, or blocks that all hold as many records. Never
+        guessed: a TypeError otherwise, and for a dataset with a `.filter()` (it may drop any
+        number). Under even_ranks these are the quotas. A map that returns None, or bad lines
+        skipped under on_error="skip", make the epoch shorter than this.
         """
         check_int("num_workers", num_workers, 0, "the DataLoader's num_workers")
         if any(step.kind == "filter" for step in self._steps):
@@ -457,6 +459,15 @@ class StreamingJsonl(IterableDataset):
             )
         here = detect_world(self.rank, self.world_size)
         readers = max(1, num_workers)
+        if (self.shuffle and here.world_size * readers > 1
+                and len(set(self._block_counts)) > 1):
+            raise TypeError(
+                f"len() differs from epoch to epoch here: shuffle=True deals blocks of unequal "
+                f"record counts to {here.world_size * readers} readers (ranks x workers) anew "
+                "each epoch; Trainer and Lightning would take the first epoch's length for "
+                "all. Pass max_steps to the trainer (StreamdsTrainer then streams epoch after "
+                "epoch), or use shuffle=False"
+            )
         seats = [World(here.rank, here.world_size, worker, readers) for worker in range(readers)]
         if self.even_ranks is not None:
             return [self._with_quota(self._fresh(seat)).quota for seat in seats]  # type: ignore[misc]
@@ -465,7 +476,7 @@ class StreamingJsonl(IterableDataset):
                 for seat in seats]
 
     def __len__(self) -> int:
-        """This rank's records in the current epoch (batches after `.batch(n)`), where known.
+        """This rank's records per epoch (batches after `.batch(n)`), where known.
 
         Seen from a DataLoader with workers and a batch_size, which divides len() by its
         batch_size while each worker's last batch is short, every worker's short batch counts

@@ -10,7 +10,7 @@ from pathlib import Path
 import corpus
 import pytest
 
-from streamds import StreamingJsonl
+from streamds import StreamingJsonl, World
 from streamds.integrations import require
 
 pytest.importorskip("torchdata")
@@ -92,7 +92,7 @@ def test_states_of_another_world_are_merged(source: str) -> None:
     assert sorted(read + rest) == list(range(RECORDS))
 
 
-def test_streamds_trainer_refuses_an_epoch_of_another_length(tmp_path: Path) -> None:
+def test_streamds_trainer_without_a_steady_length_needs_max_steps(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     import framework_worker as worker
     from transformers import TrainingArguments
@@ -107,17 +107,35 @@ def test_streamds_trainer_refuses_an_epoch_of_another_length(tmp_path: Path) -> 
         convert([str(tmp_path / f"p{part}.jsonl")], tmp_path / f"o{part}")
         sources.append(str(tmp_path / f"o{part}"))
         start += count
-    # 2 workers, batches of 4: epochs 0, 1 and 2 yield 11, 11 and 12 batches
-    args = TrainingArguments(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4,
-                             num_train_epochs=3, dataloader_num_workers=2, report_to=[],
-                             save_strategy="no", remove_unused_columns=False, use_cpu=True,
-                             disable_tqdm=True, logging_strategy="no")
-    trainer = worker.trainer_class(StreamdsTrainer)(
-        model=worker.tiny_model(), args=args,
-        train_dataset=StreamingJsonl(sources, shuffle=True, seed=0),
-        data_collator=worker.collate)
-    trainer.seen = []
-    with pytest.raises(ValueError, match="epoch 2 yields 12 batches on this rank, but Trainer "
-                                         "planned every epoch from the first one's 11"):
-        trainer.train()
-    assert len(trainer.seen) == 22  # epochs 0 and 1 whole; nothing of epoch 2
+    dataset = StreamingJsonl(sources, shuffle=True, seed=0)
+
+    def trainer(**options: object) -> StreamdsTrainer:
+        args = TrainingArguments(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4,
+                                 dataloader_num_workers=2, report_to=[], save_strategy="no",
+                                 remove_unused_columns=False, use_cpu=True, disable_tqdm=True,
+                                 logging_strategy="no", **options)
+        made = worker.trainer_class(StreamdsTrainer)(model=worker.tiny_model(), args=args,
+                                                     train_dataset=dataset,
+                                                     data_collator=worker.collate)
+        made.seen = []
+        return made
+
+    # 2 workers, batches of 4: epochs of 11, 11, 12 batches; Trainer would plan 11 for all
+    with pytest.raises(ValueError, match=r"cannot plan epochs: len\(\) differs from epoch to"):
+        trainer(num_train_epochs=3).train()
+    # with max_steps: each worker streams its share of epoch 0, then of epoch 1, ...; the
+    # loader takes batches from the 2 workers in turn
+    streamed = trainer(max_steps=34)
+    streamed.train()
+    blocks = [set(range(0, 3)), set(range(3, 12)), set(range(12, 42))]  # one block a shard
+    for reader in range(2):
+        stream = [i for step in streamed.seen[reader::2] for i in step]
+        epoch = 0
+        while stream:
+            seat = World(0, 1, reader, 2)
+            share = set().union(*(blocks[b] for b, _ in dataset._plan.work(epoch, seat)))
+            part, stream = stream[:len(share)], stream[len(share):]
+            assert set(part) <= share and (len(part) == len(share) or not stream)
+            assert len(set(part)) == len(part)
+            epoch += 1
+        assert epoch >= 2

@@ -8,10 +8,11 @@ batches go to the device through Trainer's own input preparation.
 
 Two shapes, chosen by ``max_steps``:
 
-- ``max_steps`` unset (epochs): needs ``len(dataset)`` (a converted corpus, or even_ranks);
-  the loader's length is the batches this rank yields, and every epoch must yield as many
-  (Trainer plans epochs from the first one's length): an epoch that would not is refused
-  before its first batch. `set_epoch` reaches the dataset in every epoch, also the one a
+- ``max_steps`` unset (epochs): needs the loader's ``len()``, the batches this rank yields in
+  every epoch (known for a converted corpus or under even_ranks, and where every epoch
+  yields as many: Trainer plans all epochs from the first one's length); without it a
+  ValueError names why. An epoch that would still yield another number is refused before
+  its first batch. `set_epoch` reaches the dataset in every epoch, also the one a
   resume fast-forwards through.
 - ``max_steps`` set: one endless stream, epoch after epoch (each epoch every record of this
   rank's share once), so no rank runs out before another and `max_steps` alone ends the run.
@@ -97,7 +98,12 @@ class StreamdsTrainer(_transformers.Trainer):
         }
         if args.max_steps > 0:
             return DataLoader(EpochStream(dataset), **options)
-        return EpochLoader(dataset, **options)
+        loader = EpochLoader(dataset, **options)
+        try:
+            len(loader)
+        except TypeError as err:  # Trainer would only say that max_steps is needed
+            raise ValueError(f"StreamdsTrainer cannot plan epochs: {err}") from err
+        return loader
 
     def _run_epoch(self, **kwargs: Any) -> Any:
         loader = kwargs["train_dataloader"]
