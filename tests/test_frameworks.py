@@ -65,11 +65,11 @@ def unsized_corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(root)
 
 
-def torchrun(out: Path, *args: str) -> tuple[int, str, list[dict[str, Any]]]:
-    """Run tests/framework_worker.py on 2 ranks; (exit status, output, the ranks' reports)."""
+def torchrun(out: Path, *args: str, nproc: int = 2) -> tuple[int, str, list[dict[str, Any]]]:
+    """Run tests/framework_worker.py on `nproc` ranks; (exit status, output, their reports)."""
     out.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node=2", str(WORKER), *args[:2], str(out), *args[2:]]
+               f"--nproc_per_node={nproc}", str(WORKER), *args[:2], str(out), *args[2:]]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": os.pathsep.join([str(WORKER.parent.parent),
                                           os.environ.get("PYTHONPATH", "")])}
@@ -85,7 +85,7 @@ def torchrun(out: Path, *args: str) -> tuple[int, str, list[dict[str, Any]]]:
         pytest.fail(f"torchrun hung:\n{output.decode()[-4000:]}")
     resumed = "--resume-from" in args
     reports = [json.loads((out / f"rank-{rank}{'-resumed' if resumed else ''}.json").read_text())
-               for rank in range(2)]
+               for rank in range(nproc)]
     return process.returncode, output.decode(), reports
 
 
@@ -151,12 +151,18 @@ def test_lightning_ddp_exact_and_resumes_exactly(unsized_corpus: str, tmp_path: 
     assert first != second  # set_epoch reached the dataset: epoch 1 has its own order
 
     # every rank's state, one batch behind the fetcher: the rest is the uninterrupted rest
-    status, output, resumed = torchrun(tmp_path, *base, "--resume-from",
-                                       str(tmp_path / "ckpt" / "step=35.ckpt"))
+    checkpoint = str(tmp_path / "ckpt" / "step=35.ckpt")
+    status, output, resumed = torchrun(tmp_path, *base, "--resume-from", checkpoint)
     assert status == 0, output
     for before, after in zip(reports, resumed, strict=True):
         assert after["error"] is None
         assert after["steps"] == before["steps"][35:]
+
+    # one process finishes the epoch of both ranks: their states merged (elastic resume)
+    status, output, alone = torchrun(tmp_path, *base, "--resume-from", checkpoint, nproc=1)
+    assert status == 0, output
+    trained = [i for report in reports for i in ids(report["steps"][steps:35])]
+    assert sorted(trained + ids(alone[0]["steps"])) == list(range(RECORDS))
 
 
 @pytest.mark.slow
