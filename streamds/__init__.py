@@ -19,6 +19,7 @@ __all__ = [
     "CorruptRecordError",
     "CorruptShardError",
     "DevicePrefetcher",
+    "DoubleSplitError",
     "LengthBuckets",
     "MissingCodecError",
     "Mix",
@@ -65,6 +66,7 @@ _HOMES = {
     "CorruptShardError": "errors",
     "MissingCodecError": "errors",
     "StateMismatchError": "errors",
+    "DoubleSplitError": "callers",
     "DevicePrefetcher": "train.prefetch",
     "merge_states": "resume.merge",
     "counts_of": "resume.totals",
@@ -97,6 +99,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from .batch import RecordBatch
     from .buckets import LengthBuckets, TokenBudget
+    from .callers import DoubleSplitError
     from .dataset import StreamingJsonl
     from .errors import (
         CorruptRecordError,

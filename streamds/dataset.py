@@ -20,6 +20,7 @@ from .balance import EVEN_RANKS, check_split, empty_rank, pad_work, quotas
 from .batch import Batch, BatchSpec, RecordBatch
 from .buckets import RULES, LengthBuckets, PoolBatch, TokenBudget, is_pool_state
 from .cache import CacheSpec, namespace_of
+from .callers import check_outer_split, loader_len_call
 from .checks import check_bool, check_choice, check_int, size_setting
 from .chunks import WorkItem
 from .cpus import WORKER_CPUS
@@ -30,7 +31,7 @@ from .pipeline import Reader, Spec
 from .plan import DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE, Plan, make_blocks, small_corpus_piece
 from .read import open_decoded_at
 from .readahead import DEFAULT_READAHEAD, wants_readahead
-from .resume.counts import count_block_records, count_from
+from .resume.counts import count_block_records, count_from, listed_counts
 from .resume.identity import Identity, check_identity, relative_names, source_root
 from .resume.merge import MERGED_FORMAT, resolve_tails, share_of
 from .resume.plain_loader import batches_after, pipeline_state_after, require_line_per_record
@@ -347,6 +348,8 @@ class StreamingJsonl(IterableDataset):
         check_int("epoch", epoch, 0, "epochs count from 0")
         check_epoch_change(self._epoch.loaded, epoch,
                            or_else="or build a fresh dataset to skip its remaining records")
+        # accelerate's loaders call this on every process before an epoch's first batch
+        check_outer_split(self, lambda: detect_world(self.rank, self.world_size).world_size)
         self.epoch = epoch
 
     # -- where a reader starts -----------------------------------------------------------
@@ -446,6 +449,7 @@ class StreamingJsonl(IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         world = detect_world(self.rank, self.world_size)
+        check_outer_split(self, lambda: world.world_size)
         self._note_worker_epoch()
         state = self._start_state(world, report=True)
         pad = self._pad_work(state) if state.quota is not None else []
@@ -491,6 +495,71 @@ class StreamingJsonl(IterableDataset):
                 "log line, or iterate with num_workers=0 to read ds.counts"
             )
         return self._active.counts
+
+    # -- length: where the record count is known ----------------------------------------
+
+    def worker_records(self, num_workers: int = 0) -> list[int]:
+        """Records each DataLoader worker of this rank yields in every epoch, for a loader
+        with `num_workers` (0: one list entry, the main process).
+
+        Known from the manifest's records per frame (shards from `streamds convert`) or from a
+        count already taken (even_ranks, `resume_after_batches`), and only where every epoch
+        gives the same counts (Trainer and Lightning take the first epoch's length for all):
+        shuffle=False, one reader in all, or blocks that all hold as many records. Never
+        guessed: a TypeError otherwise, and for a dataset with a `.filter()` (it may drop any
+        number). Under even_ranks these are the quotas. A map that returns None, or bad lines
+        skipped under on_error="skip", make the epoch shorter than this.
+        """
+        check_int("num_workers", num_workers, 0, "the DataLoader's num_workers")
+        if any(step.kind == "filter" for step in self._steps):
+            raise TypeError("len() is unknown for a StreamingJsonl with a .filter(): it may "
+                            "drop any number of records")
+        if self._block_counts is None:
+            self._block_counts = listed_counts(self._shards, self._block_list)
+        if self._block_counts is None:
+            raise TypeError(
+                "len() of this StreamingJsonl is unknown: its shards list no record counts; "
+                "convert them with `streamds convert` (the manifest lists them), or pass "
+                "max_steps to the trainer"
+            )
+        here = detect_world(self.rank, self.world_size)
+        readers = max(1, num_workers)
+        if (self.shuffle and here.world_size * readers > 1
+                and len(set(self._block_counts)) > 1):
+            raise TypeError(
+                f"len() differs from epoch to epoch here: shuffle=True deals blocks of unequal "
+                f"record counts to {here.world_size * readers} readers (ranks x workers) anew "
+                "each epoch; Trainer and Lightning would take the first epoch's length for "
+                "all. Pass max_steps to the trainer (StreamdsTrainer then streams epoch after "
+                "epoch), or use shuffle=False"
+            )
+        seats = [World(here.rank, here.world_size, worker, readers) for worker in range(readers)]
+        if self.even_ranks is not None:
+            return [self._with_quota(self._fresh(seat)).quota for seat in seats]  # type: ignore[misc]
+        counts = self._block_counts
+        return [sum(counts[block] for block, _ in self._plan.work(self.epoch, seat))
+                for seat in seats]
+
+    def __len__(self) -> int:
+        """This rank's records per epoch (batches after `.batch(n)`), where known.
+
+        Seen from a DataLoader with workers and a batch_size, which divides len() by its
+        batch_size while each worker's last batch is short, every worker's short batch counts
+        as a whole one, so that `len(loader)` is the number of batches the loader yields (what
+        Trainer and progress bars use it for). See `worker_records` for when it is known.
+        """
+        call = loader_len_call()
+        records = self.worker_records(0 if call is None else call.num_workers)
+        if self._batch is not None:
+            if self._batch.size is None or self._batch.rule is not None:
+                raise TypeError("len() is unknown for batches cut by a LengthBuckets or "
+                                "TokenBudget rule")
+            return sum(_batches(count, self._batch.size, self._batch.drop_last)
+                       for count in records)
+        if call is not None and call.batch_size is not None and len(records) > 1:
+            return call.batch_size * sum(_batches(count, call.batch_size, call.drop_last)
+                                         for count in records)
+        return sum(records)
 
     # -- state ---------------------------------------------------------------------------
 
@@ -680,6 +749,10 @@ class StreamingJsonl(IterableDataset):
             seed_parts=shuffle_seed_parts(self.seed, epoch, seat.rank, seat.worker),
         )
         return state.to_dict()
+
+
+def _batches(records: int, size: int, drop_last: bool) -> int:
+    return records // size if drop_last else -(-records // size)
 
 
 def _batching(pipeline: dict[str, Any]) -> str:

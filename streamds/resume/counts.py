@@ -16,7 +16,7 @@ from ..plan import Block
 from ..read import Opener, open_decoded_at, read_lines
 from ..shards import Shard
 
-__all__ = ["count_block_records", "count_from"]
+__all__ = ["count_block_records", "count_from", "listed_counts"]
 
 
 def count_from(
@@ -55,4 +55,16 @@ def count_block_records(
         counts.append(
             listed if listed is not None else count_from(shard, block, block_id, None, opener)
         )
+    return counts
+
+
+def listed_counts(shards: Sequence[Shard], blocks: Sequence[Block]) -> list[int] | None:
+    """Records of every block from the manifests alone (nothing read), or None where a block's
+    shard lists no records per frame."""
+    counts = []
+    for block in blocks:
+        listed = _manifest_count(shards[block.shard], block)
+        if listed is None:
+            return None
+        counts.append(listed)
     return counts

@@ -1,0 +1,92 @@
+"""`StreamdsLoader`: a torchdata StatefulDataLoader whose state is every rank's, for frameworks
+that save one object's state from rank 0 (Lightning's checkpoint, accelerate's
+`register_for_checkpointing`).
+
+`state_dict()` runs on every rank while a checkpoint is written in both frameworks, so it
+gathers every rank's state there (`all_gather_object`, a collective call); `load_state_dict`
+gives each rank its own, or, under another world size, the states merged by
+`streamds.merge_states`, from which the dataset finishes their epoch (elastic resume).
+It keeps the state after each batch it hands out, so a framework that fetches ahead of
+training can ask for the state after the last batch trained (`trained`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from . import require
+
+_stateful = require("torchdata.stateful_dataloader")
+
+__all__ = ["RANKS", "StreamdsLoader"]
+
+RANKS = "streamds_ranks"  # key of the gathered states: one loader state per rank, by rank
+
+
+def _world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class StreamdsLoader(_stateful.StatefulDataLoader):
+    """A `StatefulDataLoader` whose state holds every rank's state after its last batch
+    trained: the last batch handed out, unless `trained` (batches of the current epoch's
+    iterator) says fewer."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._after: dict[int, dict[str, Any]] = {}  # batches handed out -> state after them
+        self._handed = 0
+        self.trained: int | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        iterator = super().__iter__()
+        self._handed = 0
+        self.trained = None if self.trained is None else 0
+        self._after = {0: super().state_dict()}
+        return self._keep_states(iterator)
+
+    def _keep_states(self, iterator: Iterator[Any]) -> Iterator[Any]:
+        for batch in iterator:
+            self._handed += 1
+            self._after[self._handed] = super().state_dict()
+            behind = self._handed - 2 if self.trained is None else self.trained
+            for old in [n for n in self._after if n < behind]:
+                del self._after[old]  # only the batches ahead of training are kept
+            yield batch
+
+    def own_state_dict(self) -> dict[str, Any]:
+        """This rank's state after its last batch trained."""
+        if not self._after:
+            return super().state_dict()
+        done = self._handed if self.trained is None else min(self.trained, self._handed)
+        return self._after[done]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every rank's `own_state_dict()`, gathered (a collective call under DDP)."""
+        import torch.distributed as dist
+
+        own = self.own_state_dict()
+        _, size = _world()
+        states: list[Any] = [own]
+        if size > 1:
+            states = [None] * size
+            dist.all_gather_object(states, own)
+        return {RANKS: states}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """This rank's own state in the same world, else the merged states of all ranks (the
+        dataset then finishes their epoch under this world)."""
+        from ..resume.merge import merge_states
+
+        states = state_dict[RANKS]
+        rank, size = _world()
+        if len(states) == size:
+            super().load_state_dict(states[rank])
+            return
+        resumed = self.dataset.with_resume(merge_states(states))
+        vars(self.dataset).update(vars(resumed))  # the loader keeps its dataset object

@@ -1,0 +1,123 @@
+"""Hugging Face `Trainer` with a loader that streamds alone splits by rank.
+
+`Trainer` hands its train loader to `accelerator.prepare`, which splits an `IterableDataset`
+again across processes (streamds refuses that with `DoubleSplitError`). `StreamdsTrainer`
+builds the train loader of a streamds dataset itself and keeps it away from accelerate: each
+rank reads, parses and maps only its own share (DataLoader workers split it further), and the
+batches go to the device through Trainer's own input preparation.
+
+Two shapes, chosen by ``max_steps``:
+
+- ``max_steps`` unset (epochs): needs the loader's ``len()``, the batches this rank yields in
+  every epoch (known for a converted corpus or under even_ranks, and where every epoch
+  yields as many: Trainer plans all epochs from the first one's length); without it a
+  ValueError names why. An epoch that would still yield another number is refused before
+  its first batch. `set_epoch` reaches the dataset in every epoch, also the one a
+  resume fast-forwards through.
+- ``max_steps`` set: one endless stream, epoch after epoch (each epoch every record of this
+  rank's share once), so no rank runs out before another and `max_steps` alone ends the run.
+
+Resuming is Trainer's own in transformers 5.24: it saves no loader state and re-reads and
+discards the batches trained before the checkpoint (accelerate's `skip_first_batches`); a
+streamds dataset yields the same batches again for the same seed, epoch and world, so the
+resumed run trains exactly the batches the uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader, IterableDataset
+
+from . import require
+
+_transformers = require("transformers")
+
+__all__ = ["EpochLoader", "EpochStream", "StreamdsTrainer"]
+
+
+def _is_streamds(dataset: Any) -> bool:
+    from ..dataset import StreamingJsonl
+    from ..mix import Mix
+    from ..pack import Packed
+
+    return isinstance(dataset, (StreamingJsonl, Mix, Packed))
+
+
+class EpochLoader(DataLoader):
+    """A DataLoader whose `set_epoch` reaches its streamds dataset (Trainer calls it)."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+
+
+class EpochStream(IterableDataset):
+    """Epoch after epoch of `dataset` from its current epoch on, without end (no len)."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+        self.first = dataset.epoch
+
+    def __iter__(self) -> Iterator[Any]:
+        for epoch in itertools.count(self.first):
+            self.dataset.set_epoch(epoch)
+            yield from self.dataset
+
+
+class StreamdsTrainer(_transformers.Trainer):
+    """A `transformers.Trainer` whose streamds train dataset is split by streamds alone.
+
+    Example::
+
+        trainer = StreamdsTrainer(model=model, args=TrainingArguments(...),
+                                  train_dataset=StreamingJsonl("shards/", shuffle=True)
+                                  .map(tokenize), data_collator=collator)
+        trainer.train()
+
+    Any other train dataset goes the Trainer's own way. Under more than one process use
+    ``even_ranks`` with epochs, so that every rank makes as many steps (DDP syncs each step).
+    """
+
+    def get_train_dataloader(self) -> DataLoader:
+        dataset = self.train_dataset
+        if not _is_streamds(dataset):
+            return super().get_train_dataloader()
+        args = self.args
+        collate = self._get_collator_with_removed_columns(self.data_collator,
+                                                          description="training")
+        options: dict[str, Any] = {
+            "batch_size": self._train_batch_size, "collate_fn": collate,
+            "num_workers": args.dataloader_num_workers,
+            "pin_memory": args.dataloader_pin_memory,
+            "persistent_workers": args.dataloader_persistent_workers,
+            "prefetch_factor": args.dataloader_prefetch_factor,
+            "multiprocessing_context": args.dataloader_multiprocessing_context,
+            "drop_last": args.dataloader_drop_last,
+        }
+        if args.max_steps > 0:
+            return DataLoader(EpochStream(dataset), **options)
+        loader = EpochLoader(dataset, **options)
+        try:
+            len(loader)
+        except TypeError as err:  # Trainer would only say that max_steps is needed
+            raise ValueError(f"StreamdsTrainer cannot plan epochs: {err}") from err
+        return loader
+
+    def _run_epoch(self, **kwargs: Any) -> Any:
+        loader = kwargs["train_dataloader"]
+        if isinstance(loader, EpochLoader):
+            epoch = kwargs["epoch"]
+            # a resume wraps the loader in accelerate's SkipDataLoader, which has no set_epoch
+            loader.set_epoch(epoch)
+            planned, batches = kwargs["steps_in_epoch"], len(loader)
+            if batches != planned:
+                raise ValueError(
+                    f"epoch {epoch} yields {batches} batches on this rank, but Trainer planned "
+                    f"every epoch from the first one's {planned} (it assumes epochs of one "
+                    "length, also when it resumes); with shuffle=True the shares of ranks and "
+                    "workers vary by epoch. Set max_steps in TrainingArguments (the loader "
+                    "then streams epoch after epoch), or shuffle=False"
+                )
+        return super()._run_epoch(**kwargs)

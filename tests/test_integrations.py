@@ -1,0 +1,141 @@
+"""streamds.integrations in one process: the missing-framework message, and StreamdsLoader's
+gathered state (each rank's own back in the same world; merged under another world)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import corpus
+import pytest
+
+from streamds import StreamingJsonl, World
+from streamds.integrations import require
+
+pytest.importorskip("torchdata")
+
+from streamds.integrations.loader import RANKS, StreamdsLoader
+
+RECORDS = 160
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = tmp_path_factory.mktemp("integrations")
+    for part in range(8):
+        (root / f"part-{part}.jsonl").write_bytes(
+            corpus.jsonl(corpus.make_records(RECORDS // 8, start=part * RECORDS // 8)))
+    return str(root)
+
+
+def ids(batch: list[dict]) -> list[int]:
+    return [record["id"] for record in batch]
+
+
+def test_a_missing_framework_names_the_extra() -> None:
+    with pytest.raises(ImportError, match=r"pip install 'streamds\[frameworks\]'"):
+        require("no_such_framework_for_streamds")
+
+
+def test_import_streamds_imports_no_framework() -> None:
+    code = ("import sys, streamds, streamds.integrations; "
+            "print(sorted(m for m in ('transformers', 'accelerate', 'lightning') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).parent.parent)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_state_of_one_process_resumes_exactly(source: str, workers: int) -> None:
+    def loader() -> StreamdsLoader:
+        return StreamdsLoader(StreamingJsonl(source, shuffle=True, seed=2, buffer_size=8),
+                              batch_size=4, num_workers=workers, collate_fn=ids)
+
+    whole = [batch for batch in loader()]
+    first = loader()
+    iterator = iter(first)
+    head = [next(iterator) for _ in range(9)]
+    state = first.state_dict()
+    assert list(state) == [RANKS] and len(state[RANKS]) == 1
+    again = loader()
+    again.load_state_dict(state)
+    assert head + list(again) == whole
+
+
+def test_trained_lags_the_batches_handed_out(source: str) -> None:
+    loader = StreamdsLoader(StreamingJsonl(source), batch_size=4, collate_fn=ids)
+    iterator = iter(loader)
+    loader.trained = 0
+    trained = [next(iterator) for _ in range(5)]
+    loader.trained = 4  # the fifth batch was fetched ahead, not trained
+    resumed = StreamdsLoader(StreamingJsonl(source), batch_size=4, collate_fn=ids)
+    resumed.load_state_dict(loader.state_dict())
+    assert next(iter(resumed)) == trained[4]
+
+
+def test_states_of_another_world_are_merged(source: str) -> None:
+    # two ranks read part of their shares; one process finishes the epoch
+    states, read = [], []
+    for rank in range(2):
+        loader = StreamdsLoader(StreamingJsonl(source, shuffle=True, seed=2, buffer_size=8,
+                                               rank=rank, world_size=2),
+                                batch_size=4, collate_fn=ids)
+        iterator = iter(loader)
+        read += [i for _ in range(6) for i in next(iterator)]
+        states.append(loader.own_state_dict())
+    alone = StreamdsLoader(StreamingJsonl(source, shuffle=True, seed=2, buffer_size=8),
+                           batch_size=4, collate_fn=ids)
+    alone.load_state_dict({RANKS: states})
+    rest = [i for batch in alone for i in batch]
+    assert sorted(read + rest) == list(range(RECORDS))
+
+
+def test_streamds_trainer_without_a_steady_length_needs_max_steps(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    import framework_worker as worker
+    from transformers import TrainingArguments
+
+    from preprocess.convert import convert
+    from streamds.integrations.transformers import StreamdsTrainer
+
+    sources, start = [], 0
+    for part, count in enumerate((3, 9, 30)):  # one block each, of unequal sizes
+        (tmp_path / f"p{part}.jsonl").write_bytes(
+            corpus.jsonl(corpus.make_records(count, start=start)))
+        convert([str(tmp_path / f"p{part}.jsonl")], tmp_path / f"o{part}")
+        sources.append(str(tmp_path / f"o{part}"))
+        start += count
+    dataset = StreamingJsonl(sources, shuffle=True, seed=0)
+
+    def trainer(**options: object) -> StreamdsTrainer:
+        args = TrainingArguments(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4,
+                                 dataloader_num_workers=2, report_to=[], save_strategy="no",
+                                 remove_unused_columns=False, use_cpu=True, disable_tqdm=True,
+                                 logging_strategy="no", **options)
+        made = worker.trainer_class(StreamdsTrainer)(model=worker.tiny_model(), args=args,
+                                                     train_dataset=dataset,
+                                                     data_collator=worker.collate)
+        made.seen = []
+        return made
+
+    # 2 workers, batches of 4: epochs of 11, 11, 12 batches; Trainer would plan 11 for all
+    with pytest.raises(ValueError, match=r"cannot plan epochs: len\(\) differs from epoch to"):
+        trainer(num_train_epochs=3).train()
+    # with max_steps: each worker streams its share of epoch 0, then of epoch 1, ...; the
+    # loader takes batches from the 2 workers in turn
+    streamed = trainer(max_steps=34)
+    streamed.train()
+    blocks = [set(range(0, 3)), set(range(3, 12)), set(range(12, 42))]  # one block a shard
+    for reader in range(2):
+        stream = [i for step in streamed.seen[reader::2] for i in step]
+        epoch = 0
+        while stream:
+            seat = World(0, 1, reader, 2)
+            share = set().union(*(blocks[b] for b, _ in dataset._plan.work(epoch, seat)))
+            part, stream = stream[:len(share)], stream[len(share):]
+            assert set(part) <= share and (len(part) == len(share) or not stream)
+            assert len(set(part)) == len(part)
+            epoch += 1
+        assert epoch >= 2
