@@ -131,7 +131,6 @@ def test_converted_fixture_has_several_blocks(converted: str) -> None:
     assert len(list(Path(converted).glob("*.zst"))) > 3
 
 
-@pytest.mark.xfail(strict=True, reason="needs even_ranks batch evening (branch even)")
 @pytest.mark.parametrize("mode", ["drop", "pad"])
 def test_even_ranks_give_every_rank_the_same_len_with_workers(
     tmp_path: Path, mode: str
