@@ -135,8 +135,11 @@ def run_trainer(scenario: str, source: str, out: Path, workers: int, max_steps: 
     trainer.train(resume_from_checkpoint=resume_from)
 
 
+EPOCHS: list[int] = []  # lightning: the epoch of each step in `seen`
+
+
 def run_lightning(source: str, out: Path, workers: int, resume_from: str | None,
-                  seen: list[list[int]]) -> None:
+                  seen: list[list[int]], even_ranks: str | None = None) -> None:
     import lightning.pytorch as pl
 
     from streamds.integrations.lightning import StreamdsCallback, StreamdsLoader
@@ -148,13 +151,14 @@ def run_lightning(source: str, out: Path, workers: int, resume_from: str | None,
 
         def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> Any:
             seen.append(batch["rid"].tolist())
+            EPOCHS.append(self.current_epoch)
             return self.layer(batch["input_ids"].float()).pow(2).mean()
 
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
     torch.manual_seed(0)
-    dataset = StreamingJsonl(source, shuffle=True, seed=0, buffer_size=16)
+    dataset = StreamingJsonl(source, shuffle=True, seed=0, buffer_size=16, even_ranks=even_ranks)
     loader = StreamdsLoader(dataset, batch_size=BATCH, num_workers=workers, collate_fn=collate)
     checkpoints = pl.callbacks.ModelCheckpoint(dirpath=out / "ckpt", every_n_train_steps=5,
                                                save_top_k=-1, filename="{step}")
@@ -176,19 +180,22 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--max-steps", type=int, default=-1)
     parser.add_argument("--resume-from", default=None)
+    parser.add_argument("--even-ranks", choices=["drop", "pad"], default=None,
+                        help="lightning: StreamingJsonl(even_ranks=...)")
     parser.add_argument("--one-rank", action="store_true",
                         help="accelerate: StreamingJsonl(rank=0, world_size=1)")
     args = parser.parse_args()
     rank = int(os.environ.get("RANK", "0"))
     seen: list[list[int]] = []
-    report: dict[str, Any] = {"steps": seen, "error": None}
+    report: dict[str, Any] = {"steps": seen, "epochs": EPOCHS, "error": None}
     try:
         if args.scenario == "accelerate":
             run_accelerate(args.source, args.workers, args.one_rank, seen)
         elif args.scenario == "streamds-accelerate":
             run_streamds_accelerate(args.source, args.out, args.workers, args.resume_from, seen)
         elif args.scenario == "lightning":
-            run_lightning(args.source, args.out, args.workers, args.resume_from, seen)
+            run_lightning(args.source, args.out, args.workers, args.resume_from, seen,
+                          args.even_ranks)
         else:
             run_trainer(args.scenario, args.source, args.out, args.workers, args.max_steps,
                         args.resume_from, seen)

@@ -165,6 +165,44 @@ def test_lightning_ddp_exact_and_resumes_exactly(unsized_corpus: str, tmp_path: 
     assert sorted(trained + ids(alone[0]["steps"])) == list(range(RECORDS))
 
 
+@pytest.fixture(scope="module")
+def uneven_corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Plain .jsonl files of unequal record counts (one block each), so that the ranks'
+    workers own different numbers of records: what even_ranks must even out."""
+    root = tmp_path_factory.mktemp("uneven")
+    start = 0
+    for part, size in enumerate([31, 17, 26, 9, 40, 23, 12, 35]):
+        lines = [orjson.dumps({"id": i, "text": "x"}) + b"\n" for i in range(start, start + size)]
+        (root / f"part-{part}.jsonl").write_bytes(b"".join(lines))
+        start += size
+    return str(root)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["drop", "pad"])
+def test_lightning_ddp_with_even_ranks_and_workers_finishes(
+    uneven_corpus: str, tmp_path: Path, mode: str
+) -> None:
+    # the issue's case: Lightning DDP, 2 workers, even_ranks on a corpus whose ranks' workers
+    # own unequal counts; before, rank 1 died at the end and the launcher still exited 0
+    pytest.importorskip("lightning")
+    status, output, reports = torchrun(tmp_path, "lightning", uneven_corpus, "--workers", "2",
+                                       "--even-ranks", mode)
+    assert status == 0, output
+    assert all(report["error"] is None for report in reports)
+    sizes = [[len(step) for step in report["steps"]] for report in reports]
+    assert sizes[0] == sizes[1]  # the same batch sizes, step by step, on both ranks
+    total = 31 + 17 + 26 + 9 + 40 + 23 + 12 + 35
+    for epoch in (0, 1):
+        trained = [i for report in reports
+                   for step, at in zip(report["steps"], report["epochs"], strict=True)
+                   if at == epoch for i in step]
+        if mode == "drop":  # never a record twice, and few left out
+            assert len(trained) == len(set(trained)) > total // 2
+        else:  # every record at least once
+            assert sorted(set(trained)) == list(range(total))
+
+
 @pytest.mark.slow
 def test_accelerate_prepare_loader_exact_and_resumes_exactly(
     unsized_corpus: str, tmp_path: Path
