@@ -659,7 +659,7 @@ class StreamingJsonl(IterableDataset):
         check_int("consumed", consumed, 0, "pass the number of batches the loader yielded")
         check_int("batch_size", batch_size, 1, "pass the DataLoader's batch_size")
         check_int("num_workers", num_workers, 0, "pass the DataLoader's num_workers")
-        require_line_per_record(self._steps, self.on_error, every_line_yields)
+        self._require_line_per_record(every_line_yields)
         rule = None if self._batch is None else self._batch.rule
         if isinstance(rule, TokenBudget):
             raise ValueError(
@@ -715,6 +715,10 @@ class StreamingJsonl(IterableDataset):
                 state.pipeline = {Batch.SOURCE: state.pipeline}
             clone._batch_starts[worker] = state
         return clone
+
+    def _require_line_per_record(self, every_line_yields: bool) -> None:
+        """Refuse a plain-loader resume this pipeline may make inexact (it can drop lines)."""
+        require_line_per_record(self._steps, self.on_error, every_line_yields)
 
     # -- record counts, for the plain-loader resume of a streamds.Mix ---------------------
 

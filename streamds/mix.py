@@ -380,7 +380,8 @@ class Mix(IterableDataset):
     # -- resuming a plain DataLoader -----------------------------------------------------
 
     def resume_after_batches(
-        self, consumed: int, *, batch_size: int, num_workers: int, drop_last: bool = False
+        self, consumed: int, *, batch_size: int, num_workers: int, drop_last: bool = False,
+        every_line_yields: bool = False,
     ) -> Mix:
         """A copy that continues this epoch after a plain DataLoader yielded `consumed` batches.
 
@@ -388,12 +389,15 @@ class Mix(IterableDataset):
         `drop_last` of that DataLoader and use the same again. Worked out from record counts
         (one counting pass per source, kept) by replaying the draws on counts alone, never by
         reading and discarding records. Exact when every line of every source yields a
-        record (no dropping filter, no skipped bad lines); otherwise use torchdata's
-        StatefulDataLoader with `state_dict()`.
+        record (no dropping filter, no skipped bad lines), and refused where a source may
+        drop one (a map, a filter, on_error="skip") unless `every_line_yields=True`; otherwise
+        use torchdata's StatefulDataLoader with `state_dict()`.
         """
         check_int("consumed", consumed, 0, "pass the number of batches the loader yielded")
         check_int("batch_size", batch_size, 1, "pass the DataLoader's batch_size")
         check_int("num_workers", num_workers, 0, "pass the DataLoader's num_workers")
+        for source in self.datasets:
+            source._require_line_per_record(every_line_yields)
         if self._merged is not None:
             raise ValueError("resume_after_batches does not combine with resume_from; use "
                              "torchdata's StatefulDataLoader and state_dict() for that")

@@ -447,7 +447,7 @@ def _shard_of(
 ) -> Shard:
     path = info["name"]
     url = _url_of(fs, path, given)
-    name = path.rsplit("/", 1)[-1]
+    name = _before_query(fs, path).rsplit("/", 1)[-1]  # "a.jsonl.zst?sig=..." is a .zst file
     foreign = foreign_format(name)
     if foreign in ("Parquet", "Arrow", "Feather", "Avro", "ORC"):  # binary: never JSON lines
         raise ValueError(f"{url} is a {foreign} file: {foreign_hint(foreign)}")

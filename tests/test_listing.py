@@ -306,6 +306,17 @@ def test_a_resume_after_batches_that_cannot_be_exact_is_refused(plain: Path, bui
         ds.resume_after_batches(9, batch_size=10, num_workers=0)
 
 
+def test_a_mix_plain_loader_resume_over_a_dropping_source_is_refused(plain: Path) -> None:
+    from streamds import Mix
+
+    mix = Mix([StreamingJsonl(str(plain)), StreamingJsonl(str(plain)).filter(drop_tens)],
+              [0.5, 0.5], seed=0)
+    with pytest.raises(ValueError, match=r"a \.filter\(\) step.*every_line_yields=True"):
+        mix.resume_after_batches(3, batch_size=10, num_workers=0)
+    rest = Mix([StreamingJsonl(str(plain)), StreamingJsonl(str(plain))], [0.5, 0.5], seed=0)
+    assert list(rest.resume_after_batches(3, batch_size=10, num_workers=0))  # no drop: allowed
+
+
 def test_every_line_yields_lets_a_map_that_keeps_every_record_resume(plain: Path) -> None:
     ds = StreamingJsonl(str(plain)).map(lambda r: {**r, "seen": True})
     rest = ds.resume_after_batches(9, batch_size=10, num_workers=0, every_line_yields=True)

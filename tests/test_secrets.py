@@ -372,3 +372,16 @@ def test_s3_storage_options_never_reach_a_message_a_log_or_a_file(tmp_path, capl
     assert_clean(capsys.readouterr().out, "streamds inspect")
     assert_logs_clean(caplog)
 
+
+
+def test_a_signed_url_of_a_compressed_file_is_read_by_its_codec(tmp_path):
+    # "a.jsonl.zst?sig=..." is a .zst file: the query neither hides the codec (which read the
+    # compressed bytes as JSON lines) nor reaches a message
+    import zstandard
+
+    lines = b"".join(orjson.dumps(r) + b"\n" for r in RECORDS)
+    (tmp_path / "a.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines))
+    with serve(tmp_path) as server:
+        dataset = StreamingJsonl(f"{server.url}/a.jsonl.zst?sig={SIGNATURE}")
+        assert list(dataset) == RECORDS
+        assert_clean(repr(dataset.shards), "the shards' repr")
