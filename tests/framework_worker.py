@@ -205,6 +205,10 @@ def main() -> None:
     finally:
         name = f"rank-{rank}{'-resumed' if args.resume_from else ''}.json"
         (args.out / name).write_text(json.dumps(report))
+    # tear gloo down before the interpreter does: its threads destroyed at exit can abort the
+    # process ("terminate called without an active exception") after a run that went well
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

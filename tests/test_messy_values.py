@@ -188,8 +188,22 @@ def test_one_line_array_in_jsonl_is_refused(tmp_path):
     assert "holds a JSON array, not a JSON object" in message and "named .json" in message
 
 
+PARQUET = b"PAR1\x15\x04\x15\x00" + bytes(range(40))
+
+
 def test_parquet_named_explicitly(tmp_path):
-    message = _error(tmp_path, "data.parquet", b"PAR1\x15\x04\x15\x00" + bytes(range(40)))
+    # by its name: refused when the dataset is built (the listing's rule), and by convert
+    path = tmp_path / "data.parquet"
+    path.write_bytes(PARQUET)
+    with pytest.raises(ValueError, match=r"is a Parquet file.*read_parquet"):
+        StreamingJsonl(path)
+    with pytest.raises(ValueError, match="Parquet"):
+        convert([str(path)], tmp_path / "out")
+
+
+def test_parquet_bytes_under_a_jsonl_name(tmp_path):
+    # by its bytes: a Parquet file renamed .jsonl is named as Parquet where it is parsed
+    message = _error(tmp_path, "data.jsonl", PARQUET)
     assert "Parquet" in message and "read_parquet" in message
 
 
