@@ -30,7 +30,7 @@ from streamds.formats.seekable import SeekableWriter
 
 BLOCK = 256 << 10
 LINES_PER_BLOCK = BLOCK // 16
-# records of the two corpora; SMALL past the zstd decoder's warm-up (its window, ~1 MiB)
+# records of the two corpora; SMALL past the one-frame zstd decoder's warm-up (its first MiB)
 SMALL, LARGE = 4 * LINES_PER_BLOCK, 12 * LINES_PER_BLOCK
 GROWTH_LIMIT = 1 << 20  # bytes: 8 bytes a record for the 131072 records more
 
