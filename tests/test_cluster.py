@@ -7,6 +7,7 @@ process killed in the middle of a part must cost nothing but a rerun.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import shutil
@@ -48,10 +49,27 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"root": root, "inputs": inputs, "here": here}
 
 
+@contextlib.contextmanager
+def parts_run_on(cluster: Any) -> Iterator[list[str]]:
+    """The cluster workers that ran each `run_part` task inside the block (the scheduler's
+    task log, which sees the tasks of every client, the CLI's own included)."""
+    ran: list[str] = []
+    with distributed.get_task_stream(client=cluster) as stream:
+        yield ran
+    ran += [t["worker"] for t in stream.data if distributed.utils.key_split(t["key"]) ==
+            "run_part"]
+
+
+def worker_addresses(cluster: Any) -> set[str]:
+    return set(cluster.scheduler_info()["workers"])
+
+
 def test_dask_writes_the_bytes_of_in_process_and_of_a_process_pool(cluster, corpus, tmp_path):
     on_dask, on_pool = tmp_path / "dask", tmp_path / "pool"
-    convert(corpus["inputs"], on_dask, shard_size=SHARD_SIZE, parts=5,
-            executor=cluster.get_executor())
+    with parts_run_on(cluster) as ran:
+        convert(corpus["inputs"], on_dask, shard_size=SHARD_SIZE, parts=5,
+                executor=cluster.get_executor())
+    assert len(ran) == 5 and set(ran) <= worker_addresses(cluster), ran  # not run here
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
         convert(corpus["inputs"], on_pool, shard_size=SHARD_SIZE, parts=5, executor=pool)
     expected = output_files(corpus["here"])
@@ -110,8 +128,10 @@ def test_cli_dask_executor_by_address(cluster, corpus, tmp_path, capsys):
     out = tmp_path / "out"
     address = cluster.scheduler_info()["address"].removeprefix("tcp://")
     inputs = [*map(str, corpus["inputs"])]
-    assert cli_main([*inputs, "-o", str(out), "--shard-size", str(SHARD_SIZE), "--parts", "5",
-                     "--executor", f"dask://{address}", "-q"]) == 0
+    with parts_run_on(cluster) as ran:
+        assert cli_main([*inputs, "-o", str(out), "--shard-size", str(SHARD_SIZE),
+                         "--parts", "5", "--executor", f"dask://{address}", "-q"]) == 0
+    assert len(ran) == 5 and set(ran) <= worker_addresses(cluster), ran  # not run here
     assert "wrote" in capsys.readouterr().out
     assert output_files(out) == output_files(corpus["here"])
 
@@ -123,5 +143,7 @@ def test_a_second_run_on_the_same_client_runs_the_parts_again(cluster, corpus, t
     executor = cluster.get_executor()
     convert(corpus["inputs"], out, shard_size=SHARD_SIZE, parts=5, executor=executor)
     shutil.rmtree(out)
-    convert(corpus["inputs"], out, shard_size=SHARD_SIZE, parts=5, executor=executor)
+    with parts_run_on(cluster) as ran:
+        convert(corpus["inputs"], out, shard_size=SHARD_SIZE, parts=5, executor=executor)
+    assert len(ran) == 5 and set(ran) <= worker_addresses(cluster), ran  # ran again, there
     assert output_files(out) == output_files(corpus["here"])

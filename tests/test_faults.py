@@ -27,7 +27,9 @@ import zstandard
 from fsspec.implementations.local import LocalFileSystem
 from resume_contract import ids, run_test_save_load_state
 from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
 
+import streamds
 import streamds.read
 from streamds import CorruptShardError, StreamingJsonl
 from streamds.formats.seekable import read_seek_table
@@ -438,14 +440,22 @@ def test_damaged_shard_is_skipped_and_counted(tmp_path: Path, kind: str, num_wor
     small_frames(tmp_path / "b.jsonl.zst", b"".join(lines_of(700, 10_000)))
     damaged_shard(tmp_path, kind)
     dataset = StreamingJsonl(str(tmp_path), on_error="skip", shuffle=True, buffer_size=64)
-    got = Counter(read_ids(dataset, num_workers))
+    if num_workers == 0:
+        got = Counter(read_ids(dataset))
+        counts = dataset.counts
+    else:  # each worker counts in its own process; the counts travel in the loader's state
+        loader = StatefulDataLoader(dataset, batch_size=64, num_workers=num_workers,
+                                    collate_fn=ids)
+        got = Counter(i for batch in loader for i in batch)
+        counts = streamds.counts_of(loader.state_dict())
+        with pytest.raises(RuntimeError):
+            dataset.counts  # noqa: B018 -- the main process read nothing: no silent zeros
     undamaged = set(range(300)) | set(range(10_000, 10_700))
     assert {i: got[i] for i in undamaged} == dict.fromkeys(undamaged, 1)
     from_damaged = set(got) - undamaged
     assert from_damaged < set(range(50_000, 50_000 + DAMAGED))  # some were lost, none invented
     assert max(got.values()) == 1
-    if num_workers == 0:
-        assert dataset.counts["corrupt_blocks"] >= 1
+    assert counts["corrupt_blocks"] >= 1, counts
 
 
 def flipped_seekable(directory: Path) -> tuple[Path, int, list[Any]]:

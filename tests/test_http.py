@@ -7,7 +7,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, get_worker_info
 
 from streamds import StreamingJsonl
 from streamds.formats.seekable import SeekableWriter
@@ -29,11 +29,6 @@ def served(tmp_path_factory) -> Iterator[tuple[RangeServer, Path]]:
         yield server, root
 
 
-def _ids(ds, num_workers: int) -> list[int]:
-    loader = DataLoader(ds, batch_size=64, num_workers=num_workers, collate_fn=list)
-    return [record["id"] for batch in loader for record in batch]
-
-
 @pytest.mark.parametrize("name", ["big.jsonl", "big.jsonl.zst"])
 def test_http_file_streams_in_order_with_one_reader(served, name):
     server, _ = served
@@ -41,14 +36,30 @@ def test_http_file_streams_in_order_with_one_reader(served, name):
     assert [record["id"] for record in ds] == [record["id"] for record in RECORDS]
 
 
+def with_worker(record: dict) -> dict:
+    """The record and the DataLoader worker that read it."""
+    info = get_worker_info()
+    return {**record, "worker": None if info is None else info.id}
+
+
 @pytest.mark.parametrize("name", ["big.jsonl", "big.jsonl.zst"])
 def test_http_file_splits_across_workers_exactly_once(served, name):
     server, _ = served
-    ds = StreamingJsonl(f"{server.url}/{name}", block_size=64 << 10)
+    ds = StreamingJsonl(f"{server.url}/{name}", block_size=64 << 10).map(with_worker)
     assert len(ds.shards[0].frames or ()) > 1 or name == "big.jsonl"
     server.reset_log()
-    ids = _ids(ds, num_workers=2)
-    assert sorted(ids) == list(range(len(RECORDS)))
+    loader = DataLoader(ds, batch_size=64, num_workers=2, collate_fn=list)
+    by_worker: dict[int, set[int]] = {0: set(), 1: set()}
+    count = 0
+    for batch in loader:
+        for record in batch:
+            by_worker[record["worker"]].add(record["id"])
+            count += 1
+    # each worker read its own non-empty part; together the parts are the corpus, once
+    assert by_worker[0] and by_worker[1], {w: len(ids) for w, ids in by_worker.items()}
+    assert not by_worker[0] & by_worker[1]
+    assert by_worker[0] | by_worker[1] == set(range(len(RECORDS)))
+    assert count == len(RECORDS)
     assert any(r.status == 206 for r in server.log)  # really read by ranges, not one download
 
 
