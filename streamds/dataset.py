@@ -302,9 +302,9 @@ class StreamingJsonl(IterableDataset):
         (each kept with the state after it; `streamds.ahead`), so that a worker keeps busy while
         the main process runs late; 0 makes each batch when asked, as torch does. "auto" makes
         4 ahead where the workers and the main processes outnumber the CPUs (where they take
-        turns on a CPU), else none, and none under a CPU quota or on one CPU (measured no
-        faster there: `streamds.cpus`). They are held in the worker's memory, on top of the
-        loader's ``prefetch_factor`` batches.
+        turns on a CPU), else none, and none under a CPU quota or on one CPU (there the
+        workers have no idle CPU time to use: `streamds.cpus`). They are held in the worker's
+        memory, on top of the loader's ``prefetch_factor`` batches.
         """
         if collate is not None and not callable(collate):
             raise ValueError(f"collate must be callable or None, got {collate!r}")

@@ -2,9 +2,10 @@
 process parses them.
 
 The main process has to build every record it receives, whether from a worker's message
-(`marshal.loads`) or from the JSON line (`orjson.loads`, nearly as fast), so a worker that
-parses, marshals and sends a record does most of that work for nothing: on two cores it is
-what made two workers slower than none. When nothing in the worker needs the values (a
+(`marshal.loads`) or from the JSON line (`orjson.loads`, about the same cost), so a worker
+that parses, marshals and sends a record does most of that work for nothing, and on few CPUs
+that work is taken from the main process (`benchmarks/throughput.py`'s "parsed in the workers"
+row measures the other path). When nothing in the worker needs the values (a
 `.batch(n)` of plain records: no map, filter, collate or length rule, malformed lines raise),
 `ParseLater` takes the place of `Parse`: lines pass the shuffle or the batch stage as they
 are, gathered into lists with their positions (`batches_with_positions` of `Records` and
