@@ -22,7 +22,7 @@ class Chunk:
     """Items of one work item. `offsets[i]` is where item i's line begins; `offsets[-1]` is
     where the line after the chunk begins. `clean`: every item is a record (no markers)."""
 
-    item: int  # index of the work item, in this reader's work
+    work_index: int  # which work item, counted in this reader's work
     block: int  # block id
     offsets: list[int]
     items: list[Any]
@@ -35,7 +35,7 @@ class Chunk:
         while first < len(self.items) and self.offsets[first] < offset:
             first += 1
         labels = None if self.labels is None else self.labels[first:]
-        return Chunk(self.item, self.block, self.offsets[first:], self.items[first:],
+        return Chunk(self.work_index, self.block, self.offsets[first:], self.items[first:],
                      self.clean, labels)
 
 
@@ -87,7 +87,7 @@ class ChunkCursor:
             if self._cut is not None:
                 item, offset = self._cut
                 self._cut = None
-                if chunk.item == item:
+                if chunk.work_index == item:
                     chunk = chunk.starting_at(offset)
             self.before = before
             yield chunk
@@ -97,5 +97,5 @@ class ChunkCursor:
         if chunk is None or index >= len(chunk.items):
             state = self.source.get_state()  # the chunk is spent: after it, exactly
             return {self.SOURCE: state, self.ITEM: -1, self.OFFSET: 0}
-        return {self.SOURCE: self.before, self.ITEM: chunk.item,
+        return {self.SOURCE: self.before, self.ITEM: chunk.work_index,
                 self.OFFSET: chunk.offsets[index]}

@@ -263,7 +263,7 @@ class Parse:
 
         items, clean = parse_chunk(chunk, on_error=self.on_error,
                                    url=where.url(chunk.block), locate=locate)
-        return Chunk(chunk.item, chunk.block, chunk.offsets, items, clean, chunk.labels)
+        return Chunk(chunk.work_index, chunk.block, chunk.offsets, items, clean, chunk.labels)
 
     def __iter__(self) -> Iterator[Chunk]:
         for raw in self.source:

@@ -84,9 +84,9 @@ class ParseLater(Parse):
         """`chunk` with its blank lines marked (also used to re-read records)."""
         lines = cut_bom(chunk.items, chunk.offsets, chunk.labels)
         if b"" not in lines and not any(map(bytes.isspace, lines)):  # C speed, no blanks
-            return Chunk(chunk.item, chunk.block, chunk.offsets, lines, True, chunk.labels)
+            return Chunk(chunk.work_index, chunk.block, chunk.offsets, lines, True, chunk.labels)
         items = [line if line and not line.isspace() else BLANK for line in lines]
-        return Chunk(chunk.item, chunk.block, chunk.offsets, items, False, chunk.labels)
+        return Chunk(chunk.work_index, chunk.block, chunk.offsets, items, False, chunk.labels)
 
 
 class LineBatch(RecordBatch):

@@ -458,9 +458,9 @@ def _read_after(
         for index, item in enumerate(chunk.items):
             if item.__class__ is Marker:
                 continue
-            found.append((chunk.item, (chunk.block, chunk.offsets[index])))
+            found.append((chunk.work_index, (chunk.block, chunk.offsets[index])))
             if len(found) == limit:
-                rest = [(chunk.block, chunk.offsets[index + 1]), *work[chunk.item + 1 :]]
+                rest = [(chunk.block, chunk.offsets[index + 1]), *work[chunk.work_index + 1 :]]
                 return found, rest
     return found, []
 
@@ -490,16 +490,16 @@ def _read_even(
             for index, item in enumerate(chunk.items):
                 if item.__class__ is Marker:
                     continue
-                found.append((chunk.item, (chunk.block, chunk.offsets[index])))
+                found.append((chunk.work_index, (chunk.block, chunk.offsets[index])))
                 last = chunk, index
                 if len(found) == limit:
                     break
             if len(found) == limit:
                 break
-    if last is None or last[0].item >= len(work):
+    if last is None or last[0].work_index >= len(work):
         return found, []
     chunk, index = last
-    return found, [(chunk.block, chunk.offsets[index + 1]), *work[chunk.item + 1 :]]
+    return found, [(chunk.block, chunk.offsets[index + 1]), *work[chunk.work_index + 1 :]]
 
 
 def _resolve(
