@@ -378,9 +378,9 @@ class StreamingJsonl(IterableDataset):
             return start
         merged = self._merged
         if merged is not None and merged["epoch"] == self.epoch:
-            work, pending, carried = self._merged_share(world)
+            work, prefill, carried = self._merged_share(world)
             state = self._fresh(world)
-            state.work, state.prefill, state.carried = work, pending, carried
+            state.work, state.prefill, state.carried = work, prefill, carried
             return self._with_quota(state, report=report)
         return self._with_quota(self._fresh(world), report=report)
 
@@ -406,8 +406,8 @@ class StreamingJsonl(IterableDataset):
             for reader in range(world.readers):
                 other = World(reader // world.num_workers, world.world_size,
                               reader % world.num_workers, world.num_workers)
-                work, pending, _ = self._merged_share(other)
-                counts.append(self._records_of(work) + len(pending))
+                work, prefill, _ = self._merged_share(other)
+                counts.append(self._records_of(work) + len(prefill))
         else:
             assert self._block_counts is not None
             counts = self._plan.reader_records(state.epoch, world, self._block_counts)
