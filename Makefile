@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet $(TORCH_PIN)
-	$(BIN)/pip install --quiet -e ".[dev,remote,bench,example,cluster,frameworks]"
+	$(BIN)/pip install --quiet -e ".[dev,remote,tar,bench,example,cluster,frameworks]"
 	touch $(STAMP)
 
 test: $(STAMP)

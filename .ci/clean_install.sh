@@ -5,8 +5,9 @@
 # not declare (it once hid `xxhash`, brought along by the bench extra's `datasets`). This
 # script builds a wheel from a copy of the checkout, installs it into a fresh venv that holds
 # only torch (pinned, CPU wheel) and what `[project].dependencies` pulls in, then, in a temp
-# dir outside the repo, writes a tiny corpus and runs `streamds convert`, `inspect`, `verify`
-# and a `StreamingJsonl` read that checks every record arrives exactly once.
+# dir outside the repo, writes a tiny corpus and runs `streamds convert`, `inspect`, `verify`,
+# a `convert --format tar` that must name the optional 'tar' extra (webdataset), and a
+# `StreamingJsonl` read that checks every record arrives exactly once.
 #
 # Usage: bash .ci/clean_install.sh   (PYTHON=python3.11 and TORCH_PIN=torch==X override)
 # Writes nothing into the repo: the build, the venv and the corpus live in one temp dir,
@@ -118,6 +119,17 @@ grep -Eq "^ +records +15$" inspect.txt || { echo "inspect does not report 15 rec
 step "streamds verify"
 streamds verify --quiet shards | tee verify.txt
 grep -Eq "OK, .*\b15 records" verify.txt || { echo "verify does not report 15 records" >&2; exit 1; }
+
+step "streamds convert --format tar names the 'tar' extra (webdataset is not a dependency)"
+if python -c "import webdataset" 2>/dev/null; then
+    echo "webdataset came with the declared dependencies: the 'tar' extra is not optional" >&2
+    exit 1
+fi
+if streamds convert corpus/lines.jsonl --output tar-shards --format tar --quiet 2>tar.err; then
+    echo "convert --format tar succeeded without webdataset" >&2; exit 1
+fi
+grep -qF "pip install 'streamds[tar]'" tar.err || { cat tar.err >&2; exit 1; }
+[[ ! -e tar-shards ]] || { echo "convert --format tar made tar-shards before refusing" >&2; exit 1; }
 
 step "StreamingJsonl reads every record exactly once"
 python - <<'EOF'

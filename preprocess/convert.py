@@ -127,6 +127,7 @@ def convert(
               level=level, frame_size=frame_size, transform=transform, on_error=on_error,
               workers=workers, read_ahead=read_ahead, read_ahead_bytes=read_ahead_bytes,
               storage_options=storage_options, retry=retry)
+    job.check_writer()
     ready = _prepared(job, output, parts, overwrite=overwrite, fix=_FIX)
     if ready.plan is not None:
         return run_plan(job, Path(output), ready.plan, executor, progress, ready.source)
@@ -142,6 +143,7 @@ def convert_part(inputs: Sequence[str | os.PathLike], output: str | os.PathLike,
     one process per part, such as a Slurm job array. Skips a finished part. Makes and
     writes the plan if no task has yet, so every task may start at once."""
     job = Job(tuple(source_items(inputs, name="inputs")), **options)
+    job.check_writer()
     ready = _prepared(job, output, parts, fix=PARTS_FIX.format(output=output))
     plan = ready.plan
     if plan is None:

@@ -35,7 +35,7 @@ from .preflight import OUTPUT_MARKERS
 from .recovery import prepare_output
 from .run import ConversionRun
 from .sources import DEFAULT_READ_AHEAD, DEFAULT_READ_AHEAD_BYTES, Inputs, Meter, Span
-from .writers import FORMATS
+from .writers import FORMATS, check_tar_writer
 
 __all__ = [
     "DEFAULT_FRAME_SIZE",
@@ -113,6 +113,12 @@ class Job:
                   f"e.g. {DEFAULT_READ_AHEAD_BYTES >> 20} MiB (the default)", maximum=1 << 40)
         check_choice("format", self.format, tuple(FORMATS))
         check_choice("on_error", self.on_error, ON_ERROR)
+
+    def check_writer(self) -> None:
+        """Refuse now, before any output is made, what the shard writer would refuse later:
+        tar output without webdataset (the 'tar' extra). A merge writes no shard: not there."""
+        if self.format == "tar":
+            check_tar_writer()
 
     @property
     def recorded_inputs(self) -> tuple[str, ...]:

@@ -11,6 +11,8 @@ Two formats:
   seek table;
 - ``tar``: `webdataset.TarWriter`, one ``KEY.json`` member per record, KEY the record's
   10-digit ordinal in the whole output; mtime 0 and fixed owner, so bytes are reproducible.
+  webdataset is the optional 'tar' extra (``pip install 'streamds[tar]'``); `check_tar_writer`
+  refuses ``--format tar`` without it before any output is made.
 
 `BackgroundShard` runs a shard writer in a worker thread fed through a bounded queue: the
 caller parses the next records while zstd (which releases the GIL) compresses these.
@@ -19,6 +21,7 @@ caller parses the next records while zstd (which releases the GIL) compresses th
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import queue
 from collections.abc import Sequence
@@ -37,6 +40,7 @@ __all__ = [
     "ShardFile",
     "TarShard",
     "ZstdShard",
+    "check_tar_writer",
     "is_shard_name",
     "open_shard",
     "shard_name",
@@ -48,6 +52,16 @@ FORMATS = {"jsonl.zst": ".jsonl.zst", "tar": ".tar"}
 _SHARD_PREFIX = "shard-"
 _TAR_BLOCK = 512
 _BATCH_BYTES = 1 << 20  # lines handed to a background writer at a time
+_NO_TAR_WRITER = ("--format tar writes webdataset tar shards and needs the 'webdataset' package, "
+                  "which is not installed; install the 'tar' extra: pip install 'streamds[tar]' "
+                  "(or convert to the default format, jsonl.zst)")
+
+
+def check_tar_writer() -> None:
+    """Refuse tar output where webdataset (the 'tar' extra) is missing, without importing it
+    (it imports torch)."""
+    if importlib.util.find_spec("webdataset") is None:
+        raise ImportError(_NO_TAR_WRITER)
 _QUEUED_BATCHES = 16  # per background shard: at most ~16 MiB of lines wait in its queue
 
 
@@ -169,7 +183,11 @@ class TarShard:
 
     def __init__(self, directory: Path, name: str, *, first_record: int,
                  key_prefix: str = "") -> None:
-        from webdataset import TarWriter  # imports torch: only when tar output is asked for
+        try:
+            from webdataset import TarWriter  # imports torch: only when tar output is asked for
+        except ImportError as err:
+            raise ImportError(f"--format tar needs the 'webdataset' package ({err}); install "
+                              "the 'tar' extra: pip install 'streamds[tar]'") from err
 
         self.name = name
         self._temp = _TempFile(directory, name)

@@ -1,14 +1,14 @@
 """Ahead: a DataLoader worker makes its batches in a thread, a few ahead of the loader's requests.
 
 A worker makes a batch only when the main process has asked for one, and the DataLoader asks
-each worker for `prefetch_factor` (2) at a time. On 2 CPUs the main process and the workers take
-turns; whenever the main process runs late, a worker with its 2 batches done sits idle, and
-the CPU time it could have used is lost. Measured (small lines, `.batch(1024)`, 2 workers,
-fresh runs): ``prefetch_factor=8`` read 1.03-1.20x as fast as the default, and so did a worker
-that kept making batches ahead in a thread; PubMed `.batch(16)` 1.12x. `MadeAhead` does the
-latter without asking users to tune the loader: `depth` batches ahead, each kept with the state
-after it, so the state the loader takes after a batch is the state after *that* batch, never
-after the ones made ahead (a state taken after any batch still resumes exactly).
+each worker for `prefetch_factor` (2) at a time. Where the main process and the workers take
+turns on the CPUs, whenever the main process runs late, a worker with its 2 batches done sits
+idle, and the CPU time it could have used is lost. A worker that keeps making batches ahead in
+a thread uses that time, as a larger ``prefetch_factor`` would, without asking users to tune
+the loader (`benchmarks/cpu_limits_bench.py` measures ``ahead=0`` against ``ahead=4``).
+`MadeAhead` makes `depth` batches ahead, each kept with the state after it, so the state the
+loader takes after a batch is the state after *that* batch, never after the ones made ahead
+(a state taken after any batch still resumes exactly).
 
 The thread runs the whole pipeline; the worker's own thread only hands batches over (and the
 queue's feeder thread sends them), so the pipeline's Python work is never split across

@@ -180,7 +180,7 @@ class EvenRanks:
         passes = [-1, 1]  # (the pad pass under way, its records; the first may be partial)
         for chunk in self.source:
             count = records_in(chunk)
-            this = self._pass_of(chunk.item)
+            this = self._pass_of(chunk.work_index)
             if this != passes[0]:
                 if passes[1] == 0:
                     break  # a whole pass over the pad work found no record
@@ -189,7 +189,7 @@ class EvenRanks:
             if self._emitted + count >= quota:
                 cut = self._cut(chunk, quota - self._emitted)
                 self._emitted = quota  # before the yield: a state taken there counts it
-                self._cut_at = [cut.item, cut.offsets[-1]]
+                self._cut_at = [cut.work_index, cut.offsets[-1]]
                 yield cut
                 return
             self._emitted += count
@@ -208,5 +208,5 @@ class EvenRanks:
                 keep -= 1
             end += 1
         labels = None if chunk.labels is None else chunk.labels[:end]
-        return Chunk(chunk.item, chunk.block, chunk.offsets[: end + 1], chunk.items[:end],
+        return Chunk(chunk.work_index, chunk.block, chunk.offsets[: end + 1], chunk.items[:end],
                      chunk.clean, labels)

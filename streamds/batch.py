@@ -33,7 +33,7 @@ class RecordBatch:
     Reads like a list (``len``, indexing, iteration, ``==`` with a list); ``batch.records`` or
     ``list(batch)`` is the list itself. It is not a `Sequence` on purpose: with
     ``DataLoader(batch_size=None)`` torch's default conversion (`default_convert`) copies every
-    record of a list and walks every value in it (measured 3x slower for dict records), but
+    record of a list and walks every value in it (a cost per value in the main process), but
     hands anything else over as it is. Pickles as its list; the queue of a DataLoader worker
     sends it through shared memory (`_reduce_for_queue`).
     """
@@ -88,10 +88,9 @@ def reduce_records_in_worker(records: list[Any]) -> tuple[Any, ...]:
     (records marshal cannot carry: numpy arrays, tensors, subclasses of dict) pickled.
 
     marshal is exact for what JSON parsing and most maps make (dict, list, tuple, str, bytes,
-    int, float, bool, None) and is safe between a worker and its main process (the same
-    interpreter); measured against pickle and orjson for PubMed batches of 64 records
-    (1.3 MB): marshal.loads 1.0 ms, orjson.loads 1.1 ms, pickle.loads 1.2 ms; writing 0.17,
-    0.10 and 0.65 ms.
+    int, float, bool, None), is safe between a worker and its main process (the same
+    interpreter), and reads and writes a batch faster than pickle (`benchmarks/throughput.py`
+    times pickle, orjson and marshal per batch).
     """
     try:
         payload = marshal.dumps(records)

@@ -13,21 +13,24 @@ from typing import Any, Protocol
 
 __all__ = ["Chunk", "ChunkCursor", "ChunkStage", "Position", "WorkItem"]
 
-Position = tuple[int, int]  # (block id, offset of the record's line in the shard's decoded bytes)
+# (block id, offset): where the record's line begins in the shard's decoded bytes; in a tar
+# shard or a .json document (chunks with `labels`) the record's ordinal in the shard instead
+Position = tuple[int, int]
 WorkItem = tuple[int, int | None]  # (block id, offset to start at; None: the block's start)
 
 
 @dataclass(slots=True)
 class Chunk:
-    """Items of one work item. `offsets[i]` is where item i's line begins; `offsets[-1]` is
-    where the line after the chunk begins. `clean`: every item is a record (no markers)."""
+    """Items of one work item. `offsets[i]` is where item i's line begins (a record ordinal
+    when `labels` is set: see `Position`); `offsets[-1]` is where the line after the chunk
+    begins. `clean`: every item is a record (no markers)."""
 
-    item: int  # index of the work item, in this reader's work
+    work_index: int  # which work item, counted in this reader's work
     block: int  # block id
     offsets: list[int]
     items: list[Any]
     clean: bool
-    labels: list[str] | None = None  # tar member names, for error messages
+    labels: list[str] | None = None  # tar member or JSON document, for errors; None: lines
 
     def starting_at(self, offset: int) -> Chunk:
         """The part of the chunk from the line at `offset` on."""
@@ -35,7 +38,7 @@ class Chunk:
         while first < len(self.items) and self.offsets[first] < offset:
             first += 1
         labels = None if self.labels is None else self.labels[first:]
-        return Chunk(self.item, self.block, self.offsets[first:], self.items[first:],
+        return Chunk(self.work_index, self.block, self.offsets[first:], self.items[first:],
                      self.clean, labels)
 
 
@@ -87,7 +90,7 @@ class ChunkCursor:
             if self._cut is not None:
                 item, offset = self._cut
                 self._cut = None
-                if chunk.item == item:
+                if chunk.work_index == item:
                     chunk = chunk.starting_at(offset)
             self.before = before
             yield chunk
@@ -97,5 +100,5 @@ class ChunkCursor:
         if chunk is None or index >= len(chunk.items):
             state = self.source.get_state()  # the chunk is spent: after it, exactly
             return {self.SOURCE: state, self.ITEM: -1, self.OFFSET: 0}
-        return {self.SOURCE: self.before, self.ITEM: chunk.item,
+        return {self.SOURCE: self.before, self.ITEM: chunk.work_index,
                 self.OFFSET: chunk.offsets[index]}

@@ -2,11 +2,10 @@
 
 The main process builds every record it receives (it parses the lines of plain batches and
 unpickles the rest) and then runs the training step; a worker that the OS schedules on its CPU
-takes turns with it, and the processes move between CPUs. Measured on 2 CPUs (README, "Workers
-and raw records"): a worker kept off one CPU made PubMed batches 1.2x as fast with 1 worker
-and 1.1x with 2, while small lines, shuffled in the workers, ran 15-20% slower with 2 workers
-kept to one CPU (and 7-8% slower with 1 worker in one run of two), and a tokenizing pipeline,
-where the workers are the slower side, needs every CPU for them. So, with ``worker_cpus="auto"``:
+takes turns with it, and the processes move between CPUs. Keeping a CPU free for the main
+process speeds it up where it is the slower side (large records) and slows the workers where
+they are (shuffled small lines, a tokenizing pipeline); `benchmarks/workers_bench.py` measures
+both settings. With ``worker_cpus="auto"``:
 
 - the workers fit beside the main processes (``(workers + 1) * local processes <= CPUs``):
   each worker keeps off the first CPUs of its set, one per main process, from its start
@@ -21,10 +20,8 @@ where the workers are the slower side, needs every CPU for them. So, with ``work
 - the process's cgroup has a CPU quota below its CPU count (a container's ``--cpus``, a
   pod's CPU limit): time, not CPUs, is what runs out, and keeping a CPU free for the main
   process reserves it none, so the workers are left as they are (KEEP), and `ahead="auto"`
-  makes no batches ahead (it follows TUNE): in a cgroup of 1.5 CPUs on 2, 4 ahead measured
-  0.96-1.02x of none (`benchmarks/cpu_limits_bench.py`); the plan of the 2 CPUs alone (TUNE,
-  4 ahead) read small lines at 1.23 / 0.86 M records/s in order / shuffled against 1.19 / 0.94
-  left as they are (a scratch run, 3 fresh runs each).
+  makes no batches ahead (it follows TUNE): there, neither pays off
+  (`benchmarks/cpu_limits_bench.py` measures both).
 
 "Local processes" is torchrun's LOCAL_WORLD_SIZE (1 when unset or not a positive integer),
 or 1 when the process may use only part of the machine's CPUs: a launcher that binds each

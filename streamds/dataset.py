@@ -302,9 +302,9 @@ class StreamingJsonl(IterableDataset):
         (each kept with the state after it; `streamds.ahead`), so that a worker keeps busy while
         the main process runs late; 0 makes each batch when asked, as torch does. "auto" makes
         4 ahead where the workers and the main processes outnumber the CPUs (where they take
-        turns on a CPU), else none, and none under a CPU quota or on one CPU (measured no
-        faster there: `streamds.cpus`). They are held in the worker's memory, on top of the
-        loader's ``prefetch_factor`` batches.
+        turns on a CPU), else none, and none under a CPU quota or on one CPU (there the
+        workers have no idle CPU time to use: `streamds.cpus`). They are held in the worker's
+        memory, on top of the loader's ``prefetch_factor`` batches.
         """
         if collate is not None and not callable(collate):
             raise ValueError(f"collate must be callable or None, got {collate!r}")
@@ -378,9 +378,9 @@ class StreamingJsonl(IterableDataset):
             return start
         merged = self._merged
         if merged is not None and merged["epoch"] == self.epoch:
-            work, pending, carried = self._merged_share(world)
+            work, prefill, carried = self._merged_share(world)
             state = self._fresh(world)
-            state.work, state.prefill, state.carried = work, pending, carried
+            state.work, state.prefill, state.carried = work, prefill, carried
             return self._with_quota(state, report=report)
         return self._with_quota(self._fresh(world), report=report)
 
@@ -406,8 +406,8 @@ class StreamingJsonl(IterableDataset):
             for reader in range(world.readers):
                 other = World(reader // world.num_workers, world.world_size,
                               reader % world.num_workers, world.num_workers)
-                work, pending, _ = self._merged_share(other)
-                counts.append(self._records_of(work) + len(pending))
+                work, prefill, _ = self._merged_share(other)
+                counts.append(self._records_of(work) + len(prefill))
         else:
             assert self._block_counts is not None
             counts = self._plan.reader_records(state.epoch, world, self._block_counts)

@@ -47,6 +47,8 @@ __all__ = [
     "cut_bom",
     "describe_bad",
     "parse_chunk",
+    "starts_file",
+    "without_bom",
 ]
 
 log = logging.getLogger(__name__)
@@ -127,17 +129,34 @@ class LineNumbers:
         if line is None:
             return None, f"byte offset {offset}"
         return line, f"line {line} (byte offset {offset})"
+
+
 BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark some editors put at the start of a file
+
+
+def starts_file(offset: int, labels: Sequence[str] | None) -> bool:
+    """Whether the item at `offset` is a file's first line: decoded offset 0 of a line-split
+    shard (with `labels`, offsets number tar members or document parts, which have none)."""
+    return offset == 0 and labels is None
+
+
+def without_bom(line: bytes, offset: int, labels: Sequence[str] | None) -> bytes:
+    """`line` as parsing reads it: a byte-order mark is cut from a file's first line (and
+    only there: elsewhere it is part of the line). Every path that reads or counts lines uses
+    this one rule, so a lone BOM is a blank line, not a record, on all of them."""
+    if starts_file(offset, labels) and line.startswith(BOM):
+        return line[len(BOM) :]
+    return line
 
 
 def cut_bom(lines: list[bytes], offsets: Sequence[int], labels: Sequence[str] | None
             ) -> list[bytes]:
-    """`lines`, with a byte-order mark cut from a file's first line (decoded offset 0, not a
-    tar member or a document part), as parsing reads them: what counts records without
-    parsing must see the same lines (a lone BOM is a blank line, not a record)."""
-    if lines and offsets[0] == 0 and labels is None and lines[0].startswith(BOM):
-        return [lines[0][len(BOM) :], *lines[1:]]
-    return lines
+    """`lines` (a chunk's) with `without_bom` applied: only the first can be a file's first
+    line. The list itself when nothing is cut."""
+    if not lines:
+        return lines
+    first = without_bom(lines[0], offsets[0], labels)
+    return lines if len(first) == len(lines[0]) else [first, *lines[1:]]
 
 
 def _bad_line_error(chunk: Chunk, index: int, url: str, locate: Locate, what: str):
@@ -178,9 +197,8 @@ def parse_chunk(
     items = []
     byte_offsets = chunk.labels is None
     for index, line in enumerate(chunk.items):
-        start = chunk.offsets[index] == 0 and byte_offsets
-        if start and line.startswith(BOM):
-            line = line[len(BOM) :]
+        start = starts_file(chunk.offsets[index], chunk.labels)
+        line = without_bom(line, chunk.offsets[index], chunk.labels)
         err: Exception | None = None
         try:
             value = values.loads(line)
@@ -245,7 +263,7 @@ class Parse:
 
         items, clean = parse_chunk(chunk, on_error=self.on_error,
                                    url=where.url(chunk.block), locate=locate)
-        return Chunk(chunk.item, chunk.block, chunk.offsets, items, clean, chunk.labels)
+        return Chunk(chunk.work_index, chunk.block, chunk.offsets, items, clean, chunk.labels)
 
     def __iter__(self) -> Iterator[Chunk]:
         for raw in self.source:
@@ -269,9 +287,8 @@ class Parse:
             seen = self.skipped[url]
             if seen > WARN_BAD_LINES:
                 continue
-            line = raw.items[index]
-            if raw.offsets[index] == 0 and raw.labels is None and line.startswith(BOM):
-                line = line[len(BOM) :]
+            offset = raw.offsets[index]
+            line = without_bom(raw.items[index], offset, raw.labels)
             byte_offsets = raw.labels is None
             err: Exception | None = None
             value = None
@@ -279,9 +296,9 @@ class Parse:
                 value = values.loads(line)
             except orjson.JSONDecodeError as error:
                 err = error
-            reason = describe_bad(line, value, err, file_start=raw.offsets[index] == 0
-                                  and byte_offsets,
-                                  offset=raw.offsets[index] if byte_offsets else None)
+            reason = describe_bad(line, value, err,
+                                  file_start=starts_file(offset, raw.labels),
+                                  offset=offset if byte_offsets else None)
             _, where = self.where.describe(chunk, index)
             more = ""
             if seen == WARN_BAD_LINES:

@@ -2,9 +2,10 @@
 process parses them.
 
 The main process has to build every record it receives, whether from a worker's message
-(`marshal.loads`) or from the JSON line (`orjson.loads`, nearly as fast), so a worker that
-parses, marshals and sends a record does most of that work for nothing: on two cores it is
-what made two workers slower than none. When nothing in the worker needs the values (a
+(`marshal.loads`) or from the JSON line (`orjson.loads`, about the same cost), so a worker
+that parses, marshals and sends a record does most of that work for nothing, and on few CPUs
+that work is taken from the main process (`benchmarks/throughput.py`'s "parsed in the workers"
+row measures the other path). When nothing in the worker needs the values (a
 `.batch(n)` of plain records: no map, filter, collate or length rule, malformed lines raise),
 `ParseLater` takes the place of `Parse`: lines pass the shuffle or the batch stage as they
 are, gathered into lists with their positions (`batches_with_positions` of `Records` and
@@ -83,9 +84,9 @@ class ParseLater(Parse):
         """`chunk` with its blank lines marked (also used to re-read records)."""
         lines = cut_bom(chunk.items, chunk.offsets, chunk.labels)
         if b"" not in lines and not any(map(bytes.isspace, lines)):  # C speed, no blanks
-            return Chunk(chunk.item, chunk.block, chunk.offsets, lines, True, chunk.labels)
+            return Chunk(chunk.work_index, chunk.block, chunk.offsets, lines, True, chunk.labels)
         items = [line if line and not line.isspace() else BLANK for line in lines]
-        return Chunk(chunk.item, chunk.block, chunk.offsets, items, False, chunk.labels)
+        return Chunk(chunk.work_index, chunk.block, chunk.offsets, items, False, chunk.labels)
 
 
 class LineBatch(RecordBatch):

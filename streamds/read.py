@@ -243,18 +243,18 @@ def _tar_records(
                 continue
             if member.name.endswith(TAR_RECORD_MEMBERS):
                 samples.check(member.name)  # one JSON member per webdataset sample
-                count = 1
+                one_record = True  # the member is one record
             elif member.name.endswith(TAR_LINES_MEMBERS):
-                count = -1
+                one_record = False  # the member holds JSON lines
             else:
                 continue
-            if count == 1 and ordinal < first:
+            if one_record and ordinal < first:
                 ordinal += 1
                 continue
             extracted = tar.extractfile(member)
             data = extracted.read() if extracted is not None else b""
-            records = [data] if count == 1 else data.split(b"\n")
-            if count == -1 and records and not records[-1]:
+            records = [data] if one_record else data.split(b"\n")
+            if not one_record and records and not records[-1]:
                 records.pop()
             skip = max(0, first - ordinal)
             ordinal += len(records)

@@ -15,7 +15,8 @@ reads), so nothing here crosses a fork or keeps a process from exiting.
 
 By default (`wants_readahead`) it runs for remote URLs and for local paths on network and FUSE
 mounts (a mounted Drive), not on local disks, whose kernel read-ahead already keeps up (there
-the extra copies and threads measured slower).
+the extra copies and threads only add cost; `benchmarks/remote_bench.py` reads local disk with
+and without).
 """
 
 from __future__ import annotations

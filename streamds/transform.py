@@ -218,7 +218,7 @@ class Transform:
                 raise
             raise wrapped from err
         clean = chunk.clean and apply.dropped == before
-        return Chunk(chunk.item, chunk.block, chunk.offsets, items, clean, chunk.labels)
+        return Chunk(chunk.work_index, chunk.block, chunk.offsets, items, clean, chunk.labels)
 
     def _note(self, chunk: Chunk, index: int, step: Step | None) -> str:
         which = "a step" if step is None else describe_step(self.steps, step)

@@ -173,13 +173,6 @@ def test_bench_dispatches_to_streamds_bench(monkeypatch):
     assert calls == [["data/", "--num-workers", "2"]]
 
 
-def test_bench_without_the_module_explains(monkeypatch, capsys):
-    # the import then raises ModuleNotFoundError
-    monkeypatch.setitem(sys.modules, "streamds.tools.bench", None)
-    assert main(["bench", "x"]) == 2
-    assert "no benchmark module" in capsys.readouterr().err
-
-
 def test_unknown_command_and_help(capsys):
     assert main(["frobnicate"]) == 2
     assert "unknown command 'frobnicate'" in capsys.readouterr().err

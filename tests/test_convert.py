@@ -28,7 +28,7 @@ import zstandard
 
 from corpora.synthetic import write_pubmed, write_small_files, write_small_lines
 from preprocess import convert as convert_module
-from preprocess.convert import JOURNAL_NAME, ConversionError, convert
+from preprocess.convert import JOURNAL_NAME, ConversionError, convert, convert_part
 from preprocess.identity import INPUTS_NAME
 from preprocess.sources import Inputs
 from streamds.formats.manifest import MANIFEST_NAME, read_manifest
@@ -349,6 +349,28 @@ def test_tar_output_is_read_by_streamds_and_webdataset(corpus, tmp_path):
     samples = list(webdataset.WebDataset(urls, shardshuffle=False, empty_check=False))
     assert [orjson.loads(s["json"]) for s in samples] == expected
     assert [s["__key__"] for s in samples] == [f"{i:010d}" for i in range(len(expected))]
+
+
+def test_tar_output_without_webdataset_names_the_extra_before_writing(corpus, tmp_path,
+                                                                      monkeypatch, capsys):
+    from preprocess.cli import main
+    from preprocess.writers import TarShard
+
+    monkeypatch.setitem(sys.modules, "webdataset", None)  # as if not installed
+    out = tmp_path / "out"
+    with pytest.raises(ImportError, match=r"pip install 'streamds\[tar\]'"):
+        convert([corpus["root"] / "train.txt"], out, format="tar")
+    assert not out.exists()  # refused before any output was made
+    assert main([str(corpus["root"] / "train.txt"), "--output", str(out), "--format", "tar",
+                 "--quiet"]) == 2
+    assert "pip install 'streamds[tar]'" in capsys.readouterr().err
+    assert not out.exists()
+    with pytest.raises(ImportError, match=r"pip install 'streamds\[tar\]'"):
+        convert_part([corpus["root"] / "train.txt"], out, 0, format="tar")
+    assert not out.exists()
+    with pytest.raises(ImportError, match=r"pip install 'streamds\[tar\]'"):
+        TarShard(tmp_path, "shard-000000.tar", first_record=0)  # the writer itself says so too
+    assert not list(tmp_path.iterdir())  # not even its temporary file
 
 
 # -- safety: interruption and resume -----------------------------------------------------

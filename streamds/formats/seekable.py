@@ -299,8 +299,9 @@ class SeekableWriter:
 
 
 def _load_xxh64() -> Callable[[bytes], int] | None:
-    # zstandard does not expose XXH64, and xxhash is not a hard dependency: without it the
-    # seek table is written with no checksums (Checksum_Flag 0), which the format allows.
+    # zstandard does not expose XXH64. xxhash is a declared dependency; where it is missing
+    # all the same (this module copied on its own) the seek table is written with no
+    # checksums (Checksum_Flag 0), which the format allows.
     # Frames still carry zstd's own content checksum, which every decoder verifies.
     try:
         import xxhash

@@ -303,13 +303,13 @@ def merge_states(states: Any) -> dict[str, Any]:
             )
     _check_complete(readers)
     remaining: list[WorkItem] = []
-    pending: list[Position] = []
+    prefill: list[Position] = []
     tails: list[dict[str, Any]] = []
     counts: Counter[str] = Counter({name: 0 for name in COUNTERS})
     for state in readers:
         work, buffered, tail = _unfinished(state)
         remaining.extend(work)
-        pending.extend(buffered)
+        prefill.extend(buffered)
         if tail is not None:
             tails.append(tail)
         counts.update(state.carried)
@@ -320,7 +320,8 @@ def merge_states(states: Any) -> dict[str, Any]:
         "fingerprint": first.fingerprint,
         "epoch": first.epoch,
         "remaining": [list(item) for item in remaining],
-        "pending": [list(position) for position in pending],
+        # the readers' prefill; the key keeps its merged/2 name, so saved states still load
+        "pending": [list(position) for position in prefill],
         "tails": tails,
         "counts": dict(counts),
     }
@@ -458,9 +459,9 @@ def _read_after(
         for index, item in enumerate(chunk.items):
             if item.__class__ is Marker:
                 continue
-            found.append((chunk.item, (chunk.block, chunk.offsets[index])))
+            found.append((chunk.work_index, (chunk.block, chunk.offsets[index])))
             if len(found) == limit:
-                rest = [(chunk.block, chunk.offsets[index + 1]), *work[chunk.item + 1 :]]
+                rest = [(chunk.block, chunk.offsets[index + 1]), *work[chunk.work_index + 1 :]]
                 return found, rest
     return found, []
 
@@ -490,16 +491,16 @@ def _read_even(
             for index, item in enumerate(chunk.items):
                 if item.__class__ is Marker:
                     continue
-                found.append((chunk.item, (chunk.block, chunk.offsets[index])))
+                found.append((chunk.work_index, (chunk.block, chunk.offsets[index])))
                 last = chunk, index
                 if len(found) == limit:
                     break
             if len(found) == limit:
                 break
-    if last is None or last[0].item >= len(work):
+    if last is None or last[0].work_index >= len(work):
         return found, []
     chunk, index = last
-    return found, [(chunk.block, chunk.offsets[index + 1]), *work[chunk.item + 1 :]]
+    return found, [(chunk.block, chunk.offsets[index + 1]), *work[chunk.work_index + 1 :]]
 
 
 def _resolve(
@@ -586,12 +587,13 @@ def resolve_tails(merged: dict[str, Any], spec: Spec) -> dict[str, Any]:
 
 def share_of(merged: dict[str, Any], world: World) -> tuple[list[WorkItem], list[Position],
                                                             dict[str, int]]:
-    """This reader's part of a resolved merged state: work items, buffered records, and (for
-    reader 0 only) the counts carried over."""
+    """This reader's part of a resolved merged state: work items, prefill (records that were
+    in a shuffle buffer, put back into this reader's), and (for reader 0 only) the counts
+    carried over."""
     step, first = world.readers, world.reader
     work = [(b, s) for b, s in merged["remaining"][first::step]]
-    pending = [(b, o) for b, o in merged["pending"][first::step]]
+    prefill = [(b, o) for b, o in merged["pending"][first::step]]
     counts = merged["counts"] if first == 0 else {}
-    return work, pending, dict(counts)
+    return work, prefill, dict(counts)
 
 
