@@ -222,9 +222,6 @@ def test_cuda_path_passes_the_loaders_error_on(fake_cuda):
     assert got[:2] == [0, 1]
 
 
-@pytest.mark.xfail(strict=True, reason="library bug (issue 28 tests report): a loader error "
-                   "while reading batch k+1 is raised before batch k is handed over, and "
-                   "state_dict() already counts batch k as handed")
 def test_cuda_path_hands_over_the_batches_read_before_a_loader_error(fake_cuda):
     loader = StatefulDataLoader(Failing(5, fail_at=3), batch_size=None)
     prefetcher = DevicePrefetcher(loader, "cuda")

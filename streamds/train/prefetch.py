@@ -149,7 +149,12 @@ class DevicePrefetcher:
                     # reserved until the work queued there at free time is done
                     tensor.record_stream(compute_stream)
             current, self._state = batch, state
-            found, batch, state = issue()  # overlaps with the caller's step on `current`
+            try:
+                found, batch, state = issue()  # overlaps with the caller's step on `current`
+            except BaseException:
+                # the state already counts `current` as handed over: hand it over, then raise
+                yield current
+                raise
             yield current
 
     # -- state ---------------------------------------------------------------------------
