@@ -49,6 +49,14 @@ def _lines(data: bytes) -> list[bytes]:
     return lines
 
 
+def write_parts(root: Path, records: int, parts: int) -> str:
+    """`records` records with ids 0.. in `parts` plain files part-K.jsonl of equal size."""
+    each = records // parts
+    for part in range(parts):
+        (root / f"part-{part}.jsonl").write_bytes(jsonl(make_records(each, start=part * each)))
+    return str(root)
+
+
 def write_plain(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path

@@ -22,11 +22,7 @@ RECORDS = 160
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> str:
-    root = tmp_path_factory.mktemp("integrations")
-    for part in range(8):
-        (root / f"part-{part}.jsonl").write_bytes(
-            corpus.jsonl(corpus.make_records(RECORDS // 8, start=part * RECORDS // 8)))
-    return str(root)
+    return corpus.write_parts(tmp_path_factory.mktemp("integrations"), RECORDS, 8)
 
 
 def ids(batch: list[dict]) -> list[int]:

@@ -20,11 +20,7 @@ RECORDS = 120
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> str:
-    root = tmp_path_factory.mktemp("split")
-    for part in range(6):
-        (root / f"part-{part}.jsonl").write_bytes(
-            corpus.jsonl(corpus.make_records(RECORDS // 6, start=part * RECORDS // 6)))
-    return str(root)
+    return corpus.write_parts(tmp_path_factory.mktemp("split"), RECORDS, 6)
 
 
 def ids(batch: list[dict]) -> list[int]:
