@@ -16,13 +16,12 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .balance import EVEN_RANKS, check_split, empty_rank, pad_work, quotas
+from .balance import EVEN_RANKS
 from .batch import Batch, BatchSpec, RecordBatch
-from .buckets import RULES, LengthBuckets, PoolBatch, TokenBudget, is_pool_state
+from .buckets import RULES, LengthBuckets, TokenBudget, is_pool_state
 from .cache import CacheSpec, namespace_of
 from .callers import check_outer_split, loader_len_call
 from .checks import check_bool, check_choice, check_int, size_setting
-from .chunks import WorkItem
 from .cpus import WORKER_CPUS
 from .errors import StateMismatchError
 from .pack import Packed, PackTokens
@@ -31,14 +30,26 @@ from .pipeline import Reader, Spec
 from .plan import DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE, Plan, make_blocks, small_corpus_piece
 from .read import open_decoded_at
 from .readahead import DEFAULT_READAHEAD, wants_readahead
-from .resume.counts import count_block_records, count_from, listed_counts
+from .resume.counts import count_block_records, listed_counts
 from .resume.identity import Identity, check_identity, relative_names, source_root
-from .resume.merge import MERGED_FORMAT, resolve_tails, share_of
+from .resume.merge import MERGED_FORMAT, START_KEYS, resolve_tails
 from .resume.plain_loader import batches_after, pipeline_state_after, require_line_per_record
 from .resume.state import ReaderState, check_epoch_change
 from .retry import RetryPolicy
 from .seeds import shuffle_seed_parts
 from .shards import Shard, resolve_shards, source_items
+from .start import (
+    AFTER_BATCHES,
+    MERGED,
+    Layout,
+    Merged,
+    Start,
+    after_batches,
+    choose,
+    describe,
+    pad_work_of,
+    with_quota,
+)
 from .timing import StageTimer
 from .transform import Step
 from .world import World, detect_world
@@ -48,8 +59,6 @@ __all__ = ["StreamingJsonl"]
 log = logging.getLogger(__name__)
 
 MAX_SEED = (1 << 64) - 1  # seeds are 64-bit, as torch's and numpy's are
-# (fingerprint, rank, world_size) of idle ranks already logged: said once per process
-_EMPTY_RANKS_SAID: set[tuple[str, int, int]] = set()
 
 
 class _Epoch:
@@ -189,11 +198,10 @@ class StreamingJsonl(IterableDataset):
         self._block_counts: list[int] | None = None
         if even_ranks is not None:
             self._block_counts = count_block_records(self._shards, self._block_list)
-        # where the next iterators start, when not at the start of self.epoch:
-        self._loaded: ReaderState | None = None  # from load_state_dict, for its epoch
-        self._batch_starts: dict[int, ReaderState] = {}  # worker -> state (resume_after_batches)
-        self._merged = self._check_merged(resume_from)  # elastic resume
-        self._resolved: dict[str, Any] | None = None  # the same, tails read (per process)
+        # where the next iterators start (`streamds.start`): a fresh epoch unless resumed
+        self._start = Start()
+        if resume_from is not None:  # elastic resume
+            self._start = Start(MERGED, Merged(self._check_merged(resume_from)))
         self._active: Reader | None = None
         self._worker_epoch: int | None = None  # the epoch a DataLoader worker last started
         self.timer: StageTimer | None = None  # set by `streamds bench` to time each stage
@@ -228,7 +236,7 @@ class StreamingJsonl(IterableDataset):
         its sources itself (each source's pass may be in another epoch)."""
         clone = copy.copy(self)
         clone._epoch = _Epoch(self.epoch)
-        clone._epoch.loaded = clone._loaded
+        clone._epoch.loaded = clone._start.loaded
         clone._active = None
         return clone
 
@@ -242,7 +250,7 @@ class StreamingJsonl(IterableDataset):
         clone = copy.copy(self)
         clone._steps = (*self._steps, step)
         clone._active = None
-        clone._resolved = None
+        clone._start = self._start.for_new_steps()  # merged tails resolve with the new steps
         return clone
 
     def map(self, fn: Callable[[Any], Any]) -> StreamingJsonl:
@@ -265,9 +273,7 @@ class StreamingJsonl(IterableDataset):
         """A copy that finishes the epoch of `merged` (from `streamds.merge_states`) under this
         dataset's world, as ``resume_from=merged`` in the constructor does."""
         clone = copy.copy(self)
-        clone._merged = clone._check_merged(merged)
-        clone._resolved = None
-        clone._loaded = None
+        clone._start = Start(MERGED, Merged(clone._check_merged(merged)))
         clone._active = None
         return clone
 
@@ -352,98 +358,20 @@ class StreamingJsonl(IterableDataset):
         check_outer_split(self, lambda: detect_world(self.rank, self.world_size).world_size)
         self.epoch = epoch
 
-    # -- where a reader starts -----------------------------------------------------------
+    # -- where a reader starts (`streamds.start`) ------------------------------------------
+
+    def _layout(self) -> Layout:
+        return Layout(self._identity.to_state(), self._shards, self._block_list, self._plan,
+                      self.seed, self.shuffle, self.buffer_size, self.even_ranks,
+                      self.rank is not None or self.world_size is not None, self._block_counts)
 
     def _fresh(self, world: World) -> ReaderState:
         return ReaderState(self._identity.to_state(), self.epoch, world,
                            (self._plan.num_blocks, self.seed, self.shuffle))
 
-    def _start_state(self, world: World, *, report: bool = False) -> ReaderState:
-        """The one `ReaderState` this reader starts from (`report`: see `_with_quota`)."""
-        loaded = self._loaded
-        if loaded is not None and loaded.epoch == self.epoch:
-            if loaded.world != world and not loaded.started:
-                # nothing read yet: any world
-                return self._with_quota(self._fresh(world), report=report)
-            if loaded.world != world:
-                raise StateMismatchError(
-                    f"the state was taken by reader (rank, world_size, worker, num_workers)="
-                    f"{_tuple(loaded.world)} but is loaded by {_tuple(world)}; resume with "
-                    "the same world, or merge the states of all readers with "
-                    "streamds.merge_states()"
-                )
-            return loaded
-        start = self._batch_starts.get(world.worker)
-        if start is not None and start.epoch == self.epoch:
-            return start
-        merged = self._merged
-        if merged is not None and merged["epoch"] == self.epoch:
-            work, prefill, carried = self._merged_share(world)
-            state = self._fresh(world)
-            state.work, state.prefill, state.carried = work, prefill, carried
-            return self._with_quota(state, report=report)
-        return self._with_quota(self._fresh(world), report=report)
-
-    def _with_quota(self, state: ReaderState, *, report: bool = False) -> ReaderState:
-        """`state` with its record quota under even_ranks, counted once for every reader.
-
-        Refuses a split that leaves every rank nothing; with `report`, reader 0 logs how many
-        records the split drops or repeats when that is more than 1%. Without even_ranks, a
-        rank that owns no block of a fresh epoch is refused when the world was detected (a
-        DDP job would wait for it forever) and logged once when rank= / world_size= were
-        passed (a split by hand, e.g. inference on slices, may leave a rank idle on purpose).
-        """
-        resumed = self._merged is not None and state.work is not None
-        if self.even_ranks is None:
-            if not resumed:
-                self._check_rank_has_work(state.world)
-            return state
-        if state.quota is not None:
-            return state
-        world = state.world
-        if resumed:
-            counts = []
-            for reader in range(world.readers):
-                other = World(reader // world.num_workers, world.world_size,
-                              reader % world.num_workers, world.num_workers)
-                work, prefill, _ = self._merged_share(other)
-                counts.append(self._records_of(work) + len(prefill))
-        else:
-            assert self._block_counts is not None
-            counts = self._plan.reader_records(state.epoch, world, self._block_counts)
-        shares = quotas(counts, world.world_size, self.even_ranks)
-        said = check_split(counts, shares, world.world_size, self.even_ranks,
-                           blocks=self._plan.num_blocks, resumed=resumed)
-        if said is not None and report and world.reader == 0:
-            log.warning("epoch %d: %s", state.epoch, said)
-        state.quota = shares[world.reader]
-        return state
-
-    def _check_rank_has_work(self, world: World) -> None:
-        said = empty_rank(self._plan.num_blocks, world,
-                          corpus_bytes=sum(shard.size for shard in self._shards))
-        if said is None:
-            return
-        if self.rank is None and self.world_size is None:
-            raise ValueError(said)
-        if (self._identity.state["corpus"], world.rank, world.world_size) not in _EMPTY_RANKS_SAID:
-            _EMPTY_RANKS_SAID.add((self._identity.state["corpus"], world.rank, world.world_size))
-            log.warning("%s", said)
-
-    def _records_of(self, work: list[WorkItem]) -> int:
-        assert self._block_counts is not None
-        return sum(
-            self._block_counts[block] if start is None else
-            count_from(self._shards[self._block_list[block].shard], self._block_list[block],
-                       block, start)
-            for block, start in work
-        )
-
-    def _pad_work(self, state: ReaderState) -> list[WorkItem]:
-        """What a reader short of its quota repeats: its own work, else the epoch's."""
-        own = state.work if state.work is not None else self._plan.work(state.epoch,
-                                                                         state.share)
-        return pad_work(self._plan, state.epoch, own)
+    def _resolve(self, merged: dict[str, Any]) -> dict[str, Any]:
+        """A merged state's tails read (they depend on the final map and filter steps)."""
+        return resolve_tails(merged, self._spec())
 
     # -- iteration -----------------------------------------------------------------------
 
@@ -451,12 +379,14 @@ class StreamingJsonl(IterableDataset):
         world = detect_world(self.rank, self.world_size)
         check_outer_split(self, lambda: world.world_size)
         self._note_worker_epoch()
-        state = self._start_state(world, report=True)
-        pad = self._pad_work(state) if state.quota is not None else []
+        state = choose(self._start, self._layout(), self.epoch, world, self._resolve,
+                       report=True)
+        pad = pad_work_of(self._plan, state) if state.quota is not None else []
         self._active = Reader(self._spec(), state, pad_work=pad, timer=self.timer)
-        if self._epoch.loaded is self._loaded:
-            self._epoch.loaded = None
-        self._loaded = None  # a loaded state starts one iterator
+        if self._start.loaded is not None:  # a loaded state starts one iterator
+            if self._epoch.loaded is self._start.loaded:
+                self._epoch.loaded = None
+            self._start = self._start.base
         return iter(self._active)
 
     def _note_worker_epoch(self) -> None:
@@ -468,7 +398,7 @@ class StreamingJsonl(IterableDataset):
         """
         if get_worker_info() is None:
             return
-        again = self._worker_epoch == self.epoch and self._loaded is None
+        again = self._worker_epoch == self.epoch and self._start.loaded is None
         if again and self.shuffle:
             log.warning(
                 "a DataLoader worker starts epoch %d again: with persistent_workers=True the "
@@ -535,7 +465,9 @@ class StreamingJsonl(IterableDataset):
             )
         seats = [World(here.rank, here.world_size, worker, readers) for worker in range(readers)]
         if self.even_ranks is not None:
-            return [self._with_quota(self._fresh(seat)).quota for seat in seats]  # type: ignore[misc]
+            layout = self._layout()
+            return [with_quota(self._fresh(seat), layout, self._resolve).quota  # type: ignore[misc]
+                    for seat in seats]
         counts = self._block_counts
         return [sum(counts[block] for block, _ in self._plan.work(self.epoch, seat))
                 for seat in seats]
@@ -567,12 +499,15 @@ class StreamingJsonl(IterableDataset):
         """The position of this process's iterator, for torchdata's StatefulDataLoader.
 
         O(1) to take: positions of buffered records are packed once per buffer's worth of
-        records (see `streamds.shuffle`), never per call.
+        records (see `streamds.shuffle`), never per call. Before the first `iter()` it is
+        where that iterator will start, as described (a loaded state, a merged state as
+        merged, a plain-loader start, or a fresh epoch): taking it reads no data and refuses
+        nothing, and loading it starts the same way.
         """
         if self._active is not None:
             return self._active.reader_state().to_dict()
         world = detect_world(self.rank, self.world_size)
-        return self._start_state(world).to_dict()
+        return describe(self._start, self._layout(), self.epoch, world)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state` at the next `iter()`; refuses a state of another dataset.
@@ -580,8 +515,14 @@ class StreamingJsonl(IterableDataset):
         A state taken in the middle of an epoch sets the epoch to its own. A state taken after
         its epoch ran out leaves the epoch as it is: the next iterator of that same epoch yields
         nothing (it is finished), and any other epoch (`set_epoch`, before or after loading)
-        starts at its beginning, as an uninterrupted run would.
+        starts at its beginning, as an uninterrupted run would. A merged state (what
+        `state_dict()` returns before the first `iter()` of a dataset that finishes one)
+        loads as `with_resume` takes it.
         """
+        if isinstance(state, dict) and state.get("format") == MERGED_FORMAT:
+            self._active = None
+            self._start = Start(MERGED, Merged(self._check_merged(state)))
+            return
         loaded = ReaderState.from_dict(state)
         check_identity(loaded.fingerprint, self._identity, "the state")
         if loaded.plan[0] != self._plan.num_blocks:
@@ -602,8 +543,8 @@ class StreamingJsonl(IterableDataset):
         self._active = None
         if not loaded.finished:
             self.epoch = loaded.epoch
-        self._loaded = copy.deepcopy(loaded)
-        self._epoch.loaded = self._loaded
+        self._start = self._start.load(copy.deepcopy(loaded))
+        self._epoch.loaded = self._start.loaded
 
     def _batching(self) -> str:
         """How this dataset batches, in the words of `_batching(pipeline state)`."""
@@ -621,15 +562,9 @@ class StreamingJsonl(IterableDataset):
             )
         check_identity(merged["fingerprint"], self._identity, "resume_from (a merged state)")
         self.epoch = merged["epoch"]
-        return copy.deepcopy(merged)
-
-    def _merged_share(self, world: World) -> tuple[list[WorkItem], list, dict[str, int]]:
-        """This reader's share of the merged state. Its tails are read here, once per
-        process, since they depend on the final map and filter steps."""
-        assert self._merged is not None
-        if self._resolved is None:
-            self._resolved = resolve_tails(self._merged, self._spec())
-        return share_of(self._resolved, world)
+        # a reader's start (state_dict() before iter()) loads as the merged state it names
+        return {key: copy.deepcopy(value) for key, value in merged.items()
+                if key not in START_KEYS}
 
     # -- resuming a plain DataLoader -----------------------------------------------------
 
@@ -673,47 +608,27 @@ class StreamingJsonl(IterableDataset):
                 f"batch_size={batch_size}, drop_last={drop_last}: this dataset makes batches of "
                 f"{self._batch.size} (drop_last={self._batch.drop_last}) itself; pass those"
             )
-        if self.even_ranks is not None or self._merged is not None:
+        if self.even_ranks is not None or self._start.merged is not None:
             raise ValueError(
                 "resume_after_batches does not combine with even_ranks or resume_from; use "
                 "torchdata's StatefulDataLoader and state_dict() for those"
             )
         if self._block_counts is None:
             self._block_counts = count_block_records(self._shards, self._block_list)
-        counts = self._block_counts
         here = detect_world(self.rank, self.world_size)
         readers = max(1, num_workers)
         seats = [World(here.rank, here.world_size, worker, readers) for worker in range(readers)]
-        works = [self._plan.work(self.epoch, seat) for seat in seats]
-        records = [sum(counts[block] for block, _ in work) for work in works]
+        records = [sum(self._block_counts[block] for block, _ in self._plan.work(self.epoch, seat))
+                   for seat in seats]
         taken, next_worker = batches_after(
             records, consumed, epoch=self.epoch, batch_size=batch_size, num_workers=num_workers,
             drop_last=drop_last,
         )
+        starts = after_batches(
+            self._layout(), self._spec(), self.epoch, here, taken=taken, next_worker=next_worker,
+            batch_size=batch_size, rule=rule, batched=self._batch is not None)
         clone = copy.copy(self)
-        clone._batch_starts = {}
-        spec = self._spec()
-        for worker in range(readers):
-            old = (worker + next_worker) % readers  # the next worker in line becomes worker 0
-            state = self._fresh(seats[worker])
-            state.seat = (here.rank, old)
-            # records handed out before the resume point: whole batches, or whole pools
-            pool, emitted = divmod(taken[old] * batch_size, rule.pool_size) if rule else (0, 0)
-            before = pool * rule.pool_size if rule else taken[old] * batch_size
-            state.pipeline = pipeline_state_after(
-                min(before, records[old]),
-                reader=Reader(spec, state), work=works[old],
-                counts=[counts[block] for block, _ in works[old]],
-                shuffle=self.shuffle, buffer_size=self.buffer_size,
-                seed_parts=shuffle_seed_parts(self.seed, self.epoch, here.rank, old),
-            )
-            if rule is not None:  # the pool's batches handed out: re-read, cut, skip them
-                state.pipeline = {PoolBatch.SOURCE: state.pipeline,
-                                  PoolBatch.RULE: rule.config(), PoolBatch.POOL: pool,
-                                  PoolBatch.EMITTED: emitted // batch_size}
-            elif self._batch is not None:  # the Batch stage wraps the records stage's state
-                state.pipeline = {Batch.SOURCE: state.pipeline}
-            clone._batch_starts[worker] = state
+        clone._start = self._start.under(Start(AFTER_BATCHES, starts))
         return clone
 
     def _require_line_per_record(self, every_line_yields: bool) -> None:
@@ -733,7 +648,8 @@ class StreamingJsonl(IterableDataset):
         """The state of reader `world`, reading the share (and shuffle seed) of `seat`, once
         it has yielded `yielded` records of `epoch` (0: not started): exact when every line
         is a record."""
-        if self._batch is not None or self.even_ranks is not None or self._merged is not None:
+        if (self._batch is not None or self.even_ranks is not None
+                or self._start.merged is not None):
             raise ValueError(
                 "a plain-loader resume of a Mix needs sources without .batch(), even_ranks or "
                 "resume_from; use torchdata's StatefulDataLoader and state_dict() for those"
@@ -764,7 +680,3 @@ def _batching(pipeline: dict[str, Any]) -> str:
     if is_pool_state(pipeline):
         return "with .batch(rule)"
     return "with .batch(n)" if set(pipeline) == {Batch.SOURCE} else "without .batch()"
-
-
-def _tuple(world: World) -> tuple[int, int, int, int]:
-    return (world.rank, world.world_size, world.worker, world.num_workers)

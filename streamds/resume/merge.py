@@ -39,8 +39,10 @@ __all__ = [
     "MERGED_FORMAT",
     "MERGED_MIX_FORMAT",
     "MERGED_PACKED_FORMAT",
+    "MERGED_READER",
     "MIX_FORMAT",
     "PACKED_FORMAT",
+    "START_KEYS",
     "merge_states",
     "resolve_tails",
     "share_of",
@@ -52,6 +54,11 @@ MERGED_MIX_FORMAT = "streamds.merged-mix/1"
 PACKED_FORMAT = "streamds.packed/1"  # one reader of a `streamds.pack.Packed`
 MERGED_PACKED_FORMAT = "streamds.merged-packed/1"
 COUNTERS = ("bad", "blank", "dropped", "corrupt_blocks")
+# what `state_dict()` returns before the first `iter()` of a dataset that finishes a merged
+# state is that state plus these keys: the reader (rank, world_size, worker, num_workers) and
+# its "finished" (False), as a reader's state has them
+MERGED_READER = "reader"
+START_KEYS = (MERGED_READER, "finished")
 # torchdata StatefulDataLoader: batches yielded since the worker states in its state were taken
 LOADER_STEPS_SINCE_SNAPSHOT = "_steps_since_snapshot"
 
@@ -286,6 +293,18 @@ def merge_states(states: Any) -> dict[str, Any]:
     if mixes:
         return _merge_mixes(mixes)
     readers = [ReaderState.from_dict(found) for found in _reader_states(states)]
+    unstarted = list(_states_of(states, MERGED_FORMAT))
+    if unstarted:
+        before, worlds = _unstarted(unstarted)
+        if not readers:  # no reader had started: all of the merged state remains
+            return before
+        _check_worlds([state.world for state in readers] + worlds)
+        if before["fingerprint"] != readers[0].fingerprint or before["epoch"] != readers[0].epoch:
+            raise StateMismatchError(
+                "the states come from different datasets or epochs (a reader that had not "
+                "started finishes another merged state than the others); merge the states "
+                "taken at one checkpoint of one run"
+            )
     if not readers:
         raise ValueError("merge_states found no streamds reader state in its argument")
     readers.sort(key=lambda s: (s.world.rank, s.world.worker))
@@ -301,11 +320,17 @@ def merge_states(states: Any) -> dict[str, Any]:
                 f"the states come from different datasets or epochs ({'; '.join(said)}); "
                 "merge the states taken at one checkpoint of one run"
             )
-    _check_complete(readers)
+    if not unstarted:
+        _check_complete(readers)
     remaining: list[WorkItem] = []
     prefill: list[Position] = []
     tails: list[dict[str, Any]] = []
     counts: Counter[str] = Counter({name: 0 for name in COUNTERS})
+    if unstarted:  # their shares of the earlier merged state, dealt when it is resolved
+        tails.append({"merged": before, "readers": [
+            [world.rank, world.world_size, world.worker, world.num_workers] for world in worlds]})
+        if any(world.reader == 0 for world in worlds):  # reader 0 carries the counts
+            counts.update(before["counts"])
     for state in readers:
         work, buffered, tail = _unfinished(state)
         remaining.extend(work)
@@ -325,6 +350,27 @@ def merge_states(states: Any) -> dict[str, Any]:
         "tails": tails,
         "counts": dict(counts),
     }
+
+
+def _unstarted(starts: list[dict[str, Any]]) -> tuple[dict[str, Any], list[World]]:
+    """The one merged state that readers which had not started describe, and their worlds."""
+    worlds, before = [], None
+    for start in starts:
+        if MERGED_READER not in start:
+            raise ValueError(
+                "merge_states takes the states of the readers of one checkpoint, not a merged "
+                "state; resume from a merged state with resume_from= / with_resume()"
+            )
+        state = {key: value for key, value in start.items() if key not in START_KEYS}
+        if before is not None and state != before:
+            raise StateMismatchError(
+                "readers that had not started describe different merged states; merge the "
+                "states taken at one checkpoint of one run"
+            )
+        before = state
+        worlds.append(World(*start[MERGED_READER]))
+    assert before is not None
+    return copy.deepcopy(before), worlds
 
 
 def _where(state: ReaderState) -> str:
@@ -576,6 +622,13 @@ def resolve_tails(merged: dict[str, Any], spec: Spec) -> dict[str, Any]:
     """
     resolved = copy.deepcopy(merged)
     for tail in resolved.pop("tails"):
+        if "merged" in tail:  # readers that had not started: their shares of an earlier one
+            earlier = resolve_tails(tail["merged"], spec)
+            for reader in tail["readers"]:
+                work, buffered, _ = share_of(earlier, World(*reader))
+                resolved["remaining"].extend(list(item) for item in work)
+                resolved["pending"].extend(list(position) for position in buffered)
+            continue
         if "pool" in tail:
             work, buffered = _resolve_pool(tail, spec)
         else:
