@@ -74,6 +74,7 @@ import orjson
 from common import DATA_DIR, ROOT, command_line, machine, machine_busy, own_cpu
 from torch.utils.data import DataLoader, Dataset
 
+import streamds
 from streamds import StreamingJsonl
 from testbed.slowfs import fuse_available, mount
 
@@ -355,6 +356,8 @@ def run_job(job: Job, corpus: Corpus, expected: list[str], cap: float,
             options = dict(job.options)
             if job.kind == "cache":
                 options["cache_dir"] = str(cache_dir)
+            if "storage" in PARAMS:  # versions with streamds.Storage: the settings go there
+                options = {"storage": streamds.Storage(**options)} if options else {}
             dataset = StreamingJsonl(site.shards, **options)
         if job.ahead is None:  # records out of the workers, batched in the main process
             loader = DataLoader(dataset, batch_size=BATCH, num_workers=job.workers,

@@ -31,6 +31,7 @@ __all__ = [
     "RetryPolicy",
     "StallMeter",
     "StateMismatchError",
+    "Storage",
     "StreamingJsonl",
     "TokenBudget",
     "TokenBudgetBatches",
@@ -60,6 +61,7 @@ _HOMES = {
     "PadCollate": "train.collate",
     "as_list": "train.collate",
     "StreamingJsonl": "dataset",
+    "Storage": "storage",
     "RecordBatch": "batch",
     "Rebatch": "train.rebatch",
     "CorruptRecordError": "errors",
@@ -113,6 +115,7 @@ if TYPE_CHECKING:
     from .resume.merge import merge_states
     from .resume.totals import counts_of, source_counts, token_counts
     from .retry import RetryPolicy
+    from .storage import Storage
     from .train.batching import Batches, BucketBatches, PaddingStats, TokenBudgetBatches, padding_of
     from .train.collate import PadCollate, as_list
     from .train.prefetch import DevicePrefetcher

@@ -19,24 +19,22 @@ from torch.utils.data import IterableDataset, get_worker_info
 from .balance import EVEN_RANKS
 from .batch import Batch, BatchSpec, RecordBatch
 from .buckets import RULES, LengthBuckets, TokenBudget, is_pool_state
-from .cache import CacheSpec, namespace_of
 from .callers import check_outer_split, loader_len_call
-from .checks import check_bool, check_choice, check_int, size_setting
+from .checks import check_bool, check_choice, check_int
 from .cpus import WORKER_CPUS
 from .errors import StateMismatchError
 from .pack import Packed, PackTokens
 from .parse import ON_ERROR
 from .pipeline import Reader, Spec
-from .plan import DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE, Plan, make_blocks, small_corpus_piece
+from .plan import Plan, make_blocks, small_corpus_piece
 from .read import open_decoded_at
 from .readahead import DEFAULT_READAHEAD, wants_readahead
 from .resume.counts import count_block_records, listed_counts
 from .resume.identity import Identity, check_identity, relative_names, source_root
 from .resume.merge import MERGED_FORMAT, START_KEYS, resolve_tails
-from .resume.plain_loader import batches_after, pipeline_state_after, require_line_per_record
+from .resume.plain_loader import batches_after, require_line_per_record
 from .resume.state import ReaderState, check_epoch_change
 from .retry import RetryPolicy
-from .seeds import shuffle_seed_parts
 from .shards import Shard, resolve_shards, source_items
 from .start import (
     AFTER_BATCHES,
@@ -45,11 +43,13 @@ from .start import (
     Merged,
     Start,
     after_batches,
+    after_records,
     choose,
     describe,
     pad_work_of,
     with_quota,
 )
+from .storage import UNSET, Storage, deprecated, storage_of
 from .timing import StageTimer
 from .transform import Step
 from .world import World, detect_world
@@ -59,6 +59,7 @@ __all__ = ["StreamingJsonl"]
 log = logging.getLogger(__name__)
 
 MAX_SEED = (1 << 64) - 1  # seeds are 64-bit, as torch's and numpy's are
+
 
 
 class _Epoch:
@@ -75,22 +76,6 @@ class _Epoch:
         self.loaded: ReaderState | None = None
 
 
-def _cache_spec(
-    cache_dir: str | os.PathLike | None, limit: int | None, shards: Sequence[Shard]
-) -> CacheSpec | None:
-    if cache_dir is None:
-        return None
-    if not isinstance(cache_dir, (str, os.PathLike)) or "://" in os.fspath(cache_dir):
-        raise ValueError(
-            f"cache_dir must be a local directory, got {cache_dir!r}; on Colab use the "
-            "runtime's own disk, e.g. cache_dir='/content/cache'"
-        )
-    directory = os.path.abspath(os.fspath(cache_dir))
-    if os.path.exists(directory) and not os.path.isdir(directory):
-        raise ValueError(f"cache_dir {directory!r} is a file; pass a directory")
-    return CacheSpec(directory, limit, namespace_of(shards))
-
-
 class StreamingJsonl(IterableDataset):
     """Stream JSON-lines records from files, directories, globs or fsspec URLs.
 
@@ -102,6 +87,12 @@ class StreamingJsonl(IterableDataset):
         ds = StreamingJsonl("data/train-*.jsonl.zst", shuffle=True, seed=0)
         ds = ds.map(to_text)  # a function defined at module level (workers pickle it)
         loader = DataLoader(ds, batch_size=32, num_workers=4)
+
+    How the files are reached (fsspec options, read-ahead, a local cache, retries, the block
+    size) is one `streamds.Storage` value: ``storage=Storage(options={"anon": True})``. The
+    older keywords (``storage_options=``, ``readahead=``, ``cache_dir=``, ``cache_limit=``,
+    ``retry=``, ``block_size=``, ``transform=`` for `.map`, ``resume_from=`` for
+    `.with_resume`) are still accepted with a DeprecationWarning.
     """
 
     def __init__(
@@ -111,28 +102,38 @@ class StreamingJsonl(IterableDataset):
         shuffle: bool = False,
         seed: int = 0,
         buffer_size: int = 1000,
-        transform: Callable[[Any], Any] | None = None,
         on_error: str = "raise",
         rank: int | None = None,
         world_size: int | None = None,
-        storage_options: dict[str, Any] | None = None,
-        block_size: int = DEFAULT_BLOCK_SIZE,
-        resume_from: dict[str, Any] | None = None,
         even_ranks: str | None = None,
-        readahead: int | str | None = "auto",
-        retry: RetryPolicy | None = None,
-        cache_dir: str | os.PathLike | None = None,
-        cache_limit: int | str | None = None,
+        storage: Storage | None = None,
         worker_cpus: str = "auto",
+        # older spellings, still accepted with a DeprecationWarning: .map(fn) and
+        # .with_resume(merged), and the storage settings one by one (see `Storage`)
+        transform: Callable[[Any], Any] | None = None,
+        resume_from: dict[str, Any] | None = None,
+        storage_options: Any = UNSET,
+        block_size: Any = UNSET,
+        readahead: Any = UNSET,
+        retry: Any = UNSET,
+        cache_dir: Any = UNSET,
+        cache_limit: Any = UNSET,
     ) -> None:
         super().__init__()
         check_bool("shuffle", shuffle)
         check_int("seed", seed, 0, "pass a non-negative integer seed below 2**64",
                   maximum=MAX_SEED)
         check_int("buffer_size", buffer_size, 1, "use shuffle=False to disable shuffling")
-        check_int("block_size", block_size, MIN_BLOCK_SIZE, "blocks are at least 64 KiB")
+        storage = storage_of(storage, {
+            "storage_options": storage_options, "block_size": block_size,
+            "readahead": readahead, "retry": retry, "cache_dir": cache_dir,
+            "cache_limit": cache_limit})
         if transform is not None and not callable(transform):
             raise ValueError(f"transform must be callable or None, got {transform!r}")
+        if transform is not None:
+            deprecated("transform=fn", "ds.map(fn)")
+        if resume_from is not None:
+            deprecated("resume_from=merged", "ds.with_resume(merged)")
         check_choice("on_error", on_error, ON_ERROR)
         check_choice("worker_cpus", worker_cpus, WORKER_CPUS,
                      "'auto' leaves the main process a CPU where that pays, 'all' lets the OS "
@@ -148,18 +149,8 @@ class StreamingJsonl(IterableDataset):
         check_choice("even_ranks", even_ranks, EVEN_RANKS,
                      "'drop' trims every rank to the smallest, 'pad' repeats records up to "
                      "the largest")
-        if storage_options is not None and not isinstance(storage_options, dict):
-            raise ValueError(  # its value is not shown: it may hold keys
-                f"storage_options must be a dict, got {type(storage_options).__name__}; pass "
-                "e.g. {'anon': True} (parse a JSON string with json.loads first)")
-        if readahead != "auto":
-            ahead = size_setting("readahead", readahead,
-                                 "'auto' (the default) or 0/None to turn it off")
-        if retry is not None and not isinstance(retry, RetryPolicy):
-            raise ValueError(
-                f"retry must be a streamds.RetryPolicy or None, got {retry!r}; e.g. "
-                "RetryPolicy(give_up_after=600) to retry a failing read for 10 minutes"
-            )
+        storage_options, block_size = storage.options, storage.block_size
+        self.storage = storage
         self.shuffle = shuffle
         self.seed = seed
         self.buffer_size = buffer_size
@@ -169,8 +160,7 @@ class StreamingJsonl(IterableDataset):
         self.world_size = world_size
         self.even_ranks = even_ranks
         self.worker_cpus = worker_cpus
-        self.retry = RetryPolicy() if retry is None else retry
-        limit = size_setting("cache_limit", cache_limit, "None: as much as the disk holds")
+        self.retry = RetryPolicy() if storage.retry is None else storage.retry
         self._epoch = _Epoch(0)
         self._steps: tuple[Step, ...] = (Step("map", transform),) if transform is not None else ()
         self._batch: BatchSpec | None = None  # whole batches out of the workers (.batch)
@@ -186,8 +176,9 @@ class StreamingJsonl(IterableDataset):
             {"seed": seed, "shuffle": shuffle, "buffer_size": buffer_size,
              "block_size": block_size, "even_ranks": even_ranks},
         )
-        self._cache = _cache_spec(cache_dir, limit or None, self._shards)
-        if readahead == "auto":  # remote and mounted shards: on; local disks: off
+        self._cache = storage.cache_of(self._shards)
+        ahead = storage.ahead_bytes
+        if ahead is None:  # "auto": remote and mounted shards read ahead; local disks do not
             ahead = DEFAULT_READAHEAD if wants_readahead(self._shards) else 0
         self.readahead = ahead
         # -> Block(shard, start, end) list: the corpus cut into line-aligned units, once
@@ -271,7 +262,7 @@ class StreamingJsonl(IterableDataset):
 
     def with_resume(self, merged: dict[str, Any]) -> StreamingJsonl:
         """A copy that finishes the epoch of `merged` (from `streamds.merge_states`) under this
-        dataset's world, as ``resume_from=merged`` in the constructor does."""
+        dataset's world (elastic resume)."""
         clone = copy.copy(self)
         clone._start = Start(MERGED, Merged(clone._check_merged(merged)))
         clone._active = None
@@ -610,7 +601,7 @@ class StreamingJsonl(IterableDataset):
             )
         if self.even_ranks is not None or self._start.merged is not None:
             raise ValueError(
-                "resume_after_batches does not combine with even_ranks or resume_from; use "
+                "resume_after_batches does not combine with even_ranks or with_resume; use "
                 "torchdata's StatefulDataLoader and state_dict() for those"
             )
         if self._block_counts is None:
@@ -652,24 +643,10 @@ class StreamingJsonl(IterableDataset):
                 or self._start.merged is not None):
             raise ValueError(
                 "a plain-loader resume of a Mix needs sources without .batch(), even_ranks or "
-                "resume_from; use torchdata's StatefulDataLoader and state_dict() for those"
+                "with_resume; use torchdata's StatefulDataLoader and state_dict() for those"
             )
-        total = self._share_records(epoch, seat)
-        assert self._block_counts is not None
-        work = self._plan.work(epoch, seat)
-        state = ReaderState(self._identity.to_state(), epoch, world,
-                            (self._plan.num_blocks, self.seed, self.shuffle),
-                            seat=(seat.rank, seat.worker))
-        if yielded == 0:
-            return state.to_dict()
-        state.pipeline = pipeline_state_after(
-            min(yielded, total), reader=Reader(self._spec(), state), work=work,
-            counts=[self._block_counts[block] for block, _ in work], shuffle=self.shuffle,
-            buffer_size=self.buffer_size,
-            seed_parts=shuffle_seed_parts(self.seed, epoch, seat.rank, seat.worker),
-        )
-        return state.to_dict()
-
+        self._share_records(epoch, seat)  # the record counts, taken once
+        return after_records(self._layout(), self._spec(), epoch, seat, world, yielded).to_dict()
 
 def _batches(records: int, size: int, drop_last: bool) -> int:
     return records // size if drop_last else -(-records // size)

@@ -32,8 +32,8 @@ from .shards import Shard
 from .world import World
 
 __all__ = ["AFTER_BATCHES", "FRESH", "LOADED", "MERGED", "Layout", "Merged", "Start",
-           "after_batches", "choose", "describe", "fresh", "pad_work_of", "records_of",
-           "with_quota"]
+           "after_batches", "after_records", "choose", "describe", "fresh", "pad_work_of",
+           "records_of", "with_quota"]
 
 log = logging.getLogger(__name__)
 
@@ -275,6 +275,26 @@ def after_batches(
             state.pipeline = {Batch.SOURCE: state.pipeline}
         starts[worker] = state
     return starts
+
+
+def after_records(layout: Layout, spec: Spec, epoch: int, seat: World, world: World,
+                  yielded: int) -> ReaderState:
+    """The state of reader `world`, reading the share (and shuffle seed) of `seat`, once it
+    has yielded `yielded` records of `epoch` (0: not started): exact when every line is a
+    record. For the plain-loader resume of a `streamds.Mix`, whose readers may rotate."""
+    assert layout.block_counts is not None
+    work = layout.plan.work(epoch, seat)
+    counts = [layout.block_counts[block] for block, _ in work]
+    state = fresh(layout, epoch, world)
+    state.seat = (seat.rank, seat.worker)
+    if yielded == 0:
+        return state
+    state.pipeline = pipeline_state_after(
+        min(yielded, sum(counts)), reader=Reader(spec, state), work=work, counts=counts,
+        shuffle=layout.shuffle, buffer_size=layout.buffer_size,
+        seed_parts=shuffle_seed_parts(layout.seed, epoch, seat.rank, seat.worker),
+    )
+    return state
 
 
 def _tuple(world: World) -> tuple[int, int, int, int]:

@@ -2,7 +2,7 @@
 
     with serve_s3() as (endpoint_url, storage_options):
         upload_folder(root, "corpus", endpoint_url=endpoint_url)
-        ds = StreamingJsonl("s3://corpus/", storage_options=storage_options)
+        ds = StreamingJsonl("s3://corpus/", storage=Storage(options=storage_options))
 
 Credentials are dummies and the environment is set (for the block's duration, so DataLoader
 workers forked inside it inherit it) so that no client reaches the network: no instance

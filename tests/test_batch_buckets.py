@@ -47,8 +47,11 @@ def text_length(record: dict[str, Any]) -> int:
     return len(record["text"])
 
 
-def dataset(source: Path, rule: Any, *, shuffle: bool = True, **options: Any) -> StreamingJsonl:
+def dataset(source: Path, rule: Any, *, shuffle: bool = True,
+            resume_from: dict[str, Any] | None = None, **options: Any) -> StreamingJsonl:
     ds = StreamingJsonl(str(source), shuffle=shuffle, seed=3, buffer_size=16, **options)
+    if resume_from is not None:
+        ds = ds.with_resume(resume_from)
     return ds.batch(rule, collate=ids)
 
 
@@ -151,8 +154,7 @@ def test_states_taken_mid_pool_merge_for_an_elastic_resume(
         assert sorted(seen + rest) == sorted(every), world_size
     # merged states resume an unbatched dataset only when no pool was under way
     with pytest.raises(StateMismatchError, match="batched by the same rule"):
-        list(StreamingJsonl(str(source), shuffle=True, seed=3, buffer_size=16,
-                            resume_from=merged))
+        list(StreamingJsonl(str(source), shuffle=True, seed=3, buffer_size=16).with_resume(merged))
 
 
 def test_a_mid_pool_merge_without_shuffle_is_refused(mixed: tuple[Path, list[int]]) -> None:

@@ -94,8 +94,8 @@ def test_batched_states_merge_for_an_elastic_resume(mixed: tuple[Path, list[int]
         seen += [i for _ in range(3) for i in next(iterator)]
         states.append(ds.state_dict())
     merged = merge_states(states)
-    rest = [i for batch in StreamingJsonl(str(source), shuffle=True, seed=3, buffer_size=16,
-                                          resume_from=merged).batch(5, collate=ids)
+    rest = [i for batch in StreamingJsonl(str(source), shuffle=True, seed=3,
+                                          buffer_size=16).with_resume(merged).batch(5, collate=ids)
             for i in batch]
     assert sorted(seen + rest) == sorted(every)
 

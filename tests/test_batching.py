@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from streamds import StateMismatchError, StreamingJsonl
+from streamds import StateMismatchError, Storage, StreamingJsonl
 from streamds.train.batching import (
     Batches,
     BucketBatches,
@@ -256,7 +256,8 @@ def corpus(tmp_path_factory) -> str:
 
 
 def stream_batcher(corpus: str, kind: str):
-    ds = StreamingJsonl(corpus, shuffle=True, seed=4, buffer_size=32, block_size=64 << 10)
+    ds = StreamingJsonl(corpus, shuffle=True, seed=4, buffer_size=32,
+                        storage=Storage(block_size=64 << 10))
     if kind == "bucket":
         return BucketBatches(ds, batch_size=8, buffer_size=48, seed=1)
     return TokenBudgetBatches(ds, max_tokens=600, buffer_size=50, seed=1)

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 import streamds.mounts
 import streamds.readahead as readahead
 from preprocess.convert import convert
-from streamds import StreamingJsonl
+from streamds import Storage, StreamingJsonl
 from streamds.cache import Cache, CacheSpec, namespace_of
 from streamds.ranges import RangeReader
 from streamds.shards import resolve_shards
@@ -75,7 +75,7 @@ def ids(ds: StreamingJsonl, num_workers: int = 0) -> list[int]:
 
 def test_second_epoch_reads_only_the_local_copies(shards, tmp_path, monkeypatch):
     reads = count_source_reads(monkeypatch)
-    ds = StreamingJsonl(shards, cache_dir=tmp_path / "cache")
+    ds = StreamingJsonl(shards, storage=Storage(cache_dir=tmp_path / "cache"))
     assert ids(ds) == [r["id"] for r in RECORDS]
     wait_for_copies()
     assert reads[0] > 0
@@ -103,7 +103,7 @@ def test_workers_in_several_processes_share_one_copy_per_shard(shards, tmp_path,
     monkeypatch.setattr(Cache, "_complete", logged)
     cache = tmp_path / "cache"
     for epoch in range(2):
-        ds = StreamingJsonl(shards, cache_dir=cache, shuffle=True, seed=epoch)
+        ds = StreamingJsonl(shards, shuffle=True, seed=epoch, storage=Storage(cache_dir=cache))
         got = ids(ds, num_workers=3)
         assert sorted(got) == [r["id"] for r in RECORDS]  # every record once, in each epoch
     copied = log.read_text().split()
@@ -114,7 +114,7 @@ def test_workers_in_several_processes_share_one_copy_per_shard(shards, tmp_path,
 
 def test_a_dead_copiers_partial_file_is_never_read_and_is_cleaned_up(shards, tmp_path):
     cache = tmp_path / "cache"
-    first = StreamingJsonl(shards, cache_dir=cache)
+    first = StreamingJsonl(shards, storage=Storage(cache_dir=cache))
     shard = first.shards[0]
     spec = first._cache
     target = cache_of(spec).path_of(shard)
@@ -132,7 +132,7 @@ def test_a_dead_copiers_partial_file_is_never_read_and_is_cleaned_up(shards, tmp
 @pytest.mark.parametrize("damage", ["flipped", "truncated"])
 def test_a_damaged_copy_is_replaced_and_never_read(shards, tmp_path, caplog, damage):
     cache = tmp_path / "cache"
-    ds = StreamingJsonl(shards, cache_dir=cache)
+    ds = StreamingJsonl(shards, storage=Storage(cache_dir=cache))
     assert ids(ds) == [r["id"] for r in RECORDS]
     wait_for_copies()
     victim = copies(cache)[0]
@@ -143,7 +143,8 @@ def test_a_damaged_copy_is_replaced_and_never_read(shards, tmp_path, caplog, dam
         del data[len(data) // 2 :]
     victim.write_bytes(bytes(data))
     with caplog.at_level(logging.WARNING, logger="streamds.cache"):
-        assert ids(StreamingJsonl(shards, cache_dir=cache)) == [r["id"] for r in RECORDS]
+        data = StreamingJsonl(shards, storage=Storage(cache_dir=cache))
+        assert ids(data) == [r["id"] for r in RECORDS]
     assert "is damaged" in caplog.text and victim.name in caplog.text
     wait_for_copies()
     assert victim.read_bytes() == (shards / victim.name.split("-", 1)[1]).read_bytes()
@@ -188,8 +189,8 @@ def test_two_corpora_never_share_a_namespace(shards, tmp_path):
     other = tmp_path / "other"
     other.mkdir()
     corpus.write(other / "x.jsonl", RECORDS[:10])
-    one = StreamingJsonl(shards, cache_dir=tmp_path / "cache")._cache
-    two = StreamingJsonl(other, cache_dir=tmp_path / "cache")._cache
+    one = StreamingJsonl(shards, storage=Storage(cache_dir=tmp_path / "cache"))._cache
+    two = StreamingJsonl(other, storage=Storage(cache_dir=tmp_path / "cache"))._cache
     assert one is not None and two is not None and one.namespace != two.namespace
 
 
@@ -211,10 +212,11 @@ def test_a_lock_held_elsewhere_means_the_source_is_read_meanwhile(shards, tmp_pa
 
 def test_cache_dir_must_be_a_local_directory(tmp_path):
     with pytest.raises(ValueError, match="cache_dir must be a local directory"):
-        StreamingJsonl(corpus.write(tmp_path / "a.jsonl", RECORDS[:3]), cache_dir="s3://b/c")
+        StreamingJsonl(corpus.write(tmp_path / "a.jsonl", RECORDS[:3]),
+                       storage=Storage(cache_dir="s3://b/c"))
     with pytest.raises(ValueError, match="cache_limit"):
-        StreamingJsonl(corpus.write(tmp_path / "b.jsonl", RECORDS[:3]), cache_dir=tmp_path,
-                       cache_limit="lots")
+        StreamingJsonl(corpus.write(tmp_path / "b.jsonl", RECORDS[:3]),
+                       storage=Storage(cache_dir=tmp_path, cache_limit="lots"))
 
 
 def test_read_ahead_is_on_for_mounts_and_urls_and_off_on_local_disk(tmp_path, monkeypatch):
@@ -223,8 +225,8 @@ def test_read_ahead_is_on_for_mounts_and_urls_and_off_on_local_disk(tmp_path, mo
     mounts = ((str(tmp_path.resolve()), "fuse.drive"), ("/", "ext4"))
     monkeypatch.setattr(streamds.mounts, "_mounts", lambda: mounts)
     assert StreamingJsonl(path).readahead == readahead.DEFAULT_READAHEAD  # a mounted Drive
-    assert StreamingJsonl(path, readahead="8MB").readahead == 8_000_000
-    assert StreamingJsonl(path, readahead=0).readahead == 0
+    assert StreamingJsonl(path, storage=Storage(readahead="8MB")).readahead == 8_000_000
+    assert StreamingJsonl(path, storage=Storage(readahead=0)).readahead == 0
     with fsspec.open("memory://corpus/a.jsonl", "wb") as f:
         f.write(path.read_bytes())
     assert StreamingJsonl("memory://corpus/a.jsonl").readahead == readahead.DEFAULT_READAHEAD
@@ -328,7 +330,7 @@ def test_with_read_ahead_the_first_epoch_fetches_each_byte_about_once(shards, tm
         return data
 
     monkeypatch.setattr(RangeReader, "_read_once", counted)
-    ds = StreamingJsonl(shards, cache_dir=tmp_path / "cache", readahead="1MB")
+    ds = StreamingJsonl(shards, storage=Storage(cache_dir=tmp_path / "cache", readahead="1MB"))
     assert ids(ds) == [r["id"] for r in RECORDS]
     wait_for_copies()
     total = sum(p.stat().st_size for p in shards.glob("*.jsonl.zst"))

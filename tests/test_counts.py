@@ -24,7 +24,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 import streamds
 import streamds.transform
-from streamds import Batches, StreamingJsonl
+from streamds import Batches, Storage, StreamingJsonl
 
 BAD_LINE = b'{"id": "cut'
 START = (1000, 5000)  # the first record id of each shard
@@ -98,8 +98,8 @@ def defects(tmp_path_factory) -> dict[str, Any]:
 
 
 def skipping(root: Path, **options: Any) -> StreamingJsonl:
-    return StreamingJsonl(root, on_error="skip", block_size=64 << 10, buffer_size=100,
-                          **options)
+    return StreamingJsonl(root, on_error="skip", buffer_size=100,
+                          storage=Storage(block_size=64 << 10), **options)
 
 
 # -- the log ------------------------------------------------------------------------------
@@ -266,7 +266,8 @@ def test_counts_of_batcher_rank_and_merged_states(defects):
 
 def test_a_filter_that_drops_everything_yields_nothing_and_says_so(defects, caplog):
     caplog.set_level(logging.INFO, logger="streamds")
-    ds = StreamingJsonl(defects["root"], block_size=64 << 10, on_error="skip").filter(drop_all)
+    ds = StreamingJsonl(defects["root"], on_error="skip",
+                        storage=streamds.Storage(block_size=64 << 10)).filter(drop_all)
     loader = StatefulDataLoader(ds, batch_size=32, num_workers=0, collate_fn=keep)
     assert list(loader) == []
     counts = streamds.counts_of(loader.state_dict())
@@ -317,7 +318,7 @@ def test_a_byte_order_mark_at_the_start_of_a_file_is_not_a_bad_line(tmp_path):
 def test_line_numbers_in_any_order_match_a_plain_count(tmp_path, suffix):
     lines = [orjson.dumps({"id": i, "pad": "z" * (i % 97)}) for i in range(3000)]
     path = write_lines(tmp_path / f"data{suffix}", lines)
-    ds = StreamingJsonl(path, block_size=64 << 10)
+    ds = StreamingJsonl(path, storage=streamds.Storage(block_size=64 << 10))
     starts, offset = [], 0
     for line in lines:
         starts.append(offset)

@@ -9,7 +9,7 @@ import orjson
 import pytest
 from torch.utils.data import DataLoader
 
-from streamds import StreamingJsonl
+from streamds import Storage, StreamingJsonl
 from streamds.cpus import (
     FIT,
     KEEP,
@@ -341,7 +341,8 @@ def test_workers_that_tune_at_every_item_hand_out_the_same_batches(tmp_path, mon
     path.write_bytes(b"".join(orjson.dumps({"i": i, "text": text}) + b"\n" for i in range(3000)))
 
     def batches(worker_cpus: str) -> list[list[dict]]:
-        ds = StreamingJsonl(str(path), worker_cpus=worker_cpus, block_size=64 << 10)
+        ds = StreamingJsonl(str(path), worker_cpus=worker_cpus,
+                            storage=Storage(block_size=64 << 10))
         ds = ds.map(cpus_of_this_process).batch(4)
         loader = DataLoader(ds, batch_size=None, num_workers=2,
                             multiprocessing_context="fork")
@@ -368,7 +369,7 @@ def test_a_state_taken_while_workers_tune_resumes_exactly(tmp_path, monkeypatch,
 
     def loader() -> StatefulDataLoader:
         ds = StreamingJsonl(str(path), shuffle=True, seed=3, buffer_size=300,
-                            block_size=64 << 10).batch(16)
+                            storage=Storage(block_size=64 << 10)).batch(16)
         return StatefulDataLoader(ds, batch_size=None, num_workers=2,
                                   multiprocessing_context="fork")
 

@@ -220,7 +220,7 @@ def test_the_fix_the_message_names_finishes_the_epoch(source: str) -> None:
     load_loader_state(same, state)
     assert sorted(seen + [i for batch in same for i in batch]) == every
     merged = merge_states([state])
-    resumed = StreamingJsonl(source, shuffle=True, seed=5, buffer_size=30, resume_from=merged)
+    resumed = StreamingJsonl(source, shuffle=True, seed=5, buffer_size=30).with_resume(merged)
     rest = [i for batch in DataLoader(resumed, batch_size=BATCH, num_workers=2, collate_fn=ids)
             for i in batch]
     assert sorted(seen + rest) == every

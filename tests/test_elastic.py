@@ -49,8 +49,10 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[int]]:
     return str(directory), [i for i in every if i % 7 != 3]
 
 
-def dataset(path: str, shuffle: bool, *, seed: int = 11, **world: Any) -> StreamingJsonl:
-    return StreamingJsonl(path, shuffle=shuffle, seed=seed, buffer_size=16, **world).filter(keep)
+def dataset(path: str, shuffle: bool, *, seed: int = 11,
+            resume_from: dict[str, Any] | None = None, **world: Any) -> StreamingJsonl:
+    data = StreamingJsonl(path, shuffle=shuffle, seed=seed, buffer_size=16, **world).filter(keep)
+    return data if resume_from is None else data.with_resume(resume_from)
 
 
 def stop_part_way(
@@ -287,9 +289,10 @@ def even_source(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def even_dataset(path: str, mode: str, *, buffer: int = EVEN_BUFFER, seed: int = 5,
-                 **world: Any) -> StreamingJsonl:
-    return StreamingJsonl(path, shuffle=True, seed=seed, buffer_size=buffer, even_ranks=mode,
+                 resume_from: dict[str, Any] | None = None, **world: Any) -> StreamingJsonl:
+    data = StreamingJsonl(path, shuffle=True, seed=seed, buffer_size=buffer, even_ranks=mode,
                           **world)
+    return data if resume_from is None else data.with_resume(resume_from)
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ from resume_contract import checkpoint, ids, write_mixed
 from torch.utils.data import IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from streamds import StreamingJsonl
+from streamds import Storage, StreamingJsonl
 from streamds.plan import MIN_BLOCK_SIZE, make_blocks
 from streamds.shards import resolve_shards
 from streamds.train.batching import Batches, BucketBatches, TokenBudgetBatches
@@ -86,9 +86,8 @@ KINDS = ["dataset", "batches", "bucket", "tokens"]
 
 def build(source: Path, kind: str, shuffle: bool) -> IterableDataset:
     """A fresh dataset or batcher over `source`; batchers yield lists of records."""
-    dataset = StreamingJsonl(
-        str(source), shuffle=shuffle, seed=3, buffer_size=64, block_size=MIN_BLOCK_SIZE
-    )
+    dataset = StreamingJsonl(str(source), shuffle=shuffle, seed=3, buffer_size=64,
+                             storage=Storage(block_size=MIN_BLOCK_SIZE))
     if kind == "dataset":
         return dataset
     if kind == "batches":

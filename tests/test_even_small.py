@@ -215,7 +215,7 @@ def test_elastic_resume_over_the_fine_cut(small_file: tuple[str, int]) -> None:
     rest = []
     for rank in range(3):
         dataset = StreamingJsonl(source, shuffle=True, seed=9, buffer_size=32, rank=rank,
-                                 world_size=3, even_ranks="pad", resume_from=merged)
+                                 world_size=3, even_ranks="pad").with_resume(merged)
         rest.append([record["id"] for record in dataset])
     assert len({len(rank) for rank in rest}) == 1
     assert max(Counter(seen).values()) == 1

@@ -285,7 +285,8 @@ def test_retries_back_off_exponentially(
     monkeypatch.setattr(streamds.read.time, "sleep", slept.append)  # record, never wait
     url = flaky_url(shards["jsonl"] / "big.jsonl")
     clean = read_ids(StreamingJsonl(url))
-    dataset = StreamingJsonl(url, readahead=0)  # one request at a time: one run of failures
+    # one request at a time: one run of failures
+    dataset = StreamingJsonl(url, storage=streamds.Storage(readahead=0))
     dataset.retry = RetryPolicy(attempts=5, backoff=0.25, max_backoff=0.75, jitter=0)
     arm(dataset, FaultPlan(at={300_000: 4}))
     assert read_ids(dataset) == clean
@@ -318,12 +319,12 @@ def test_retries_give_up_after_the_limit(shards: dict[str, Path], suffix: str) -
     fault = path.stat().st_size * 9 // 10  # a raw byte offset past the first 1 MiB decoded
 
     # read-ahead pieces of 256 KiB, so the fault lies past the first piece of every format
-    just_enough = StreamingJsonl(url, readahead=256 * KiB)
+    just_enough = StreamingJsonl(url, storage=streamds.Storage(readahead=256 * KiB))
     just_enough.retry = fast_retries(4)
     arm(just_enough, FaultPlan(at={fault: 3}))  # never 4 failures in a row
     assert read_ids(just_enough) == list(range(BIG))
 
-    dataset = StreamingJsonl(url, readahead=256 * KiB)
+    dataset = StreamingJsonl(url, storage=streamds.Storage(readahead=256 * KiB))
     dataset.retry = fast_retries(4)
     plan = arm(dataset, FaultPlan(at={fault: 1_000_000}))  # the storage never recovers
     got: list[int] = []
@@ -377,7 +378,7 @@ def test_transient_error_while_reading_a_seek_table_is_retried(
     monkeypatch.setattr(streamds.read.time, "sleep", lambda seconds: None)
     path = shards["jsonl.zst"] / "big.jsonl.zst"
     plan = FaultPlan(at={path.stat().st_size - 9: 1})  # the seek table's footer
-    dataset = StreamingJsonl(flaky_url(path), storage_options={"plan": plan})
+    dataset = StreamingJsonl(flaky_url(path), storage=streamds.Storage(options={"plan": plan}))
     assert plan.failures
     assert read_ids(dataset) == list(range(BIG))
 

@@ -193,7 +193,7 @@ class FormatTests:
 
     def test_transform_maps_and_drops_records(self, big):
         path, records = big
-        ds = StreamingJsonl(path, transform=drop_multiples_of_three)
+        ds = StreamingJsonl(path).map(drop_multiples_of_three)
         expected = [{**record, "seen": True} for record in records if record["id"] % 3]
         assert list(ds) == expected
         assert ds.counts["dropped"] == len(records) - len(expected)

@@ -382,7 +382,7 @@ def test_dataset_pickles_before_during_and_after_iteration(corpora):
 
 def test_mapped_dataset_round_trips_through_pickle(corpora):
     source, _ = corpora["few_files"]
-    ds = StreamingJsonl(source, transform=shout).map(add_length)
+    ds = StreamingJsonl(source).map(shout).map(add_length)
     copy = pickle.loads(pickle.dumps(ds))
     expected = [add_length(shout(record)) for record in StreamingJsonl(source)]
     assert list(copy) == expected

@@ -9,7 +9,7 @@ import orjson
 import pytest
 from torch.utils.data import DataLoader, get_worker_info
 
-from streamds import StreamingJsonl
+from streamds import Storage, StreamingJsonl
 from streamds.formats.seekable import SeekableWriter
 from testbed.http import RangeServer, serve
 
@@ -32,7 +32,7 @@ def served(tmp_path_factory) -> Iterator[tuple[RangeServer, Path]]:
 @pytest.mark.parametrize("name", ["big.jsonl", "big.jsonl.zst"])
 def test_http_file_streams_in_order_with_one_reader(served, name):
     server, _ = served
-    ds = StreamingJsonl(f"{server.url}/{name}", block_size=64 << 10)
+    ds = StreamingJsonl(f"{server.url}/{name}", storage=Storage(block_size=64 << 10))
     assert [record["id"] for record in ds] == [record["id"] for record in RECORDS]
 
 
@@ -45,7 +45,8 @@ def with_worker(record: dict) -> dict:
 @pytest.mark.parametrize("name", ["big.jsonl", "big.jsonl.zst"])
 def test_http_file_splits_across_workers_exactly_once(served, name):
     server, _ = served
-    ds = StreamingJsonl(f"{server.url}/{name}", block_size=64 << 10).map(with_worker)
+    ds = StreamingJsonl(f"{server.url}/{name}",
+                        storage=Storage(block_size=64 << 10)).map(with_worker)
     assert len(ds.shards[0].frames or ()) > 1 or name == "big.jsonl"
     server.reset_log()
     loader = DataLoader(ds, batch_size=64, num_workers=2, collate_fn=list)

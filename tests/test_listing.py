@@ -296,7 +296,7 @@ def maybe(record: dict) -> dict | None:
 @pytest.mark.parametrize("build", [
     lambda p: StreamingJsonl(str(p)).filter(drop_tens),
     lambda p: StreamingJsonl(str(p)).map(maybe),
-    lambda p: StreamingJsonl(str(p), transform=maybe),
+    lambda p: StreamingJsonl(str(p)).map(maybe),
     lambda p: StreamingJsonl(str(p), on_error="skip"),
 ], ids=["filter", "map", "transform", "skip"])
 def test_a_resume_after_batches_that_cannot_be_exact_is_refused(plain: Path, build) -> None:

@@ -24,7 +24,7 @@ import orjson
 import pytest
 import zstandard
 
-from streamds import StreamingJsonl
+from streamds import Storage, StreamingJsonl
 from streamds.formats.codecs import READ_SIZE, decode
 from streamds.formats.seekable import SeekableWriter
 
@@ -55,8 +55,8 @@ def write_foreign(path: Path, lines: list[bytes]) -> None:
 
 
 def peak_while_streaming(path: Path) -> int:
-    ds = StreamingJsonl(path, shuffle=True, buffer_size=1000, block_size=BLOCK,
-                        readahead=1 << 20)
+    ds = StreamingJsonl(path, shuffle=True, buffer_size=1000,
+                        storage=Storage(block_size=BLOCK, readahead=1 << 20))
     tracemalloc.start()
     try:
         count = sum(1 for _ in ds)
@@ -131,7 +131,8 @@ def test_tar_memory_does_not_grow_with_its_members(tmp_path):
     for count in (6000, 16000):  # tars over one 4 MiB request
         path = tmp_path / f"members-{count}.tar"
         path.write_bytes(tar_of_members(count))
-        ds = StreamingJsonl(path, readahead=0)  # the tar reader alone (read-ahead: below)
+        # the tar reader alone (read-ahead: below)
+        ds = StreamingJsonl(path, storage=Storage(readahead=0))
         tracemalloc.start()
         try:
             assert sum(1 for _ in ds) == count
@@ -149,7 +150,7 @@ def test_read_ahead_holds_about_its_budget_whatever_the_file_size(tmp_path, budg
     for mb in (8, 24):
         path = tmp_path / f"{mb}.jsonl"
         path.write_bytes(line * (mb * 1000))
-        ds = StreamingJsonl(path, readahead=budget_mb << 20)
+        ds = StreamingJsonl(path, storage=Storage(readahead=budget_mb << 20))
         tracemalloc.start()
         try:
             assert sum(1 for _ in ds) == mb * 1000

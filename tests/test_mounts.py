@@ -15,7 +15,7 @@ import pytest
 
 import streamds.mounts as mounts
 import streamds.ranges as ranges
-from streamds import StreamingJsonl
+from streamds import Storage, StreamingJsonl
 from streamds.ranges import RangeReader
 from streamds.readahead import on_fuse
 from streamds.shards import resolve_shards
@@ -103,7 +103,7 @@ def test_a_real_fuse_mount_reads_every_record_once_in_order(tmp_path, monkeypatc
 
     monkeypatch.setattr(ranges, "_pread_direct", counted)
     with mount(source, tmp_path / "mnt", latency=0.001) as mountpoint:
-        ds = StreamingJsonl(Path(mountpoint), block_size=64 << 10)
+        ds = StreamingJsonl(Path(mountpoint), storage=Storage(block_size=64 << 10))
         assert ds.readahead > 0  # on by default on a mount
         assert [r["id"] for r in ds] == [r["id"] for r in RECORDS]
     assert direct_reads[0] > 0

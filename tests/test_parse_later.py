@@ -289,7 +289,7 @@ def test_a_state_from_workers_that_parse_later_merges_into_another_world(
         state = loader.state_dict()
         del batches_, loader
     merged = merge_states([state])
-    rest = [r["id"] for r in dataset(resume_from=merged)]  # 0 workers, 1 reader
+    rest = [r["id"] for r in dataset().with_resume(merged)]  # 0 workers, 1 reader
     assert sorted(consumed + rest) == sorted(r["id"] for r in dataset())
 
 

@@ -27,7 +27,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 import streamds
 import streamds.resume.identity as identity
 from preprocess.convert import convert
-from streamds import Mix, PackTokens, StreamingJsonl, merge_states
+from streamds import Mix, PackTokens, Storage, StreamingJsonl, merge_states
 from streamds.errors import StateMismatchError
 from streamds.resume.identity import Identity, relative_names, source_root
 from streamds.shards import Shard, natural_key
@@ -184,7 +184,7 @@ def test_a_file_of_another_size_is_named(drive, local):
     ("seed", 4, "seed=3 in the state, 4 here"),
     ("shuffle", False, "shuffle=True in the state, False here"),
     ("buffer_size", 17, "buffer_size=16 in the state, 17 here"),
-    ("block_size", 1 << 17, "block_size=8388608 in the state, 131072 here"),
+    ("storage", Storage(block_size=1 << 17), "block_size=8388608 in the state, 131072 here"),
     ("even_ranks", "drop", "even_ranks=None in the state, 'drop' here"),
 ])
 def test_another_setting_is_named_with_both_values(drive, setting, value, said):
@@ -205,7 +205,8 @@ def test_a_merged_state_and_merge_states_name_the_difference(drive, local):
     (local / "train" / "part-4.tar").unlink()
     with pytest.raises(StateMismatchError, match=r"missing here .*'train/part-4.tar'"):
         StreamingJsonl(str(local), **OPTIONS).with_resume(merged)
-    with pytest.raises(StateMismatchError, match=r"missing here .*'train/part-4.tar'"):
+    with pytest.raises(StateMismatchError, match=r"missing here .*'train/part-4.tar'"), \
+            pytest.deprecated_call(match="resume_from="):
         StreamingJsonl(str(local), resume_from=merged, **OPTIONS)
     other = StreamingJsonl(str(local), rank=1, world_size=2, **OPTIONS)
     next(iter(other))

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamds import CorruptShardError, StreamingJsonl
+from streamds import CorruptShardError, Storage, StreamingJsonl
 from streamds.plan import Block
 from streamds.ranges import RangeReader
 from streamds.read import RetryPolicy, read_lines
@@ -355,7 +355,7 @@ def test_storage_errors_are_retried_through_every_codec(tmp_path, monkeypatch, n
         path = corpus.write(tmp_path / name, records)
     slept: list[float] = []
     monkeypatch.setattr("streamds.read.time.sleep", slept.append)
-    ds = StreamingJsonl(path, readahead=readahead)
+    ds = StreamingJsonl(path, storage=Storage(readahead=readahead))
     counter = flaky_requests(monkeypatch, {2, 3, 5})
     assert list(ds) == records
     assert counter[0] > 5 and len(slept) >= 3  # the errors were hit, and waited out

@@ -134,8 +134,8 @@ def test_states_at_a_big_batch_seam_merge_for_an_elastic_resume(source: Path) ->
     seen, states = rank_states(source, 4)  # 4 x 25 = 2 big batches: skip == 0
     assert [state["skip"] for state in states] == [0, 0]
     merged = merge_states(states)
-    rest = [r["id"] for r in StreamingJsonl(str(source), shuffle=True, seed=5, buffer_size=64,
-                                            resume_from=merged)]
+    rest = [r["id"] for r in StreamingJsonl(str(source), shuffle=True, seed=5,
+                                            buffer_size=64).with_resume(merged)]
     assert sorted(seen + rest) == list(range(COUNT))
 
 

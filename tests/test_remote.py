@@ -30,7 +30,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from corpora.synthetic import write_pubmed, write_small_lines
 from preprocess.convert import convert
-from streamds import RetryPolicy, StreamingJsonl
+from streamds import RetryPolicy, Storage, StreamingJsonl
 from streamds.formats.manifest import MANIFEST_NAME
 from testbed.http import Faults, RangeServer, serve
 
@@ -97,8 +97,8 @@ class Remote:
     storage_options: dict[str, Any] | None = None
 
     def dataset(self, **kwargs: Any) -> StreamingJsonl:
-        return StreamingJsonl(self.source, storage_options=self.storage_options,
-                              block_size=BLOCK, **kwargs)
+        return StreamingJsonl(self.source, **kwargs,
+                              storage=Storage(options=self.storage_options, block_size=BLOCK))
 
 
 @dataclass
@@ -176,7 +176,7 @@ def remote(backend: HttpBackend | S3Backend, corpus: Corpus) -> Remote:
 
 
 def local(corpus: Corpus, **kwargs: Any) -> StreamingJsonl:
-    return StreamingJsonl(corpus.root, block_size=BLOCK, **kwargs)
+    return StreamingJsonl(corpus.root, storage=Storage(block_size=BLOCK), **kwargs)
 
 
 def loader_keys(dataset: StreamingJsonl, num_workers: int) -> list[str]:
@@ -291,7 +291,8 @@ NAMED = ["by glob", "by url"]
 def test_no_listing_or_metadata_requests_after_construction(corpus, named):
     shard_files = record_files(corpus)
     with serve(corpus.root) as server:
-        dataset = StreamingJsonl(http_source(server, corpus, named), block_size=BLOCK)
+        dataset = StreamingJsonl(http_source(server, corpus, named),
+                                 storage=Storage(block_size=BLOCK))
         data_end = {  # where each seekable shard's seek table begins
             shard.url.rsplit("/", 1)[1]: shard.frames[-1].compressed_offset
             + shard.frames[-1].compressed_size
@@ -336,8 +337,8 @@ def test_transient_faults_lose_and_repeat_nothing(corpus, fault, num_workers, na
     faults, every = FAULTS[fault]
     retry = RetryPolicy(attempts=8, backoff=0.01, max_backoff=0.05)
     with serve(corpus.root) as server:
-        dataset = StreamingJsonl(http_source(server, corpus, named), block_size=BLOCK,
-                                 retry=retry)
+        dataset = StreamingJsonl(http_source(server, corpus, named),
+                                 storage=Storage(block_size=BLOCK, retry=retry))
         clean = loader_keys(dataset, num_workers)  # over the same server, before any fault
         server.faults = dataclasses.replace(faults)
         server.reset_log()  # count ranged GETs from here: the first fault is the `every`th
@@ -357,8 +358,9 @@ def test_forbidden_shard_fails_at_once_naming_the_url(corpus, when):
         if when == "construction":
             server.faults.status_for[f"/{name}"] = 403
         with pytest.raises(OSError, match=re.escape(url)):
-            dataset = StreamingJsonl(f"{server.url}/*.jsonl*", block_size=BLOCK,
-                                     retry=RetryPolicy(attempts=2, backoff=30))
+            dataset = StreamingJsonl(f"{server.url}/*.jsonl*",
+                                     storage=Storage(block_size=BLOCK,
+                                                     retry=RetryPolicy(attempts=2, backoff=30)))
             server.faults.status_for[f"/{name}"] = 403
             list(dataset)
         elapsed = time.monotonic() - began

@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from preprocess.convert import convert
-from streamds import StreamingJsonl
+from streamds import Storage, StreamingJsonl
 from streamds.formats.seekable import SeekableWriter
 from streamds.retry import RangeNotSupportedError, RetryPolicy, UnreachableError
 from testbed.http import Faults, RangeServer, serve
@@ -60,15 +60,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def read(source: str, **options) -> list[dict]:
-    return list(StreamingJsonl(source, retry=FAST, **options))
+def read(source: str, **storage) -> list[dict]:
+    """The records of `source`; `storage`: `Storage` settings beside the quick retry."""
+    return list(StreamingJsonl(source, storage=Storage(retry=FAST, **storage)))
 
 
 def convert_into(tmp_path: Path, source: str, **options) -> None:
     convert([source], tmp_path / "out", progress=None, retry=FAST, **options)
 
 
-OPENERS = {"reader": lambda tmp_path, url, **o: read(url, **o),
+OPENERS = {"reader": lambda tmp_path, url, storage_options=None: read(url,
+                                                                      options=storage_options),
            "convert": convert_into}
 
 
@@ -175,14 +177,15 @@ def test_a_file_changed_at_the_same_size_is_read_anew_not_from_the_cache(tmp_pat
     www.mkdir()
     (www / "c.jsonl").write_bytes(b"".join(LINES[:500]))
     cache = tmp_path / "cache"
+    storage = Storage(cache_dir=cache)
     with serve(www, Faults(validators=validators)) as server:
         url = f"{server.url}/c.jsonl"
-        assert list(StreamingJsonl(url, cache_dir=cache)) == RECORDS[:500]
+        assert list(StreamingJsonl(url, storage=storage)) == RECORDS[:500]
         _wait_for_copies()
         assert len([p for p in cache.rglob("*c.jsonl") if p.is_file()]) == 1  # cached
-        assert list(StreamingJsonl(url, cache_dir=cache)) == RECORDS[:500]  # from the copy
+        assert list(StreamingJsonl(url, storage=storage)) == RECORDS[:500]  # from the copy
         _rewrite_same_size(www / "c.jsonl", _flipped(RECORDS[:500]))
-        assert list(StreamingJsonl(url, cache_dir=cache)) == _flipped(RECORDS[:500])
+        assert list(StreamingJsonl(url, storage=storage)) == _flipped(RECORDS[:500])
 
 
 def test_a_server_without_validators_is_not_cached(tmp_path, caplog):
@@ -190,12 +193,13 @@ def test_a_server_without_validators_is_not_cached(tmp_path, caplog):
     www.mkdir()
     (www / "c.jsonl").write_bytes(b"".join(LINES[:500]))
     cache = tmp_path / "cache"
+    storage = Storage(cache_dir=cache)
     with serve(www, Faults(validators=())) as server, caplog.at_level(logging.WARNING):
         url = f"{server.url}/c.jsonl"
-        assert list(StreamingJsonl(url, cache_dir=cache)) == RECORDS[:500]
+        assert list(StreamingJsonl(url, storage=storage)) == RECORDS[:500]
         _wait_for_copies()
         _rewrite_same_size(www / "c.jsonl", _flipped(RECORDS[:500]))
-        assert list(StreamingJsonl(url, cache_dir=cache)) == _flipped(RECORDS[:500])
+        assert list(StreamingJsonl(url, storage=storage)) == _flipped(RECORDS[:500])
     assert not [p for p in cache.rglob("*") if p.is_file() and p.name.endswith(".jsonl")]
     assert any("not cached" in r.getMessage() and "ETag" in r.getMessage()
                for r in caplog.records)

@@ -21,7 +21,7 @@ import pytest
 
 from preprocess.cli import main as convert_main
 from preprocess.convert import convert
-from streamds import StreamingJsonl, merge_states
+from streamds import Storage, StreamingJsonl, merge_states
 from streamds.redact import describe_error, redact, safe_cause, scrubbed
 from streamds.retry import GaveUpError, RetryPolicy, retrying
 from streamds.tools.cli import main as streamds_main
@@ -176,8 +176,8 @@ def test_a_missing_url_is_named_without_its_credentials(served, caplog):
 
 def test_reading_shows_no_credential_in_reprs_states_or_logs(served, caplog):
     caplog.set_level(logging.DEBUG)
-    ds = StreamingJsonl(secret_url(served, "a.jsonl"), block_size=64 << 10, retry=FAST,
-                        shuffle=True)
+    ds = StreamingJsonl(secret_url(served, "a.jsonl"), shuffle=True,
+                        storage=Storage(block_size=64 << 10, retry=FAST))
     served.reset_log()
     served.faults = Faults(fail_every=3)  # every third ranged GET: 503, retried and logged
     try:
@@ -214,7 +214,7 @@ def test_a_state_resumes_under_a_url_signed_anew(served):
 
 def test_a_read_that_gives_up_names_the_shard_without_credentials(served, caplog):
     caplog.set_level(logging.DEBUG)
-    ds = StreamingJsonl(secret_url(served, "a.jsonl"), retry=FAST)
+    ds = StreamingJsonl(secret_url(served, "a.jsonl"), storage=Storage(retry=FAST))
     served.faults = Faults(fail_every=1)
     try:
         with pytest.raises(GaveUpError, match=r"a\.jsonl") as caught:
@@ -228,7 +228,7 @@ def test_a_read_that_gives_up_names_the_shard_without_credentials(served, caplog
 def test_the_cache_holds_no_credential_in_its_file_names(served, tmp_path, caplog):
     caplog.set_level(logging.DEBUG)
     cache = tmp_path / "cache"
-    ds = StreamingJsonl(secret_url(served, "a.jsonl"), cache_dir=cache)
+    ds = StreamingJsonl(secret_url(served, "a.jsonl"), storage=Storage(cache_dir=cache))
     assert len(list(ds)) == len(RECORDS)
     _wait_for_copies()
     assert [p for p in cache.rglob("*") if p.name.endswith("a.jsonl")], "nothing was cached"
@@ -352,18 +352,19 @@ def test_s3_storage_options_never_reach_a_message_a_log_or_a_file(tmp_path, capl
     with serve_s3() as (endpoint_url, options):
         upload_folder(tmp_path / "up", "secrets-corpus", endpoint_url=endpoint_url)
         options = {**options, "key": CREDENTIAL, "secret": PASSWORD, "token": TOKEN}
-        ds = StreamingJsonl("s3://secrets-corpus/a.jsonl", storage_options=options)
+        ds = StreamingJsonl("s3://secrets-corpus/a.jsonl", storage=Storage(options=options))
         assert [r["id"] for r in ds] == list(range(300))
         assert_clean(repr(ds) + repr(ds.shards) + repr(ds.state_dict()), "a repr or state")
         with pytest.raises(FileNotFoundError) as caught:
-            StreamingJsonl("s3://secrets-corpus/nope.jsonl", storage_options=options)
+            StreamingJsonl("s3://secrets-corpus/nope.jsonl", storage=Storage(options=options))
         assert_error_clean(caught.value)
         with pytest.raises(TypeError) as caught:
             StreamingJsonl("s3://secrets-corpus/a.jsonl",
-                           storage_options={**options, "bogus_option": SIGNATURE})
+                           storage=Storage(options={**options, "bogus_option": SIGNATURE}))
         assert_error_clean(caught.value)
         with pytest.raises(ValueError) as caught:
-            StreamingJsonl("s3://secrets-corpus/a.jsonl", storage_options=orjson.dumps(options))
+            StreamingJsonl("s3://secrets-corpus/a.jsonl",
+                           storage=Storage(options=orjson.dumps(options)))
         assert_error_clean(caught.value)
         out = tmp_path / "out"
         convert(["s3://secrets-corpus/a.jsonl"], out, storage_options=options, progress=None)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-from streamds import StreamingJsonl
+from streamds import Storage, StreamingJsonl
 from streamds.resume.plain_loader import batches_per_reader
 
 BATCH = 16
@@ -45,7 +45,8 @@ def ids(ds: StreamingJsonl, workers: int, drop_last: bool, limit: int | None = N
 @pytest.mark.parametrize("workers", [0, 2, 3])
 @pytest.mark.parametrize("drop_last", [False, True], ids=["keep-last", "drop-last"])
 def test_resumed_plain_loader_continues_exactly(corpus, shuffle, workers, drop_last):
-    ds = StreamingJsonl(corpus, shuffle=shuffle, seed=5, buffer_size=100, block_size=64 << 10)
+    ds = StreamingJsonl(corpus, shuffle=shuffle, seed=5, buffer_size=100,
+                        storage=Storage(block_size=64 << 10))
     full = ids(ds, workers, drop_last)
     assert len(set(full)) == len(full)
     for consumed in (0, 1, 37, 200, len(full) // BATCH):  # past the end raises (test_edges)
@@ -56,7 +57,7 @@ def test_resumed_plain_loader_continues_exactly(corpus, shuffle, workers, drop_l
 
 
 def test_resume_point_applies_to_its_epoch_only(corpus):
-    ds = StreamingJsonl(corpus, shuffle=True, seed=1, block_size=64 << 10)
+    ds = StreamingJsonl(corpus, shuffle=True, seed=1, storage=Storage(block_size=64 << 10))
     resumed = ds.resume_after_batches(50, batch_size=BATCH, num_workers=0)
     resumed.set_epoch(1)
     ds.set_epoch(1)

@@ -79,8 +79,8 @@ def messy(tmp_path_factory) -> dict[str, Any]:
 
 
 def dataset(root: Path) -> StreamingJsonl:
-    return (StreamingJsonl(root, shuffle=True, seed=3, buffer_size=200, block_size=64 << 10,
-                           on_error="skip")
+    return (StreamingJsonl(root, shuffle=True, seed=3, buffer_size=200, on_error="skip",
+                           storage=streamds.Storage(block_size=64 << 10))
             .filter(odd_only)
             .map(tag))
 

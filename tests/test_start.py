@@ -42,8 +42,10 @@ def unreadable(root: Path) -> Iterator[None]:
         away.rename(root)
 
 
-def dataset(root: Path, **options: Any) -> StreamingJsonl:
-    return StreamingJsonl(str(root), shuffle=True, seed=SEED, buffer_size=16, **options)
+def dataset(root: Path, resume_from: dict[str, Any] | None = None,
+            **options: Any) -> StreamingJsonl:
+    data = StreamingJsonl(str(root), shuffle=True, seed=SEED, buffer_size=16, **options)
+    return data if resume_from is None else data.with_resume(resume_from)
 
 
 def ids(data: Any) -> list[int]:

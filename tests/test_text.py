@@ -11,6 +11,7 @@ import pytest
 import preprocess.text as text
 from corpora.synthetic import write_pubmed
 from preprocess.text import drop_short, select, strip_tags, summarisation, to_summarisation
+from streamds import Storage
 
 RECORD = {
     "article_id": "PMC7",
@@ -108,7 +109,7 @@ def test_in_stream_with_two_dataloader_workers(tmp_path):
     write_pubmed(path, target_bytes=200_000, record_chars=1500)
     records = [orjson.loads(line) for line in path.read_bytes().splitlines()]
     transform = summarisation(max_words=30, lower=True)
-    ds = StreamingJsonl(path, transform=transform, block_size=64 << 10)
+    ds = StreamingJsonl(path, storage=Storage(block_size=64 << 10)).map(transform)
     got = list(DataLoader(ds, batch_size=None, num_workers=2))
     expected = [transform(r) for r in records]
     assert sorted(got, key=lambda r: r["id"]) == sorted(expected, key=lambda r: r["id"])

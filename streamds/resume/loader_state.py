@@ -48,7 +48,7 @@ def load_loader_state(loader: Any, state: dict[str, Any]) -> None:
             f"the loader state was taken with num_workers={saved}, but this loader has "
             f"num_workers={have}; resume with num_workers={saved}, or finish the epoch with "
             "any number of workers: merged = streamds.merge_states([...]) over the loader "
-            "states of every rank, then a fresh loader over StreamingJsonl(..., "
-            "resume_from=merged) (without load_state_dict)"
+            "states of every rank, then a fresh loader over StreamingJsonl(...)"
+            ".with_resume(merged) (without load_state_dict)"
         )
     loader.load_state_dict(state)

@@ -270,7 +270,7 @@ def merge_states(states: Any) -> dict[str, Any]:
 
     `states`: the `state_dict()` of each rank's StatefulDataLoader (or of each dataset), in
     a list; reader states are found wherever they nest. Load the result with
-    ``StreamingJsonl(source, ..., resume_from=merged, rank=r, world_size=n)``.
+    ``StreamingJsonl(source, ..., rank=r, world_size=n).with_resume(merged)``.
 
     States of a `streamds.Mix` merge source by source (load with ``Mix(..., resume_from=)``);
     states of a packed dataset keep every reader's leftover tokens (load with

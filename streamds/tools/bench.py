@@ -378,7 +378,8 @@ def build_dataset(
     transform: Callable[[Any], Any] | None,
 ) -> StreamingJsonl:
     """The dataset the user would train on, as the bench's options describe it."""
-    return StreamingJsonl(source, shuffle=shuffle, buffer_size=buffer_size, transform=transform)
+    dataset = StreamingJsonl(source, shuffle=shuffle, buffer_size=buffer_size)
+    return dataset if transform is None else dataset.map(transform)
 
 
 def run_bench(
