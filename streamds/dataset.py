@@ -1,8 +1,10 @@
 """`StreamingJsonl`: the public IterableDataset, a picklable description of a pipeline.
 
-Nothing opens in the constructor beyond listing the source; each iterator (one per DataLoader
-worker) detects its world, takes its `ReaderState` (fresh, loaded, a share of a merged state,
-or computed from a plain loader's batch count) and builds its pipeline from it: one path.
+Nothing opens in the constructor beyond listing the source. The dataset holds one `Start`
+(where its next iterator starts: fresh, loaded, a merged state, a plain loader's batch count);
+each iterator (one per DataLoader worker) detects its world, turns that into one `ReaderState`
+(`streamds.start.choose`) and builds its pipeline from it: one path. How the files are reached
+is one `streamds.Storage`.
 """
 
 from __future__ import annotations
