@@ -55,8 +55,10 @@ from .seeds import rng_for
 from .world import World, detect_world
 
 if TYPE_CHECKING:
+    from .buckets import Rule
     from .dataset import StreamingJsonl
     from .pack import Packed, PackTokens
+    from .train.batching import Batched
 
 __all__ = ["STOPS", "Mix"]
 
@@ -236,6 +238,19 @@ class Mix(IterableDataset):
         from .pack import Packed
 
         return Packed(self, packer)
+
+    def batch(
+        self, size: int | Rule, *, collate: Callable[[list[Any]], Any] | None = None,
+        drop_last: bool = False,
+    ) -> Batched:
+        """The mixed records in whole batches, as ``StreamingJsonl.batch``: `size` records
+        per batch or a ``streamds.LengthBuckets`` / ``streamds.TokenBudget`` rule; `collate`
+        makes the batch (None: a `streamds.RecordBatch`). Use it with
+        ``DataLoader(mix.batch(n, collate=...), batch_size=None)``; a state taken after any
+        batch resumes exactly. Batch here rather than the sources (Mix refuses batched ones)."""
+        from .train.batching import Batched
+
+        return Batched(self, size, collate=collate, drop_last=drop_last)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: it seeds the draws and every source's order. Call it rather

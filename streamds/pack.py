@@ -27,9 +27,9 @@ from __future__ import annotations
 import copy
 from array import array
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import IterableDataset
@@ -40,6 +40,10 @@ from .resume.merge import MERGED_PACKED_FORMAT, PACKED_FORMAT
 from .resume.state import check_state
 from .resume.totals import PACK_COUNTERS
 from .world import World, detect_world
+
+if TYPE_CHECKING:
+    from .buckets import Rule
+    from .train.batching import Batched
 
 __all__ = ["PackTokens", "Packed", "document_mask"]
 
@@ -155,8 +159,27 @@ class Packed(IterableDataset):
             return dict.fromkeys(PACK_COUNTERS, 0)
         return dict(self._active.counts)
 
+    @property
+    def epoch(self) -> int:
+        """The source's epoch (packing follows it)."""
+        return self.source.epoch
+
     def set_epoch(self, epoch: int) -> None:
         self.source.set_epoch(epoch)
+
+    def batch(
+        self, size: int | Rule, *, collate: Callable[[list[Any]], Any] | None = None,
+        drop_last: bool = False,
+    ) -> Batched:
+        """The packed sequences in whole batches, as ``StreamingJsonl.batch``: `size`
+        sequences per batch (or a ``streamds.LengthBuckets`` / ``TokenBudget`` rule, though
+        packed sequences all have one length); `collate` makes the batch, e.g.
+        ``torch.utils.data.default_collate`` for stacked tensors (None: a
+        `streamds.RecordBatch`). Use it with ``DataLoader(packed.batch(n, ...),
+        batch_size=None)``; a state taken after any batch resumes exactly."""
+        from .train.batching import Batched
+
+        return Batched(self, size, collate=collate, drop_last=drop_last)
 
     # -- iteration -----------------------------------------------------------------------
 

@@ -1,0 +1,243 @@
+"""`.batch(...)` on a `Mix` and on packed data: exactly once per epoch, exact resume after any
+batch (0 and 2 workers), the same semantics as `StreamingJsonl.batch`; and the deprecated
+wrappers (`Batches`, `BucketBatches`, `TokenBudgetBatches`) warn with the spelling to use.
+
+Two small corpora of plain JSONL (ids 0.. and 10_000..), shuffled. Resume checks use the
+shared contract (`resume_contract.run_test_save_load_state`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from typing import Any
+
+import corpus
+import pytest
+from resume_contract import ids, run_test_save_load_state
+from test_elastic import assert_exactly_once
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+import streamds
+from streamds import (
+    LengthBuckets,
+    Mix,
+    PackTokens,
+    StateMismatchError,
+    StreamingJsonl,
+    TokenBudget,
+    merge_states,
+)
+from streamds.batch import RecordBatch
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
+]
+
+SIZES = {"a": (3, 25, 0), "b": (2, 20, 10_000)}  # files, records per file, first id
+EOS = 0
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, list[int]]]:
+    root = tmp_path_factory.mktemp("batch_mix")
+    found = {}
+    for name, (files, per_file, first) in SIZES.items():
+        (root / name).mkdir()
+        every: list[int] = []
+        for number in range(files):
+            start = first + number * per_file
+            corpus.write_plain(root / name / f"part-{number}.jsonl",
+                               corpus.jsonl(corpus.make_records(per_file, start=start)))
+            every += range(start, start + per_file)
+        found[name] = (str(root / name), every)
+    return found
+
+
+def every_id(sources: dict[str, tuple[str, list[int]]]) -> list[int]:
+    return [i for _, every in sources.values() for i in every]
+
+
+def mix(sources: dict[str, tuple[str, list[int]]], **world: Any) -> Mix:
+    readers = [StreamingJsonl(path, shuffle=True, seed=5, buffer_size=8, **world)
+               for path, _ in sources.values()]
+    return Mix(readers, [0.6, 0.4], seed=3, stop="all")
+
+
+def text_length(record: dict[str, Any]) -> int:
+    return len(record["text"])
+
+
+def tokens(record: dict[str, Any]) -> dict[str, Any]:
+    """Record id i -> 1 + i % 5 tokens of value i + 1 (never EOS), so tokens name records."""
+    return {"input_ids": [record["id"] + 1] * (1 + record["id"] % 5)}
+
+
+def token_lists(batch: list[dict[str, Any]]) -> list[list[int]]:
+    """Collate packed sequences to plain lists (comparable with ==, picklable)."""
+    return [sequence["input_ids"].tolist() for sequence in batch]
+
+
+def packed(sources: dict[str, tuple[str, list[int]]]) -> Any:
+    path, _ = sources["a"]
+    reader = StreamingJsonl(path, shuffle=True, seed=5, buffer_size=8).map(tokens)
+    return reader.pack(PackTokens(seq_len=7, eos_id=EOS, key="input_ids"))
+
+
+def tokens_of(batches: list[list[list[int]]]) -> Counter[int]:
+    return Counter(t for batch in batches for seq in batch for t in seq if t != EOS)
+
+
+def expected_tokens(every: list[int]) -> Counter[int]:
+    return Counter({i + 1: 1 + i % 5 for i in every})
+
+
+# -- Mix.batch ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_mix_batch_resumes_exactly_after_any_batch(sources, workers: int) -> None:
+    def make() -> StatefulDataLoader:
+        return StatefulDataLoader(mix(sources).batch(4, collate=ids), batch_size=None,
+                                  num_workers=workers)
+
+    cuts = range(0, 30) if workers == 0 else [0, 1, 5, 13]
+    reference = run_test_save_load_state(make, cuts)
+    assert_exactly_once(reference, every_id(sources))
+    full = [len(batch) for batch in reference]
+    assert max(full) == 4 and full.count(4) >= len(full) - max(1, workers)  # a short end each
+
+
+@pytest.mark.parametrize("rule", [
+    LengthBuckets(4, buffer_size=12, length=text_length),
+    LengthBuckets(4, buffer_size=12, length=text_length, drop_last=True),
+    TokenBudget(60, buffer_size=10, length=text_length),
+])
+def test_mix_batch_by_rule_resumes_exactly(sources, rule) -> None:
+    make = lambda: mix(sources).batch(rule, collate=ids)  # noqa: E731
+    reference = run_test_save_load_state(make, range(0, 25))
+    seen = [i for batch in reference for i in batch]
+    if getattr(rule, "drop_last", False):
+        assert all(len(batch) == 4 for batch in reference)
+        assert len(every_id(sources)) - 4 < len(seen) <= len(every_id(sources))
+        assert len(set(seen)) == len(seen)
+    else:
+        assert_exactly_once([seen], every_id(sources))
+    if isinstance(rule, TokenBudget):
+        lengths = {r["id"]: len(r["text"]) for _, (path, _) in enumerate(sources.values())
+                   for r in StreamingJsonl(path)}
+        assert all(len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 60 for b in reference)
+
+
+def test_mix_batch_every_epoch_once_in_a_new_order(sources) -> None:
+    batched = mix(sources).batch(5, collate=ids)
+    epochs = []
+    for epoch in range(2):
+        batched.set_epoch(epoch)
+        assert batched.source.epoch == epoch  # the mix's epoch moves with it
+        epochs.append(list(batched))
+        assert_exactly_once(epochs[-1], every_id(sources))
+    assert epochs[0] != epochs[1]
+
+
+def test_mix_batch_has_the_semantics_of_streamingjsonl_batch(sources) -> None:
+    plain = [record["id"] for record in mix(sources)]
+    batches = list(mix(sources).batch(8))
+    assert all(isinstance(batch, RecordBatch) for batch in batches)  # the default collate
+    assert [r["id"] for batch in batches for r in batch] == plain  # arrival order, all of it
+    assert [len(b) for b in batches] == [8] * (len(plain) // 8) + [len(plain) % 8]
+    dropped = list(mix(sources).batch(8, collate=ids, drop_last=True))
+    assert [i for batch in dropped for i in batch] == plain[: len(plain) // 8 * 8]
+    with pytest.raises(ValueError, match="pass drop_last to LengthBuckets"):
+        mix(sources).batch(LengthBuckets(4), drop_last=True)
+    with pytest.raises(ValueError, match="size"):
+        mix(sources).batch(0)
+    with pytest.raises(ValueError, match="collate must be callable"):
+        mix(sources).batch(4, collate="ids")
+
+
+def test_mix_batch_state_is_refused_by_another_batching(sources) -> None:
+    first = mix(sources).batch(4, collate=ids)
+    iterator = iter(first)
+    next(iterator)
+    state = first.state_dict()
+    with pytest.raises(StateMismatchError, match="configured as"):
+        mix(sources).batch(5, collate=ids).load_state_dict(state)
+    with pytest.raises(StateMismatchError, match="configured as"):
+        mix(sources).batch(LengthBuckets(4, length=text_length)).load_state_dict(state)
+
+
+def test_mix_batch_merges_and_resumes_in_another_world(sources) -> None:
+    """Fixed-size batches end a pool at every batch, so merge_states carries them over."""
+    consumed: list[int] = []
+    states = []
+    for rank, count in ((0, 3), (1, 5)):
+        batched = mix(sources, rank=rank, world_size=2).batch(4, collate=ids)
+        iterator = iter(batched)
+        for _ in range(count):
+            consumed += next(iterator)
+        states.append(batched.state_dict())
+    resumed = mix(sources).batch(4, collate=ids).with_resume(merge_states(states))
+    rest = [i for batch in resumed for i in batch]
+    assert_exactly_once([consumed, rest], every_id(sources))
+
+
+# -- packed data -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_packed_batch_resumes_exactly_after_any_batch(sources, workers: int) -> None:
+    def make() -> StatefulDataLoader:
+        return StatefulDataLoader(packed(sources).batch(3, collate=token_lists),
+                                  batch_size=None, num_workers=workers)
+
+    cuts = range(0, 16) if workers == 0 else [0, 1, 4, 9]
+    reference = run_test_save_load_state(make, cuts)
+    assert tokens_of(reference) == expected_tokens(sources["a"][1])  # every token once
+    assert all(len(seq) == 7 for batch in reference for seq in batch)
+
+
+def test_packed_batch_is_the_packed_sequences_in_order(sources) -> None:
+    sequences = token_lists(list(packed(sources)))
+    batches = list(packed(sources).batch(4, collate=token_lists))
+    assert [seq for batch in batches for seq in batch] == sequences
+    kept = list(packed(sources).batch(4, collate=token_lists, drop_last=True))
+    assert [len(b) for b in kept] == [4] * (len(sequences) // 4)
+    batched = packed(sources).batch(4, collate=token_lists)
+    batched.set_epoch(1)
+    assert batched.source.epoch == 1
+    assert list(batched) != batches  # the reader's next epoch's order
+
+
+# -- the deprecated wrappers -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["Batches", "BucketBatches", "TokenBudgetBatches"])
+def test_wrappers_left_the_public_api_and_warn_when_imported(name: str) -> None:
+    assert name not in streamds.__all__
+    assert name not in dir(streamds)
+    with pytest.deprecated_call(match=r"\.batch\("):
+        wrapper = getattr(streamds, name)
+    from streamds.train import batching
+
+    assert wrapper is getattr(batching, name)  # still the same class, for one release
+
+
+def test_wrappers_warn_when_constructed() -> None:
+    from streamds.train.batching import Batches, BucketBatches, TokenBudgetBatches
+
+    records = [{"input_ids": [1] * n} for n in range(1, 9)]
+    with pytest.deprecated_call(match=r"dataset\.batch\(n"):
+        Batches(records, batch_size=2)
+    with pytest.deprecated_call(match=r"LengthBuckets\(n"):
+        BucketBatches(records, batch_size=2)
+    with pytest.deprecated_call(match=r"TokenBudget\(max_tokens"):
+        TokenBudgetBatches(records, max_tokens=8)
+
+
+def test_batch_on_mix_and_packed_does_not_warn(sources) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        assert list(mix(sources).batch(LengthBuckets(4, length=text_length), collate=ids))
+        assert list(packed(sources).batch(2, collate=token_lists))
