@@ -39,6 +39,7 @@ from .errors import StateMismatchError
 from .resume.merge import MERGED_PACKED_FORMAT, PACKED_FORMAT
 from .resume.state import check_state
 from .resume.totals import PACK_COUNTERS
+from .transform import Step, apply_steps
 from .world import World, detect_world
 
 if TYPE_CHECKING:
@@ -135,6 +136,7 @@ class Packed(IterableDataset):
         self._pending: dict[str, Any] | None = None  # a loaded state, for the next iterator
         self._merged: dict[str, Any] | None = None  # leftovers of an elastic resume
         self._active: _Cursor | None = None
+        self._steps: tuple[Step, ...] = ()  # map and filter of the sequences (.map/.filter)
 
     def __repr__(self) -> str:
         return f"Packed({self.source!r}, {self.packer!r})"
@@ -216,7 +218,30 @@ class Packed(IterableDataset):
         cursor = self._start(detect_world(self.rank, self.world_size))
         self._pending = None  # a loaded state starts one iterator
         self._active = cursor
-        return self._generate(iter(self.source), cursor)
+        sequences = self._generate(iter(self.source), cursor)
+        # -> its own map and filter, on whole sequences (a state between them stays exact)
+        return apply_steps(sequences, self._steps, "this packed dataset") if self._steps else (
+            sequences)
+
+    def _with_step(self, step: Step) -> Packed:
+        clone = copy.copy(self)
+        clone._steps = (*self._steps, step)
+        clone._active = None
+        return clone
+
+    def map(self, fn: Callable[[Any], Any]) -> Packed:
+        """A new packed dataset whose sequences are `fn(sequence)` (None drops one), e.g. to
+        add an attention mask; tokens of a dropped sequence still count as packed."""
+        if not callable(fn):
+            raise ValueError(f"map needs a callable, got {fn!r}")
+        return self._with_step(Step("map", fn))
+
+    def filter(self, predicate: Callable[[Any], bool]) -> Packed:
+        """A new packed dataset keeping the sequences for which `predicate(sequence)` is
+        true."""
+        if not callable(predicate):
+            raise ValueError(f"filter needs a callable, got {predicate!r}")
+        return self._with_step(Step("filter", predicate))
 
     def _ids(self, record: Any, number: int) -> array[int]:
         """The token ids of `record` (document `number` of this reader), then `eos_id`."""

@@ -1,6 +1,7 @@
 """`.batch(...)` on a `Mix` and on packed data: exactly once per epoch, exact resume after any
-batch (0 and 2 workers), the same semantics as `StreamingJsonl.batch`; and the deprecated
-wrappers (`Batches`, `BucketBatches`, `TokenBudgetBatches`) warn with the spelling to use.
+batch (0 and 2 workers), the same semantics as `StreamingJsonl.batch`; `.map`/`.filter` on
+both; and the deprecated wrappers (`Batches`, `BucketBatches`, `TokenBudgetBatches`) warn with
+the spelling to use.
 
 Two small corpora of plain JSONL (ids 0.. and 10_000..), shuffled. Resume checks use the
 shared contract (`resume_contract.run_test_save_load_state`).
@@ -208,6 +209,98 @@ def test_packed_batch_is_the_packed_sequences_in_order(sources) -> None:
     batched.set_epoch(1)
     assert batched.source.epoch == 1
     assert list(batched) != batches  # the reader's next epoch's order
+
+
+# -- map and filter on a Mix and on packed data -----------------------------------------------
+
+
+def even(record: dict[str, Any]) -> bool:
+    return record["id"] % 2 == 0
+
+
+def id_only(record: dict[str, Any]) -> dict[str, Any]:
+    return {"id": record["id"], "double": 2 * record["id"]}
+
+
+def no_nines(sequence: dict[str, Any]) -> bool:
+    """Drops the packed sequences holding a token of record id 8 (value 9)."""
+    return 9 not in sequence["input_ids"].tolist()
+
+
+def with_length(sequence: dict[str, Any]) -> dict[str, Any]:
+    return {**sequence, "real": int((sequence["document_ids"] >= 0).sum())}
+
+
+def sequence_ids(batch: list[dict[str, Any]]) -> list[Any]:
+    return [[seq["input_ids"].tolist(), seq["real"]] for seq in batch]
+
+
+def fails_on_seven(record: dict[str, Any]) -> dict[str, Any]:
+    if record["id"] == 7:
+        raise KeyError("no such field")
+    return record
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_mix_map_and_filter_resume_exactly(sources, workers: int) -> None:
+    def make() -> StatefulDataLoader:
+        return StatefulDataLoader(mix(sources).filter(even).map(id_only), batch_size=3,
+                                  num_workers=workers, collate_fn=ids)
+
+    cuts = range(0, 21) if workers == 0 else [0, 2, 7]
+    reference = run_test_save_load_state(make, cuts)
+    kept = [i for i in every_id(sources) if i % 2 == 0]
+    assert_exactly_once(reference, kept)
+    if workers == 0:
+        plain = [id_only(r) for r in mix(sources) if even(r)]
+        assert list(mix(sources).filter(even).map(id_only)) == plain
+
+
+def test_mix_map_leaves_the_mix_it_came_from_alone(sources) -> None:
+    plain = mix(sources)
+    mapped = plain.map(id_only)
+    first = iter(plain)
+    head = [next(first)["id"] for _ in range(5)]
+    state = plain.state_dict()
+    assert [r["double"] for r in mapped][:5] == [2 * i for i in head]  # its own sources
+    assert plain.state_dict() == state  # still where this mix's own reader stands
+    assert head + [r["id"] for r in first] == [r["id"] for r in mix(sources)]
+    assert plain.taken == [75, 40]
+    batched = plain.filter(even).batch(4, collate=ids)  # .filter(...).batch(...) chains
+    assert_exactly_once(list(batched), [i for i in every_id(sources) if i % 2 == 0])
+
+
+def test_mix_map_error_keeps_its_type_and_names_the_step(sources) -> None:
+    with pytest.raises(KeyError) as caught:
+        list(mix(sources).map(fails_on_seven))
+    assert "map step 1 of 1" in "".join(caught.value.__notes__)
+    assert "this Mix" in "".join(caught.value.__notes__)
+    with pytest.raises(ValueError, match="map needs a callable"):
+        mix(sources).map(3)
+
+
+def test_mix_filter_refuses_a_plain_loader_resume(sources) -> None:
+    with pytest.raises(ValueError, match=r"a \.filter\(\) step"):
+        mix(sources).filter(even).resume_after_batches(2, batch_size=4, num_workers=0)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_packed_map_filter_batch_resume_exactly(sources, workers: int) -> None:
+    def make() -> StatefulDataLoader:
+        batched = packed(sources).filter(no_nines).map(with_length).batch(
+            2, collate=sequence_ids)
+        return StatefulDataLoader(batched, batch_size=None, num_workers=workers)
+
+    cuts = range(0, 22) if workers == 0 else [0, 3, 8]
+    reference = run_test_save_load_state(make, cuts)
+    sequences = [seq for batch in reference for seq in batch]
+    assert all(9 not in tokens for tokens, _ in sequences)
+    padded = [real for _, real in sequences if real < 7]  # the map saw each sequence
+    assert 1 <= len(padded) <= max(1, workers)  # each reader's last one only
+    if workers == 0:
+        whole = [with_length(seq) for seq in packed(sources) if no_nines(seq)]
+        assert sequences == [[seq["input_ids"].tolist(), seq["real"]] for seq in whole]
+        assert len(whole) < len(list(packed(sources)))  # the filter dropped some
 
 
 # -- the deprecated wrappers -------------------------------------------------------------------
