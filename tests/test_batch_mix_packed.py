@@ -199,6 +199,24 @@ def test_packed_batch_resumes_exactly_after_any_batch(sources, workers: int) -> 
     assert all(len(seq) == 7 for batch in reference for seq in batch)
 
 
+def test_packed_batch_merges_and_resumes_in_another_world(sources) -> None:
+    path, every = sources["a"]
+    consumed: list[list[list[int]]] = []
+    states = []
+    for rank, count in ((0, 2), (1, 1)):
+        reader = StreamingJsonl(path, shuffle=True, seed=5, buffer_size=8, rank=rank,
+                                world_size=2).map(tokens)
+        batched = reader.pack(PackTokens(seq_len=7, eos_id=EOS)).batch(2, collate=token_lists)
+        iterator = iter(batched)
+        consumed += [next(iterator) for _ in range(count)]
+        states.append(batched.state_dict())
+    merged = merge_states(states)
+    rest = list(packed(sources).batch(2, collate=token_lists).with_resume(merged))
+    assert tokens_of(consumed + rest) == expected_tokens(every)  # every token once
+    with pytest.raises(ValueError, match="StatefulDataLoader"):
+        packed(sources).batch(2).resume_after_batches(3, batch_size=2, num_workers=0)
+
+
 def test_packed_batch_is_the_packed_sequences_in_order(sources) -> None:
     sequences = token_lists(list(packed(sources)))
     batches = list(packed(sources).batch(4, collate=token_lists))

@@ -405,6 +405,16 @@ class Batched(_PoolBatcher):
             return []
         return [list(range(len(lengths)))]
 
+    def resume_after_batches(self, consumed: int, **loader: Any) -> Batched:
+        """Refused: a plain DataLoader's batch count does not tell where the pools of the
+        readers stood; resume through `state_dict()` (torchdata's StatefulDataLoader)."""
+        raise ValueError(
+            f"resume_after_batches({consumed}): the batches of a Mix or packed dataset "
+            "cannot be resumed from a plain DataLoader's batch count; use torchdata's "
+            "StatefulDataLoader and checkpoint loader.state_dict() (a state taken after any "
+            "batch resumes exactly)"
+        )
+
     def with_resume(self, merged: dict[str, Any]) -> Batched:
         """The same batches of ``source.with_resume(merged)`` (`streamds.merge_states` of the
         states of every reader): a fresh pool batcher over the resumed source."""
