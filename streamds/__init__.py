@@ -11,11 +11,10 @@ importing torch.
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
-    "Batches",
-    "BucketBatches",
     "CorruptRecordError",
     "CorruptShardError",
     "DevicePrefetcher",
@@ -33,7 +32,6 @@ __all__ = [
     "StateMismatchError",
     "StreamingJsonl",
     "TokenBudget",
-    "TokenBudgetBatches",
     "World",
     "as_list",
     "counts_of",
@@ -50,10 +48,7 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _HOMES = {
-    "Batches": "train.batching",
-    "BucketBatches": "train.batching",
     "PaddingStats": "train.batching",
-    "TokenBudgetBatches": "train.batching",
     "padding_of": "train.batching",
     "LengthBuckets": "buckets",
     "TokenBudget": "buckets",
@@ -83,7 +78,20 @@ _HOMES = {
 }
 
 
+# deprecated names (one release): still importable from here, with a DeprecationWarning that
+# names the `.batch(...)` spelling; not in __all__, and not cached, so every import warns
+_DEPRECATED = {
+    "Batches": "train.batching",
+    "BucketBatches": "train.batching",
+    "TokenBudgetBatches": "train.batching",
+}
+
+
 def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:
+        module = importlib.import_module(f".{_DEPRECATED[name]}", __name__)
+        warnings.warn(module.deprecation(name), DeprecationWarning, stacklevel=2)
+        return getattr(module, name)
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'streamds' has no attribute {name!r}")
@@ -113,7 +121,7 @@ if TYPE_CHECKING:
     from .resume.merge import merge_states
     from .resume.totals import counts_of, source_counts, token_counts
     from .retry import RetryPolicy
-    from .train.batching import Batches, BucketBatches, PaddingStats, TokenBudgetBatches, padding_of
+    from .train.batching import PaddingStats, padding_of
     from .train.collate import PadCollate, as_list
     from .train.prefetch import DevicePrefetcher
     from .train.rebatch import Rebatch

@@ -15,7 +15,6 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from streamds import (
-    BucketBatches,
     LengthBuckets,
     StateMismatchError,
     StreamingJsonl,
@@ -24,11 +23,12 @@ from streamds import (
 )
 from streamds.buckets import pool_rng
 from streamds.seeds import shuffle_seed_parts
-from streamds.train.batching import padding_of
+from streamds.train.batching import BucketBatches, padding_of
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
     pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
+    pytest.mark.filterwarnings("ignore:streamds .*Batches is deprecated:DeprecationWarning"),
 ]
 
 RULES = {

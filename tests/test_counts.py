@@ -24,7 +24,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 import streamds
 import streamds.transform
-from streamds import Batches, StreamingJsonl
+from streamds import StreamingJsonl
+from streamds.train.batching import Batches
 
 BAD_LINE = b'{"id": "cut'
 START = (1000, 5000)  # the first record id of each shard
@@ -236,6 +237,7 @@ def test_counts_survive_a_resume_and_count_the_whole_epoch(defects, shuffle, cap
     assert (counts["bad"], counts["blank"]) == (defects["bad"], defects["blank"])
 
 
+@pytest.mark.filterwarnings("ignore:streamds Batches is deprecated:DeprecationWarning")
 def test_counts_of_batcher_rank_and_merged_states(defects):
     def ranks(shuffle: bool) -> list[StreamingJsonl]:
         return [skipping(defects["root"], rank=rank, world_size=2, shuffle=shuffle)

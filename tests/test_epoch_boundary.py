@@ -41,6 +41,7 @@ from streamds.train.batching import Batches, BucketBatches, TokenBudgetBatches
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
     pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
+    pytest.mark.filterwarnings("ignore:streamds .*Batches is deprecated:DeprecationWarning"),
 ]
 
 EPOCHS = 3  # the uninterrupted run: epochs 0, 1 and 2
