@@ -22,8 +22,8 @@ from streamds import (
     TokenBudget,
     merge_states,
 )
-from streamds.buckets import pool_rng
 from streamds.seeds import shuffle_seed_parts
+from streamds.stages.buckets import pool_rng
 from streamds.train.batching import padding_of
 
 pytestmark = [

@@ -34,8 +34,8 @@ from torch.utils.data import IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from streamds import StreamingJsonl
-from streamds.plan import MIN_BLOCK_SIZE, make_blocks
-from streamds.shards import resolve_shards
+from streamds.storage.plan import MIN_BLOCK_SIZE, make_blocks
+from streamds.storage.shards import resolve_shards
 from streamds.train.batching import Batches, BucketBatches, TokenBudgetBatches
 
 pytestmark = [

@@ -76,15 +76,6 @@ def layer_problems(edges: list[Edge], packages: set[str]) -> list[str]:
     return problems
 
 
-TODAY = pytest.mark.xfail(
-    strict=True,
-    reason="today streamds/*.py mixes every layer (core, storage, stages, datasets) and "
-    "imports resume/ and train/ (batch, parse_later -> train.shm_ring; pipeline -> "
-    "resume.state), resume.merge imports train.batching and train.rebatch, checks and "
-    "preprocess import tools.units and tools.spec: the moves of issue 28 item 2 fix them",
-)
-
-
 @pytest.fixture(scope="module")
 def project() -> tuple[list[Edge], set[str]]:
     modules = walk_modules(REPO, PACKAGES)
@@ -92,20 +83,17 @@ def project() -> tuple[list[Edge], set[str]]:
     return import_edges(REPO, PACKAGES), packages
 
 
-@TODAY
 def test_every_folder_is_a_layer(project: tuple[list[Edge], set[str]]) -> None:
     _, packages = project
     assert packages == set(RANK), "each folder of the package is one row of LAYERS"
 
 
-@TODAY
 def test_imports_follow_the_layer_order(project: tuple[list[Edge], set[str]]) -> None:
     edges, packages = project
     problems = layer_problems(edges, packages)
     assert not problems, "imports against the layers:\n" + "\n".join(problems)
 
 
-@TODAY
 def test_folders_import_each_other_without_a_cycle(
     project: tuple[list[Edge], set[str]],
 ) -> None:

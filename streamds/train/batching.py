@@ -36,11 +36,11 @@ from typing import Any
 
 from torch.utils.data import IterableDataset
 
-from ..buckets import Length, LengthBuckets, TokenBudget, as_length
 from ..checks import check_int
 from ..errors import StateMismatchError
-from ..resume.state import check_epoch_change
 from ..seeds import derive_seed
+from ..stages.buckets import Length, LengthBuckets, TokenBudget, as_length
+from ..stages.state import BATCHER_FORMAT, check_epoch_change
 from ..world import detect_world
 
 __all__ = [
@@ -51,7 +51,7 @@ __all__ = [
     "padding_of",
 ]
 
-STATE_FORMAT = "streamds.batches/2"
+STATE_FORMAT = BATCHER_FORMAT
 
 
 @dataclass

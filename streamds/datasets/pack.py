@@ -34,12 +34,12 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
-from .checks import check_bool, check_int
-from .errors import StateMismatchError
-from .resume.merge import MERGED_PACKED_FORMAT, PACKED_FORMAT
-from .resume.state import check_state
-from .resume.totals import PACK_COUNTERS
-from .world import World, detect_world
+from ..checks import check_bool, check_int
+from ..errors import StateMismatchError
+from ..resume.merge import MERGED_PACKED_FORMAT, PACKED_FORMAT
+from ..resume.totals import PACK_COUNTERS
+from ..stages.state import check_state
+from ..world import World, detect_world
 
 __all__ = ["PackTokens", "Packed", "document_mask"]
 

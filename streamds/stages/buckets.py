@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import islice, pairwise
 from typing import Any
 
-from .checks import check_bool, check_int, check_optional_int
-from .errors import StateMismatchError
-from .seeds import derive_seed
+from ..checks import check_bool, check_int, check_optional_int
+from ..errors import StateMismatchError
+from ..seeds import derive_seed
 
 __all__ = [
     "FieldLength",

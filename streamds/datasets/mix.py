@@ -46,13 +46,13 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import IterableDataset
 
-from .checks import check_choice, check_int
-from .errors import StateMismatchError
-from .resume.merge import MERGED_MIX_FORMAT, MIX_FORMAT
-from .resume.plain_loader import batches_after
-from .resume.state import check_epoch_change, check_state
-from .seeds import rng_for
-from .world import World, detect_world
+from ..checks import check_choice, check_int
+from ..errors import StateMismatchError
+from ..resume.merge import MERGED_MIX_FORMAT, MIX_FORMAT
+from ..resume.plain_loader import batches_after
+from ..seeds import rng_for
+from ..stages.state import check_epoch_change, check_state
+from ..world import World, detect_world
 
 if TYPE_CHECKING:
     from .dataset import StreamingJsonl
