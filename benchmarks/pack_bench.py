@@ -39,7 +39,7 @@ from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
 from streamds import PackTokens, PadCollate, StreamingJsonl, padding_of
-from streamds.train.batching import Batches, BucketBatches  # deprecated: the figures used them
+from streamds.datasets.batching import Batches, BucketBatches  # deprecated: the figures used them
 
 SEQ_LEN = MAX_TOKENS  # packed sequences as long as the longest padded record can be
 PACKED_BATCH = 8  # sequences per packed batch

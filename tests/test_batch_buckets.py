@@ -21,9 +21,9 @@ from streamds import (
     TokenBudget,
     merge_states,
 )
-from streamds.buckets import pool_rng
+from streamds.datasets.batching import BucketBatches, padding_of
 from streamds.seeds import shuffle_seed_parts
-from streamds.train.batching import BucketBatches, padding_of
+from streamds.stages.buckets import pool_rng
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),

@@ -29,7 +29,7 @@ from streamds import (
     TokenBudget,
     merge_states,
 )
-from streamds.batch import RecordBatch
+from streamds.stages.batch import RecordBatch
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
@@ -330,13 +330,13 @@ def test_wrappers_left_the_public_api_and_warn_when_imported(name: str) -> None:
     assert name not in dir(streamds)
     with pytest.deprecated_call(match=r"\.batch\("):
         wrapper = getattr(streamds, name)
-    from streamds.train import batching
+    from streamds.datasets import batching
 
     assert wrapper is getattr(batching, name)  # still the same class, for one release
 
 
 def test_wrappers_warn_when_constructed() -> None:
-    from streamds.train.batching import Batches, BucketBatches, TokenBudgetBatches
+    from streamds.datasets.batching import Batches, BucketBatches, TokenBudgetBatches
 
     records = [{"input_ids": [1] * n} for n in range(1, 9)]
     with pytest.deprecated_call(match=r"dataset\.batch\(n"):

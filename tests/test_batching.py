@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from streamds import StateMismatchError, StreamingJsonl
-from streamds.train.batching import (
+from streamds.datasets.batching import (
     Batches,
     BucketBatches,
     PaddingStats,

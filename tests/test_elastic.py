@@ -253,7 +253,7 @@ def test_merge_finds_reader_states_inside_a_batchers_loader_state(tmp_path) -> N
     """A batcher's state (its own format) holds the dataset's reader state: merge_states
     looks inside it rather than refusing it as an unknown reader state."""
     from streamds import as_list
-    from streamds.train.batching import Batches
+    from streamds.datasets.batching import Batches
 
     directory = tmp_path / "mixed"
     write_mixed(directory)

@@ -34,9 +34,9 @@ from torch.utils.data import IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from streamds import StreamingJsonl
-from streamds.plan import MIN_BLOCK_SIZE, make_blocks
-from streamds.shards import resolve_shards
-from streamds.train.batching import Batches, BucketBatches, TokenBudgetBatches
+from streamds.datasets.batching import Batches, BucketBatches, TokenBudgetBatches
+from streamds.storage.plan import MIN_BLOCK_SIZE, make_blocks
+from streamds.storage.shards import resolve_shards
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),

@@ -30,7 +30,7 @@ from streamds import (
     merge_states,
     source_counts,
 )
-from streamds.mix import ROUND, _Draws
+from streamds.datasets.mix import ROUND, _Draws
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),

@@ -30,7 +30,7 @@ from preprocess.convert import convert
 from streamds import Mix, PackTokens, StreamingJsonl, merge_states
 from streamds.errors import StateMismatchError
 from streamds.resume.identity import Identity, relative_names, source_root
-from streamds.shards import Shard, natural_key
+from streamds.storage.shards import Shard, natural_key
 
 OPTIONS: dict[str, Any] = {"shuffle": True, "seed": 3, "buffer_size": 16}
 

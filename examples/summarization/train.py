@@ -49,8 +49,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from examples.summarization import corpus, rouge
 from examples.summarization.model import PointerGenerator
 from streamds import LengthBuckets, Mix, StreamingJsonl, TokenBudget
-from streamds.buckets import Rule
-from streamds.train.batching import padding_of
+from streamds.datasets.batching import padding_of
+from streamds.stages.buckets import Rule
 from streamds.train.collate import PadCollate, as_list
 from streamds.train.prefetch import DevicePrefetcher
 from streamds.train.stall import StallMeter

@@ -34,17 +34,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import IterableDataset
 
-from .checks import check_bool, check_int
-from .errors import StateMismatchError
-from .resume.merge import MERGED_PACKED_FORMAT, PACKED_FORMAT
-from .resume.state import check_state
-from .resume.totals import PACK_COUNTERS
-from .transform import Step, apply_steps
-from .world import World, detect_world
+from ..checks import check_bool, check_int
+from ..errors import StateMismatchError
+from ..resume.merge import MERGED_PACKED_FORMAT, PACKED_FORMAT
+from ..resume.totals import PACK_COUNTERS
+from ..stages.state import check_state
+from ..stages.transform import Step, apply_steps
+from ..world import World, detect_world
 
 if TYPE_CHECKING:
-    from .buckets import Rule
-    from .train.batching import Batched
+    from ..stages.buckets import Rule
+    from .batching import Batched
 
 __all__ = ["PackTokens", "Packed", "document_mask"]
 
@@ -179,7 +179,7 @@ class Packed(IterableDataset):
         ``torch.utils.data.default_collate`` for stacked tensors (None: a
         `streamds.RecordBatch`). Use it with ``DataLoader(packed.batch(n, ...),
         batch_size=None)``; a state taken after any batch resumes exactly."""
-        from .train.batching import Batched
+        from .batching import Batched
 
         return Batched(self, size, collate=collate, drop_last=drop_last)
 

@@ -42,12 +42,12 @@ from typing import Any
 
 from torch.utils.data import IterableDataset
 
-from ..batch import RecordBatch
-from ..buckets import RULES, Length, LengthBuckets, Rule, TokenBudget, as_length
 from ..checks import check_bool, check_int
 from ..errors import StateMismatchError
-from ..resume.state import check_epoch_change
 from ..seeds import derive_seed
+from ..stages.batch import RecordBatch
+from ..stages.buckets import RULES, Length, LengthBuckets, Rule, TokenBudget, as_length
+from ..stages.state import BATCHER_FORMAT, check_epoch_change
 from ..world import detect_world
 
 __all__ = [
@@ -59,7 +59,7 @@ __all__ = [
     "padding_of",
 ]
 
-STATE_FORMAT = "streamds.batches/2"
+STATE_FORMAT = BATCHER_FORMAT
 # the deprecated wrappers: what to write instead (named in their DeprecationWarning)
 DEPRECATED = {
     "Batches": "dataset.batch(n, collate=...)",

@@ -46,20 +46,20 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import IterableDataset
 
-from .checks import check_choice, check_int
-from .errors import StateMismatchError
-from .resume.merge import MERGED_MIX_FORMAT, MIX_FORMAT
-from .resume.plain_loader import batches_after, require_line_per_record
-from .resume.state import check_epoch_change, check_state
-from .seeds import rng_for
-from .transform import Step, apply_steps
-from .world import World, detect_world
+from ..checks import check_choice, check_int
+from ..errors import StateMismatchError
+from ..resume.merge import MERGED_MIX_FORMAT, MIX_FORMAT
+from ..resume.plain_loader import batches_after, require_line_per_record
+from ..seeds import rng_for
+from ..stages.state import check_epoch_change, check_state
+from ..stages.transform import Step, apply_steps
+from ..world import World, detect_world
 
 if TYPE_CHECKING:
-    from .buckets import Rule
+    from ..stages.buckets import Rule
+    from .batching import Batched
     from .dataset import StreamingJsonl
     from .pack import Packed, PackTokens
-    from .train.batching import Batched
 
 __all__ = ["STOPS", "Mix"]
 
@@ -274,7 +274,7 @@ class Mix(IterableDataset):
         makes the batch (None: a `streamds.RecordBatch`). Use it with
         ``DataLoader(mix.batch(n, collate=...), batch_size=None)``; a state taken after any
         batch resumes exactly. Batch here rather than the sources (Mix refuses batched ones)."""
-        from .train.batching import Batched
+        from .batching import Batched
 
         return Batched(self, size, collate=collate, drop_last=drop_last)
 
