@@ -1,6 +1,6 @@
 """Workers on fewer CPUs than they seem to have: a container's CPU quota and a single CPU.
 
-`streamds.cpus` plans a worker's CPUs from the set it may run on, and `.batch(n,
+`streamds.stages.cpus` plans a worker's CPUs from the set it may run on, and `.batch(n,
 ahead="auto")` makes batches ahead only where that plan is TUNE (more processes than CPUs, on
 the whole set). Two limits change what the set means:
 
@@ -50,7 +50,7 @@ if _spec.get("cpus"):
 """
 PLAN = r"""
 from torch.utils.data import IterableDataset
-from streamds.cpus import worker_plan
+from streamds.stages.cpus import worker_plan
 
 class Plan(IterableDataset):  # the plan a worker of 2 makes in this place
     def __iter__(self):

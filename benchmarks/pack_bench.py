@@ -38,7 +38,8 @@ from tokenize_bench import MAX_TOKENS, Tokenize, jsonl_shards, train_tokenizer
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
-from streamds import Batches, BucketBatches, PackTokens, PadCollate, StreamingJsonl, padding_of
+from streamds import PackTokens, PadCollate, StreamingJsonl, padding_of
+from streamds.datasets.batching import Batches, BucketBatches  # deprecated: the figures used them
 
 SEQ_LEN = MAX_TOKENS  # packed sequences as long as the longest padded record can be
 PACKED_BATCH = 8  # sequences per packed batch

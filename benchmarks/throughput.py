@@ -33,12 +33,12 @@ number):
 - StreamingJsonl .batch(64): the same reader handing the DataLoader whole batches
   (``DataLoader(ds.batch(64), batch_size=None)``, no collate_fn): one message per batch; a
   worker's batch is written into a ring of shared memory and only a descriptor crosses the
-  pipe (`streamds.batch.RecordBatch`, `streamds.train.shm_ring`). The row with
+  pipe (`streamds.stages.batch.RecordBatch`, `streamds.handover.shm_ring`). The row with
   prefetch_factor=8 lets each worker run 8 batches ahead instead of the DataLoader's 2; the
   "~300 KB a batch" row sizes batches in bytes rather than records (16 PubMed records, 1024
   small lines), the message size that measured best with 2 workers. From a worker those
   batches cross as their JSON lines and the main process parses them
-  (`streamds.parse_later`); the "parsed in the workers" row runs the same batches with
+  (`streamds.stages.parse_later`); the "parsed in the workers" row runs the same batches with
   on_error='skip', which needs the values in the worker (parse, marshal, send): the path
   every batch took before.
 - DataLoader only, batches: the replayed records in lists of 64 yielded by the dataset as

@@ -44,7 +44,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from streamds import PadCollate, StreamingJsonl, as_list
-from streamds.train.shm_tensors import TensorBatch
+from streamds.handover.shm_tensors import TensorBatch
 
 BATCH = 16
 MAX_TOKENS = 512

@@ -1,5 +1,5 @@
 """Do workers pay off for raw records, and does keeping a CPU free for the main process help?
-`.batch(n)` at 0, 1 and 2 workers, with ``worker_cpus="auto"`` (the default: `streamds.cpus`)
+`.batch(n)` at 0, 1 and 2 workers, with ``worker_cpus="auto"`` (the default: `streamds.stages.cpus`)
 and ``worker_cpus="all"`` (the OS places the workers, as torch leaves them).
 
 Each run is a fresh Python process that calls ``gc.freeze()`` after its imports (as the README
@@ -8,7 +8,7 @@ batch_size=None, num_workers=w)`` and reads the whole corpus, counting records, 
 first batch to the last (the steady rate; the start-up is first_batch.py's). Rows, interleaved
 (each round starts at another row), medians of --repeats. A worker hands its batches over as
 their JSON lines, written into its shared-memory ring, and the main process parses them
-(`streamds.parse_later`).
+(`streamds.stages.parse_later`).
 
 Besides records/s and the ratio to 0 workers, the CPU each run used: the main process's and
 the workers' (getrusage), per record. The corpora are the throughput benchmark's at
@@ -78,7 +78,7 @@ BUFFERS = {"PubMed": 1000, "small lines": 10_000}
 
 
 # copies of each corpus read in one run: runs of ~10 s, so that the workers' CPU measurement
-# (`streamds.cpus`: after 5 s, for ~2 s) is part of a run
+# (`streamds.stages.cpus`: after 5 s, for ~2 s) is part of a run
 COPIES = {"PubMed": 20, "small lines": 30}
 
 

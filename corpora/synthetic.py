@@ -49,7 +49,7 @@ from typing import BinaryIO
 import orjson
 import zstandard
 
-from streamds.tools.units import size_argument
+from streamds.units import size_argument
 
 __all__ = [
     "arxiv_record",

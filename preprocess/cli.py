@@ -43,9 +43,9 @@ from typing import Any
 
 import orjson
 
-from streamds.parse import ON_ERROR
 from streamds.redact import redact
-from streamds.tools.units import human_bytes, size_argument
+from streamds.stages.parse import ON_ERROR
+from streamds.units import human_bytes, size_argument
 
 from .convert import (
     DEFAULT_FRAME_SIZE,

@@ -38,7 +38,7 @@ from typing import Any
 
 from streamds.checks import check_int
 from streamds.retry import DEFAULT_RETRY, RetryPolicy
-from streamds.shards import source_items
+from streamds.storage.shards import source_items
 
 from .counts import Counts, Progress
 from .errors import ConversionError

@@ -21,10 +21,10 @@ from typing import Any
 from streamds.checks import check_choice, check_int
 from streamds.formats.manifest import Manifest, ShardEntry, write_manifest
 from streamds.formats.seekable import MAX_FRAME_SIZE
-from streamds.parse import ON_ERROR
 from streamds.redact import redact
 from streamds.retry import DEFAULT_RETRY, RetryPolicy
-from streamds.tools.spec import load_function
+from streamds.spec import load_function
+from streamds.stages.parse import ON_ERROR
 
 from .commit import CommitQueue
 from .counts import Counts, Progress

@@ -25,7 +25,7 @@ import orjson
 
 from streamds.errors import CorruptShardError
 from streamds.formats import values
-from streamds.parse import describe_bad
+from streamds.stages.parse import describe_bad
 
 from .commit import CommitQueue
 from .counts import Counts, Progress

@@ -75,7 +75,7 @@ from streamds.retry import (
     option_error,
     retrying,
 )
-from streamds.shards import same_file_error, source_items
+from streamds.storage.shards import same_file_error, source_items
 
 from .listing import ListingWalk, RemoteTree, remote_tree, remote_version
 from .readahead import ReadAhead

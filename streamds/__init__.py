@@ -11,11 +11,10 @@ importing torch.
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
-    "Batches",
-    "BucketBatches",
     "CorruptRecordError",
     "CorruptShardError",
     "DevicePrefetcher",
@@ -34,7 +33,6 @@ __all__ = [
     "Storage",
     "StreamingJsonl",
     "TokenBudget",
-    "TokenBudgetBatches",
     "World",
     "as_list",
     "counts_of",
@@ -51,32 +49,29 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _HOMES = {
-    "Batches": "train.batching",
-    "BucketBatches": "train.batching",
-    "PaddingStats": "train.batching",
-    "TokenBudgetBatches": "train.batching",
-    "padding_of": "train.batching",
-    "LengthBuckets": "buckets",
-    "TokenBudget": "buckets",
+    "PaddingStats": "datasets.batching",
+    "padding_of": "datasets.batching",
+    "LengthBuckets": "stages.buckets",
+    "TokenBudget": "stages.buckets",
     "PadCollate": "train.collate",
     "as_list": "train.collate",
-    "StreamingJsonl": "dataset",
-    "Storage": "storage",
-    "RecordBatch": "batch",
+    "StreamingJsonl": "datasets.dataset",
+    "Storage": "storage.settings",
+    "RecordBatch": "stages.batch",
     "Rebatch": "train.rebatch",
     "CorruptRecordError": "errors",
     "CorruptShardError": "errors",
     "MissingCodecError": "errors",
     "StateMismatchError": "errors",
-    "DoubleSplitError": "callers",
+    "DoubleSplitError": "datasets.callers",
     "DevicePrefetcher": "train.prefetch",
     "merge_states": "resume.merge",
     "counts_of": "resume.totals",
     "source_counts": "resume.totals",
     "token_counts": "resume.totals",
-    "Mix": "mix",
-    "PackTokens": "pack",
-    "document_mask": "pack",
+    "Mix": "datasets.mix",
+    "PackTokens": "datasets.pack",
+    "document_mask": "datasets.pack",
     "load_loader_state": "resume.loader_state",
     "RetryPolicy": "retry",
     "StallMeter": "train.stall",
@@ -85,7 +80,20 @@ _HOMES = {
 }
 
 
+# deprecated names (one release): still importable from here, with a DeprecationWarning that
+# names the `.batch(...)` spelling; not in __all__, and not cached, so every import warns
+_DEPRECATED = {
+    "Batches": "datasets.batching",
+    "BucketBatches": "datasets.batching",
+    "TokenBudgetBatches": "datasets.batching",
+}
+
+
 def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:
+        module = importlib.import_module(f".{_DEPRECATED[name]}", __name__)
+        warnings.warn(module.deprecation(name), DeprecationWarning, stacklevel=2)
+        return getattr(module, name)
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'streamds' has no attribute {name!r}")
@@ -99,24 +107,24 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .batch import RecordBatch
-    from .buckets import LengthBuckets, TokenBudget
-    from .callers import DoubleSplitError
-    from .dataset import StreamingJsonl
+    from .datasets.batching import PaddingStats, padding_of
+    from .datasets.callers import DoubleSplitError
+    from .datasets.dataset import StreamingJsonl
+    from .datasets.mix import Mix
+    from .datasets.pack import PackTokens, document_mask
     from .errors import (
         CorruptRecordError,
         CorruptShardError,
         MissingCodecError,
         StateMismatchError,
     )
-    from .mix import Mix
-    from .pack import PackTokens, document_mask
     from .resume.loader_state import load_loader_state
     from .resume.merge import merge_states
     from .resume.totals import counts_of, source_counts, token_counts
     from .retry import RetryPolicy
-    from .storage import Storage
-    from .train.batching import Batches, BucketBatches, PaddingStats, TokenBudgetBatches, padding_of
+    from .stages.batch import RecordBatch
+    from .stages.buckets import LengthBuckets, TokenBudget
+    from .storage.settings import Storage
     from .train.collate import PadCollate, as_list
     from .train.prefetch import DevicePrefetcher
     from .train.rebatch import Rebatch

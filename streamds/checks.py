@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .tools.units import parse_size
+from .units import parse_size
 
 __all__ = [
     "check_bool", "check_choice", "check_int", "check_optional_int", "is_int", "size_setting",

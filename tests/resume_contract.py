@@ -25,8 +25,8 @@ from typing import Any
 
 import corpus
 
-from streamds.plan import make_blocks
-from streamds.shards import resolve_shards
+from streamds.storage.plan import make_blocks
+from streamds.storage.shards import resolve_shards
 
 __all__ = [
     "checkpoint",

@@ -1,5 +1,5 @@
-"""`streamds.ahead`: a worker's batches made in a thread ahead of the loader's requests come out
-all, in order, each with the state after it (never after the batches made ahead); errors
+"""`streamds.stages.ahead`: a worker's batches made in a thread ahead of the loader's requests
+come out all, in order, each with the state after it (never after the batches made ahead); errors
 arrive in order; closing stops the thread and the pipeline; a StatefulDataLoader whose
 workers make batches ahead resumes exactly after any batch."""
 
@@ -17,9 +17,9 @@ from resume_contract import run_test_save_load_state
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-import streamds.pipeline
+import streamds.stages.pipeline
 from streamds import StreamingJsonl, counts_of
-from streamds.ahead import MadeAhead
+from streamds.stages.ahead import MadeAhead
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
@@ -142,7 +142,7 @@ def test_the_state_at_the_end_is_the_end_not_the_last_batch(
     path = tmp_path / "ends-blank.jsonl"
     path.write_bytes(corpus.jsonl(corpus.make_records(70 + tail)) + b"\n\n  \n")
     worker = SimpleNamespace(id=0, num_workers=1, seed=0, dataset=None)
-    monkeypatch.setattr(streamds.pipeline, "get_worker_info", lambda: worker)
+    monkeypatch.setattr(streamds.stages.pipeline, "get_worker_info", lambda: worker)
 
     def epoch(ahead: int) -> tuple[list[int], dict[str, Any]]:
         ds = StreamingJsonl(str(path), worker_cpus="all").batch(7, ahead=ahead, drop_last=True)
@@ -175,10 +175,10 @@ def test_auto_makes_batches_ahead_on_crowded_cpus_but_not_under_a_cpu_quota(
     thread. Under a container's quota of 1.5 CPUs the plan is KEEP, and it makes none."""
     import os
 
-    import streamds.cpus as cpus
+    import streamds.stages.cpus as cpus
 
     worker = SimpleNamespace(id=0, num_workers=2, seed=0, dataset=None)
-    monkeypatch.setattr(streamds.pipeline, "get_worker_info", lambda: worker)
+    monkeypatch.setattr(streamds.stages.pipeline, "get_worker_info", lambda: worker)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setattr(cpus, "_STARTED_ON", None)

@@ -15,20 +15,20 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from streamds import (
-    BucketBatches,
     LengthBuckets,
     StateMismatchError,
     StreamingJsonl,
     TokenBudget,
     merge_states,
 )
-from streamds.buckets import pool_rng
+from streamds.datasets.batching import BucketBatches, padding_of
 from streamds.seeds import shuffle_seed_parts
-from streamds.train.batching import padding_of
+from streamds.stages.buckets import pool_rng
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
     pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
+    pytest.mark.filterwarnings("ignore:streamds .*Batches is deprecated:DeprecationWarning"),
 ]
 
 RULES = {

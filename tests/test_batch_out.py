@@ -18,7 +18,7 @@ from torch.utils.data._utils.collate import default_convert
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from streamds import RecordBatch, StateMismatchError, StreamingJsonl, merge_states
-from streamds.train import shm_ring
+from streamds.handover import shm_ring
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),

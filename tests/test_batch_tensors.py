@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from streamds import LengthBuckets, PadCollate, StreamingJsonl, as_list
-from streamds.train import shm_ring
+from streamds.handover import shm_ring
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),

@@ -15,9 +15,9 @@ from typing import Any
 import corpus
 import pytest
 
-import streamds.lines
+import streamds.stages.lines
 from streamds import StreamingJsonl
-from streamds.pipeline import Reader
+from streamds.stages.pipeline import Reader
 from streamds.tools import bench
 
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
@@ -64,14 +64,14 @@ def test_a_slow_transform_is_the_costliest_stage(tmp_path: Path) -> None:
 
 
 def test_slow_storage_is_charged_to_read(short_corpus: str, monkeypatch) -> None:
-    real = streamds.lines.read_lines
+    real = streamds.stages.lines.read_lines
 
     def slow_storage(*args: Any, **kwargs: Any):
         for chunk in real(*args, **kwargs):
             time.sleep(0.05)  # storage latency per read: a deliberate cost, not synchronisation
             yield chunk
 
-    monkeypatch.setattr(streamds.lines, "read_lines", slow_storage)
+    monkeypatch.setattr(streamds.stages.lines, "read_lines", slow_storage)
     report = bench.run_bench(short_corpus, num_workers=[0], records=SHORT)
     assert report["costliest"] == report["bottleneck"] == "read"
     assert report["stages"]["read"]["share"] > 0.5

@@ -18,13 +18,13 @@ import fsspec
 import pytest
 from torch.utils.data import DataLoader
 
-import streamds.mounts
-import streamds.readahead as readahead
+import streamds.storage.mounts
+import streamds.storage.readahead as readahead
 from preprocess.convert import convert
 from streamds import Storage, StreamingJsonl
-from streamds.cache import Cache, CacheSpec, namespace_of
-from streamds.ranges import RangeReader
-from streamds.shards import resolve_shards
+from streamds.storage.cache import Cache, CacheSpec, namespace_of
+from streamds.storage.ranges import RangeReader
+from streamds.storage.shards import resolve_shards
 
 RECORDS = corpus.make_records(3000)
 
@@ -142,7 +142,7 @@ def test_a_damaged_copy_is_replaced_and_never_read(shards, tmp_path, caplog, dam
     else:
         del data[len(data) // 2 :]
     victim.write_bytes(bytes(data))
-    with caplog.at_level(logging.WARNING, logger="streamds.cache"):
+    with caplog.at_level(logging.WARNING, logger="streamds.storage.cache"):
         data = StreamingJsonl(shards, storage=Storage(cache_dir=cache))
         assert ids(data) == [r["id"] for r in RECORDS]
     assert "is damaged" in caplog.text and victim.name in caplog.text
@@ -223,7 +223,7 @@ def test_read_ahead_is_on_for_mounts_and_urls_and_off_on_local_disk(tmp_path, mo
     path = corpus.write(tmp_path / "a.jsonl", RECORDS[:10])
     assert StreamingJsonl(path).readahead == 0  # a local disk: the kernel reads ahead
     mounts = ((str(tmp_path.resolve()), "fuse.drive"), ("/", "ext4"))
-    monkeypatch.setattr(streamds.mounts, "_mounts", lambda: mounts)
+    monkeypatch.setattr(streamds.storage.mounts, "_mounts", lambda: mounts)
     assert StreamingJsonl(path).readahead == readahead.DEFAULT_READAHEAD  # a mounted Drive
     assert StreamingJsonl(path, storage=Storage(readahead="8MB")).readahead == 8_000_000
     assert StreamingJsonl(path, storage=Storage(readahead=0)).readahead == 0
@@ -253,7 +253,7 @@ class GatedSource:
 def test_bytes_the_reader_fetches_are_written_through_and_the_copier_fetches_the_rest(
     shards, tmp_path, monkeypatch
 ):
-    import streamds.cache as cache_module
+    import streamds.storage.cache as cache_module
 
     shard = resolve_shards(shards)[0]
     size = shard.size
@@ -340,7 +340,7 @@ def test_with_read_ahead_the_first_epoch_fetches_each_byte_about_once(shards, tm
 
 def test_the_copier_leaves_ranges_read_ahead_has_claimed_to_the_readers(shards, tmp_path,
                                                                        monkeypatch):
-    import streamds.cache as cache_module
+    import streamds.storage.cache as cache_module
 
     shard = resolve_shards(shards)[0]
     size = shard.size

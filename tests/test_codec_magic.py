@@ -119,7 +119,7 @@ def test_seekable_shard_whose_seek_table_points_off_a_frame_is_named(tmp_path):
     assert shard.frames is not None and len(shard.frames) > 3
     from dataclasses import replace
 
-    from streamds.read import open_decoded_at
+    from streamds.storage.read import open_decoded_at
 
     third = shard.frames[2]
     shifted = replace(third, compressed_offset=third.compressed_offset + 3)

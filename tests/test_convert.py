@@ -33,7 +33,7 @@ from preprocess.identity import INPUTS_NAME
 from preprocess.sources import Inputs
 from streamds.formats.manifest import MANIFEST_NAME, read_manifest
 from streamds.formats.seekable import decompress_frames, read_seek_table
-from streamds.shards import natural_key
+from streamds.storage.shards import natural_key
 
 REPO = Path(__file__).resolve().parents[1]
 ZSTD = shutil.which("zstd")
@@ -291,7 +291,7 @@ def test_manifest_lists_counts_options_and_checksums(corpus, tmp_path):
 
 
 def test_shards_py_takes_frames_from_the_manifest(corpus, tmp_path, monkeypatch):
-    from streamds import shards as shards_module
+    from streamds.storage import shards as shards_module
 
     out = tmp_path / "out"
     convert([corpus["root"] / "train.txt"], out, shard_size=40_000, frame_size=3000)
@@ -613,7 +613,7 @@ def test_journal_is_not_a_record_file(corpus, tmp_path):
 
 def test_transform_spec_as_the_readme_writes_it():
     from preprocess.text import Summarisation, to_summarisation
-    from streamds.tools.spec import load_function
+    from streamds.spec import load_function
 
     pair = load_function("preprocess.text:summarisation(max_words=512)")
     assert isinstance(pair, Summarisation) and pair.max_words == 512

@@ -23,8 +23,9 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import streamds
-import streamds.transform
-from streamds import Batches, Storage, StreamingJsonl
+import streamds.stages.transform
+from streamds import Storage, StreamingJsonl
+from streamds.datasets.batching import Batches
 
 BAD_LINE = b'{"id": "cut'
 START = (1000, 5000)  # the first record id of each shard
@@ -115,7 +116,7 @@ def test_skipped_lines_are_logged_with_file_and_line_then_only_counted(defects, 
     records = list(skipping(defects["root"]))
     assert len(records) == len(defects["ids"])
     said = skipped_messages(caplog)
-    limit = streamds.parse.WARN_BAD_LINES
+    limit = streamds.stages.parse.WARN_BAD_LINES
     expected = []
     for name, where in defects["files"].items():
         expected += [(name, line) for line in where["bad"][:limit]]
@@ -173,7 +174,7 @@ def test_every_worker_logs_its_own_lines_and_summary(defects, tmp_path):
     text = log_file.read_text()
     for worker in (0, 1):
         assert f"worker {worker} of 2), epoch 0 done" in text
-    assert text.count("skipped a malformed line") >= streamds.parse.WARN_BAD_LINES
+    assert text.count("skipped a malformed line") >= streamds.stages.parse.WARN_BAD_LINES
 
 
 # -- counts_of: the totals in the main process -----------------------------------------------
@@ -236,6 +237,7 @@ def test_counts_survive_a_resume_and_count_the_whole_epoch(defects, shuffle, cap
     assert (counts["bad"], counts["blank"]) == (defects["bad"], defects["blank"])
 
 
+@pytest.mark.filterwarnings("ignore:streamds Batches is deprecated:DeprecationWarning")
 def test_counts_of_batcher_rank_and_merged_states(defects):
     def ranks(shuffle: bool) -> list[StreamingJsonl]:
         return [skipping(defects["root"], rank=rank, world_size=2, shuffle=shuffle)
@@ -323,7 +325,7 @@ def test_line_numbers_in_any_order_match_a_plain_count(tmp_path, suffix):
     for line in lines:
         starts.append(offset)
         offset += len(line) + 1
-    where = streamds.parse.LineNumbers(ds.shards, ds._block_list)
+    where = streamds.stages.parse.LineNumbers(ds.shards, ds._block_list)
     picks = random.Random(4).sample(range(len(lines)), 60)
     for number in picks:
         assert where.line(0, starts[number]) == number + 1
@@ -376,7 +378,7 @@ def test_a_raising_transform_in_a_worker_names_the_line_in_the_main_process(defe
 
 def test_without_exception_notes_a_chained_error_of_the_same_type(defects, monkeypatch):
     """Python 3.10 has no add_note: an exception of the same type, chained, says it."""
-    monkeypatch.setattr(streamds.transform, "HAS_NOTES", False)
+    monkeypatch.setattr(streamds.stages.transform, "HAS_NOTES", False)
     with pytest.raises(KeyError) as raised:
         list(skipping(defects["root"]).map(needs_title))
     assert type(raised.value) is KeyError
@@ -388,7 +390,7 @@ def test_without_exception_notes_a_chained_error_of_the_same_type(defects, monke
 def test_without_notes_a_type_that_needs_more_arguments_is_raised_as_it_is(
     defects, monkeypatch, caplog
 ):
-    monkeypatch.setattr(streamds.transform, "HAS_NOTES", False)
+    monkeypatch.setattr(streamds.stages.transform, "HAS_NOTES", False)
     with pytest.raises(TwoArgumentError) as raised:
         list(skipping(defects["root"]).map(raises_custom))
     assert raised.value.args == (7, "bad record")
@@ -409,9 +411,9 @@ def test_a_raising_filter_in_a_tar_shard_names_the_member(tmp_path):
 @pytest.mark.parametrize("first", [b"\xef\xbb\xbf\n", b'\xef\xbb\xbf{"id": -1}\n'],
                          ids=["lone-bom", "bom-and-record"])
 def test_record_counts_read_a_byte_order_mark_as_the_reader_does(tmp_path: Path, first: bytes):
-    from streamds.plan import make_blocks
     from streamds.resume.counts import count_block_records
-    from streamds.shards import resolve_shards
+    from streamds.storage.plan import make_blocks
+    from streamds.storage.shards import resolve_shards
 
     path = tmp_path / "bom.jsonl"
     path.write_bytes(first + corpus.jsonl(corpus.make_records(5)))

@@ -1,4 +1,4 @@
-"""Which CPUs DataLoader workers run on (`streamds.cpus`): the plan, the tuning stage with a
+"""Which CPUs DataLoader workers run on (`streamds.stages.cpus`): the plan, the tuning stage with a
 fake clock, and real workers keeping a CPU free for the main process."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from streamds import Storage, StreamingJsonl
-from streamds.cpus import (
+from streamds.stages.cpus import (
     FIT,
     KEEP,
     MARGIN,
@@ -30,7 +30,7 @@ from streamds.cpus import (
 def no_cpu_quota(monkeypatch):
     """Plans as on a machine without a CPU quota (a CI container may have one); forked
     workers inherit it. Tests of the quota set their own."""
-    import streamds.cpus as cpus
+    import streamds.stages.cpus as cpus
 
     monkeypatch.setattr(cpus, "cpu_quota", lambda: None)
     monkeypatch.setattr(cpus, "_STARTED_ON", None)
@@ -133,7 +133,7 @@ def test_what_cannot_be_read_is_no_quota(tmp_path):
 def test_workers_under_a_cpu_quota_are_left_where_they_are(monkeypatch):
     """A container limited to 1.5 CPUs on a machine of 8: moving a worker keeps no CPU time
     for the main process (and makes no batches ahead: `ahead="auto"` follows TUNE)."""
-    import streamds.cpus as cpus
+    import streamds.stages.cpus as cpus
 
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
@@ -183,7 +183,7 @@ def test_a_process_in_a_real_cgroup_with_a_quota_sees_it():
              f"with open({os.path.join(group, 'cgroup.procs')!r}, 'w') as procs:\n"
              "    procs.write(str(os.getpid()))\n"
              "print(open('/proc/self/cgroup').read().count(" f"{os.path.basename(group)!r}))\n"
-             "from streamds.cpus import cpu_quota\nprint(cpu_quota())"],
+             "from streamds.stages.cpus import cpu_quota\nprint(cpu_quota())"],
             capture_output=True, text=True, check=True)
         assert child.stdout.split() == ["1", "1.5"], child.stdout + child.stderr
     finally:
@@ -331,7 +331,7 @@ def test_workers_that_tune_at_every_item_hand_out_the_same_batches(tmp_path, mon
     """More workers than CPUs: they tune. With no warm-up and phases of one item each (no
     timing involved), the workers move between CPU sets all the time; the batches are exactly
     those of worker_cpus="all", in the same order, and some were built on the spare CPU."""
-    import streamds.cpus as cpus
+    import streamds.stages.cpus as cpus
 
     for name, value in (("WARM_UP", 0.0), ("PHASE", 0.0), ("RETUNE", 0.0), ("MIN_ITEMS", 1)):
         monkeypatch.setattr(cpus, name, value)  # forked workers inherit it
@@ -359,7 +359,7 @@ def test_workers_that_tune_at_every_item_hand_out_the_same_batches(tmp_path, mon
 def test_a_state_taken_while_workers_tune_resumes_exactly(tmp_path, monkeypatch, two_cpus):
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    import streamds.cpus as cpus
+    import streamds.stages.cpus as cpus
 
     for name, value in (("WARM_UP", 0.0), ("PHASE", 0.0), ("RETUNE", 0.0), ("MIN_ITEMS", 1)):
         monkeypatch.setattr(cpus, name, value)
@@ -387,7 +387,7 @@ def test_a_state_taken_while_workers_tune_resumes_exactly(tmp_path, monkeypatch,
 
 
 def test_a_worker_someone_placed_is_left_as_it_is(monkeypatch):
-    import streamds.cpus as cpus
+    import streamds.stages.cpus as cpus
 
     monkeypatch.setattr(cpus, "_STARTED_ON", None)
     monkeypatch.setattr(os, "sched_getaffinity",
@@ -397,7 +397,7 @@ def test_a_worker_someone_placed_is_left_as_it_is(monkeypatch):
 
 def test_a_rank_bound_to_part_of_the_machine_plans_for_itself(monkeypatch):
     """A launcher that gives each of 8 ranks 4 of 32 CPUs: the set is this rank's alone."""
-    import streamds.cpus as cpus
+    import streamds.stages.cpus as cpus
 
     monkeypatch.setattr(cpus, "_STARTED_ON", None)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4, 5, 6, 7})

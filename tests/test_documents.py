@@ -127,7 +127,7 @@ def test_large_json_lines_file_splits_across_readers(tmp_path):
     path = lines(tmp_path / "train.json", values)
     ds = StreamingJsonl(path)
     assert ds.shards[0].format == "jsonl"  # decided when resolved: byte-range blocks
-    from streamds.plan import make_blocks
+    from streamds.storage.plan import make_blocks
 
     assert len(make_blocks(ds.shards)) > 1
     got = Counter()

@@ -33,6 +33,7 @@ from streamds import StateMismatchError, StreamingJsonl, merge_states
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
     pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
+    pytest.mark.filterwarnings("ignore:streamds .*Batches is deprecated:DeprecationWarning"),
 ]
 
 BATCH = 8
@@ -253,7 +254,8 @@ def test_merge_refuses_states_of_different_runs(source: tuple[str, list[int]]) -
 def test_merge_finds_reader_states_inside_a_batchers_loader_state(tmp_path) -> None:
     """A batcher's state (its own format) holds the dataset's reader state: merge_states
     looks inside it rather than refusing it as an unknown reader state."""
-    from streamds import Batches, as_list
+    from streamds import as_list
+    from streamds.datasets.batching import Batches
 
     directory = tmp_path / "mixed"
     write_mixed(directory)

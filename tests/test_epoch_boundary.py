@@ -34,13 +34,14 @@ from torch.utils.data import IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from streamds import Storage, StreamingJsonl
-from streamds.plan import MIN_BLOCK_SIZE, make_blocks
-from streamds.shards import resolve_shards
-from streamds.train.batching import Batches, BucketBatches, TokenBudgetBatches
+from streamds.datasets.batching import Batches, BucketBatches, TokenBudgetBatches
+from streamds.storage.plan import MIN_BLOCK_SIZE, make_blocks
+from streamds.storage.shards import resolve_shards
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
     pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
+    pytest.mark.filterwarnings("ignore:streamds .*Batches is deprecated:DeprecationWarning"),
 ]
 
 EPOCHS = 3  # the uninterrupted run: epochs 0, 1 and 2

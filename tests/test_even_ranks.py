@@ -1,8 +1,8 @@
 """Even ranks (DESIGN.md guarantee 5): every rank yields as many records, so DDP cannot hang.
 
-First `streamds.balance.quotas` on its own (hypothesis), then datasets over deliberately uneven
-shards for 2 and 3 ranks simulated in this process, then real processes: torchrun with gloo on
-CPU, each rank syncing after every batch as DDP does, with a subprocess timeout as the hang
+First `streamds.stages.balance.quotas` on its own (hypothesis), then datasets over deliberately
+uneven shards for 2 and 3 ranks simulated in this process, then real processes: torchrun with
+gloo on CPU, each rank syncing after every batch as DDP does, with a subprocess timeout as the hang
 detector.
 """
 
@@ -25,7 +25,7 @@ from resume_contract import ids
 from torch.utils.data import DataLoader
 
 from streamds import StreamingJsonl
-from streamds.balance import quotas
+from streamds.stages.balance import quotas
 from streamds.world import World
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -136,8 +136,8 @@ def assert_even(
 ) -> None:
     """Drop and pad over the same world: each rank keeps to its own records.
 
-    Even ranks cut a small corpus finer than a plain read does (streamds.plan), so a rank's own
-    records are read off the "pad" run: all of them, then repeats of some of them.
+    Even ranks cut a small corpus finer than a plain read does (streamds.storage.plan), so a rank's
+    own records are read off the "pad" run: all of them, then repeats of some of them.
     """
     own = [set(rank) for rank in pad]
     assert sorted(i for rank in own for i in rank) == every, "ranks' own records overlap"

@@ -19,15 +19,15 @@ import pytest
 from torch.utils.data import DataLoader
 
 from streamds import StateMismatchError, StreamingJsonl, merge_states
-from streamds.balance import check_split
-from streamds.plan import (
+from streamds.stages.balance import check_split
+from streamds.storage.plan import (
     MIN_BLOCK_SIZE,
     MIN_SMALL_BLOCK,
     SMALL_CORPUS_BLOCKS,
     make_blocks,
     small_corpus_piece,
 )
-from streamds.shards import Shard
+from streamds.storage.shards import Shard
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 

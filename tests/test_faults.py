@@ -30,11 +30,11 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import streamds
-import streamds.read
+import streamds.storage.read
 from streamds import CorruptShardError, StreamingJsonl
 from streamds.formats.seekable import read_seek_table
-from streamds.plan import make_blocks
-from streamds.read import RetryPolicy
+from streamds.storage.plan import make_blocks
+from streamds.storage.read import RetryPolicy
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -282,7 +282,7 @@ def test_retries_back_off_exponentially(
     shards: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     slept: list[float] = []
-    monkeypatch.setattr(streamds.read.time, "sleep", slept.append)  # record, never wait
+    monkeypatch.setattr(streamds.storage.read.time, "sleep", slept.append)  # record, never wait
     url = flaky_url(shards["jsonl"] / "big.jsonl")
     clean = read_ids(StreamingJsonl(url))
     # one request at a time: one run of failures
@@ -358,7 +358,7 @@ def test_permanent_errors_are_not_retried(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
     slept: list[float] = []
-    monkeypatch.setattr(streamds.read.time, "sleep", slept.append)
+    monkeypatch.setattr(streamds.storage.read.time, "sleep", slept.append)
     path = corpus.write_plain(tmp_path / "a.jsonl", b"".join(lines_of(10, 0)))
     dataset = StreamingJsonl(flaky_url(path))
     if how == "deleted":
@@ -375,7 +375,7 @@ def test_permanent_errors_are_not_retried(
 def test_transient_error_while_reading_a_seek_table_is_retried(
     shards: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(streamds.read.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(streamds.storage.read.time, "sleep", lambda seconds: None)
     path = shards["jsonl.zst"] / "big.jsonl.zst"
     plan = FaultPlan(at={path.stat().st_size - 9: 1})  # the seek table's footer
     dataset = StreamingJsonl(flaky_url(path), storage=streamds.Storage(options={"plan": plan}))

@@ -13,7 +13,7 @@ from preprocess.sources import Inputs
 from streamds.formats import codecs, filenames
 from streamds.formats.filenames import format_of, is_record_name
 from streamds.formats.manifest import Manifest, write_manifest
-from streamds.shards import resolve_shards
+from streamds.storage.shards import resolve_shards
 from streamds.tools.cli import main
 
 NAMES = [
@@ -68,7 +68,7 @@ def _listing(root: Path):
     from unittest import mock
 
     # the listing decides by name; skip opening files (empty .zst have no seek table)
-    with mock.patch("streamds.shards._frames_of", return_value=None):
+    with mock.patch("streamds.storage.shards._frames_of", return_value=None):
         return resolve_shards(str(root))
 
 

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from streamds import CorruptRecordError, CorruptShardError, StreamingJsonl
-from streamds.plan import make_blocks
+from streamds.storage.plan import make_blocks
 
 BIG = 4000  # records per shard: ~230 KB decoded, several blocks where the format splits
 BAD_LINE = b'{"id": -1, "text": "cut off'

@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 
 from streamds import StreamingJsonl, World
 from streamds.formats.seekable import Frame
-from streamds.plan import MIN_BLOCK_SIZE, SPLITS_PER_FILE, assign, epoch_order, make_blocks
-from streamds.shards import Shard
+from streamds.storage.plan import MIN_BLOCK_SIZE, SPLITS_PER_FILE, assign, epoch_order, make_blocks
+from streamds.storage.shards import Shard
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -86,7 +86,7 @@ def test_unlisted_and_resized_files_beside_a_manifest_are_read_with_a_warning(
     entry = read_manifest(copy).shards[1]
     (copy / MANIFEST_NAME).write_text(
         text.replace(f'"bytes":{entry.bytes},', f'"bytes":{entry.bytes + 1},', 1))
-    with caplog.at_level(logging.WARNING, logger="streamds.shards"):
+    with caplog.at_level(logging.WARNING, logger="streamds.storage.shards"):
         got = ids(copy)
     assert sorted(got) == [*range(3000), 5000, 5001, 5002]
     warned = " ".join(r.getMessage() for r in caplog.records)
@@ -145,7 +145,7 @@ def test_extensions_match_in_any_case_and_common_spelling(tmp_path: Path,
                                                           caplog: pytest.LogCaptureFixture
                                                           ) -> None:
     spelled(tmp_path / "d")
-    with caplog.at_level(logging.DEBUG, logger="streamds.shards"):
+    with caplog.at_level(logging.DEBUG, logger="streamds.storage.shards"):
         assert sorted(ids(tmp_path / "d")) == list(range(17))
     logged = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG)
     assert "notes.txt" in logged and "not a JSON lines name" in logged
@@ -181,7 +181,7 @@ def test_parquet_beside_json_lines_is_left_out_with_a_warning(
 ) -> None:
     (tmp_path / "a.jsonl").write_bytes(lines(0, 2))
     (tmp_path / "b.parquet").write_bytes(b"PAR1\x00\x00PAR1")
-    with caplog.at_level(logging.WARNING, logger="streamds.shards"):
+    with caplog.at_level(logging.WARNING, logger="streamds.storage.shards"):
         assert ids(tmp_path) == [0, 1]
     assert len(caplog.records) == 1
     assert "b.parquet" in caplog.text and "reads JSON lines" in caplog.text
@@ -211,7 +211,7 @@ def test_the_same_name_with_another_codec_warns_once_naming_both(
     (tmp_path / "a.jsonl").write_bytes(lines(0, 5))
     (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(lines(0, 5)))
     (tmp_path / "b.jsonl").write_bytes(lines(5, 6))
-    with caplog.at_level(logging.WARNING, logger="streamds.shards"):
+    with caplog.at_level(logging.WARNING, logger="streamds.storage.shards"):
         assert len(ids(tmp_path)) == 11
     [warning] = copy_warnings(caplog)
     assert "a.jsonl' and '" in warning and "a.jsonl.gz' (the same name, another codec)" in warning
@@ -226,7 +226,7 @@ def test_a_copy_with_the_same_first_records_warns(
     (tmp_path / "train.jsonl").write_bytes(lines(0, 50))
     data = lines(0, 60)  # a copy that grew: the same first records
     (tmp_path / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
-    with caplog.at_level(logging.WARNING, logger="streamds.shards"):
+    with caplog.at_level(logging.WARNING, logger="streamds.storage.shards"):
         StreamingJsonl(str(tmp_path))
     [warning] = copy_warnings(caplog)
     assert f"train.jsonl' and '{tmp_path / name}' (a copy's name, the same first records)" in (
@@ -240,7 +240,7 @@ def test_no_copy_warning_for_different_records_or_files_named_explicitly(
     (tmp_path / "train.jsonl").write_bytes(lines(0, 5))
     (tmp_path / "train (1).jsonl").write_bytes(lines(5, 10))  # a real second part
     (tmp_path / "part (1).jsonl").write_bytes(lines(10, 11))
-    with caplog.at_level(logging.WARNING, logger="streamds.shards"):
+    with caplog.at_level(logging.WARNING, logger="streamds.storage.shards"):
         assert sorted(ids(tmp_path)) == list(range(11))
         (tmp_path / "train.jsonl.gz").write_bytes(gzip.compress(lines(0, 5)))
         StreamingJsonl([str(tmp_path / "train.jsonl"), str(tmp_path / "train.jsonl.gz")])

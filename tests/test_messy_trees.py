@@ -374,7 +374,7 @@ def test_spellings_copies_and_manifests_every_record_once_or_an_error_naming_the
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "root"
         expected, missing, pairs = build_spelled(tree, root)
-        logger = logging.getLogger("streamds.shards")
+        logger = logging.getLogger("streamds.storage.shards")
         handler = _Records()
         logger.addHandler(handler)
         old_level = logger.level

@@ -20,7 +20,7 @@ from streamds import Mix, PackTokens, StreamingJsonl
 from streamds.errors import CorruptRecordError
 from streamds.formats import values
 from streamds.formats.samples import TarSampleError
-from streamds.parse_later import LineBatch, MalformedLine, parse_payload
+from streamds.stages.parse_later import LineBatch, MalformedLine, parse_payload
 
 BIG = 123456789012345678901234567890
 RECORDS = [{"pmid": BIG}, {"n": -9223372036854775809}, {"n": 18446744073709551616},

@@ -23,14 +23,14 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from streamds import (
-    BucketBatches,
+    LengthBuckets,
     Mix,
     StateMismatchError,
     StreamingJsonl,
     merge_states,
     source_counts,
 )
-from streamds.mix import ROUND, _Draws
+from streamds.datasets.mix import ROUND, _Draws
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
@@ -240,13 +240,12 @@ def text_length(record: dict[str, Any]) -> int:
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_a_mix_inside_bucket_batches_resumes_exactly(sources, workers: int) -> None:
-    """The summarisation example's shape: BucketBatches over a Mix, StatefulDataLoader."""
+def test_a_mix_batched_by_length_resumes_exactly(sources, workers: int) -> None:
+    """The summarisation example's shape: Mix(...).batch(LengthBuckets), StatefulDataLoader."""
     def make() -> StatefulDataLoader:
-        batcher = BucketBatches(mix(sources, "cycle"), batch_size=4, buffer_size=16, seed=1,
-                                length=text_length)
-        return StatefulDataLoader(batcher, batch_size=None, num_workers=workers,
-                                  collate_fn=ids)
+        batched = mix(sources, "cycle").batch(
+            LengthBuckets(4, buffer_size=16, length=text_length), collate=ids)
+        return StatefulDataLoader(batched, batch_size=None, num_workers=workers)
 
     reference = run_test_save_load_state(make, [0, 3, 11])
     assert set(i for batch in reference for i in batch) == set(every_id(sources))
@@ -334,13 +333,13 @@ def test_a_finished_state_resumed_keeps_its_sources_states(sources, stop: str) -
     assert record_ids(resumed) == reference  # nothing loaded is left behind in its sources
 
 
-def test_a_mix_inside_bucket_batches_merges_only_between_pools(sources) -> None:
-    """BucketBatches keeps the mix's state where its pool began: merged in the middle of a
+def test_a_mix_batched_by_length_merges_only_between_pools(sources) -> None:
+    """A batched mix keeps the mix's state where its pool began: merged in the middle of a
     pool it would hand the pool's yielded batches out again, so merge_states refuses; at a
     pool's end it carries over every record once."""
-    def bucketed(rank: int) -> BucketBatches:
-        return BucketBatches(mix(sources, "all", rank=rank, world_size=2), batch_size=4,
-                             buffer_size=16, seed=1, length=text_length)
+    def bucketed(rank: int) -> Any:
+        return mix(sources, "all", rank=rank, world_size=2).batch(
+            LengthBuckets(4, buffer_size=16, length=text_length), collate=list)
 
     def stopped(batches: int) -> tuple[list[int], list[Any]]:
         consumed, states = [], []

@@ -13,12 +13,12 @@ from pathlib import Path
 import corpus
 import pytest
 
-import streamds.mounts as mounts
-import streamds.ranges as ranges
+import streamds.storage.mounts as mounts
+import streamds.storage.ranges as ranges
 from streamds import Storage, StreamingJsonl
-from streamds.ranges import RangeReader
-from streamds.readahead import on_fuse
-from streamds.shards import resolve_shards
+from streamds.storage.ranges import RangeReader
+from streamds.storage.readahead import on_fuse
+from streamds.storage.shards import resolve_shards
 from testbed.slowfs import fuse_available, mount
 
 RECORDS = corpus.make_records(2000)

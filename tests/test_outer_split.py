@@ -11,7 +11,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from streamds import StreamingJsonl
-from streamds.callers import DoubleSplitError
+from streamds.datasets.callers import DoubleSplitError
 
 accelerate_data = pytest.importorskip("accelerate.data_loader")
 

@@ -33,7 +33,7 @@ from streamds import (
     merge_states,
     token_counts,
 )
-from streamds.pack import Packed
+from streamds.datasets.pack import Packed
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),

@@ -1,6 +1,6 @@
-"""`streamds.parse_later`: a worker's `.batch(n)` of plain records crosses as JSON lines and the
-main process parses them: the same records, in the same order, exactly once, resumable; blank
-lines, byte-order marks and malformed lines handled as the worker would."""
+"""`streamds.stages.parse_later`: a worker's `.batch(n)` of plain records crosses as JSON lines
+and the main process parses them: the same records, in the same order, exactly once, resumable;
+blank lines, byte-order marks and malformed lines handled as the worker would."""
 
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ from streamds import (
     counts_of,
     merge_states,
 )
-from streamds.parse import BLANK, LineNumbers, Parse
-from streamds.parse_later import LineBatch, ParseLater
-from streamds.plan import make_blocks
-from streamds.shards import resolve_shards
-from streamds.train import shm_ring
+from streamds.handover import shm_ring
+from streamds.stages.parse import BLANK, LineNumbers, Parse
+from streamds.stages.parse_later import LineBatch, ParseLater
+from streamds.storage.plan import make_blocks
+from streamds.storage.shards import resolve_shards
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
@@ -262,7 +262,7 @@ class Lines:
 
 
 def test_the_stage_keeps_the_state_shape_of_parse() -> None:
-    from streamds.chunks import Chunk
+    from streamds.stages.chunks import Chunk
 
     chunks = [Chunk(0, 3, [0, 10, 11, 20], [b'{"x": 1}', b"", b'{"x": 2}'], False)]
     stage = ParseLater(Lines(chunks))

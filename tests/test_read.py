@@ -17,11 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamds import CorruptShardError, Storage, StreamingJsonl
-from streamds.plan import Block
-from streamds.ranges import RangeReader
-from streamds.read import RetryPolicy, read_lines
 from streamds.retry import is_transient
-from streamds.shards import Shard
+from streamds.storage.plan import Block
+from streamds.storage.ranges import RangeReader
+from streamds.storage.read import RetryPolicy, read_lines
+from streamds.storage.shards import Shard
 
 NO_WAIT = RetryPolicy(backoff=0)
 
@@ -241,7 +241,7 @@ def test_progress_resets_the_failure_count():
 
 def test_backoff_doubles_up_to_its_cap(monkeypatch):
     slept: list[float] = []
-    monkeypatch.setattr("streamds.read.time.sleep", slept.append)
+    monkeypatch.setattr("streamds.storage.read.time.sleep", slept.append)
     data = b'{"a": 1}\n' * 10
     storage = FakeStorage(data, fail_reads={1, 2, 3, 4})
     retry = RetryPolicy(attempts=6, backoff=0.5, max_backoff=1.5, jitter=0)
@@ -253,7 +253,7 @@ def test_backoff_doubles_up_to_its_cap(monkeypatch):
 
 def test_backoff_is_jittered_around_its_doubling(monkeypatch):
     slept: list[float] = []
-    monkeypatch.setattr("streamds.read.time.sleep", slept.append)
+    monkeypatch.setattr("streamds.storage.read.time.sleep", slept.append)
     data = b'{"a": 1}\n' * 10
     storage = FakeStorage(data, fail_reads=set(range(1, 9)))
     retry = RetryPolicy(backoff=1.0, max_backoff=4.0, jitter=0.25)
@@ -268,7 +268,9 @@ def test_backoff_is_jittered_around_its_doubling(monkeypatch):
 def test_retry_gives_up_after_its_time(monkeypatch):
     clock = [0.0]
     monkeypatch.setattr("streamds.retry.time.monotonic", lambda: clock[0])
-    monkeypatch.setattr("streamds.read.time.sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(
+        "streamds.storage.read.time.sleep", lambda s: clock.__setitem__(0, clock[0] + s)
+    )
     data = b'{"a": 1}\n' * 10
     storage = FakeStorage(data, fail_reads=set(range(1, 10_000)))
     retry = RetryPolicy(backoff=1.0, max_backoff=10.0, give_up_after=60.0, jitter=0)
@@ -336,8 +338,8 @@ def flaky_requests(monkeypatch, fail: set[int]) -> list[int]:
         return real(self, shard, start, end)
 
     monkeypatch.setattr(RangeReader, "_read_once", read_once)
-    monkeypatch.setattr("streamds.ranges.DIRECT_REQUEST", 1024)
-    monkeypatch.setattr("streamds.readahead.MIN_PIECE", 1024)
+    monkeypatch.setattr("streamds.storage.ranges.DIRECT_REQUEST", 1024)
+    monkeypatch.setattr("streamds.storage.readahead.MIN_PIECE", 1024)
     monkeypatch.setattr("streamds.formats.codecs.READ_SIZE", 1024)  # compressed reads too
     return counter
 
@@ -354,7 +356,7 @@ def test_storage_errors_are_retried_through_every_codec(tmp_path, monkeypatch, n
     else:
         path = corpus.write(tmp_path / name, records)
     slept: list[float] = []
-    monkeypatch.setattr("streamds.read.time.sleep", slept.append)
+    monkeypatch.setattr("streamds.storage.read.time.sleep", slept.append)
     ds = StreamingJsonl(path, storage=Storage(readahead=readahead))
     counter = flaky_requests(monkeypatch, {2, 3, 5})
     assert list(ds) == records

@@ -12,10 +12,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamds.chunks import Chunk
-from streamds.parse import BLANK
-from streamds.records import Records
-from streamds.shuffle import Shuffle
+from streamds.stages.chunks import Chunk
+from streamds.stages.parse import BLANK
+from streamds.stages.records import Records
+from streamds.stages.shuffle import Shuffle
 
 
 class Chunks:

@@ -22,15 +22,15 @@ from resume_contract import ids, records, run_test_save_load_state, write_mixed
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from streamds import StateMismatchError, StreamingJsonl
-from streamds.balance import EvenRanks
-from streamds.lines import Lines
-from streamds.parse import Parse
-from streamds.plan import make_blocks
-from streamds.records import Records, fetch_records
-from streamds.resume.state import STATE_FORMAT
-from streamds.shards import resolve_shards
-from streamds.shuffle import Shuffle
-from streamds.transform import Transform
+from streamds.stages.balance import EvenRanks
+from streamds.stages.lines import Lines
+from streamds.stages.parse import Parse
+from streamds.stages.records import Records, fetch_records
+from streamds.stages.shuffle import Shuffle
+from streamds.stages.state import STATE_FORMAT
+from streamds.stages.transform import Transform
+from streamds.storage.plan import make_blocks
+from streamds.storage.shards import resolve_shards
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),

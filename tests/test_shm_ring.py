@@ -1,4 +1,4 @@
-"""`streamds.train.shm_ring`: batch payloads from a worker to the main process in shared
+"""`streamds.handover.shm_ring`: batch payloads from a worker to the main process in shared
 memory; every payload comes back once, in order, or goes the other way (None)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from streamds.train import shm_ring
-from streamds.train.shm_ring import DATA, RingReader, RingWriter
+from streamds.handover import shm_ring
+from streamds.handover.shm_ring import DATA, RingReader, RingWriter
 
 SIZE = 4096
 

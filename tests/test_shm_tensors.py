@@ -1,4 +1,4 @@
-"""`streamds.train.shm_tensors`: a collate's dict of tensors leaves a DataLoader worker through
+"""`streamds.handover.shm_tensors`: a collate's dict of tensors leaves a DataLoader worker through
 the worker's shared-memory ring and arrives as a plain dict equal to what torch's own pickling
 would have delivered; what the ring cannot carry exactly takes torch's way."""
 
@@ -18,9 +18,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from streamds.batch import RecordBatch
-from streamds.train import shm_ring, shm_tensors
-from streamds.train.shm_tensors import TensorBatch, leave_as_tensor_batches
+from streamds.handover import shm_ring, shm_tensors
+from streamds.handover.shm_tensors import TensorBatch, leave_as_tensor_batches
+from streamds.stages.batch import RecordBatch
 
 pytestmark = [
     pytest.mark.skipif(not os.path.isdir(shm_ring.SHM_DIR), reason="no /dev/shm here"),

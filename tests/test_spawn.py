@@ -21,10 +21,10 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import streamds
-import streamds.transform
+import streamds.stages.transform
 from streamds import StreamingJsonl
-from streamds.pipeline import Reader
-from streamds.transform import Step
+from streamds.stages.pipeline import Reader
+from streamds.stages.transform import Step
 from streamds.world import World
 
 WORKERS = 2
@@ -120,16 +120,16 @@ def test_a_lambda_or_nested_function_is_named_with_the_fix():
         return record
 
     steps = [("map", tag), ("filter", lambda record: True)]
-    said = streamds.transform.unpicklable_step(steps)
+    said = streamds.stages.transform.unpicklable_step(steps)
     assert said is not None
     for part in ("filter step 2 of 2", "lambda", "spawn", "top level of a module"):
         assert part in said
-    nested_said = streamds.transform.unpicklable_step([("map", functools.partial(nested))])
+    nested_said = streamds.stages.transform.unpicklable_step([("map", functools.partial(nested))])
     assert nested_said is not None and "defined inside a function" in nested_said
     assert "test_a_lambda_or_nested_function_is_named_with_the_fix.<locals>.nested" in (
         nested_said)
     fine = [("map", tag), ("map", functools.partial(scaled, factor=2))]
-    assert streamds.transform.unpicklable_step(fine) is None
+    assert streamds.stages.transform.unpicklable_step(fine) is None
 
 
 def test_a_step_pickles_its_function_by_name_and_refuses_a_lambda_with_the_fix():

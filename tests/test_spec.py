@@ -1,4 +1,4 @@
-"""streamds.tools.spec: the one ``module:function(args)`` grammar of convert and bench
+"""streamds.spec: the one ``module:function(args)`` grammar of convert and bench
 --transform."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from streamds.tools import spec
-from streamds.tools.spec import FunctionSpec, load_function, parse_function_spec
+from streamds import spec
+from streamds.spec import FunctionSpec, load_function, parse_function_spec
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Where a reader starts (`streamds.start`): `state_dict()` before the first `iter()`.
+"""Where a reader starts (`streamds.resume.start`): `state_dict()` before the first `iter()`.
 
 A StatefulDataLoader asks for `state_dict()` at odd times, and a checkpoint may be taken
 before training starts. Before the first iterator that state is a description of where the

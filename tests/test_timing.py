@@ -8,8 +8,8 @@ from pathlib import Path
 import corpus
 
 from streamds import StreamingJsonl
-from streamds.pipeline import Reader
-from streamds.timing import StageTimer
+from streamds.stages.pipeline import Reader
+from streamds.stages.timing import StageTimer
 
 
 def slow(record: dict) -> dict:

@@ -1,4 +1,4 @@
-"""streamds.tools.units: byte sizes parsed from and written for people."""
+"""streamds.units: byte sizes parsed from and written for people."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import doctest
 
 import pytest
 
-from streamds.tools import units
-from streamds.tools.units import human_bytes, parse_size
+from streamds import units
+from streamds.units import human_bytes, parse_size
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,9 @@ The pipeline (see README.md beside this file):
     StreamingJsonl(train, shuffle=True)      raw records, shuffled by block and buffer
       .map(Featurize(tokenizer))             -> article_id, input_ids, labels (in the workers)
     Mix([...], weights)                      (--mix) records of each corpus in its proportion
-    BucketBatches(..., batch_size)           -> lists of records of similar length
-    StatefulDataLoader(batch_size=None, collate_fn=PadCollate)   -> padded LongTensors
+    .batch(LengthBuckets(batch_size), collate=PadCollate)   -> padded LongTensors, records of
+                                             similar length together (in the workers)
+    StatefulDataLoader(batch_size=None)      -> the batches, as made
     DevicePrefetcher(loader, device)         -> the next batch copied to the GPU during the step
     StallMeter(...)                          -> how long each step waited for data
 
@@ -47,14 +48,10 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from examples.summarization import corpus, rouge
 from examples.summarization.model import PointerGenerator
-from streamds import Mix, StreamingJsonl
-from streamds.train.batching import (
-    Batches,
-    BucketBatches,
-    TokenBudgetBatches,
-    padding_of,
-)
-from streamds.train.collate import PadCollate
+from streamds import LengthBuckets, Mix, StreamingJsonl, TokenBudget
+from streamds.datasets.batching import padding_of
+from streamds.stages.buckets import Rule
+from streamds.train.collate import PadCollate, as_list
 from streamds.train.prefetch import DevicePrefetcher
 from streamds.train.stall import StallMeter
 
@@ -221,14 +218,33 @@ def make_batcher(args: argparse.Namespace, corpora: dict[str, dict[str, str]],
     # -> one stream: each record from corpus i with probability weight i (--mix)
     features = sources[0] if not args.mix else Mix(
         sources, [weight for _, weight in args.mix], seed=args.seed, stop=args.mix_stop)
-    # -> lists of records, similar source lengths together
+    # -> padded batches, similar source lengths together (records cut by the rule, then
+    # padded by PadCollate where they were read)
+    collate = PadCollate(pad_id=corpus.PAD_ID, keys=("input_ids", "labels"))
+    return features.batch(batch_rule(args) or args.batch_size, collate=collate)
+
+
+def batch_rule(args: argparse.Namespace) -> Rule | None:
+    """The --batching rule: LengthBuckets, a TokenBudget, or None for plain batches."""
     if args.batching == "bucket":
-        return BucketBatches(features, batch_size=args.batch_size,
-                             buffer_size=args.bucket_buffer, seed=args.seed)
+        return LengthBuckets(args.batch_size, buffer_size=args.bucket_buffer)
     if args.batching == "tokens":
-        return TokenBudgetBatches(features, max_tokens=args.max_tokens,
-                                  buffer_size=args.bucket_buffer, seed=args.seed)
-    return Batches(features, batch_size=args.batch_size)
+        return TokenBudget(args.max_tokens, buffer_size=args.bucket_buffer)
+    return None
+
+
+def cut_batches(records: list[dict[str, Any]], rule: Rule | None, size: int,
+                seed: int) -> list[list[dict[str, Any]]]:
+    """`records` (a list in memory) in batches: `rule` cuts each pool, None cuts by `size`."""
+    if rule is None:
+        return [records[start : start + size] for start in range(0, len(records), size)]
+    rng = random.Random(seed)
+    batches = []
+    for start in range(0, len(records), rule.pool_size):
+        pool = records[start : start + rule.pool_size]
+        cut = rule.cut([rule.length(record) for record in pool], rng)
+        batches += [[pool[i] for i in indices] for indices in cut]
+    return batches
 
 
 def lr_at(step: int, args: argparse.Namespace) -> float:
@@ -256,14 +272,9 @@ def padding_comparison(args: argparse.Namespace, train: str | list[str],
     """Pad share of source tokens: plain batches vs the chosen batching, same records."""
     stream = StreamingJsonl(train, shuffle=True, seed=args.seed, buffer_size=args.shuffle_buffer)
     records = list(islice(stream.map(featurize), sample))
-    plain = padding_of(Batches(records, batch_size=args.batch_size), "input_ids")
-    if args.batching == "tokens":
-        chosen = TokenBudgetBatches(records, max_tokens=args.max_tokens,
-                                    buffer_size=args.bucket_buffer, seed=args.seed)
-    else:
-        chosen = BucketBatches(records, batch_size=args.batch_size,
-                               buffer_size=args.bucket_buffer, seed=args.seed)
-    bucketed = padding_of(chosen, "input_ids")
+    plain = padding_of(cut_batches(records, None, args.batch_size, args.seed), "input_ids")
+    rule = batch_rule(args) or LengthBuckets(args.batch_size, buffer_size=args.bucket_buffer)
+    bucketed = padding_of(cut_batches(records, rule, args.batch_size, args.seed), "input_ids")
     return {"records": len(records), "plain_pad_fraction": plain.pad_fraction,
             "bucketed_pad_fraction": bucketed.pad_fraction,
             "tokens_saved_fraction": 1 - bucketed.padded / plain.padded if plain.padded else 0.0}
@@ -277,7 +288,8 @@ def evaluate(model: PointerGenerator, tokenizer: Tokenizer, source: str,
                                  max_target=args.max_target, keep_text=True)
     records = list(islice(StreamingJsonl(source).map(featurize), args.eval_records))
     collate = PadCollate(pad_id=corpus.PAD_ID, keys=("input_ids",))
-    batches = BucketBatches(records, batch_size=32, buffer_size=max(1, len(records)))
+    batches = cut_batches(records, LengthBuckets(32, buffer_size=max(1, len(records))), 32,
+                          args.seed)
     model.eval()
     pairs, leads, examples = [], [], []
     for group in batches:
@@ -406,9 +418,9 @@ def _train(argv: Sequence[str] | None) -> dict[str, Any]:
     batcher = make_batcher(args, corpora, featurize)
     loader = StatefulDataLoader(
         batcher,
-        batch_size=None,  # the batcher yields whole batches
+        batch_size=None,  # the dataset yields whole batches, padded by its collate
         num_workers=args.num_workers,
-        collate_fn=PadCollate(pad_id=corpus.PAD_ID, keys=("input_ids", "labels")),
+        collate_fn=as_list,  # hand them over as made (no walk through their values)
         pin_memory=cuda,
         generator=torch.Generator().manual_seed(args.seed),  # leave the global RNG alone
     )

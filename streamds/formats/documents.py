@@ -9,9 +9,9 @@ several values, one per line (what ``datasets.Dataset.to_json`` writes), and a f
 other name, whatever it holds.
 
 The rule looks only at the start of a file (up to the end of its first line and the next
-non-blank byte), so deciding costs one short read. `streamds.shards` decides for large plain
+non-blank byte), so deciding costs one short read. `streamds.storage.shards` decides for large plain
 files when it resolves them (a file of JSON lines then splits into blocks like any other) and
-`streamds.read` decides for the rest when it reads them; `preprocess.sources` decides the
+`streamds.storage.read` decides for the rest when it reads them; `preprocess.sources` decides the
 same way for the converter.
 """
 
@@ -41,7 +41,8 @@ LINES = "lines"  # the file is JSON lines
 BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark some editors put at the start of a file
 PROBE_SIZE = 64 << 10  # bytes per read while deciding
 RESOLVE_ABOVE = 64 << 10  # plain .json files above this size are decided when resolved, so a
-# file of JSON lines splits into blocks (streamds.plan never splits below 64 KiB: the two agree)
+# file of JSON lines splits into blocks (streamds.storage.plan never splits below 64 KiB:
+# the two agree)
 _BLANK = b" \t\r\n"
 
 

@@ -1,7 +1,7 @@
 """File names: which files hold records, in what format, and which tar members are records.
 
 One rule for every place that looks at names: the reader's directory listing
-(`streamds.shards`), the converter's input walk (`preprocess.sources`), ``streamds verify``
+(`streamds.storage.shards`), the converter's input walk (`preprocess.sources`), ``streamds verify``
 (files a reader of the directory would read besides the manifest's), and the tar readers.
 Imports only `streamds.formats.codecs`.
 """

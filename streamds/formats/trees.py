@@ -1,6 +1,6 @@
 """Trees: which files a directory or a glob names, one rule for the reader and the converter.
 
-`streamds.shards` (the reader) and `preprocess.sources` (the converter) both expand sources
+`streamds.storage.shards` (the reader) and `preprocess.sources` (the converter) both expand sources
 here, so they read the same files:
 
 - a directory names its record files (`is_record_name`) at any depth;

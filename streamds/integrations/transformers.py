@@ -39,9 +39,9 @@ __all__ = ["EpochLoader", "EpochStream", "StreamdsTrainer"]
 
 
 def _is_streamds(dataset: Any) -> bool:
-    from ..dataset import StreamingJsonl
-    from ..mix import Mix
-    from ..pack import Packed
+    from ..datasets.dataset import StreamingJsonl
+    from ..datasets.mix import Mix
+    from ..datasets.pack import Packed
 
     return isinstance(dataset, (StreamingJsonl, Mix, Packed))
 

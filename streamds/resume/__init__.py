@@ -1,1 +1,1 @@
-"""Resuming: the reader state, elastic merge, plain-loader resume, replays, record counts."""
+"""Resuming: elastic merge, plain-loader resume, replays, record counts."""

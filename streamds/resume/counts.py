@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from ..parse import cut_bom
-from ..plan import Block
-from ..read import Opener, open_decoded_at, read_lines
-from ..shards import Shard
+from ..stages.parse import cut_bom
+from ..storage.plan import Block
+from ..storage.read import Opener, open_decoded_at, read_lines
+from ..storage.shards import Shard
 
 __all__ = ["count_block_records", "count_from", "listed_counts"]
 

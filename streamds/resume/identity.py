@@ -37,7 +37,7 @@ import orjson
 from fsspec.core import url_to_fs
 
 from ..errors import StateMismatchError
-from ..shards import Shard, has_magic
+from ..storage.shards import Shard, has_magic
 
 __all__ = ["IDENTITY_KEYS", "LISTING_LIMIT", "SETTINGS", "Identity", "check_identity",
            "differences", "relative_names", "source_root"]

@@ -15,25 +15,23 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..balance import EvenRanks, pad_work
-from ..batch import Batch
-from ..buckets import PoolBatch, is_pool_state, pool_rng
-from ..chunks import Chunk, ChunkCursor, Position, WorkItem
 from ..errors import StateMismatchError
-from ..lines import Lines
-from ..parse import LineNumbers, Marker, Parse
-from ..pipeline import Spec
-from ..plan import Plan
-from ..records import fetch_records
 from ..seeds import shuffle_seed_parts
-from ..shuffle import Shuffle
-from ..train.batching import STATE_FORMAT as BATCHER_FORMAT
-from ..train.rebatch import STATE_FORMAT as REBATCH_FORMAT
-from ..transform import Transform
+from ..stages.balance import EvenRanks, pad_work
+from ..stages.batch import Batch
+from ..stages.buckets import PoolBatch, is_pool_state, pool_rng
+from ..stages.chunks import Chunk, ChunkCursor, Position, WorkItem
+from ..stages.lines import Lines
+from ..stages.parse import LineNumbers, Marker, Parse
+from ..stages.pipeline import Spec
+from ..stages.records import fetch_records
+from ..stages.shuffle import Shuffle
+from ..stages.state import BATCHER_FORMAT, OLD_FORMATS, REBATCH_FORMAT, STATE_FORMAT, ReaderState
+from ..stages.transform import Transform
+from ..storage.plan import Plan
 from ..world import World
 from .identity import differences
 from .replay import NEW, replay
-from .state import OLD_FORMATS, STATE_FORMAT, ReaderState
 
 __all__ = [
     "MERGED_FORMAT",
@@ -51,7 +49,7 @@ __all__ = [
 MERGED_FORMAT = "streamds.merged/2"
 MIX_FORMAT = "streamds.mix/1"  # one reader of a `streamds.Mix`
 MERGED_MIX_FORMAT = "streamds.merged-mix/1"
-PACKED_FORMAT = "streamds.packed/1"  # one reader of a `streamds.pack.Packed`
+PACKED_FORMAT = "streamds.packed/1"  # one reader of a `streamds.datasets.pack.Packed`
 MERGED_PACKED_FORMAT = "streamds.merged-packed/1"
 COUNTERS = ("bad", "blank", "dropped", "corrupt_blocks")
 # what `state_dict()` returns before the first `iter()` of a dataset that finishes a merged

@@ -20,14 +20,14 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ..chunks import ChunkCursor, WorkItem
 from ..formats.manifest import ManifestError
-from ..parse import cut_bom
-from ..pipeline import Reader
-from ..plan import Block
-from ..read import read_lines
-from ..shards import Shard
-from ..shuffle import Shuffle, pack_positions, unpack_positions
+from ..stages.chunks import ChunkCursor, WorkItem
+from ..stages.parse import cut_bom
+from ..stages.pipeline import Reader
+from ..stages.shuffle import Shuffle, pack_positions, unpack_positions
+from ..storage.plan import Block
+from ..storage.read import read_lines
+from ..storage.shards import Shard
 from .replay import replay
 
 __all__ = [

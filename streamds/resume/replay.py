@@ -13,8 +13,8 @@ from collections.abc import Iterator, Sequence
 from itertools import islice
 from typing import Any
 
-from ..chunks import Chunk, ChunkCursor, Position
-from ..shuffle import Shuffle
+from ..stages.chunks import Chunk, ChunkCursor, Position
+from ..stages.shuffle import Shuffle
 
 __all__ = ["NEW", "Numbers", "replay"]
 

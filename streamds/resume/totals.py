@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from ..stages.state import STATE_FORMAT
 from .merge import (
     COUNTERS,
     MERGED_FORMAT,
@@ -21,7 +22,6 @@ from .merge import (
     _stage_counts,
     _states_of,
 )
-from .state import STATE_FORMAT
 
 __all__ = ["counts_of", "source_counts", "token_counts"]
 

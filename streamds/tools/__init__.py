@@ -1,1 +1,1 @@
-"""Command-line tools and their helpers: the CLI, bench, spec and size parsing."""
+"""Command-line tools: the CLI (the only module that reaches the converter) and bench."""

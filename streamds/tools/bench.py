@@ -4,7 +4,7 @@
 ``--buffer-size``, ``--transform``) and measures, on the first ``--records`` records:
 
 1. the real pipeline, in this process, stage by stage: the dataset runs with a
-   `streamds.timing.StageTimer` attached (``ds.timer``), which times each stage of the reader
+   `streamds.stages.timing.StageTimer` attached (``ds.timer``), which times each stage of the reader
    (read = lines, parse, transform, even_ranks, emit: the shuffle buffer or the record
    flattener) where it runs. The loop collects records into batches of ``--batch-size`` and,
    unless ``--no-state-every-batch``, takes ``ds.state_dict()`` after every batch, as torchdata's
@@ -47,13 +47,13 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from ..checks import check_int
-from ..dataset import StreamingJsonl
-from ..pipeline import Reader
+from ..datasets.dataset import StreamingJsonl
 from ..redact import redact
-from ..timing import StageTimer
+from ..spec import load_function
+from ..stages.pipeline import Reader
+from ..stages.timing import StageTimer
 from ..train.collate import as_list
 from ..train.rebatch import Rebatch
-from .spec import load_function
 
 __all__ = ["main", "run_bench"]
 

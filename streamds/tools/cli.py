@@ -34,7 +34,7 @@ import orjson
 from ..formats.filenames import is_record_name
 from ..formats.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest, verify_shard
 from ..redact import redact
-from .units import human_bytes
+from ..units import human_bytes
 
 __all__ = ["main"]
 
@@ -70,8 +70,8 @@ def _sample(record: bytes) -> str:
 
 
 def _first_record(shards: Sequence[Any]) -> bytes | None:
-    from ..plan import Block
-    from ..read import read_lines
+    from ..storage.plan import Block
+    from ..storage.read import read_lines
 
     for shard in shards:
         for chunk in read_lines(shard, Block(0), 0):
@@ -83,8 +83,8 @@ def _first_record(shards: Sequence[Any]) -> bytes | None:
 
 def _count_records(shard: Any) -> tuple[int, int]:
     """(records, decoded bytes) of a shard, reading it once."""
-    from ..plan import Block
-    from ..read import open_decoded_at, read_lines
+    from ..storage.plan import Block
+    from ..storage.read import open_decoded_at, read_lines
 
     if shard.format in ("tar", "json"):  # members, or a document's records: as the reader
         records = decoded = 0
@@ -103,7 +103,7 @@ def _count_records(shard: Any) -> tuple[int, int]:
 
 
 def _inspect_manifest(directory: Path, manifest: Manifest) -> list[str]:
-    from ..shards import resolve_shards
+    from ..storage.shards import resolve_shards
 
     totals = manifest.totals
     ratio = totals["decoded_bytes"] / totals["bytes"] if totals["bytes"] else 0.0
@@ -161,7 +161,7 @@ def _left_out_lines(left_out: Any, target: str) -> list[str]:
 
 
 def _inspect_files(target: str, count: bool, quiet: bool) -> list[str]:
-    from ..shards import list_source
+    from ..storage.shards import list_source
 
     listing = list_source(target)
     shards = listing.shards
@@ -275,7 +275,7 @@ def _verify_file(path: Path) -> int:
         print(f"{path}: OK, {entry.records:,} records, {entry.frames:,} frames verified against "
               f"{directory / MANIFEST_NAME}")
         return 0
-    from ..dataset import StreamingJsonl
+    from ..datasets.dataset import StreamingJsonl
 
     records = 0
     try:

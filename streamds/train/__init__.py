@@ -1,1 +1,1 @@
-"""The training side: batching, collates, device prefetch, the stall meter."""
+"""The training side: batching, rebatching, collates, device prefetch, the stall meter."""

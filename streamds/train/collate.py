@@ -1,10 +1,9 @@
 """Collate: lists of records -> the batch a training step consumes.
 
 `PadCollate` turns records holding token-id lists into right-padded int64 (or int32) tensors
-plus masks and, on request, lengths;
-`as_list` hands the records over unchanged (for batches built by `streamds.train.batching`, or for
-steps that do their own collation). Both pickle, so they work in DataLoader workers under any
-start method.
+plus masks and, on request, lengths; `as_list` hands the records over unchanged (for batches
+built by `.batch(...)`, or for steps that do their own collation). Both pickle, so they work in
+DataLoader workers under any start method.
 
 Example::
 

@@ -20,14 +20,14 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..batch import RecordBatch
 from ..checks import check_bool, check_int
 from ..errors import StateMismatchError
-from ..resume.state import check_state
+from ..stages.batch import RecordBatch
+from ..stages.state import REBATCH_FORMAT, check_state
 
 __all__ = ["Rebatch"]
 
-STATE_FORMAT = "streamds.rebatch/1"
+STATE_FORMAT = REBATCH_FORMAT
 
 
 def _records_of(batch: Any) -> list[Any]:

@@ -16,20 +16,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .balance import check_split, empty_rank, pad_work, quotas
-from .batch import Batch
-from .buckets import LengthBuckets, PoolBatch
-from .chunks import Position, WorkItem
-from .errors import StateMismatchError
-from .pipeline import Reader, Spec
-from .plan import Block, Plan
-from .resume.counts import count_from
-from .resume.merge import MERGED_READER, share_of
-from .resume.plain_loader import pipeline_state_after
-from .resume.state import ReaderState
-from .seeds import shuffle_seed_parts
-from .shards import Shard
-from .world import World
+from ..errors import StateMismatchError
+from ..seeds import shuffle_seed_parts
+from ..stages.balance import check_split, empty_rank, pad_work, quotas
+from ..stages.batch import Batch
+from ..stages.buckets import LengthBuckets, PoolBatch
+from ..stages.chunks import Position, WorkItem
+from ..stages.pipeline import Reader, Spec
+from ..stages.state import ReaderState
+from ..storage.plan import Block, Plan
+from ..storage.shards import Shard
+from ..world import World
+from .counts import count_from
+from .merge import MERGED_READER, share_of
+from .plain_loader import pipeline_state_after
 
 __all__ = ["AFTER_BATCHES", "FRESH", "LOADED", "MERGED", "Layout", "Merged", "Start",
            "after_batches", "after_records", "choose", "describe", "fresh", "pad_work_of",

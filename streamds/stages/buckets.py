@@ -8,7 +8,7 @@ A rule says how to cut a pool of records into batches, from their lengths alone:
 
 `PoolBatch` is the pipeline stage that applies a rule in the reader (so in the DataLoader
 workers), for `StreamingJsonl.batch(rule, collate=...)`; the wrappers of
-`streamds.train.batching` apply the same rules to any iterable. One cutting rule for both.
+`streamds.datasets.batching` apply the same rules to any iterable. One cutting rule for both.
 
 The stage reads `rule.pool_size` records, cuts them and yields the batches in an order drawn
 from (seed, epoch, rank, worker, pool number). Its state is where its source stood when the
@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import islice, pairwise
 from typing import Any
 
-from .checks import check_bool, check_int, check_optional_int
-from .errors import StateMismatchError
-from .seeds import derive_seed
+from ..checks import check_bool, check_int, check_optional_int
+from ..errors import StateMismatchError
+from ..seeds import derive_seed
 
 __all__ = [
     "FieldLength",

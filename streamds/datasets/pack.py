@@ -27,19 +27,24 @@ from __future__ import annotations
 import copy
 from array import array
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import IterableDataset
 
-from .checks import check_bool, check_int
-from .errors import StateMismatchError
-from .resume.merge import MERGED_PACKED_FORMAT, PACKED_FORMAT
-from .resume.state import check_state
-from .resume.totals import PACK_COUNTERS
-from .world import World, detect_world
+from ..checks import check_bool, check_int
+from ..errors import StateMismatchError
+from ..resume.merge import MERGED_PACKED_FORMAT, PACKED_FORMAT
+from ..resume.totals import PACK_COUNTERS
+from ..stages.state import check_state
+from ..stages.transform import Step, apply_steps
+from ..world import World, detect_world
+
+if TYPE_CHECKING:
+    from ..stages.buckets import Rule
+    from .batching import Batched
 
 __all__ = ["PackTokens", "Packed", "document_mask"]
 
@@ -131,6 +136,7 @@ class Packed(IterableDataset):
         self._pending: dict[str, Any] | None = None  # a loaded state, for the next iterator
         self._merged: dict[str, Any] | None = None  # leftovers of an elastic resume
         self._active: _Cursor | None = None
+        self._steps: tuple[Step, ...] = ()  # map and filter of the sequences (.map/.filter)
 
     def __repr__(self) -> str:
         return f"Packed({self.source!r}, {self.packer!r})"
@@ -155,8 +161,27 @@ class Packed(IterableDataset):
             return dict.fromkeys(PACK_COUNTERS, 0)
         return dict(self._active.counts)
 
+    @property
+    def epoch(self) -> int:
+        """The source's epoch (packing follows it)."""
+        return self.source.epoch
+
     def set_epoch(self, epoch: int) -> None:
         self.source.set_epoch(epoch)
+
+    def batch(
+        self, size: int | Rule, *, collate: Callable[[list[Any]], Any] | None = None,
+        drop_last: bool = False,
+    ) -> Batched:
+        """The packed sequences in whole batches, as ``StreamingJsonl.batch``: `size`
+        sequences per batch (or a ``streamds.LengthBuckets`` / ``TokenBudget`` rule, though
+        packed sequences all have one length); `collate` makes the batch, e.g.
+        ``torch.utils.data.default_collate`` for stacked tensors (None: a
+        `streamds.RecordBatch`). Use it with ``DataLoader(packed.batch(n, ...),
+        batch_size=None)``; a state taken after any batch resumes exactly."""
+        from .batching import Batched
+
+        return Batched(self, size, collate=collate, drop_last=drop_last)
 
     # -- iteration -----------------------------------------------------------------------
 
@@ -193,7 +218,30 @@ class Packed(IterableDataset):
         cursor = self._start(detect_world(self.rank, self.world_size))
         self._pending = None  # a loaded state starts one iterator
         self._active = cursor
-        return self._generate(iter(self.source), cursor)
+        sequences = self._generate(iter(self.source), cursor)
+        # -> its own map and filter, on whole sequences (a state between them stays exact)
+        return apply_steps(sequences, self._steps, "this packed dataset") if self._steps else (
+            sequences)
+
+    def _with_step(self, step: Step) -> Packed:
+        clone = copy.copy(self)
+        clone._steps = (*self._steps, step)
+        clone._active = None
+        return clone
+
+    def map(self, fn: Callable[[Any], Any]) -> Packed:
+        """A new packed dataset whose sequences are `fn(sequence)` (None drops one), e.g. to
+        add an attention mask; tokens of a dropped sequence still count as packed."""
+        if not callable(fn):
+            raise ValueError(f"map needs a callable, got {fn!r}")
+        return self._with_step(Step("map", fn))
+
+    def filter(self, predicate: Callable[[Any], bool]) -> Packed:
+        """A new packed dataset keeping the sequences for which `predicate(sequence)` is
+        true."""
+        if not callable(predicate):
+            raise ValueError(f"filter needs a callable, got {predicate!r}")
+        return self._with_step(Step("filter", predicate))
 
     def _ids(self, record: Any, number: int) -> array[int]:
         """The token ids of `record` (document `number` of this reader), then `eos_id`."""

@@ -25,10 +25,10 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 from typing import Any
 
+from ..seeds import derive_seed
 from .chunks import Chunk, ChunkCursor, ChunkStage, Position
 from .parse import Marker
 from .records import PositionedBatch
-from .seeds import derive_seed
 
 __all__ = ["Shuffle", "pack_positions", "unpack_positions"]
 

@@ -21,9 +21,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .seeds import rng_for
+from ..seeds import rng_for
+from ..world import World
 from .shards import Shard
-from .world import World
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE", "Block", "Plan", "assign", "epoch_order", "make_blocks",

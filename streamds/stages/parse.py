@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from ..errors import CorruptRecordError
+from ..formats import values
+from ..storage.read import Opener, count_newlines, open_decoded_at
 from .chunks import Chunk
-from .errors import CorruptRecordError
-from .formats import values
-from .read import Opener, count_newlines, open_decoded_at
 
 if TYPE_CHECKING:
-    from .plan import Block
-    from .shards import Shard
+    from ..storage.plan import Block
+    from ..storage.shards import Shard
 
 __all__ = [
     "BAD",

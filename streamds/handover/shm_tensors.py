@@ -7,7 +7,7 @@ thread that is tokenizing. For the few tensors of a padded batch (tens to hundre
 costs more than copying their bytes. So in a worker, a dict a `.batch(n, collate=...)` collate
 returns leaves as a `TensorBatch`: when the DataLoader's queue pickles it (multiprocessing's
 `ForkingPickler`; any other pickling sees a plain dict), its top-level tensors are copied into
-the worker's ring (`streamds.train.shm_ring`) as one entry, the other values are pickled as
+the worker's ring (`streamds.handover.shm_ring`) as one entry, the other values are pickled as
 before, and the main process gets a plain dict with CPU tensors of its own.
 
 The ring is used only when that delivers exactly what torch's own pickling would: every tensor

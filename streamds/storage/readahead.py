@@ -29,10 +29,10 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from ..retry import DEFAULT_RETRY, RetryPolicy
 from .cache import CLAIMS, CacheSpec
 from .mounts import on_fuse_mount, on_remote_mount
 from .ranges import RangeReader, stored_span
-from .retry import DEFAULT_RETRY, RetryPolicy
 from .shards import Shard, process_fs
 
 __all__ = ["DEFAULT_READAHEAD", "ReadAhead", "Span", "block_span", "on_fuse",

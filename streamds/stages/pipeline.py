@@ -17,26 +17,26 @@ from typing import Any
 
 from torch.utils.data import get_worker_info
 
+from ..handover.shm_tensors import leave_as_tensor_batches
+from ..retry import DEFAULT_RETRY, RetryPolicy
+from ..seeds import shuffle_seed_parts
+from ..storage.cache import CacheSpec
+from ..storage.plan import Block, Plan
+from ..storage.read import Opener, open_decoded_at
+from ..storage.shards import Shard
 from .ahead import AHEAD, MadeAhead
 from .balance import EvenRanks
 from .batch import Batch, BatchSpec
 from .buckets import PoolBatch
-from .cache import CacheSpec
 from .chunks import Chunk, ChunkCursor, Position, WorkItem
 from .cpus import TUNE, on_planned_cpus, worker_plan
 from .lines import Lines
 from .parse import WARN_BAD_LINES, LineNumbers, Parse
 from .parse_later import LineBatch, ParseLater, parses_later
-from .plan import Block, Plan
-from .read import Opener, open_decoded_at
 from .records import Records, fetch_records
-from .resume.state import ReaderState
-from .retry import DEFAULT_RETRY, RetryPolicy
-from .seeds import shuffle_seed_parts
-from .shards import Shard
 from .shuffle import Shuffle
+from .state import ReaderState
 from .timing import StageTimer, Timed
-from .train.shm_tensors import leave_as_tensor_batches
 from .transform import Step, Transform
 
 __all__ = ["Reader", "Spec", "describe_counts"]
@@ -68,7 +68,7 @@ class Spec:
     batch: BatchSpec | None = None  # whole batches out of the reader (`StreamingJsonl.batch`)
     readahead: int = 0  # stored bytes fetched ahead of each reader (0: none)
     cache: CacheSpec | None = None  # the local copy of remote or mounted shards
-    worker_cpus: str = "auto"  # workers leave the main process a CPU (streamds.cpus); "all"
+    worker_cpus: str = "auto"  # workers leave the main process a CPU (streamds.stages.cpus); "all"
 
 
 class Reader:

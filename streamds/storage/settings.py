@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..checks import check_int, size_setting
+from ..retry import RetryPolicy
 from .cache import CacheSpec, namespace_of
-from .checks import check_int, size_setting
 from .plan import DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE
-from .retry import RetryPolicy
 from .shards import Shard
 
 __all__ = ["LOOSE", "UNSET", "Storage", "deprecated", "storage_of"]

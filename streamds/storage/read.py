@@ -23,16 +23,16 @@ from itertools import accumulate
 from operator import add
 from typing import BinaryIO
 
+from ..errors import CorruptShardError
+from ..formats.codecs import READ_SIZE, decode
+from ..formats.documents import LINES, document_records, probe
+from ..formats.filenames import TAR_LINES_MEMBERS, TAR_RECORD_MEMBERS
+from ..formats.samples import SampleKeys
+from ..retry import DEFAULT_RETRY, GaveUpError, RetryPolicy, is_transient
 from .cache import CacheSpec
-from .errors import CorruptShardError
-from .formats.codecs import READ_SIZE, decode
-from .formats.documents import LINES, document_records, probe
-from .formats.filenames import TAR_LINES_MEMBERS, TAR_RECORD_MEMBERS
-from .formats.samples import SampleKeys
 from .plan import Block
 from .ranges import RangeFile, RangeReader, stored_span
 from .readahead import ReadAhead
-from .retry import DEFAULT_RETRY, GaveUpError, RetryPolicy, is_transient
 from .shards import Shard
 
 __all__ = [

@@ -1,5 +1,10 @@
 """Batching: records -> lists of records, grouped so that padding stays small.
 
+`Batched` is what ``Mix.batch(...)`` and ``Packed.batch(...)`` return: the same
+``.batch(n | LengthBuckets | TokenBudget, collate=..., drop_last=...)`` as
+``StreamingJsonl.batch``, applied by a pool batcher around the dataset. Use
+``dataset.batch(...)``; the wrappers below are deprecated (one release) in its favour.
+
 Each batcher reads its source in pools of `buffer_size` records (a buffer like the shuffle
 buffer), cuts each pool into batches and yields them; use it with
 ``DataLoader(batcher, batch_size=None, collate_fn=PadCollate(...))``:
@@ -29,21 +34,24 @@ iterables) are fast-forwarded by record count instead.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Iterator, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from itertools import islice
 from typing import Any
 
 from torch.utils.data import IterableDataset
 
-from ..buckets import Length, LengthBuckets, TokenBudget, as_length
-from ..checks import check_int
+from ..checks import check_bool, check_int
 from ..errors import StateMismatchError
-from ..resume.state import check_epoch_change
 from ..seeds import derive_seed
+from ..stages.batch import RecordBatch
+from ..stages.buckets import RULES, Length, LengthBuckets, Rule, TokenBudget, as_length
+from ..stages.state import BATCHER_FORMAT, check_epoch_change
 from ..world import detect_world
 
 __all__ = [
+    "Batched",
     "Batches",
     "BucketBatches",
     "PaddingStats",
@@ -51,7 +59,26 @@ __all__ = [
     "padding_of",
 ]
 
-STATE_FORMAT = "streamds.batches/2"
+STATE_FORMAT = BATCHER_FORMAT
+# the deprecated wrappers: what to write instead (named in their DeprecationWarning)
+DEPRECATED = {
+    "Batches": "dataset.batch(n, collate=...)",
+    "BucketBatches": "dataset.batch(streamds.LengthBuckets(n, buffer_size=...), collate=...)",
+    "TokenBudgetBatches": "dataset.batch(streamds.TokenBudget(max_tokens, buffer_size=...), "
+                          "collate=...)",
+}
+
+
+def deprecation(name: str) -> str:
+    """The message of the DeprecationWarning for the wrapper `name`."""
+    return (f"streamds {name} is deprecated and will be removed in the next release; batch "
+            f"the dataset itself: {DEPRECATED[name]} (StreamingJsonl, Mix and packed "
+            "datasets all offer .batch)")
+
+
+def _warn_deprecated(name: str) -> None:
+    # stacklevel 3: the line that constructed the wrapper, not its __init__
+    warnings.warn(deprecation(name), DeprecationWarning, stacklevel=3)
 
 
 @dataclass
@@ -140,6 +167,8 @@ class _PoolBatcher(IterableDataset):
         pool_size: int,
         seed: int,
         drop_last: bool,
+        collate: Callable[[list[Any]], Any] = list,
+        epoch: int = 0,
     ) -> None:
         super().__init__()
         if isinstance(source, Iterator):
@@ -155,7 +184,8 @@ class _PoolBatcher(IterableDataset):
         self.pool_size = pool_size
         self.seed = seed
         self.drop_last = drop_last
-        self.epoch = 0
+        self.collate = collate
+        self.epoch = epoch
         self._pending: dict[str, Any] | None = None
         self._active: _Cursor | None = None
 
@@ -230,7 +260,7 @@ class _PoolBatcher(IterableDataset):
         if skip:  # a source without state: fast-forward by record count
             for _ in islice(records_in, skip):
                 pass
-        measure = self.length
+        measure, collate = self.length, self.collate
         while True:
             cursor.source = self.source.state_dict() if stateful else None
             # -> the next pool of records, in arrival order
@@ -250,7 +280,7 @@ class _PoolBatcher(IterableDataset):
                 indices = batches[number]
                 cursor.emitted = number + 1
                 cursor.stats.add([lengths[i] for i in indices])
-                yield [pool[i] for i in indices]
+                yield collate([pool[i] for i in indices])
             cursor.pool += 1
             cursor.emitted = 0
             cursor.consumed = cursor.next_consumed
@@ -289,8 +319,113 @@ class _PoolBatcher(IterableDataset):
             self.epoch = state["epoch"]
 
 
+def _no_length(record: Any) -> int:
+    """Fixed-size batches are cut by count: no record needs measuring."""
+    return 0
+
+
+def _seed_of(source: Any) -> int:
+    """The seed of `source` or of the dataset it wraps (a packed dataset has none itself)."""
+    while source is not None:
+        seed = getattr(source, "seed", None)
+        if isinstance(seed, int):
+            return seed
+        source = getattr(source, "source", None)
+    return 0
+
+
+class Batched(_PoolBatcher):
+    """Whole batches of a `Mix` or a packed dataset: what their ``.batch(...)`` returns.
+
+    `size` is the number of records per batch (`drop_last` drops the short last one) or a
+    `streamds.LengthBuckets` / `streamds.TokenBudget` rule, as in ``StreamingJsonl.batch``;
+    `collate` turns each list of records into the batch (None: a `streamds.RecordBatch`).
+    Use it with ``DataLoader(batched, batch_size=None)``. The epoch is the source's; the
+    state is the pool batcher's (the source's state where the current pool began, the pool's
+    number, its batches yielded), so a state taken after any batch resumes exactly.
+    """
+
+    KIND = "batched"
+
+    def __init__(
+        self, source: Any, size: int | Rule, *,
+        collate: Callable[[list[Any]], Any] | None = None, drop_last: bool = False,
+    ) -> None:
+        if collate is not None and not callable(collate):
+            raise ValueError(f"collate must be callable or None, got {collate!r}")
+        check_bool("drop_last", drop_last)
+        if isinstance(size, RULES):
+            if drop_last:
+                raise ValueError(
+                    f"drop_last=True with {size!r}: pass drop_last to LengthBuckets instead "
+                    "(a token budget drops nothing)"
+                )
+            self.rule: Rule | None = size
+            length, pool_size = size.length, size.pool_size
+        else:
+            check_int("size", size, 1, "the number of records per batch, or a "
+                      "streamds.LengthBuckets / TokenBudget rule")
+            self.rule = None
+            length, pool_size = _no_length, size
+        super().__init__(source, length=length, pool_size=pool_size, seed=_seed_of(source),
+                         drop_last=drop_last,
+                         collate=RecordBatch if collate is None else collate,
+                         epoch=source.epoch)
+        self.size = size
+
+    def __repr__(self) -> str:
+        return f"{self.source!r}.batch({self.size!r}, drop_last={self.drop_last})"
+
+    # the epoch is the source's, so that set_epoch on either one moves both
+    @property  # type: ignore[override]
+    def epoch(self) -> int:
+        return self.source.epoch
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        if value != self.source.epoch:
+            self.source.set_epoch(value)
+
+    @property
+    def rank(self) -> int | None:
+        return self.source.rank
+
+    @property
+    def world_size(self) -> int | None:
+        return self.source.world_size
+
+    def _config(self) -> list[Any]:
+        cut = ["size", self.size] if self.rule is None else self.rule.config()
+        return [*super()._config(), cut]
+
+    def _cut(self, lengths: list[int], rng: random.Random) -> list[list[int]]:
+        if self.rule is not None:
+            return self.rule.cut(lengths, rng)
+        if self.drop_last and len(lengths) < self.pool_size:
+            return []
+        return [list(range(len(lengths)))]
+
+    def resume_after_batches(self, consumed: int, **loader: Any) -> Batched:
+        """Refused: a plain DataLoader's batch count does not tell where the pools of the
+        readers stood; resume through `state_dict()` (torchdata's StatefulDataLoader)."""
+        raise ValueError(
+            f"resume_after_batches({consumed}): the batches of a Mix or packed dataset "
+            "cannot be resumed from a plain DataLoader's batch count; use torchdata's "
+            "StatefulDataLoader and checkpoint loader.state_dict() (a state taken after any "
+            "batch resumes exactly)"
+        )
+
+    def with_resume(self, merged: dict[str, Any]) -> Batched:
+        """The same batches of ``source.with_resume(merged)`` (`streamds.merge_states` of the
+        states of every reader): a fresh pool batcher over the resumed source."""
+        return Batched(self.source.with_resume(merged), self.size,
+                       collate=self.collate, drop_last=self.drop_last)
+
+
 class Batches(_PoolBatcher):
     """Batches of `batch_size` records in arrival order: the plain baseline.
+
+    Deprecated (removed in the next release): use ``dataset.batch(n)``.
 
     Example::
 
@@ -307,6 +442,7 @@ class Batches(_PoolBatcher):
         drop_last: bool = False,
         length: Length | str = "input_ids",
     ) -> None:
+        _warn_deprecated("Batches")
         check_int("batch_size", batch_size, 1, "the number of records per batch")
         super().__init__(source, length=length, pool_size=batch_size, seed=0,
                          drop_last=drop_last)
@@ -320,6 +456,9 @@ class Batches(_PoolBatcher):
 
 class BucketBatches(_PoolBatcher):
     """Batches of `batch_size` records of similar length.
+
+    Deprecated (removed in the next release): use
+    ``dataset.batch(LengthBuckets(n, buffer_size=...))``.
 
     Each pool of `buffer_size` records (rounded up to whole batches) is sorted by length and
     cut into batches; the batches of a pool come in a shuffled order. Padding falls roughly
@@ -346,6 +485,7 @@ class BucketBatches(_PoolBatcher):
         seed: int = 0,
         drop_last: bool = False,
     ) -> None:
+        _warn_deprecated("BucketBatches")
         self.rule = LengthBuckets(batch_size, buffer_size=buffer_size, length=length,
                                   drop_last=drop_last)
         super().__init__(source, length=length, pool_size=self.rule.pool_size, seed=seed,
@@ -361,6 +501,9 @@ class BucketBatches(_PoolBatcher):
 
 class TokenBudgetBatches(_PoolBatcher):
     """Batches holding at most `max_tokens` padded tokens (longest length x records).
+
+    Deprecated (removed in the next release): use
+    ``dataset.batch(TokenBudget(max_tokens, buffer_size=...))``.
 
     Each pool of `buffer_size` records is sorted by length and cut greedily: a batch grows
     while ``len(batch) * longest <= max_tokens`` (and `max_batch_size`, if given, allows). A
@@ -384,6 +527,7 @@ class TokenBudgetBatches(_PoolBatcher):
         length: Length | str = "input_ids",
         seed: int = 0,
     ) -> None:
+        _warn_deprecated("TokenBudgetBatches")
         self.rule = TokenBudget(max_tokens, buffer_size=buffer_size,
                                 max_batch_size=max_batch_size, length=length)
         super().__init__(source, length=length, pool_size=buffer_size, seed=seed,

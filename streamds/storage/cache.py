@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from .redact import redact
+from ..redact import redact
 from .shards import Shard
 
 try:

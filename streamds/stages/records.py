@@ -14,13 +14,13 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from ..errors import StateMismatchError
+from ..retry import DEFAULT_RETRY, RetryPolicy
+from ..storage.plan import Block
+from ..storage.read import Opener, open_decoded_at, read_lines
+from ..storage.shards import Shard
 from .chunks import Chunk, ChunkCursor, ChunkStage, Position
-from .errors import StateMismatchError
 from .parse import Marker
-from .plan import Block
-from .read import Opener, open_decoded_at, read_lines
-from .retry import DEFAULT_RETRY, RetryPolicy
-from .shards import Shard
 
 __all__ = ["PositionedBatch", "Records", "fetch_records"]
 

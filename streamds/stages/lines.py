@@ -4,8 +4,8 @@ Reads each work item's block with `read.read_lines` (line alignment, retries) an
 lines on in chunks of one read each. With `pad_work` (even ranks), after `work` it cycles
 through `pad_work` for as long as the consumer pulls. A damaged block under
 on_error="skip" is counted and left. With `readahead` bytes, the stored bytes of the coming
-work items are fetched ahead (`streamds.readahead`, through the local `cache` when given) and
-handed to the opener as ``ahead=``.
+work items are fetched ahead (`streamds.storage.readahead`, through the local `cache` when
+given) and handed to the opener as ``ahead=``.
 
 State: ``{"item": k, "offset": o | None, "counts": {"corrupt_blocks": n}}``: continue work
 item k at the line beginning at offset o (None: where the item starts).
@@ -18,14 +18,14 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from .cache import CacheSpec
+from ..errors import CorruptShardError
+from ..retry import DEFAULT_RETRY, RetryPolicy
+from ..storage.cache import CacheSpec
+from ..storage.plan import Block
+from ..storage.read import Opener, open_decoded_at, read_lines
+from ..storage.readahead import ReadAhead, Span, block_span, on_fuse
+from ..storage.shards import Shard
 from .chunks import Chunk, WorkItem
-from .errors import CorruptShardError
-from .plan import Block
-from .read import Opener, open_decoded_at, read_lines
-from .readahead import ReadAhead, Span, block_span, on_fuse
-from .retry import DEFAULT_RETRY, RetryPolicy
-from .shards import Shard
 
 __all__ = ["Lines"]
 

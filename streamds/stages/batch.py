@@ -5,7 +5,7 @@ one batch, so pipe and pickling costs are paid per batch, not per record. The st
 source's state at the batch boundary, so a state taken after any batch resumes exactly.
 
 State: ``{"source": <the records stage's state>}``. Batches cut by length (a `BatchSpec` with a
-`rule`) come from the `streamds.buckets.PoolBatch` stage instead.
+`rule`) come from the `streamds.stages.buckets.PoolBatch` stage instead.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import get_worker_info
 
-from .train import shm_ring
+from ..handover import shm_ring
 
 if TYPE_CHECKING:
     from .buckets import Rule
@@ -84,7 +84,7 @@ ForkingPickler.register(RecordBatch, _reduce_for_queue)
 
 def reduce_records_in_worker(records: list[Any]) -> tuple[Any, ...]:
     """A worker's batch as the main process will rebuild it: marshalled into the worker's
-    shared-memory ring (`streamds.train.shm_ring`), else marshalled through the pipe, else
+    shared-memory ring (`streamds.handover.shm_ring`), else marshalled through the pipe, else
     (records marshal cannot carry: numpy arrays, tensors, subclasses of dict) pickled.
 
     marshal is exact for what JSON parsing and most maps make (dict, list, tuple, str, bytes,
@@ -115,16 +115,16 @@ class BatchSpec:
     size: int | None  # records per batch; None: as many as the rule's token budget allows
     collate: Callable[[list[Any]], Any] = RecordBatch  # list of records -> the batch
     drop_last: bool = False
-    rule: Rule | None = None  # cut pools by length (`streamds.buckets`); None: fixed `size`
-    ahead: int | str = "auto"  # batches a worker makes ahead of requests (`streamds.ahead`)
+    rule: Rule | None = None  # cut pools by length (`streamds.stages.buckets`); None: fixed `size`
+    ahead: int | str = "auto"  # batches a worker makes ahead of requests (`streamds.stages.ahead`)
 
 
 class Batch:
     """Stage: records -> `collate(list of size records)`; the last batch may be short unless
     `drop_last`.
 
-    The lists come from the source's `batches` (`streamds.records.Records`,
-    `streamds.shuffle.Shuffle`: without a step per record); with `positions`, from its
+    The lists come from the source's `batches` (`streamds.stages.records.Records`,
+    `streamds.stages.shuffle.Shuffle`: without a step per record); with `positions`, from its
     `batches_with_positions`, and `collate(records, blocks, offsets)` is given where each
     record's line is.
     """

@@ -27,10 +27,10 @@ from typing import Any, BinaryIO
 import fsspec
 from fsspec.core import url_to_fs
 
-from .errors import CorruptShardError
-from .formats.codecs import codec_of, decode, require_codec, strip_codec
-from .formats.documents import LINES, RESOLVE_ABOVE, is_document_name, probe
-from .formats.filenames import (
+from ..errors import CorruptShardError
+from ..formats.codecs import codec_of, decode, require_codec, strip_codec
+from ..formats.documents import LINES, RESOLVE_ABOVE, is_document_name, probe
+from ..formats.filenames import (
     RECORD_SUFFIXES,
     copy_of,
     foreign_format,
@@ -38,7 +38,7 @@ from .formats.filenames import (
     format_of,
     sibling_key,
 )
-from .formats.manifest import (
+from ..formats.manifest import (
     MANIFEST_NAME,
     ForeignManifestError,
     ManifestError,
@@ -46,8 +46,8 @@ from .formats.manifest import (
     check_listing,
     parse_manifest,
 )
-from .formats.seekable import Frame, SeekTableError, read_seek_table
-from .formats.trees import (
+from ..formats.seekable import Frame, SeekTableError, read_seek_table
+from ..formats.trees import (
     LeftOut,
     canonical_path,
     directory_walk,
@@ -57,8 +57,8 @@ from .formats.trees import (
     remote_is_folder,
     remote_record_files,
 )
-from .redact import guard_loggers, redact, safe_cause, scrubbed
-from .retry import DEFAULT_RETRY, lookup_error, option_error, retrying
+from ..redact import guard_loggers, redact, safe_cause, scrubbed
+from ..retry import DEFAULT_RETRY, lookup_error, option_error, retrying
 
 __all__ = [
     "Listing",

@@ -3,8 +3,8 @@
 Nothing opens in the constructor beyond listing the source. The dataset holds one `Start`
 (where its next iterator starts: fresh, loaded, a merged state, a plain loader's batch count);
 each iterator (one per DataLoader worker) detects its world, turns that into one `ReaderState`
-(`streamds.start.choose`) and builds its pipeline from it: one path. How the files are reached
-is one `streamds.Storage`.
+(`streamds.resume.start.choose`) and builds its pipeline from it: one path. How the files are
+reached is one `streamds.Storage`.
 """
 
 from __future__ import annotations
@@ -18,27 +18,13 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .balance import EVEN_RANKS
-from .batch import Batch, BatchSpec, RecordBatch
-from .buckets import RULES, LengthBuckets, TokenBudget, is_pool_state
-from .callers import check_outer_split, loader_len_call
-from .checks import check_bool, check_choice, check_int
-from .cpus import WORKER_CPUS
-from .errors import StateMismatchError
-from .pack import Packed, PackTokens
-from .parse import ON_ERROR
-from .pipeline import Reader, Spec
-from .plan import Plan, make_blocks, small_corpus_piece
-from .read import open_decoded_at
-from .readahead import DEFAULT_READAHEAD, wants_readahead
-from .resume.counts import count_block_records, listed_counts
-from .resume.identity import Identity, check_identity, relative_names, source_root
-from .resume.merge import MERGED_FORMAT, START_KEYS, resolve_tails
-from .resume.plain_loader import batches_after, require_line_per_record
-from .resume.state import ReaderState, check_epoch_change
-from .retry import RetryPolicy
-from .shards import Shard, resolve_shards, source_items
-from .start import (
+from ..checks import check_bool, check_choice, check_int
+from ..errors import StateMismatchError
+from ..resume.counts import count_block_records, listed_counts
+from ..resume.identity import Identity, check_identity, relative_names, source_root
+from ..resume.merge import MERGED_FORMAT, START_KEYS, resolve_tails
+from ..resume.plain_loader import batches_after, require_line_per_record
+from ..resume.start import (
     AFTER_BATCHES,
     MERGED,
     Layout,
@@ -51,10 +37,24 @@ from .start import (
     pad_work_of,
     with_quota,
 )
-from .storage import UNSET, Storage, deprecated, storage_of
-from .timing import StageTimer
-from .transform import Step
-from .world import World, detect_world
+from ..retry import RetryPolicy
+from ..stages.balance import EVEN_RANKS
+from ..stages.batch import Batch, BatchSpec, RecordBatch
+from ..stages.buckets import RULES, LengthBuckets, TokenBudget, is_pool_state
+from ..stages.cpus import WORKER_CPUS
+from ..stages.parse import ON_ERROR
+from ..stages.pipeline import Reader, Spec
+from ..stages.state import ReaderState, check_epoch_change
+from ..stages.timing import StageTimer
+from ..stages.transform import Step
+from ..storage.plan import Plan, make_blocks, small_corpus_piece
+from ..storage.read import open_decoded_at
+from ..storage.readahead import DEFAULT_READAHEAD, wants_readahead
+from ..storage.settings import UNSET, Storage, deprecated, storage_of
+from ..storage.shards import Shard, resolve_shards, source_items
+from ..world import World, detect_world
+from .callers import check_outer_split, loader_len_call
+from .pack import Packed, PackTokens
 
 __all__ = ["StreamingJsonl"]
 
@@ -191,7 +191,7 @@ class StreamingJsonl(IterableDataset):
         self._block_counts: list[int] | None = None
         if even_ranks is not None:
             self._block_counts = count_block_records(self._shards, self._block_list)
-        # where the next iterators start (`streamds.start`): a fresh epoch unless resumed
+        # where the next iterators start (`streamds.resume.start`): a fresh epoch unless resumed
         self._start = Start()
         if resume_from is not None:  # elastic resume
             self._start = Start(MERGED, Merged(self._check_merged(resume_from)))
@@ -287,22 +287,22 @@ class StreamingJsonl(IterableDataset):
         (a module-level function, so spawned workers can pickle it) turns the list of records
         into what the model takes, e.g. a `streamds.PadCollate` for padded tensors (the
         tensors of a dict cross from a worker in its shared-memory ring,
-        `streamds.train.shm_tensors`). None yields a `RecordBatch`, a list-like
+        `streamds.handover.shm_tensors`). None yields a `RecordBatch`, a list-like
         holder of the records that torch's default conversion hands over untouched; from a
-        worker it crosses in shared memory (`streamds.train.shm_ring`), as the records' JSON
+        worker it crosses in shared memory (`streamds.handover.shm_ring`), as the records' JSON
         lines that the main process parses when nothing in the worker needs the values (no
-        map or filter, on_error="raise": `streamds.parse_later`), else marshalled.
+        map or filter, on_error="raise": `streamds.stages.parse_later`), else marshalled.
         A collate that returns lists or dicts of Python values is walked value by value by
         that default conversion (with ``batch_size=None``): pass
         ``collate_fn=streamds.as_list`` to the DataLoader then. `.map()`/`.filter()` still
         apply to records. A state taken after any batch resumes exactly.
 
         `ahead`: batches a DataLoader worker makes in a thread ahead of the loader's requests
-        (each kept with the state after it; `streamds.ahead`), so that a worker keeps busy while
-        the main process runs late; 0 makes each batch when asked, as torch does. "auto" makes
+        (each kept with the state after it; `streamds.stages.ahead`), so that a worker keeps busy
+        while the main process runs late; 0 makes each batch when asked, as torch does. "auto" makes
         4 ahead where the workers and the main processes outnumber the CPUs (where they take
         turns on a CPU), else none, and none under a CPU quota or on one CPU (there the
-        workers have no idle CPU time to use: `streamds.cpus`). They are held in the worker's
+        workers have no idle CPU time to use: `streamds.stages.cpus`). They are held in the worker's
         memory, on top of the loader's ``prefetch_factor`` batches.
         """
         if collate is not None and not callable(collate):
@@ -351,7 +351,7 @@ class StreamingJsonl(IterableDataset):
         check_outer_split(self, lambda: detect_world(self.rank, self.world_size).world_size)
         self.epoch = epoch
 
-    # -- where a reader starts (`streamds.start`) ------------------------------------------
+    # -- where a reader starts (`streamds.resume.start`) ------------------------------------------
 
     def _layout(self) -> Layout:
         return Layout(self._identity.to_state(), self._shards, self._block_list, self._plan,
@@ -492,7 +492,7 @@ class StreamingJsonl(IterableDataset):
         """The position of this process's iterator, for torchdata's StatefulDataLoader.
 
         O(1) to take: positions of buffered records are packed once per buffer's worth of
-        records (see `streamds.shuffle`), never per call. Before the first `iter()` it is
+        records (see `streamds.stages.shuffle`), never per call. Before the first `iter()` it is
         where that iterator will start, as described (a loaded state, a merged state as
         merged, a plain-loader start, or a fresh epoch): taking it reads no data and refuses
         nothing, and loading it starts the same way.

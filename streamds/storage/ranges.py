@@ -25,11 +25,11 @@ from typing import Protocol
 
 from fsspec.implementations.local import LocalFileSystem
 
+from ..errors import CorruptShardError
+from ..redact import describe_error, redact, safe_cause
+from ..retry import DEFAULT_RETRY, RangeNotSupportedError, RetryPolicy, as_os_error, retrying
 from .cache import Cache, CacheSpec, pread_full
-from .errors import CorruptShardError
 from .mounts import on_fuse_mount
-from .redact import describe_error, redact, safe_cause
-from .retry import DEFAULT_RETRY, RangeNotSupportedError, RetryPolicy, as_os_error, retrying
 from .shards import Shard, process_fs
 
 __all__ = ["DIRECT_REQUEST", "LINE_PROBE", "Prefetched", "RangeFile", "RangeReader",

@@ -30,6 +30,7 @@ __all__ = [
     "Composed",
     "Step",
     "Transform",
+    "apply_steps",
     "compose",
     "describe_step",
     "transform_items",
@@ -166,6 +167,27 @@ def _annotated(err: Exception, note: str) -> Exception | None:
         log.error("%s: %s", type(err).__name__, note)
         return None
     return wrapped
+
+
+def apply_steps(records: Iterable[Any], steps: Sequence[Step], where: str) -> Iterator[Any]:
+    """`records` through `steps` one at a time, the dropped ones left out: the map and filter
+    of a dataset built on other datasets (`streamds.Mix`, packed data), which knows no file or
+    line of its records. A step that raises keeps its type and gains a note naming `where`,
+    the step and how to have the file and line named."""
+    apply = Composed(steps)
+    for record in records:
+        try:
+            out = apply(record)
+        except Exception as err:
+            step = describe_step(steps, apply.failed) if apply.failed else "a step"
+            note = (f"streamds: raised by {step} of {where}; map or filter the source datasets "
+                    "instead to have the file and line of the record named")
+            replacement = _annotated(err, note)
+            if replacement is None:
+                raise
+            raise replacement from err
+        if out is not DROPPED:
+            yield out
 
 
 class Transform:

@@ -29,13 +29,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..chunks import Position, WorkItem
 from ..errors import StateMismatchError
 from ..world import World
+from .chunks import Position, WorkItem
 
-__all__ = ["OLD_FORMATS", "STATE_FORMAT", "ReaderState", "check_epoch_change", "check_state"]
+__all__ = [
+    "BATCHER_FORMAT",
+    "OLD_FORMATS",
+    "REBATCH_FORMAT",
+    "STATE_FORMAT",
+    "ReaderState",
+    "check_epoch_change",
+    "check_state",
+]
 
 STATE_FORMAT = "streamds.reader/3"
+# the batchers of `streamds.train` keep their states in these formats; they live here, below
+# resume/, so that the merge can tell them apart without importing the training layer
+BATCHER_FORMAT = "streamds.batches/2"  # `streamds.datasets.batching`
+REBATCH_FORMAT = "streamds.rebatch/1"  # `streamds.train.rebatch.Rebatch`
 # formats of earlier versions, refused with the reason
 _OLD_REASONS = {
     "streamds.state/1": "written by streamds 0.1",

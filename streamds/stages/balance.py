@@ -24,10 +24,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ..storage.plan import Plan
+from ..world import World
 from .chunks import Chunk, WorkItem
 from .parse import Marker
-from .plan import Plan
-from .world import World
 
 __all__ = [
     "EVEN_RANKS", "WARN_FRACTION", "EvenRanks", "check_split", "empty_rank", "pad_work",
@@ -99,7 +99,7 @@ def check_split(
 def empty_rank(num_blocks: int, world: World, *, corpus_bytes: int) -> str | None:
     """What is wrong when this reader's rank owns no block of the epoch (None: it owns some).
 
-    Blocks are dealt to readers in turn, rank-major (`streamds.plan.assign`), so rank r owns
+    Blocks are dealt to readers in turn, rank-major (`streamds.storage.plan.assign`), so rank r owns
     a block exactly when there are more blocks than the readers of the ranks before it.
     """
     if world.world_size == 1 or num_blocks > world.rank * world.num_workers:

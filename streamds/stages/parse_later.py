@@ -10,7 +10,7 @@ row measures the other path). When nothing in the worker needs the values (a
 `ParseLater` takes the place of `Parse`: lines pass the shuffle or the batch stage as they
 are, gathered into lists with their positions (`batches_with_positions` of `Records` and
 `Shuffle`: no step or tuple per line), and a `LineBatch` crosses to the main process as the
-lines themselves, marshalled into the worker's shared-memory ring (`streamds.train.shm_ring`).
+lines themselves, marshalled into the worker's shared-memory ring (`streamds.handover.shm_ring`).
 The main process unmarshals them from the shared pages and parses them into a `RecordBatch`.
 
 Same records, same order, same state (the shape of `Parse`'s, so states move between
@@ -37,14 +37,14 @@ import orjson
 from torch._utils import ExceptionWrapper
 from torch.utils.data import get_worker_info
 
+from ..errors import CorruptRecordError
+from ..formats import values
+from ..handover import shm_ring
+from ..storage.read import count_newlines
+from ..storage.shards import resolve_shards
 from .batch import RecordBatch, reduce_records_in_worker
 from .chunks import Chunk
-from .errors import CorruptRecordError
-from .formats import values
 from .parse import BLANK, LineNumbers, Parse, cut_bom, describe_bad
-from .read import count_newlines
-from .shards import resolve_shards
-from .train import shm_ring
 
 if TYPE_CHECKING:
     from .pipeline import Spec

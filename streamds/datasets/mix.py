@@ -46,15 +46,18 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import IterableDataset
 
-from .checks import check_choice, check_int
-from .errors import StateMismatchError
-from .resume.merge import MERGED_MIX_FORMAT, MIX_FORMAT
-from .resume.plain_loader import batches_after
-from .resume.state import check_epoch_change, check_state
-from .seeds import rng_for
-from .world import World, detect_world
+from ..checks import check_choice, check_int
+from ..errors import StateMismatchError
+from ..resume.merge import MERGED_MIX_FORMAT, MIX_FORMAT
+from ..resume.plain_loader import batches_after, require_line_per_record
+from ..seeds import rng_for
+from ..stages.state import check_epoch_change, check_state
+from ..stages.transform import Step, apply_steps
+from ..world import World, detect_world
 
 if TYPE_CHECKING:
+    from ..stages.buckets import Rule
+    from .batching import Batched
     from .dataset import StreamingJsonl
     from .pack import Packed, PackTokens
 
@@ -215,6 +218,7 @@ class Mix(IterableDataset):
         self._active: _Cursor | None = None
         self._iterators: list[Iterator[Any]] = []  # the sources' iterators, while iterating
         self._held: list[Any] | None = None  # sources' states of a reader that began finished
+        self._steps: tuple[Step, ...] = ()  # map and filter of the mixed records (.map/.filter)
         if resume_from is not None:
             self._resume(resume_from)
 
@@ -231,11 +235,48 @@ class Mix(IterableDataset):
     def _config(self) -> list[Any]:
         return [list(self.weights), self.seed, self.stop, len(self.datasets)]
 
+    def _with_step(self, step: Step) -> Mix:
+        clone = copy.copy(self)
+        clone._steps = (*self._steps, step)
+        # sources of its own: iterating the clone must not move this mix's sources
+        clone.datasets = [ds._detached() for ds in self.datasets]
+        clone._active, clone._iterators, clone._held = None, [], None
+        return clone
+
+    def map(self, fn: Callable[[Any], Any]) -> Mix:
+        """A new mix whose records are `fn(record)`; None drops the record. It runs on the
+        mixed records, in the reader (the DataLoader worker); a map of the sources runs per
+        chunk and names the file and line of a record it fails on, so prefer that where the
+        function does not depend on the mixing."""
+        if not callable(fn):
+            raise ValueError(f"map needs a callable, got {fn!r}")
+        return self._with_step(Step("map", fn))
+
+    def filter(self, predicate: Callable[[Any], bool]) -> Mix:
+        """A new mix keeping the mixed records for which `predicate(record)` is true (its
+        records taken from each source still count in `.taken`)."""
+        if not callable(predicate):
+            raise ValueError(f"filter needs a callable, got {predicate!r}")
+        return self._with_step(Step("filter", predicate))
+
     def pack(self, packer: PackTokens) -> Packed:
         """The mixed records packed into fixed-length token sequences (`streamds.PackTokens`)."""
         from .pack import Packed
 
         return Packed(self, packer)
+
+    def batch(
+        self, size: int | Rule, *, collate: Callable[[list[Any]], Any] | None = None,
+        drop_last: bool = False,
+    ) -> Batched:
+        """The mixed records in whole batches, as ``StreamingJsonl.batch``: `size` records
+        per batch or a ``streamds.LengthBuckets`` / ``streamds.TokenBudget`` rule; `collate`
+        makes the batch (None: a `streamds.RecordBatch`). Use it with
+        ``DataLoader(mix.batch(n, collate=...), batch_size=None)``; a state taken after any
+        batch resumes exactly. Batch here rather than the sources (Mix refuses batched ones)."""
+        from .batching import Batched
+
+        return Batched(self, size, collate=collate, drop_last=drop_last)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: it seeds the draws and every source's order. Call it rather
@@ -316,7 +357,10 @@ class Mix(IterableDataset):
         self._position_sources(cursor, states)
         # -> each source's records, split over this reader's world by the source itself
         self._iterators = [iter(ds) for ds in self.datasets]
-        return self._generate(cursor, self._iterators, functools.partial(self._reopen, cursor))
+        mixed = self._generate(cursor, self._iterators, functools.partial(self._reopen, cursor))
+        # -> the mix's own map and filter; a state taken between records stays exact (a
+        # dropped record was drawn, and counted, before the next one is handed out)
+        return apply_steps(mixed, self._steps, "this Mix") if self._steps else mixed
 
     def _reopen(self, cursor: _Cursor, index: int, epoch: int) -> Iterator[Any]:
         """Source `index` from the start of `epoch` (a new pass)."""
@@ -398,6 +442,7 @@ class Mix(IterableDataset):
         check_int("num_workers", num_workers, 0, "pass the DataLoader's num_workers")
         for source in self.datasets:
             source._require_line_per_record(every_line_yields)
+        require_line_per_record(self._steps, "raise", every_line_yields)
         if self._merged is not None:
             raise ValueError("resume_after_batches does not combine with resume_from; use "
                              "torchdata's StatefulDataLoader and state_dict() for that")

@@ -1,0 +1,1 @@
+"""Hand-over: how batches and tensors cross from worker processes to the main one."""
