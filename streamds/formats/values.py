@@ -36,6 +36,7 @@ __all__ = [
     "may_hold_big_int",
     "not_a_record",
     "snippet",
+    "try_loads",
 ]
 
 BIG_INT_DIGITS = 19  # -9223372036854775809: the shortest integer orjson reads as a float
@@ -110,6 +111,14 @@ def loads(data: bytes | memoryview) -> Any:
     if may_hold_big_int(data) and has_big_int(data):  # type: ignore[arg-type]
         return _python_loads(data)
     return value
+
+
+def try_loads(data: bytes | memoryview) -> tuple[Any, orjson.JSONDecodeError | None]:
+    """(value, None) as `loads` reads `data`, or (None, the error) where it is no JSON."""
+    try:
+        return loads(data), None
+    except orjson.JSONDecodeError as err:
+        return None, err
 
 
 def loads_many(lines: Sequence[bytes]) -> tuple[list[Any], bool]:

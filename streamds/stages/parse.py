@@ -290,12 +290,7 @@ class Parse:
             offset = raw.offsets[index]
             line = without_bom(raw.items[index], offset, raw.labels)
             byte_offsets = raw.labels is None
-            err: Exception | None = None
-            value = None
-            try:
-                value = values.loads(line)
-            except orjson.JSONDecodeError as error:
-                err = error
+            value, err = values.try_loads(line)
             reason = describe_bad(line, value, err,
                                   file_start=starts_file(offset, raw.labels),
                                   offset=offset if byte_offsets else None)

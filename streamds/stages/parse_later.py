@@ -239,12 +239,7 @@ def _records(lines: Sequence[bytes], offsets: Sequence[int] | bytes
         pass  # some line orjson refuses (or reads as no record): line by line
     records = []
     for index, line in enumerate(lines):
-        err: Exception | None = None
-        value = None
-        try:
-            value = values.loads(line)
-        except orjson.JSONDecodeError as error:
-            err = error
+        value, err = values.try_loads(line)
         if err is not None or type(value) is not dict:
             offset = (_unpack(offsets) if isinstance(offsets, bytes) else offsets)[index]
             return [], (index, describe_bad(line, value, err, offset=offset,
