@@ -287,3 +287,20 @@ def test_an_empty_rank_chosen_by_arguments_is_logged_once(
     assert list(dataset) == [] and list(dataset) == []
     said = [r.getMessage() for r in caplog.records if "has nothing to read" in r.getMessage()]
     assert len(said) == 1 and "rank 3 of world_size=4" in said[0]
+
+
+def test_a_tiny_source_of_a_mix_is_no_empty_rank(
+    readme_sized: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a Mix a rank may own nothing of one source and still read the others: no
+    refusal. Rank 1 of 2 owns no block of the tiny file (one block)."""
+    from streamds import Mix
+
+    tiny = tmp_path / "tiny.jsonl"
+    tiny.write_bytes(corpus.jsonl([{"id": -1 - i, "text": "t"} for i in range(3)]))
+    detected_rank(monkeypatch, 1, 2)
+    with pytest.raises(ValueError, match="has nothing to read"):
+        list(StreamingJsonl(str(tiny)))  # alone: refused
+    mixed = Mix([StreamingJsonl(readme_sized), StreamingJsonl(str(tiny))], [0.9, 0.1],
+                seed=0, stop="all")
+    assert any(record["id"] >= 0 for record in mixed)

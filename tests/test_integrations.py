@@ -60,6 +60,26 @@ def test_state_of_one_process_resumes_exactly(source: str, workers: int) -> None
     assert head + list(again) == whole
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_taken_at_the_end_of_an_epoch_resumes_at_the_next(
+    source: str, workers: int
+) -> None:
+    # every reader's records fill whole batches (160 records, 2 readers, batches of 4), so
+    # the state after the last batch is taken before any reader has been asked for more
+    def loader() -> StreamdsLoader:
+        return StreamdsLoader(StreamingJsonl(source), batch_size=4,
+                              num_workers=workers, collate_fn=ids)
+
+    first = loader()
+    assert sum(len(batch) for batch in first) == RECORDS
+    state = first.state_dict()  # what Lightning saves at the end of the epoch
+    again = loader()
+    again.load_state_dict(state)
+    again.dataset.set_epoch(1)
+    epoch_1 = [i for batch in again for i in batch]
+    assert sorted(epoch_1) == list(range(RECORDS))  # the next epoch, whole
+
+
 def test_trained_lags_the_batches_handed_out(source: str) -> None:
     loader = StreamdsLoader(StreamingJsonl(source), batch_size=4, collate_fn=ids)
     iterator = iter(loader)

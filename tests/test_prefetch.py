@@ -235,17 +235,33 @@ def test_cuda_path_hands_over_the_batches_read_before_a_loader_error(fake_cuda):
     assert [int(b) for b in fresh] == [3, 4]  # a resume after the error loses nothing
 
 
-class Failing(torch.utils.data.IterableDataset):
-    """Batches 0..count-1 with the one at `fail_at` unreadable."""
+def test_cuda_path_an_interrupt_leaves_at_once_and_counts_no_batch_not_handed(fake_cuda):
+    loader = StatefulDataLoader(Failing(5, fail_at=3, error=KeyboardInterrupt),
+                                batch_size=None)
+    prefetcher = DevicePrefetcher(loader, "cuda")
+    got = []
+    with pytest.raises(KeyboardInterrupt):
+        for batch in prefetcher:
+            got.append(int(batch))
+    assert got == [0, 1]  # batch 2 was in flight when the interrupt came: not handed over
+    fresh = StatefulDataLoader(Failing(5, fail_at=None), batch_size=None)
+    fresh.load_state_dict(prefetcher.state_dict())
+    assert [int(b) for b in fresh] == [2, 3, 4]  # ... so not counted either
 
-    def __init__(self, count: int, fail_at: int | None) -> None:
+
+class Failing(torch.utils.data.IterableDataset):
+    """Batches 0..count-1 with the one at `fail_at` unreadable (raising `error`)."""
+
+    def __init__(self, count: int, fail_at: int | None,
+                 error: type[BaseException] = OSError) -> None:
         self.count = count
         self.fail_at = fail_at
+        self.error = error
 
     def __iter__(self) -> Iterator[int]:
         for i in range(self.count):
             if i == self.fail_at:
-                raise OSError(f"batch {i} is unreadable")
+                raise self.error(f"batch {i} is unreadable")
             yield i
 
 

@@ -103,6 +103,9 @@ def test_states_before_iter_of_every_reader_merge_to_the_same_state(source: Path
     states = [dataset(source, rank=rank, world_size=3, resume_from=merged).state_dict()
               for rank in range(3)]
     assert merge_states(states) == merged
+    with pytest.raises(ValueError, match=r"one state per reader.*missing \(rank, worker\): "
+                                         r"\[\(1, 0\), \(2, 0\)\]"):
+        merge_states(states[:1])  # rank 0's alone: the others' shares would be read again
 
 
 def test_state_of_an_even_ranks_epoch_loads_back_with_its_quota(source: Path) -> None:

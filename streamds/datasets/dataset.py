@@ -196,6 +196,7 @@ class StreamingJsonl(IterableDataset):
         if resume_from is not None:  # elastic resume
             self._start = Start(MERGED, Merged(self._check_merged(resume_from)))
         self._active: Reader | None = None
+        self._in_mix = False  # a source of a streamds.Mix (`_detached`): no empty-rank check
         self._worker_epoch: int | None = None  # the epoch a DataLoader worker last started
         self.timer: StageTimer | None = None  # set by `streamds bench` to time each stage
 
@@ -231,6 +232,7 @@ class StreamingJsonl(IterableDataset):
         clone._epoch = _Epoch(self.epoch)
         clone._epoch.loaded = clone._start.loaded
         clone._active = None
+        clone._in_mix = True
         return clone
 
     def _spec(self) -> Spec:
@@ -356,7 +358,8 @@ class StreamingJsonl(IterableDataset):
     def _layout(self) -> Layout:
         return Layout(self._identity.to_state(), self._shards, self._block_list, self._plan,
                       self.seed, self.shuffle, self.buffer_size, self.even_ranks,
-                      self.rank is not None or self.world_size is not None, self._block_counts)
+                      self.rank is not None or self.world_size is not None, self._block_counts,
+                      in_mix=self._in_mix)
 
     def _fresh(self, world: World) -> ReaderState:
         return ReaderState(self._identity.to_state(), self.epoch, world,

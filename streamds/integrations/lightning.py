@@ -47,8 +47,14 @@ class StreamdsCallback(_pl.Callback):
         for loader in self._loaders(trainer):
             if isinstance(loader, StreamdsLoader) and loader.trained is None:
                 loader.trained = 0
+        # a run restored from a checkpoint taken at an epoch's end starts the next epoch
+        # without on_train_epoch_start; a mid-epoch state already set the dataset's epoch
+        self._set_epoch(trainer)
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self._set_epoch(trainer)
+
+    def _set_epoch(self, trainer: Any) -> None:
         for loader in self._loaders(trainer):
             dataset = getattr(loader, "dataset", None)
             if hasattr(dataset, "set_epoch") and dataset.epoch != trainer.current_epoch:

@@ -58,6 +58,10 @@ class StreamdsLoader(_stateful.StatefulDataLoader):
             for old in [n for n in self._after if n < behind]:
                 del self._after[old]  # only the batches ahead of training are kept
             yield batch
+        # the epoch ran out: the state after the last batch may not say so yet (a reader whose
+        # records fill whole batches is done only when asked for one more), so keep the state
+        # taken now; loaded, it would otherwise restart this epoch instead of the next
+        self._after[self._handed] = super().state_dict()
 
     def own_state_dict(self) -> dict[str, Any]:
         """This rank's state after its last batch trained."""

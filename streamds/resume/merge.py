@@ -294,9 +294,9 @@ def merge_states(states: Any) -> dict[str, Any]:
     unstarted = list(_states_of(states, MERGED_FORMAT))
     if unstarted:
         before, worlds = _unstarted(unstarted)
+        _check_worlds([state.world for state in readers] + worlds)  # every reader's state
         if not readers:  # no reader had started: all of the merged state remains
             return before
-        _check_worlds([state.world for state in readers] + worlds)
         if before["fingerprint"] != readers[0].fingerprint or before["epoch"] != readers[0].epoch:
             raise StateMismatchError(
                 "the states come from different datasets or epochs (a reader that had not "

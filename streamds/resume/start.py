@@ -118,6 +118,7 @@ class Layout:
     even_ranks: str | None
     world_given: bool  # rank= or world_size= passed (a split by hand)
     block_counts: Sequence[int] | None
+    in_mix: bool = False  # a source of a streamds.Mix: its rank may read the other sources
 
 
 def fresh(layout: Layout, epoch: int, world: World) -> ReaderState:
@@ -185,7 +186,7 @@ def with_quota(state: ReaderState, layout: Layout, resolve: Resolve, *,
     passed (a split by hand, e.g. inference on slices, may leave a rank idle on purpose).
     """
     if layout.even_ranks is None:
-        if merged is None:
+        if merged is None and not layout.in_mix:
             _check_rank_has_work(layout, state.world)
         return state
     if state.quota is not None:

@@ -587,7 +587,8 @@ def _head(shard: Shard) -> bytes | None:
         with closing(decode(shard.open_raw(), shard.codec, shard.url)) as stream:
             return stream.read(_HEAD_BYTES)
     except (OSError, ValueError) as err:
-        log.debug("%s: head not read to compare with a possible copy: %s", shard.url, err)
+        log.debug("%s: head not read to compare with a possible copy: %s", shard.url,
+                  redact(str(err)))
         return None
 
 

@@ -148,12 +148,17 @@ class DevicePrefetcher:
                     # allocated on copy_stream, used on compute_stream: keep its memory
                     # reserved until the work queued there at free time is done
                     tensor.record_stream(compute_stream)
-            current, self._state = batch, state
+            current, before, self._state = batch, self._state, state
             try:
                 found, batch, state = issue()  # overlaps with the caller's step on `current`
-            except BaseException:
+            except Exception:
                 # the state already counts `current` as handed over: hand it over, then raise
                 yield current
+                raise
+            except BaseException:
+                # an interrupt leaves at once: `current` was never handed over, so neither is
+                # it counted
+                self._state = before
                 raise
             yield current
 
