@@ -11,6 +11,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from torch.utils.data import DataLoader
 
 from preprocess.convert import convert
 from streamds import StreamingJsonl
@@ -315,6 +316,17 @@ def test_a_mix_plain_loader_resume_over_a_dropping_source_is_refused(plain: Path
         mix.resume_after_batches(3, batch_size=10, num_workers=0)
     rest = Mix([StreamingJsonl(str(plain)), StreamingJsonl(str(plain))], [0.5, 0.5], seed=0)
     assert list(rest.resume_after_batches(3, batch_size=10, num_workers=0))  # no drop: allowed
+
+
+@pytest.mark.parametrize("workers", [0, 3])
+def test_a_plain_loader_resume_under_another_worker_count_is_refused(
+    plain: Path, workers: int
+) -> None:
+    # computed for 2 workers: another count would leave shares unread or read them twice
+    rest = StreamingJsonl(str(plain)).resume_after_batches(3, batch_size=10, num_workers=2)
+    loader = DataLoader(rest, batch_size=10, num_workers=workers, collate_fn=list)
+    with pytest.raises(ValueError, match="computed for a loader with 2 reader"):
+        next(iter(loader))
 
 
 def test_every_line_yields_lets_a_map_that_keeps_every_record_resume(plain: Path) -> None:

@@ -165,6 +165,16 @@ def choose(start: Start, layout: Layout, epoch: int, world: World, resolve: Reso
     base = start.base
     if base.kind == AFTER_BATCHES:
         state = base.payload.get(world.worker)
+        planned = next(iter(base.payload.values())).world.num_workers
+        if planned != world.num_workers and any(s.epoch == epoch for s in
+                                                base.payload.values()):
+            # another worker count would leave some workers' shares unread or read twice
+            raise ValueError(
+                f"resume_after_batches was computed for a loader with {planned} reader(s) per "
+                f"rank, but the loader that iterates it has {world.num_workers} (a loader has "
+                "one reader per worker, or one with num_workers=0); pass the num_workers of "
+                "the loader you resume with"
+            )
         if state is not None and state.epoch == epoch:
             return state
     if base.kind == MERGED and base.payload.state["epoch"] == epoch:
