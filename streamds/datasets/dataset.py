@@ -52,6 +52,7 @@ from ..storage.read import open_decoded_at
 from ..storage.readahead import DEFAULT_READAHEAD, wants_readahead
 from ..storage.settings import UNSET, Storage, deprecated, storage_of
 from ..storage.shards import Shard, resolve_shards, source_items
+from ..train.loader import Loader
 from ..world import World, detect_world
 from .callers import check_outer_split, loader_len_call
 from .pack import Packed, PackTokens
@@ -330,6 +331,16 @@ class StreamingJsonl(IterableDataset):
         clone._batch = spec
         clone._active = None
         return clone
+
+    def loader(self, batch_size: int, **options: Any) -> Loader:
+        """The fast, exactly resumable loader of this dataset: batches of `batch_size`
+        records made in the workers, with `state_dict` / `load_state_dict` / `set_epoch`.
+
+        ``for batch in ds.loader(32, num_workers=2, collate=PadCollate(pad_id=0)): ...``;
+        the options (`num_workers`, `collate`, `drop_last`, `pin_memory`, ...) are
+        `streamds.train.loader.Loader`'s.
+        """
+        return Loader(self, batch_size, **options)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: it seeds the block order and the shuffle buffer.
