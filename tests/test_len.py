@@ -151,8 +151,9 @@ def test_even_ranks_give_every_rank_the_same_len_with_workers(
 
 @pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
 @pytest.mark.parametrize(("workers", "drop_last"), [(0, False), (2, False), (2, True)])
+@pytest.mark.parametrize("small", [False, True])
 def test_len_of_ds_loader_is_the_batches_it_yields(converted: str, workers: int,
-                                                   drop_last: bool) -> None:
+                                                   drop_last: bool, small: bool) -> None:
     loader = StreamingJsonl(converted).loader(
-        16, num_workers=workers, drop_last=drop_last, batches_per_message=2)
+        16, num_workers=workers, drop_last=drop_last, small_records=small)
     assert len(loader) == sum(1 for _ in loader)

@@ -11,7 +11,7 @@ import pytest
 from resume_contract import ids, records, run_test_save_load_state
 
 from streamds import StreamingJsonl
-from streamds.train.loader import MESSAGE_RECORDS, Loader, auto_workers, usable_cpus
+from streamds.train.loader import Loader, auto_workers, usable_cpus
 
 pytestmark = [pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")]
 
@@ -30,26 +30,32 @@ def pid_and_ids(batch: list[dict[str, Any]]) -> tuple[int, list[int]]:
     return os.getpid(), ids(batch)
 
 
-def make(source: Path, workers: int, **options: Any) -> Loader:
+def make(source: Path, workers: int, small: bool, **options: Any) -> Loader:
     ds = StreamingJsonl(str(source), shuffle=True, seed=3, buffer_size=32)
-    return ds.loader(7, num_workers=workers, batches_per_message=3, **options)
+    return ds.loader(7, num_workers=workers, small_records=small, **options)
 
 
+@pytest.mark.parametrize("small", [False, True])
 @pytest.mark.parametrize("workers", [0, 2])
-def test_every_record_once_in_batches_made_by_the_workers(source: Path, workers: int) -> None:
-    loader = make(source, workers, collate=pid_and_ids)
-    batches = list(loader)
+def test_every_record_once_collated_where_the_route_says(source: Path, workers: int,
+                                                        small: bool) -> None:
+    batches = list(make(source, workers, small, collate=pid_and_ids))
     flat = [i for _, batch in batches for i in batch]
     assert sorted(flat) == list(range(COUNT))
-    assert all(len(batch) == 7 for _, batch in batches[:-workers or None][: COUNT // 7 - 2])
+    sizes = [len(batch) for _, batch in batches]
+    if small or workers == 0:  # one stream: only the last batch is short
+        assert sizes == [7] * (COUNT // 7) + [COUNT % 7]
     made_in = {pid for pid, _ in batches}
-    assert (os.getpid() in made_in) == (workers == 0)  # the collate ran in the workers
+    # small records: collated in the main process; else where the batches are made
+    assert made_in == {os.getpid()} if small or workers == 0 else os.getpid() not in made_in
 
 
+@pytest.mark.parametrize("small", [False, True])
 @pytest.mark.parametrize("workers", [0, 2])
-def test_a_state_after_any_batch_resumes_exactly(source: Path, workers: int) -> None:
-    # cuts inside a message of 3 batches, at its seams, and at the end
-    run_test_save_load_state(lambda: make(source, workers, collate=ids), [0, 1, 3, 4, 8, 20])
+def test_a_state_after_any_batch_resumes_exactly(source: Path, workers: int,
+                                                 small: bool) -> None:
+    run_test_save_load_state(lambda: make(source, workers, small, collate=ids),
+                             [0, 1, 3, 4, 8, 20])
 
 
 def test_default_collate_hands_over_records_of_unequal_lists(tmp_path: Path) -> None:
@@ -62,17 +68,24 @@ def test_default_collate_hands_over_records_of_unequal_lists(tmp_path: Path) -> 
 
 
 def test_set_epoch_chooses_the_order(source: Path) -> None:
-    loader = make(source, 0, collate=ids)
+    loader = make(source, 0, False, collate=ids)
     first = [i for batch in loader for i in batch]
     loader.set_epoch(1)
     second = [i for batch in loader for i in batch]
     assert sorted(first) == sorted(second) and first != second
 
 
-def test_messages_hold_enough_records_by_default(source: Path) -> None:
-    loader = StreamingJsonl(str(source)).loader(32, num_workers=2)
-    assert loader.per_message * 32 >= MESSAGE_RECORDS
-    assert StreamingJsonl(str(source)).loader(32, num_workers=0).per_message == 1
+def test_the_route_follows_the_mean_record_size(tmp_path: Path) -> None:
+    from preprocess.convert import convert
+
+    for width, small in ((60, True), (3000, False)):
+        src = tmp_path / f"in{width}.jsonl"
+        corpus.write_plain(src, corpus.jsonl(records(50, 0, width=width)))
+        convert([str(src)], tmp_path / f"out{width}")
+        converted = StreamingJsonl(str(tmp_path / f"out{width}"))
+        assert converted.loader(8, num_workers=0).small_records is small
+    # plain JSONL lists no record counts: its records' size is unknown, batched in the workers
+    assert StreamingJsonl(str(src)).loader(8, num_workers=0).small_records is False
 
 
 def test_auto_workers_follow_the_usable_cpus() -> None:
@@ -83,7 +96,7 @@ def test_auto_workers_follow_the_usable_cpus() -> None:
 @pytest.mark.parametrize(("options", "says"), [
     ({"collate_fn": ids}, "collate_fn= is set by Loader"),
     ({"num_workers": -1}, "num_workers"),
-    ({"batches_per_message": 0}, "batches_per_message"),
+    ({"small_records": "yes"}, "small_records"),
 ])
 def test_bad_options_are_refused_naming_them(source: Path, options: dict, says: str) -> None:
     with pytest.raises(ValueError, match=says):

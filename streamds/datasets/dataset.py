@@ -337,8 +337,8 @@ class StreamingJsonl(IterableDataset):
         records made in the workers, with `state_dict` / `load_state_dict` / `set_epoch`.
 
         ``for batch in ds.loader(32, num_workers=2, collate=PadCollate(pad_id=0)): ...``;
-        the options (`num_workers`, `collate`, `drop_last`, `pin_memory`, ...) are
-        `streamds.train.loader.Loader`'s.
+        the options (`num_workers`, `collate`, `drop_last`, `small_records`, `pin_memory`,
+        ...) are `streamds.train.loader.Loader`'s.
         """
         return Loader(self, batch_size, **options)
 
@@ -434,6 +434,15 @@ class StreamingJsonl(IterableDataset):
         return self._active.counts
 
     # -- length: where the record count is known ----------------------------------------
+
+    def record_bytes(self) -> float | None:
+        """Mean bytes of a record's JSON line where known without reading (decoded sizes and
+        record counts: a converted corpus), else None."""
+        counts = self._block_counts or listed_counts(self._shards, self._block_list)
+        sizes = [shard.decoded_size for shard in self._shards]
+        if counts is None or not sum(counts) or any(size is None for size in sizes):
+            return None
+        return sum(sizes) / sum(counts)  # type: ignore[arg-type]
 
     def worker_records(self, num_workers: int = 0) -> list[int]:
         """Records each DataLoader worker of this rank yields in every epoch, for a loader

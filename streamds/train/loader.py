@@ -1,15 +1,20 @@
 """`Loader`: the fast, exactly resumable loader of a streamds dataset, built by one call.
 
 ``ds.loader(32, num_workers=2, collate=streamds.PadCollate(pad_id=0))`` is a torchdata
-`StatefulDataLoader` over ``ds.batch(32, collate=...)``: the workers make whole training
-batches (the collate runs where the records are, in the workers), and hand several of them
-over in one message, so that the loader's per-message cost (torchdata takes every worker's
-state after each message) is paid once per `batches_per_message` batches. The main process
-unpacks the messages (`Rebatch` with one batch per step), and its state says which message and
-how many of its batches were handed out, so a state taken after any batch resumes exactly.
+`StatefulDataLoader` whose workers hand over batches in few, large messages: torchdata takes
+every worker's state after each message, a fixed cost per message that small records would pay
+thousands of times a second. Two routes, chosen by the records' mean size where the dataset
+knows it (`record_bytes()`: a converted corpus's manifest):
 
-The collate defaults to a list of records: torch's default collate fails on records of
-strings and lists of unequal length (most text corpora), and a list never does.
+- small records (under SMALL_RECORD bytes): the workers hand over MESSAGE_RECORDS records at a
+  time (``ds.batch(2048)``) and the main process cuts the training batches from them and
+  collates them (`Rebatch`), so a cheap collate (padding) runs in the main process;
+- larger or unknown records: the workers make the training batches themselves
+  (``ds.batch(batch_size, collate=...)``), so the collate runs where the records are.
+
+Either way a state taken after any batch resumes exactly. The collate defaults to a list of
+records: torch's default collate fails on records of strings and lists of unequal length (most
+text corpora), and a list never does.
 """
 
 from __future__ import annotations
@@ -18,16 +23,15 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from torch.utils.data import IterableDataset
-
 from ..checks import check_bool, check_int
 from .collate import as_list
 from .rebatch import Rebatch
 
-__all__ = ["MESSAGE_RECORDS", "Loader", "usable_cpus"]
+__all__ = ["MESSAGE_RECORDS", "SMALL_RECORD", "Loader", "auto_workers", "usable_cpus"]
 
-MESSAGE_RECORDS = 512  # records per worker message at least: torchdata's per-message state
-# bookkeeping is paid once for these (benchmarks/loader_bench.py measures the choice)
+MESSAGE_RECORDS = 2048  # records of small size a worker hands over in one message
+SMALL_RECORD = 1024  # mean JSON bytes under which records cross in big messages
+# (benchmarks/rebatch_bench.py measures both routes)
 MAX_AUTO_WORKERS = 8
 
 
@@ -46,46 +50,17 @@ def auto_workers() -> int:
     return 0 if cpus < 2 else min(cpus, MAX_AUTO_WORKERS)
 
 
-def _only(batches: list[Any]) -> Any:
-    return batches[0]
-
-
-class _Messages(IterableDataset):
-    """`batches` grouped `per_message` at a time, in a worker: one list per message. Its state
-    is the batched dataset's, taken after the message's last batch."""
-
-    def __init__(self, batches: Any, per_message: int) -> None:
-        self.batches = batches
-        self.per_message = per_message
-
-    def __iter__(self) -> Iterator[list[Any]]:
-        message: list[Any] = []
-        for batch in self.batches:
-            message.append(batch)
-            if len(message) == self.per_message:
-                yield message
-                message = []
-        if message:
-            yield message
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.batches.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.batches.load_state_dict(state)
-
-
 class Loader:
-    """Batches of `batch_size` records of `dataset`, made in `num_workers` workers; iterate it
-    once per epoch. `state_dict()` after any batch, loaded into a `Loader` made the same way,
-    continues exactly; `set_epoch(n)` before an epoch's loop (the order of epoch n).
+    """Batches of `batch_size` records of `dataset`; iterate it once per epoch.
+    `state_dict()` after any batch, loaded into a `Loader` made the same way, continues
+    exactly; `set_epoch(n)` before an epoch's loop chooses its order.
 
     `collate`: a module-level function (spawned workers pickle it) from a list of records to
     what the model takes; None hands over the list. `num_workers`: "auto" is one per usable
-    CPU (none on one CPU). `batches_per_message`: batches a worker hands over in one message
-    ("auto": enough for MESSAGE_RECORDS records). Other keywords (`pin_memory`,
-    `prefetch_factor`, `persistent_workers`, `multiprocessing_context`, ...) go to the
-    `StatefulDataLoader`.
+    CPU (none on one CPU). `drop_last`: drop the epoch's short batches. `small_records`:
+    whether records cross in big messages and are batched in the main process (see the
+    module's doc); "auto" decides by their mean size. Other keywords (`pin_memory`,
+    `prefetch_factor`, `multiprocessing_context`, ...) go to the `StatefulDataLoader`.
     """
 
     def __init__(
@@ -96,7 +71,7 @@ class Loader:
         num_workers: int | str = "auto",
         collate: Callable[[list[Any]], Any] | None = None,
         drop_last: bool = False,
-        batches_per_message: int | str = "auto",
+        small_records: bool | str = "auto",
         **loader_options: Any,
     ) -> None:
         check_int("batch_size", batch_size, 1, "pass the number of records a batch holds")
@@ -104,10 +79,10 @@ class Loader:
         if num_workers == "auto":
             num_workers = auto_workers()
         check_int("num_workers", num_workers, 0, "'auto', or the DataLoader workers (0: none)")
-        if batches_per_message == "auto":
-            batches_per_message = max(1, -(-MESSAGE_RECORDS // batch_size))
-        check_int("batches_per_message", batches_per_message, 1,
-                  "'auto', or the batches a worker hands over in one message")
+        if small_records == "auto":
+            size = getattr(dataset, "record_bytes", lambda: None)()
+            small_records = size is not None and size < SMALL_RECORD
+        check_bool("small_records", small_records)
         for taken in ("batch_size", "collate_fn", "dataset", "sampler", "batch_sampler"):
             if taken in loader_options:
                 raise ValueError(
@@ -119,35 +94,37 @@ class Loader:
         except ImportError as err:
             raise ImportError(
                 "ds.loader() builds a torchdata StatefulDataLoader, and torchdata is not "
-                "installed; pip install torchdata (or pip install 'streamds[frameworks]')"
+                "installed; pip install torchdata"
             ) from err
         self.dataset = dataset
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.drop_last = drop_last
-        batches = dataset.batch(batch_size, collate=collate or as_list, drop_last=drop_last)
-        # one batch per message where a worker sends nothing (no workers) or enough already
-        self.per_message = batches_per_message if num_workers else 1
-        self.batches = batches
-        source = batches if self.per_message == 1 else _Messages(batches, self.per_message)
-        self.loader = StatefulDataLoader(source, batch_size=None, num_workers=num_workers,
-                                         collate_fn=as_list if self.per_message > 1 else None,
-                                         **loader_options)
-        self._batches: Any = (self.loader if self.per_message == 1 else
-                              Rebatch(self.loader, 1, collate_fn=_only))
+        self.small_records = small_records
+        self._batches: Any
+        if small_records:  # big messages; training batches cut and collated here
+            big = dataset.batch(max(batch_size, MESSAGE_RECORDS))
+            self.loader = StatefulDataLoader(big, batch_size=None, num_workers=num_workers,
+                                             **loader_options)
+            self._batches = Rebatch(self.loader, batch_size, collate_fn=collate,
+                                    drop_last=drop_last)
+        else:  # training batches made and collated in the workers
+            batches = dataset.batch(batch_size, collate=collate or as_list,
+                                    drop_last=drop_last)
+            self.loader = StatefulDataLoader(batches, batch_size=None,
+                                             num_workers=num_workers, **loader_options)
+            self._batches = self.loader
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self._batches)
 
     def __len__(self) -> int:
-        """Batches per epoch for this rank, where the dataset knows its length (each
-        worker's last batch may be short, and counts as one)."""
-        per_worker = getattr(self.dataset, "worker_records", None)
-        if per_worker is None:
-            return len(self.batches)
+        """Batches per epoch for this rank, where the dataset knows its record counts."""
+        per_worker = self.dataset.worker_records(self.num_workers)
+        if self.small_records:  # only the epoch's last batch is short
+            per_worker = [sum(per_worker)]
         size, keep_short = self.batch_size, not self.drop_last
-        return sum(n // size + (keep_short and n % size > 0)
-                   for n in per_worker(self.num_workers))
+        return sum(n // size + (keep_short and n % size > 0) for n in per_worker)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order the next iteration yields."""
