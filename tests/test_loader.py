@@ -84,8 +84,10 @@ def test_the_route_follows_the_mean_record_size(tmp_path: Path) -> None:
         convert([str(src)], tmp_path / f"out{width}")
         converted = StreamingJsonl(str(tmp_path / f"out{width}"))
         assert converted.loader(8, num_workers=0).small_records is small
-    # plain JSONL lists no record counts: its records' size is unknown, batched in the workers
-    assert StreamingJsonl(str(src)).loader(8, num_workers=0).small_records is False
+    # plain JSONL lists no record counts: the size is read off its first lines
+    for width, small in ((60, True), (3000, False)):
+        plain = str(tmp_path / f"in{width}.jsonl")
+        assert StreamingJsonl(plain).loader(8, num_workers=0).small_records is small
 
 
 def test_auto_workers_follow_the_usable_cpus() -> None:

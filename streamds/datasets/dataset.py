@@ -62,6 +62,7 @@ __all__ = ["StreamingJsonl"]
 log = logging.getLogger(__name__)
 
 MAX_SEED = (1 << 64) - 1  # seeds are 64-bit, as torch's and numpy's are
+SAMPLE_BYTES = 1 << 16  # read to guess the size of records where no manifest says it
 
 
 
@@ -436,13 +437,19 @@ class StreamingJsonl(IterableDataset):
     # -- length: where the record count is known ----------------------------------------
 
     def record_bytes(self) -> float | None:
-        """Mean bytes of a record's JSON line where known without reading (decoded sizes and
-        record counts: a converted corpus), else None."""
+        """Mean bytes of a record's JSON line: from decoded sizes and record counts (a
+        converted corpus), else from the lines in the first SAMPLE_BYTES of the first
+        shard; None when neither says (no whole line there)."""
         counts = self._block_counts or listed_counts(self._shards, self._block_list)
         sizes = [shard.decoded_size for shard in self._shards]
-        if counts is None or not sum(counts) or any(size is None for size in sizes):
+        if counts is not None and sum(counts) and all(size is not None for size in sizes):
+            return sum(sizes) / sum(counts)  # type: ignore[arg-type]
+        if not self._shards or self._shards[0].format != "jsonl":
             return None
-        return sum(sizes) / sum(counts)  # type: ignore[arg-type]
+        with open_decoded_at(self._shards[0], 0, SAMPLE_BYTES) as stream:
+            head = stream.read(SAMPLE_BYTES)
+        lines = head.count(b"\n")
+        return head.rindex(b"\n") / lines if lines else None
 
     def worker_records(self, num_workers: int = 0) -> list[int]:
         """Records each DataLoader worker of this rank yields in every epoch, for a loader
