@@ -77,7 +77,7 @@ the CPU that other processes used during the timed runs.
 
     python benchmarks/throughput.py                  # full size, ~12 minutes on 2 cores
     python benchmarks/throughput.py --scale 0.1      # a quick look
-    python benchmarks/throughput.py --write-readme   # also put the table into README.md
+    python benchmarks/throughput.py --write-docs   # also put the table into docs/performance.md
 """
 
 from __future__ import annotations
@@ -105,8 +105,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (
     MB,
-    README,
+    PERFORMANCE,
     Corpus,
+    add_write_docs,
     child_result,
     command_line,
     machine,
@@ -717,10 +718,11 @@ def contention(results: Sequence[Result]) -> str:
     return note
 
 
-def readme_body(
+def docs_body(
     report: str, notes: str, *, host: str, repeats: int, peer_cap: float, command: str
 ) -> str:
-    """The README's throughput section: the tables, what the columns mean, the command."""
+    """The throughput section of docs/performance.md: the tables, what the columns mean, the
+    command."""
     return (
         f"{report}\n\n"
         f"Machine: {host}. Medians of {repeats} runs after one untimed run; every "
@@ -779,8 +781,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         metavar=("PER_RUN", "TOTAL"),
                         help="max seconds to wait for an idle machine before each run, "
                         "and in all")
-    parser.add_argument("--write-readme", action="store_true",
-                        help=f"replace the bench:throughput section of {README.name}")
+    add_write_docs(parser, "throughput")
     parser.add_argument("--no-rss", action="store_true",
                         help="skip the peak-memory runs (one fresh process per row)")
     parser.add_argument("--batch-size", type=int, default=BATCH_SIZE,
@@ -890,11 +891,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         report += "\n\n" + crossing_table(crossing)
     notes = contention(results)
     print(f"\n{report}\n\n{notes}\nmeasured in {time.perf_counter() - started:.0f}s", flush=True)
-    if args.write_readme:
-        body = readme_body(report, notes, host=host, repeats=args.repeats,
+    if args.write_docs:
+        body = docs_body(report, notes, host=host, repeats=args.repeats,
                            peer_cap=args.peer_cap, command=command)
-        replace_section(README, "throughput", body)
-        log(f"wrote the table into {README}")
+        replace_section(PERFORMANCE, "throughput", body)
+        log(f"wrote the table into {PERFORMANCE}")
     return 0
 
 

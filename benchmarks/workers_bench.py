@@ -19,7 +19,7 @@ measurement, which starts after 5 s and takes ~2 s, is part of a run), in batche
 10,000 small lines: ~20 and ~3 MB).
 
     .venv/bin/python benchmarks/workers_bench.py                 # ~25 min on 2 cores
-    .venv/bin/python benchmarks/workers_bench.py --write-readme  # fill the README section
+    .venv/bin/python benchmarks/workers_bench.py --write-docs  # fill docs/performance.md
 """
 
 from __future__ import annotations
@@ -124,10 +124,12 @@ def run(path: str, batch: int, workers: int, worker_cpus: str, buffer: int | Non
 
 
 def main(argv: list[str] | None = None) -> int:
+    from common import add_write_docs
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--scale", type=float, default=0.5)
-    parser.add_argument("--write-readme", action="store_true")
+    add_write_docs(parser, "workers")
     args = parser.parse_args(argv)
     from common import command_line, machine, publish
 
@@ -185,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     every_run = [{"corpus": corpus, "loader": label, "runs": r}
                  for (corpus, label), r in runs.items()]
-    publish("workers_bench", body, every_run, "workers" if args.write_readme else None)
+    publish("workers_bench", body, every_run, "workers" if args.write_docs else None)
     return 0
 
 
