@@ -738,7 +738,7 @@ def main(argv: list[str] | None = None) -> int:
         "(in order at 0 workers) = ok. Machine: "
         f"{host}."
     )
-    report = "\n\n".join(sections) + f"\n\n{notes}\n\n```\n{command}\n```"
+    report = "\n\n".join(sections) + f"\n\n{notes}\n\n```bash\n{command}\n```"
     requests = requests_table(rows)
     print(f"\n{report}\n\nWhat the mount and the server saw (the median run of each row):\n\n"
           f"{requests}\n", flush=True)

@@ -241,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"record size]({image})\n\nMachine: {host}. Medians of "
                 f"{args.repeats} passes after one untimed pass, each series in fresh "
                 "processes; \"above start\" is the peak RSS less the RSS with streamds and "
-                f"torch imported.\n\n```\n{command}\n```")
+                f"torch imported.\n\n```bash\n{command}\n```")
         replace_section(PERFORMANCE, "scaling", body)
         log(f"wrote {PLOT} and the table into {PERFORMANCE}")
     return 0

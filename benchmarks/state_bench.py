@@ -584,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine." + ("" if args.write_docs else " Versions: " + "; ".join(
             f"{name} = {sha}" for name, sha in shas.items()) + ".")
     )
-    body = f"{report}\n\n{notes}\n\n```\n{command}\n```"
+    body = f"{report}\n\n{notes}\n\n```bash\n{command}\n```"
     print(f"\n{report}\n\n{notes}\n", flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "state_bench.md").write_text(f"{body}\n")

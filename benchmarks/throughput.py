@@ -752,7 +752,7 @@ def docs_body(
         f"worker reads; peers' runs stop after {peer_cap:g} s. {notes} Compare rows within "
         "one table: between separate runs of the script on this shared VM, single rows "
         "moved by up to a third.\n\n"
-        f"```\n{command}\n```"
+        f"```bash\n{command}\n```"
     )
 
 

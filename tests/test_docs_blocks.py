@@ -9,6 +9,8 @@ change that (they do not show on GitHub or the docs site):
 - ``<!-- skip: REASON -->``: do not run it, for a block that needs a GPU, a cluster, Colab or
   a multi-process launcher; the reason is the skip's.
 - ``<!-- run -->``: run a ```bash block too (shell blocks run only where marked).
+- ``<!-- runs: N -->``: run it N times in the same directory (a block that resumes from the
+  checkpoint its previous run left).
 - ``<!-- slow -->``: the block takes more than a few seconds (``pytest -m 'not slow'`` leaves it).
 """
 
@@ -19,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,11 +30,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^( *)```(\S*)\s*$")
-DIRECTIVE = re.compile(r"^\s*<!--\s*(setup|skip|run|slow)\s*(?::\s*(.*?))?\s*-->\s*$")
+DIRECTIVE = re.compile(r"^\s*<!--\s*(setup|skip|runs|run|slow)\s*(?::\s*(.*?))?\s*-->\s*$")
 
 # The files a `setup:` names, made once per test session with the commands a reader would run
 # (corpora.synthetic is the repository's generator of PubMed-layout data).
 SETUPS = {
+    # train.txt alone (what `streamds convert` starts from)
+    "pubmed-text": [
+        ["{python}", "-m", "corpora.synthetic", "pubmed", "train.txt", "--bytes", "2MB",
+         "--record-chars", "2000"],
+    ],
     # train.txt: ~430 PubMed-layout records (article_text: a list of sentences, abstract_text:
     # a list, long strings), and shards/: the same converted by `streamds convert`
     "pubmed": [
@@ -91,18 +99,6 @@ def _param(block: Block):
     return pytest.param(block, id=block.id, marks=marks)
 
 
-@pytest.fixture(scope="session")
-def setups(tmp_path_factory) -> dict[str, Path]:
-    made = {}
-    for name, commands in SETUPS.items():
-        where = tmp_path_factory.mktemp(f"setup-{name}")
-        for command in commands:
-            argv = [part.format(python=sys.executable) for part in command]
-            subprocess.run(argv, cwd=where, env=_env(), check=True, capture_output=True)
-        made[name] = where
-    return made
-
-
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -111,20 +107,60 @@ def _env() -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize("block", [_param(block) for block in RUNNABLE])
-def test_block_runs(block: Block, tmp_path: Path, setups: dict[str, Path]):
+def _make_setups(root: Path) -> dict[str, Path]:
+    made = {}
+    for name, commands in SETUPS.items():
+        where = root / name
+        where.mkdir()
+        for command in commands:
+            argv = [part.format(python=sys.executable) for part in command]
+            subprocess.run(argv, cwd=where, env=_env(), check=True, capture_output=True)
+        made[name] = where
+    return made
+
+
+def _run(block: Block, where: Path, setups: dict[str, Path]) -> str | None:
+    """Run `block` in the empty directory `where`: None, or what went wrong."""
     if "setup" in block.directives:
-        shutil.copytree(setups[block.directives["setup"]], tmp_path, dirs_exist_ok=True)
+        shutil.copytree(setups[block.directives["setup"]], where, dirs_exist_ok=True)
     if block.language == "python":
-        script = tmp_path / "block.py"
+        script = where / "block.py"
         argv = [sys.executable, str(script)]
     else:
-        script = tmp_path / "block.sh"
+        script = where / "block.sh"
         argv = ["bash", "-euo", "pipefail", str(script)]
     script.write_text(block.code)
-    done = subprocess.run(argv, cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, f"{block.id} failed:\n{done.stdout[-2000:]}{done.stderr[-3000:]}"
+    for run in range(int(block.directives.get("runs", 1))):
+        done = subprocess.run(argv, cwd=where, env=_env(), capture_output=True, text=True,
+                              timeout=300)
+        if done.returncode:
+            return (f"{block.id} failed (run {run + 1}):\n"
+                    f"{done.stdout[-2000:]}{done.stderr[-3000:]}")
+    return None
+
+
+@pytest.fixture(scope="session")
+def outcomes(request, tmp_path_factory) -> dict[str, str | None]:
+    """Every selected block, run a few at a time (most of a block's time is starting Python,
+    torch and DataLoader workers, which overlap well): block id -> None or the failure."""
+    selected = [item.callspec.params["block"] for item in request.session.items
+                if getattr(item, "callspec", None) and "block" in item.callspec.params
+                and not item.get_closest_marker("skip")]
+    root = tmp_path_factory.mktemp("blocks")
+    setups = _make_setups(root)
+    wheres = {block.id: root / f"block{i}" for i, block in enumerate(selected)}
+    for where in wheres.values():
+        where.mkdir()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {block.id: pool.submit(_run, block, wheres[block.id], setups)
+                   for block in selected}
+        return {key: future.result() for key, future in futures.items()}
+
+
+@pytest.mark.parametrize("block", [_param(block) for block in RUNNABLE])
+def test_block_runs(block: Block, outcomes: dict[str, str | None]):
+    failure = outcomes[block.id]
+    assert failure is None, failure
 
 
 def test_every_block_is_run_or_skipped_with_a_reason():
