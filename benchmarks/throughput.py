@@ -683,6 +683,33 @@ def table(results: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
+PEERS = (  # (reader, input) of the headline rows, with the label they get there
+    ("StreamingJsonl .batch(64)", "seekable .jsonl.zst",
+     "streamds, `ds.batch(64)`, `DataLoader(batch_size=None)`"),
+    ("StreamingJsonl", "seekable .jsonl.zst", "streamds, `DataLoader(ds, batch_size=64)`"),
+    ("HF datasets", "seekable .jsonl.zst", "Hugging Face `datasets` (streaming)"),
+    ("webdataset", None, "webdataset (tar shards)"),
+)
+
+
+def peers_table(results: Sequence[Result]) -> str:
+    """The headline: records/s of streamds and its peers on the first corpus, per workers."""
+    corpus = results[0].corpus
+    rows = [r for r in results if r.corpus.name == corpus.name and r.workers is not None]
+    workers = sorted({r.workers for r in rows})
+    lines = [f"Records a second over {_corpus_label(corpus)} (one seekable `.jsonl.zst`; "
+             "webdataset: tar shards of the same records), batches of 64:", "",
+             "| reader | " + " | ".join(f"{w} worker{'' if w == 1 else 's'}" for w in workers)
+             + " |", "|---|" + "---:|" * len(workers)]
+    for reader, source, label in PEERS:
+        rates = {r.workers: r.records_per_s for r in rows
+                 if r.reader == reader and (source is None or r.source == source)}
+        lines.append(f"| {label} | "
+                     + " | ".join(f"{rates[w]:,.0f}" if w in rates else "-" for w in workers)
+                     + " |")
+    return "\n".join(lines)
+
+
 def _corpus_label(corpus: Corpus) -> str:
     line = corpus.decoded_bytes / corpus.records
     size = f"{line / 1000:.0f} KB" if line >= 1000 else f"{line:.0f} B"
@@ -895,6 +922,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         body = docs_body(report, notes, host=host, repeats=args.repeats,
                            peer_cap=args.peer_cap, command=command)
         replace_section(PERFORMANCE, "throughput", body)
+        replace_section(PERFORMANCE, "peers", peers_table(results))
         log(f"wrote the table into {PERFORMANCE}")
     return 0
 
