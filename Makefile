@@ -32,7 +32,7 @@ bench: $(STAMP)
 
 # the docs site into site/; --strict fails on a broken link or a docstring it cannot render
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis site
