@@ -101,6 +101,7 @@ def _param(block: Block):
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # compiled once, not in every block's process
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     # `streamds` and `python` in a shell block are this interpreter's
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
