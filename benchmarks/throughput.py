@@ -53,7 +53,7 @@ number):
 
 Numbers are medians of --repeats timed runs after one untimed run (warm page cache). Every
 DataLoader run is a fresh process that imports its reader, calls ``gc.freeze()`` (as the
-README recommends after a training script's imports) and reads; its records/s count from the
+docs recommend after a training script's imports) and reads; its records/s count from the
 first batch to the last (the start-up is the "first batch" column; "x limit, whole run" counts
 it in). One long process running every row made rows depend on what ran before (small lines
 with workers 0.57x of 0 workers there, ~1x in fresh processes). The plain loops (limit rows)
@@ -269,7 +269,7 @@ def streamds_batched_run(
     return _count(loader, cap, started=started)
 
 
-SIZED_BATCH_BYTES = 300_000  # the message size that measured best with 2 workers (see README)
+SIZED_BATCH_BYTES = 300_000  # the message size that measured best with 2 workers
 
 
 def sized_batch(mean_line: float) -> int:
@@ -471,8 +471,8 @@ def in_child(function: str, *args: object) -> Callable[[], Outcome]:
 def _run_once(call: list) -> None:
     """Time one call in this fresh process and print its Outcome as JSON. Its reader's module
     is imported and, for the replay rows, the pool of records built first; then `gc.freeze()`
-    (as the README recommends after a training script's imports), so that every run starts
-    from the same small heap: a long process that has run other rows does not (the README)."""
+    (as the docs recommend after a training script's imports), so that every run starts
+    from the same small heap: a long process that has run other rows does not (see the docs)."""
     function, *args = call
     module, name = READERS.get(function, ("streamds", "StreamingJsonl"))
     getattr(importlib.import_module(module), name)  # streamds imports its parts on first use

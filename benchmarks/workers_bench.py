@@ -2,8 +2,8 @@
 `.batch(n)` at 0, 1 and 2 workers, with ``worker_cpus="auto"`` (the default: `streamds.stages.cpus`)
 and ``worker_cpus="all"`` (the OS places the workers, as torch leaves them).
 
-Each run is a fresh Python process that calls ``gc.freeze()`` after its imports (as the README
-recommends), builds ``DataLoader(StreamingJsonl(folder, worker_cpus=...).batch(n),
+Each run is a fresh Python process that calls ``gc.freeze()`` after its imports (as the docs
+recommend), builds ``DataLoader(StreamingJsonl(folder, worker_cpus=...).batch(n),
 batch_size=None, num_workers=w)`` and reads the whole corpus, counting records, timed from the
 first batch to the last (the steady rate; the start-up is first_batch.py's). Rows, interleaved
 (each round starts at another row), medians of --repeats. A worker hands its batches over as
