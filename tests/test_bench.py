@@ -322,7 +322,8 @@ def test_whole_run_rates_advise_workers_for_a_map_behind_a_shuffle_buffer():
                         "after 10.4 s)")
     first = [note for note in notes if note.startswith("the first batch takes 10.4 s")]
     assert len(first) == 1, notes
-    assert "20.0 s of the 20.5 s one process waited went to your transform" in first[0]
+    assert ("20.0 s of the 20.5 s that the pass in one process waited for its first batch "
+            "went to your transform") in first[0]
     assert "after the shuffle buffer" in first[0] and "streamds convert --transform" in first[0]
     assert "persistent_workers" not in first[0]  # set_epoch would not reach such workers
 

@@ -396,7 +396,7 @@ def _first_batch_note(report: dict[str, Any], first: float | None) -> list[str]:
     and what shortens it; the in-process pass says where its own wait went."""
     if first is None or first <= SLOW_FIRST_BATCH:
         return []
-    buffer = f"{report['buffer_size']:,} records, in each worker"
+    buffer = f"{report['buffer_size']:,} records per reader; each worker fills its own"
     if not report["shuffle"]:
         return [f"the first batch takes {first:.1f} s, every epoch; use "
                 "persistent_workers=True so that workers start once"]
@@ -409,12 +409,12 @@ def _first_batch_note(report: dict[str, Any], first: float | None) -> list[str]:
     return [
         f"the first batch takes {first:.1f} s, every epoch and after every resume: a reader "
         f"fills its shuffle buffer ({buffer}) before it yields a record, and {mapped:.1f} s "
-        f"of the {waited:.1f} s one process waited went to your transform over those "
-        "records. What removes that wait is a transform that does not run before the "
-        "buffer: applied after the shuffle buffer (then only the records handed out are "
-        "transformed), or run once and stored, its output read back (streamds convert "
-        "--transform writes transformed shards, and later epochs skip the work too); a "
-        "smaller buffer_size shortens it"
+        f"of the {waited:.1f} s that the pass in one process waited for its first batch went "
+        "to your transform over those records. What removes that wait is a transform that "
+        "does not run before the buffer: applied after the shuffle buffer (then only the "
+        "records handed out are transformed), or run once and stored, its output read back "
+        "(streamds convert --transform writes transformed shards, and later epochs skip the "
+        "work too); a smaller buffer_size shortens it"
     ]
 
 
