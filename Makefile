@@ -25,7 +25,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 demo: $(STAMP)
-	$(BIN)/python examples/demo.py
+	$(BIN)/python examples/demo.py $(ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py --write-docs
