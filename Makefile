@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_PIN := torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint demo bench clean
+.PHONY: setup test lint demo bench docs clean
 
 setup: $(STAMP)
 
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet $(TORCH_PIN)
-	$(BIN)/pip install --quiet -e ".[dev,remote,tar,bench,example,cluster,frameworks]"
+	$(BIN)/pip install --quiet -e ".[dev,remote,tar,bench,example,cluster,frameworks,docs]"
 	touch $(STAMP)
 
 test: $(STAMP)
@@ -25,10 +25,14 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 demo: $(STAMP)
-	$(BIN)/python examples/demo.py
+	$(BIN)/python examples/demo.py $(ARGS)
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/throughput.py --write-readme
+	$(BIN)/python benchmarks/throughput.py --write-docs
+
+# the docs site into site/; --strict fails on a broken link or a docstring it cannot render
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis site

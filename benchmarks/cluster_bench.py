@@ -22,7 +22,7 @@ must be byte-identical (checked). Medians of
 
     python benchmarks/cluster_bench.py                 # full size, a few minutes on 2 cores
     python benchmarks/cluster_bench.py --scale 0.2     # a quick look
-    python benchmarks/cluster_bench.py --write-readme  # also fill README.md's section
+    python benchmarks/cluster_bench.py --write-docs  # also fill docs/performance.md's section
 """
 
 from __future__ import annotations
@@ -42,7 +42,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import DATA_DIR, MB, README, command_line, machine, replace_section
+from common import (
+    DATA_DIR,
+    MB,
+    PERFORMANCE,
+    add_write_docs,
+    command_line,
+    machine,
+    replace_section,
+)
 from convert_bench import (
     _OTHERS,
     BIG_BYTES_AT_SCALE_1,
@@ -214,8 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quiet-wait", type=float, default=20.0,
                         help="max seconds to wait for an idle machine before each run")
-    parser.add_argument("--write-readme", action="store_true",
-                        help=f"replace the bench:{SECTION} section of README.md")
+    add_write_docs(parser, "cluster")
     args = parser.parse_args(argv)
     Quiet.max_wait = args.quiet_wait
     from preprocess.convert import convert
@@ -265,9 +272,9 @@ def main(argv: list[str] | None = None) -> int:
                     raise SystemExit(f"{label}: the executors wrote different bytes")
     text = report(rows, zstd, shares, pair, args)
     print(text)
-    if args.write_readme:
-        replace_section(README, SECTION, text)
-        log(f"updated {README}")
+    if args.write_docs:
+        replace_section(PERFORMANCE, SECTION, text)
+        log(f"updated {PERFORMANCE}")
     return 0
 
 

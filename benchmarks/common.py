@@ -1,4 +1,4 @@
-"""Shared benchmark helpers: the machine, generated corpora, timing, and README sections.
+"""Shared benchmark helpers: the machine, generated corpora, timing, and docs sections.
 
 Corpora are generated once under `bench-data/` (git-ignored) and reused while their file
 names match: a name carries the corpus kind, its target size and the seed, so changing
@@ -27,7 +27,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = ROOT / "bench-data"
-README = ROOT / "README.md"
+# the docs page the benchmarks write their tables into, between <!-- bench:NAME:start/end -->
+# markers (--write-docs); figures of the current code only, never a commit id or history
+PERFORMANCE = ROOT / "docs" / "performance.md"
 RESULTS = ROOT / "benchmarks" / "results"  # git-ignored: every run's figures
 
 if str(ROOT) not in sys.path:  # `python benchmarks/x.py` from anywhere imports the checkout
@@ -36,10 +38,11 @@ if str(ROOT) not in sys.path:  # `python benchmarks/x.py` from anywhere imports 
 __all__ = [
     "DATA_DIR",
     "MB",
-    "README",
+    "PERFORMANCE",
     "RESULTS",
     "ROOT",
     "Corpus",
+    "add_write_docs",
     "child_result",
     "command_line",
     "machine",
@@ -78,6 +81,13 @@ def machine() -> str:
         f"{model}, {cores} cores{memory}, Linux {platform.release().split('-')[0]}, "
         f"Python {platform.python_version()}"
     )
+
+
+def add_write_docs(parser: Any, section: str) -> None:
+    """`--write-docs` (alias: the older `--write-readme`): put the table into `section` of
+    docs/performance.md."""
+    parser.add_argument("--write-docs", "--write-readme", dest="write_docs", action="store_true",
+                        help=f"replace the bench:{section} section of docs/performance.md")
 
 
 def command_line() -> str:
@@ -259,7 +269,7 @@ def _size_name(size: int) -> str:
     return f"{size}B"
 
 
-# -- README ----------------------------------------------------------------------------------
+# -- docs ------------------------------------------------------------------------------------
 
 
 def replace_section(path: Path, section: str, body: str) -> None:
@@ -290,16 +300,16 @@ def child_result(args: list[str], spec: Any, *, what: str) -> Any:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def publish(name: str, body: str, runs: Any, readme_section: str | None = None) -> None:
+def publish(name: str, body: str, runs: Any, docs_section: str | None = None) -> None:
     """Print a benchmark's `body` (its table and notes), keep it and every run (`runs`, as
-    JSON) in benchmarks/results/<name>.md / .json, and with `readme_section` put `body` into
-    that README section."""
+    JSON) in benchmarks/results/<name>.md / .json, and with `docs_section` put `body` into
+    that section of docs/performance.md."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.md").write_text(body + "\n")
     (RESULTS / f"{name}.json").write_text(json.dumps(runs, indent=1))
     print(body)
-    if readme_section is not None:
-        replace_section(README, readme_section, body)
+    if docs_section is not None:
+        replace_section(PERFORMANCE, docs_section, body)
 
 
 # -- CPU accounting, for telling a quiet machine from a busy one ----------------------------

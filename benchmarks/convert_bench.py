@@ -36,7 +36,7 @@ others used during the timed runs.
 
     python benchmarks/convert_bench.py                  # full size: a few minutes on 2 cores
     python benchmarks/convert_bench.py --scale 0.1      # a quick look
-    python benchmarks/convert_bench.py --write-readme   # also fill README.md's section
+    python benchmarks/convert_bench.py --write-docs   # also fill docs/performance.md's section
     python benchmarks/convert_bench.py --mount-only --mount-latency 0.02   # mount rows only
 """
 
@@ -60,7 +60,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # after the path tweak that makes `common` importable
     DATA_DIR,
     MB,
-    README,
+    PERFORMANCE,
+    add_write_docs,
     command_line,
     machine,
     machine_busy,
@@ -397,8 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quiet-wait", type=float, default=20.0,
                         help="max seconds to wait for an idle machine before each run")
-    parser.add_argument("--write-readme", action="store_true",
-                        help=f"replace the bench:{SECTION} section of README.md")
+    add_write_docs(parser, "convert")
     parser.add_argument("--mount-latency", type=float, default=None, metavar="SECONDS",
                         help="also convert through a testbed.slowfs mount with this latency")
     parser.add_argument("--mount-read-ahead", type=int, nargs="*", default=[], metavar="N",
@@ -462,9 +462,9 @@ def main(argv: list[str] | None = None) -> int:
     if mount_text:
         text += "\n\n" + mount_text
     print(text)
-    if args.write_readme:
-        replace_section(README, SECTION, text)
-        log(f"updated {README}")
+    if args.write_docs:
+        replace_section(PERFORMANCE, SECTION, text)
+        log(f"updated {PERFORMANCE}")
     return 0
 
 

@@ -18,7 +18,7 @@ the default picks there (the plan a worker makes in that place). A fresh process
 from the first batch to the last; medians of --repeats interleaved rounds.
 
     .venv/bin/python benchmarks/cpu_limits_bench.py                 # ~15 min on 2 cores
-    .venv/bin/python benchmarks/cpu_limits_bench.py --write-readme  # fill the README section
+    .venv/bin/python benchmarks/cpu_limits_bench.py --write-docs  # fill docs/performance.md
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from common import child_result, command_line, machine, publish  # noqa: E402
+from common import add_write_docs, child_result, command_line, machine, publish  # noqa: E402
 from workers_bench import CHILD, corpora  # noqa: E402
 
 # the child places itself (a cgroup, a CPU set) before torch starts, so its workers inherit it
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--scale", type=float, default=0.5)
     parser.add_argument("--quota", type=float, default=1.5, help="CPUs of the quota rows")
-    parser.add_argument("--write-readme", action="store_true")
+    add_write_docs(parser, "cpu-limits")
     args = parser.parse_args(argv)
     began = time.perf_counter()
     cases = corpora(args.scale, COPIES)
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     every_run = [{"corpus": c, "limit": lim, "loader": ld, "runs": r}
                  for (c, lim, ld), r in runs.items()]
-    publish("cpu_limits_bench", body, every_run, "cpu-limits" if args.write_readme else None)
+    publish("cpu_limits_bench", body, every_run, "cpu-limits" if args.write_docs else None)
     return 0
 
 

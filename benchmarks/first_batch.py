@@ -16,7 +16,7 @@ moves them to a generation the collector never scans. Also measured: the first b
 time in the same process (warm), as the throughput table does.
 
     .venv/bin/python benchmarks/first_batch.py                 # ~2 min on 2 cores
-    .venv/bin/python benchmarks/first_batch.py --write-readme  # fill the README section
+    .venv/bin/python benchmarks/first_batch.py --write-docs  # fill docs/performance.md
 """
 
 from __future__ import annotations
@@ -82,12 +82,14 @@ def run(path: str | None, batch: int, workers: int, freeze: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from common import add_write_docs
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--scale", type=float, default=1.0,
                         help="corpus size, as state_bench.py (the first batch reads little of it)")
-    parser.add_argument("--write-readme", action="store_true")
+    add_write_docs(parser, "first-batch")
     args = parser.parse_args(argv)
     from common import command_line, machine, publish
 
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     every_run = [{"dataset": label, "freeze": freeze, "runs": r}
                  for (label, freeze), r in runs.items()]
-    publish("first_batch", body, every_run, "first-batch" if args.write_readme else None)
+    publish("first_batch", body, every_run, "first-batch" if args.write_docs else None)
     return 0
 
 

@@ -5,7 +5,7 @@ StatefulDataLoader, in one run.
 A worker's batch is one message; whatever streamds does, a loader with workers cannot deliver
 more batches a second than this floor (the pipe, the index queue, pickling a ~100-byte
 item, waking the main process). With `.batch(n)` of small records the floor decides how small
-n may be before workers cost more than they bring (README, "Throughput", Missed).
+n may be before workers cost more than they bring (docs/performance.md, "Throughput").
 
     .venv/bin/python benchmarks/loader_floor.py             # ~1 min
     .venv/bin/python benchmarks/loader_floor.py --items 200000 --repeats 5

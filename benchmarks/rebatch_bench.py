@@ -21,10 +21,11 @@ turned into their ids by the same collate everywhere, 0, 1 and 2 workers:
   handed over several to a message, exact resume).
 
 Every epoch is checked to yield each record once. Writes benchmarks/results/rebatch_bench.md and
-.json (every run), docs/img/rebatch_bench.png, and with --write-readme the README's rebatch section.
+.json (every run), docs/img/rebatch_bench.png, and with --write-docs the rebatch section of
+docs/performance.md.
 
     .venv/bin/python benchmarks/rebatch_bench.py --quick           # smoke run, < 1 min
-    .venv/bin/python benchmarks/rebatch_bench.py --write-readme    # ~4 min on 2 cores
+    .venv/bin/python benchmarks/rebatch_bench.py --write-docs    # ~4 min on 2 cores
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PLOT = ROOT / "docs" / "img" / "rebatch_bench.png"  # shown in the README
+PLOT = ROOT / "docs" / "img" / "rebatch_bench.png"  # shown in docs/performance.md
 BUFFER = 10_000
 TRAIN_BATCH = 32
 BIG_BATCH = 2048
@@ -157,16 +158,18 @@ def plot(rates: dict[tuple[str, int], list[float]], workers: list[int], path: Pa
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    return f"![records/s per configuration and num_workers]({path.relative_to(ROOT)})"
+    return f"![records/s per configuration and num_workers]({path.relative_to(ROOT / 'docs')})"
 
 
 def main(argv: list[str] | None = None) -> int:
+    from common import add_write_docs
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, help="short records (1,200,000; quick 200,000)")
     parser.add_argument("--repeats", type=int, help="runs per cell (median); 5, quick 1")
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--write-readme", action="store_true")
+    add_write_docs(parser, "rebatch")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -200,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     ])
     publish("rebatch_bench", body,
             [{"config": c, "workers": w, "rates": r} for (c, w), r in rates.items()],
-            "rebatch" if args.write_readme else None)
+            "rebatch" if args.write_docs else None)
     return 0
 
 

@@ -4,7 +4,7 @@ loopback HTTP server, at 20 ms and 100 ms per request, against local disk, in on
 
     python benchmarks/remote_bench.py --quick          # 2,000 records, 1 repeat: ~3 min
     python benchmarks/remote_bench.py                  # 20,000 records, 3 repeats: ~40 min
-    python benchmarks/remote_bench.py --write-readme   # also fill README's remote-bench block
+    python benchmarks/remote_bench.py --write-docs     # also fill docs/performance.md
 
 The corpus: PubMed-layout records of 10-20 KB (`corpora.synthetic.write_small_files`,
 record_chars=7000), one `.json` file per record in folders of 3,000 as users keep them, and the
@@ -29,7 +29,7 @@ unless they say otherwise:
 - `StreamingJsonl(shards)` with `readahead=0` and with the default (read-ahead on), a whole
   epoch, checked to yield every record exactly once (in corpus order at 0 workers);
 - `StreamingJsonl(shards).batch(16)` through `DataLoader(batch_size=None)`: batches made in
-  the workers, as the README's example does, with the default `ahead="auto"` (on 2 CPUs and
+  the workers, as the docs' ten-line example does, with the default `ahead="auto"` (on 2 CPUs and
   2 workers a thread makes up to 4 batches ahead) and with `ahead=0`, divided by the same
   batches read from local disk;
 - `StreamingJsonl(shards, cache_dir=LOCAL)`: epoch 1 fills the cache, then epochs 2 (0 and 2
@@ -71,7 +71,17 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from common import DATA_DIR, ROOT, command_line, machine, machine_busy, own_cpu
+from common import (
+    DATA_DIR,
+    PERFORMANCE,
+    ROOT,
+    add_write_docs,
+    command_line,
+    machine,
+    machine_busy,
+    own_cpu,
+    replace_section,
+)
 from torch.utils.data import DataLoader, Dataset
 
 import streamds
@@ -80,8 +90,6 @@ from testbed.slowfs import fuse_available, mount
 
 RESULTS = ROOT / "benchmarks" / "results"
 PLOT = ROOT / "docs" / "img" / "remote_bench.png"
-MARKERS = ("<!-- remote-bench:start -->", "<!-- remote-bench:end -->")
-SECTION = "## Data on Google Drive or in the cloud"
 BATCH = 16
 RECORD_CHARS = 7000  # ~15 KB of JSON a record
 PER_FOLDER = 3000
@@ -624,23 +632,10 @@ def _short(label: str) -> str:
     return "default" if label.startswith("`StreamingJsonl(shards/)`") else label
 
 
-def write_readme(body: str, readme: Path = ROOT / "README.md") -> str:
-    """Replace the remote-bench block; add it, under its own section, if missing."""
-    text = readme.read_text()
-    start, end = MARKERS
-    block = f"{start}\n{body.strip()}\n{end}"
-    if start in text and end in text.split(start, 1)[1]:
-        before, rest = text.split(start, 1)
-        readme.write_text(f"{before}{block}{rest.split(end, 1)[1]}")
-        return "wrote the tables into README.md"
-    section = f"{SECTION}\n\n{block}\n\n"
-    anchor = "## Guarantees and where they are tested"
-    if anchor in text:
-        text = text.replace(anchor, section + anchor, 1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n"
-    readme.write_text(text)
-    return f"added '{SECTION}' with the tables to README.md"
+def write_docs(body: str) -> str:
+    """Replace the bench:remote section of docs/performance.md with the tables."""
+    replace_section(PERFORMANCE, "remote", body)
+    return f"wrote the tables into {PERFORMANCE.relative_to(ROOT)}"
 
 
 # -- main ------------------------------------------------------------------------------------
@@ -667,8 +662,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet-wait", type=float, nargs=2, metavar=("PER_RUN", "TOTAL"),
                         help="max seconds to wait for an idle machine before each run, and in "
                         "all (5 300; quick 1 10)")
-    parser.add_argument("--write-readme", action="store_true",
-                        help="replace README.md's remote-bench block (added if missing)")
+    add_write_docs(parser, "remote")
     args = parser.parse_args(argv)
     args.records = args.records or (2_000 if args.quick else 20_000)
     args.repeats = args.repeats or (1 if args.quick else 3)
@@ -742,10 +736,9 @@ def main(argv: list[str] | None = None) -> int:
         f"\\* per-file runs stop after {args.cap:g} s (records/s over what they read). "
         f"† other processes used more than {BUSY} cores. output: every record exactly once "
         "(in order at 0 workers) = ok. Machine: "
-        f"{host}. streamds {_git('rev-parse', '--short', 'HEAD')}"
-        f"{' + edits' if _git('status', '--porcelain', '--', 'streamds') else ''}."
+        f"{host}."
     )
-    report = "\n\n".join(sections) + f"\n\n{notes}\n\n```\n{command}\n```"
+    report = "\n\n".join(sections) + f"\n\n{notes}\n\n```bash\n{command}\n```"
     requests = requests_table(rows)
     print(f"\n{report}\n\nWhat the mount and the server saw (the median run of each row):\n\n"
           f"{requests}\n", flush=True)
@@ -762,14 +755,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{(RESULTS / 'remote_bench.md').relative_to(ROOT)}")
     if backends:
         print(plot(rows, backends, args.latencies, PLOT))
-    if args.write_readme:
-        print(write_readme(report))
+    if args.write_docs:
+        print(write_docs(report))
     print(f"done in {time.perf_counter() - began:.0f}s")
     return 0
-
-
-def _git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ cache); peak memory is the process's peak RSS (VmHWM) over the untimed pass, and
 
 Data goes to bench-data/scaling/ and is deleted afterwards unless --keep.
 
-    python benchmarks/scaling.py --write-readme      # table and docs/img/scaling.png
+    python benchmarks/scaling.py --write-docs      # docs/performance.md and docs/img/scaling.png
 """
 
 from __future__ import annotations
@@ -32,7 +32,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import DATA_DIR, MB, README, command_line, machine, replace_section
+from common import (
+    DATA_DIR,
+    MB,
+    PERFORMANCE,
+    add_write_docs,
+    command_line,
+    machine,
+    replace_section,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 PLOT = ROOT / "docs" / "img" / "scaling.png"
@@ -194,9 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         default=[300, 3_000, 30_000, 200_000])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--keep", action="store_true", help="keep the generated data")
-    parser.add_argument("--write-readme", action="store_true",
-                        help=f"replace the bench:scaling section of {README.name}, write "
-                        f"{PLOT.relative_to(ROOT)}")
+    add_write_docs(parser, "scaling")  # and writes PLOT
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:  # internal: one measured pass in this fresh process
@@ -228,15 +234,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(SCALING_DIR, ignore_errors=True)
     report = table(rows)
     print(f"machine: {host}\ncommand: {command}\n\n{report}")
-    if args.write_readme:
+    if args.write_docs:
         plot(rows, PLOT)
+        image = PLOT.relative_to(PERFORMANCE.parent)
         body = (f"{report}\n\n![time and memory against corpus size, shuffle buffer and "
-                f"record size]({PLOT.relative_to(ROOT)})\n\nMachine: {host}. Medians of "
+                f"record size]({image})\n\nMachine: {host}. Medians of "
                 f"{args.repeats} passes after one untimed pass, each series in fresh "
                 "processes; \"above start\" is the peak RSS less the RSS with streamds and "
-                f"torch imported.\n\n```\n{command}\n```")
-        replace_section(README, "scaling", body)
-        log(f"wrote {PLOT} and the table into {README}")
+                f"torch imported.\n\n```bash\n{command}\n```")
+        replace_section(PERFORMANCE, "scaling", body)
+        log(f"wrote {PLOT} and the table into {PERFORMANCE}")
     return 0
 
 

@@ -37,7 +37,7 @@ state_ratio.png (StatefulDataLoader / DataLoader per worker count: each version 
     .venv/bin/python benchmarks/state_bench.py --ref a42025e --quick   # smoke run, < 2 min
     .venv/bin/python benchmarks/state_bench.py --ref a42025e           # ~15-20 min on 2 cores
     .venv/bin/python benchmarks/state_bench.py --ref a42025e --new-ref 2c266ff  # two commits
-    .venv/bin/python benchmarks/state_bench.py --write-readme          # fill README's section
+    .venv/bin/python benchmarks/state_bench.py --write-docs            # docs/performance.md
 """
 
 from __future__ import annotations
@@ -62,7 +62,6 @@ from torch.utils.data import IterableDataset
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-MARKERS = ("<!-- state-bench:start -->", "<!-- state-bench:end -->")
 BUFFERS = (1_000, 10_000, 100_000)
 FILL_EXTRA = 300  # records iterated past buffer_size before the state is taken
 STEP = 32  # records between two timed state_dict() calls: one batch
@@ -465,15 +464,12 @@ def plot_ratio(jobs: list[Job], versions: list[Version], workers: list[int], pat
     return _save(fig, path, rect=(0, 0.07, 1, 1))
 
 
-def write_readme(body: str) -> str:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    start, end = MARKERS
-    if start not in text or end not in text.split(start, 1)[1]:
-        return f"README.md has no {start} ... {end} markers: table printed only"
-    before, rest = text.split(start, 1)
-    readme.write_text(f"{before}{start}\n{body.strip()}\n{end}{rest.split(end, 1)[1]}")
-    return "wrote the table into README.md"
+def write_docs(body: str) -> str:
+    """Replace the bench:state section of docs/performance.md with the table."""
+    from common import PERFORMANCE, replace_section
+
+    replace_section(PERFORMANCE, "state", body)
+    return f"wrote the table into {PERFORMANCE.relative_to(ROOT)}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -490,12 +486,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet-wait", type=float, nargs=2, metavar=("PER_RUN", "TOTAL"),
                         help="max seconds to wait for an idle machine before each child run, "
                         "and in all (5 300; quick 1 10)")
-    parser.add_argument("--write-readme", action="store_true",
-                        help="replace the state-bench section of README.md")
+    parser.add_argument("--write-docs", "--write-readme", dest="write_docs",
+                        action="store_true", help="replace the bench:state section of "
+                        "docs/performance.md (this checkout only: no --ref, --new-ref)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         return child_main(args.child)
+    if args.write_docs and (args.ref or args.new_ref):
+        parser.error("--write-docs measures this checkout only (the docs show the current "
+                     "code); leave out --ref and --new-ref")
     quick = args.quick
     args.repeats = args.repeats or (1 if quick else 3)
     args.records = args.records or (210_000 if quick else 300_000)
@@ -516,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join(["python", "benchmarks/state_bench.py", *sys.argv[1:]])
     host = f"{machine()}; os.cpu_count()={os.cpu_count()}"
     print(f"machine: {host}\ncommand: {command}\n", flush=True)
-    versions = [Version(this_tree_name(), ROOT)]
+    versions = [Version("streamds" if args.write_docs else this_tree_name(), ROOT)]
     if args.new_ref:
         tree = ref_worktree(args.new_ref)
         versions = [Version(f"new ({git('rev-parse', '--short', 'HEAD', cwd=tree)})", tree)]
@@ -561,10 +561,11 @@ def main(argv: list[str] | None = None) -> int:
 
     report = table(jobs, versions, corpora, args)
     notes = (
-        f"Machine: {host}. Each value is the median of {args.repeats} child run(s) (versions "
-        "alternate which runs first); for µs rows new/old < 1 means the new code takes less "
-        "time; a ratio row's new/old compares the two versions' ratios. state_dict() rows: a "
-        "shuffled dataset iterated directly, timed after "
+        f"Machine: {host}. Each value is the median of {args.repeats} child run(s)"
+        + ("" if len(versions) == 1 else " (versions alternate which runs first); for µs "
+           "rows new/old < 1 means the new code takes less time; a ratio row's new/old "
+           "compares the two versions' ratios")
+        + ". state_dict() rows: a shuffled dataset iterated directly, timed after "
         f"buffer_size + {FILL_EXTRA} records, then every {STEP} records. \"short records\": "
         f"{args.records:,} lines of {{\"id\", \"text\": ~100 chars}}, shuffle=True, "
         f"buffer_size={EPOCH_BUFFER:,}, batch_size=32, collate_fn returning the ids; "
@@ -580,9 +581,10 @@ def main(argv: list[str] | None = None) -> int:
         f"processes used {others:.2f} cores on average while measuring; † marks values "
         f"whose runs had them use more than {BUSY} cores (median of the runs). Measured in "
         f"{wall:.0f} s, {args.quiet_wait[1] - wait.left:.0f} s of it waiting for a quiet "
-        "machine. Versions: " + "; ".join(f"{name} = {sha}" for name, sha in shas.items()) + "."
+        "machine." + ("" if args.write_docs else " Versions: " + "; ".join(
+            f"{name} = {sha}" for name, sha in shas.items()) + ".")
     )
-    body = f"{report}\n\n{notes}\n\n```\n{command}\n```"
+    body = f"{report}\n\n{notes}\n\n```bash\n{command}\n```"
     print(f"\n{report}\n\n{notes}\n", flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "state_bench.md").write_text(f"{body}\n")
@@ -593,8 +595,8 @@ def main(argv: list[str] | None = None) -> int:
     (RESULTS / "state_bench.json").write_text(json.dumps(raw, indent=1))
     print(plot_state(jobs, versions, RESULTS / "state_bench.png"))
     print(plot_ratio(jobs, versions, args.workers, RESULTS / "state_ratio.png"))
-    if args.write_readme:
-        print(write_readme(body))
+    if args.write_docs:
+        print(write_docs(body))
     print(f"measured in {wall:.0f}s, {time.perf_counter() - began:.0f}s in all")
     return 0
 

@@ -53,7 +53,7 @@ number):
 
 Numbers are medians of --repeats timed runs after one untimed run (warm page cache). Every
 DataLoader run is a fresh process that imports its reader, calls ``gc.freeze()`` (as the
-README recommends after a training script's imports) and reads; its records/s count from the
+docs recommend after a training script's imports) and reads; its records/s count from the
 first batch to the last (the start-up is the "first batch" column; "x limit, whole run" counts
 it in). One long process running every row made rows depend on what ran before (small lines
 with workers 0.57x of 0 workers there, ~1x in fresh processes). The plain loops (limit rows)
@@ -77,7 +77,7 @@ the CPU that other processes used during the timed runs.
 
     python benchmarks/throughput.py                  # full size, ~12 minutes on 2 cores
     python benchmarks/throughput.py --scale 0.1      # a quick look
-    python benchmarks/throughput.py --write-readme   # also put the table into README.md
+    python benchmarks/throughput.py --write-docs   # also put the table into docs/performance.md
 """
 
 from __future__ import annotations
@@ -105,8 +105,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (
     MB,
-    README,
+    PERFORMANCE,
     Corpus,
+    add_write_docs,
     child_result,
     command_line,
     machine,
@@ -268,7 +269,7 @@ def streamds_batched_run(
     return _count(loader, cap, started=started)
 
 
-SIZED_BATCH_BYTES = 300_000  # the message size that measured best with 2 workers (see README)
+SIZED_BATCH_BYTES = 300_000  # the message size that measured best with 2 workers
 
 
 def sized_batch(mean_line: float) -> int:
@@ -470,8 +471,8 @@ def in_child(function: str, *args: object) -> Callable[[], Outcome]:
 def _run_once(call: list) -> None:
     """Time one call in this fresh process and print its Outcome as JSON. Its reader's module
     is imported and, for the replay rows, the pool of records built first; then `gc.freeze()`
-    (as the README recommends after a training script's imports), so that every run starts
-    from the same small heap: a long process that has run other rows does not (the README)."""
+    (as the docs recommend after a training script's imports), so that every run starts
+    from the same small heap: a long process that has run other rows does not (see the docs)."""
     function, *args = call
     module, name = READERS.get(function, ("streamds", "StreamingJsonl"))
     getattr(importlib.import_module(module), name)  # streamds imports its parts on first use
@@ -682,6 +683,33 @@ def table(results: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
+PEERS = (  # (reader, input) of the headline rows, with the label they get there
+    ("StreamingJsonl .batch(64)", "seekable .jsonl.zst",
+     "streamds, `ds.batch(64)`, `DataLoader(batch_size=None)`"),
+    ("StreamingJsonl", "seekable .jsonl.zst", "streamds, `DataLoader(ds, batch_size=64)`"),
+    ("HF datasets", "seekable .jsonl.zst", "Hugging Face `datasets` (streaming)"),
+    ("webdataset", None, "webdataset (tar shards)"),
+)
+
+
+def peers_table(results: Sequence[Result]) -> str:
+    """The headline: records/s of streamds and its peers on the first corpus, per workers."""
+    corpus = results[0].corpus
+    rows = [r for r in results if r.corpus.name == corpus.name and r.workers is not None]
+    workers = sorted({r.workers for r in rows})
+    lines = [f"Records a second over {_corpus_label(corpus)} (one seekable `.jsonl.zst`; "
+             "webdataset: tar shards of the same records), batches of 64:", "",
+             "| reader | " + " | ".join(f"{w} worker{'' if w == 1 else 's'}" for w in workers)
+             + " |", "|---|" + "---:|" * len(workers)]
+    for reader, source, label in PEERS:
+        rates = {r.workers: r.records_per_s for r in rows
+                 if r.reader == reader and (source is None or r.source == source)}
+        lines.append(f"| {label} | "
+                     + " | ".join(f"{rates[w]:,.0f}" if w in rates else "-" for w in workers)
+                     + " |")
+    return "\n".join(lines)
+
+
 def _corpus_label(corpus: Corpus) -> str:
     line = corpus.decoded_bytes / corpus.records
     size = f"{line / 1000:.0f} KB" if line >= 1000 else f"{line:.0f} B"
@@ -717,10 +745,11 @@ def contention(results: Sequence[Result]) -> str:
     return note
 
 
-def readme_body(
+def docs_body(
     report: str, notes: str, *, host: str, repeats: int, peer_cap: float, command: str
 ) -> str:
-    """The README's throughput section: the tables, what the columns mean, the command."""
+    """The throughput section of docs/performance.md: the tables, what the columns mean, the
+    command."""
     return (
         f"{report}\n\n"
         f"Machine: {host}. Medians of {repeats} runs after one untimed run; every "
@@ -750,7 +779,7 @@ def readme_body(
         f"worker reads; peers' runs stop after {peer_cap:g} s. {notes} Compare rows within "
         "one table: between separate runs of the script on this shared VM, single rows "
         "moved by up to a third.\n\n"
-        f"```\n{command}\n```"
+        f"```bash\n{command}\n```"
     )
 
 
@@ -779,8 +808,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         metavar=("PER_RUN", "TOTAL"),
                         help="max seconds to wait for an idle machine before each run, "
                         "and in all")
-    parser.add_argument("--write-readme", action="store_true",
-                        help=f"replace the bench:throughput section of {README.name}")
+    add_write_docs(parser, "throughput")
     parser.add_argument("--no-rss", action="store_true",
                         help="skip the peak-memory runs (one fresh process per row)")
     parser.add_argument("--batch-size", type=int, default=BATCH_SIZE,
@@ -890,11 +918,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         report += "\n\n" + crossing_table(crossing)
     notes = contention(results)
     print(f"\n{report}\n\n{notes}\nmeasured in {time.perf_counter() - started:.0f}s", flush=True)
-    if args.write_readme:
-        body = readme_body(report, notes, host=host, repeats=args.repeats,
+    if args.write_docs:
+        body = docs_body(report, notes, host=host, repeats=args.repeats,
                            peer_cap=args.peer_cap, command=command)
-        replace_section(README, "throughput", body)
-        log(f"wrote the table into {README}")
+        replace_section(PERFORMANCE, "throughput", body)
+        replace_section(PERFORMANCE, "peers", peers_table(results))
+        log(f"wrote the table into {PERFORMANCE}")
     return 0
 
 

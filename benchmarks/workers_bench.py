@@ -2,8 +2,8 @@
 `.batch(n)` at 0, 1 and 2 workers, with ``worker_cpus="auto"`` (the default: `streamds.stages.cpus`)
 and ``worker_cpus="all"`` (the OS places the workers, as torch leaves them).
 
-Each run is a fresh Python process that calls ``gc.freeze()`` after its imports (as the README
-recommends), builds ``DataLoader(StreamingJsonl(folder, worker_cpus=...).batch(n),
+Each run is a fresh Python process that calls ``gc.freeze()`` after its imports (as the docs
+recommend), builds ``DataLoader(StreamingJsonl(folder, worker_cpus=...).batch(n),
 batch_size=None, num_workers=w)`` and reads the whole corpus, counting records, timed from the
 first batch to the last (the steady rate; the start-up is first_batch.py's). Rows, interleaved
 (each round starts at another row), medians of --repeats. A worker hands its batches over as
@@ -19,7 +19,7 @@ measurement, which starts after 5 s and takes ~2 s, is part of a run), in batche
 10,000 small lines: ~20 and ~3 MB).
 
     .venv/bin/python benchmarks/workers_bench.py                 # ~25 min on 2 cores
-    .venv/bin/python benchmarks/workers_bench.py --write-readme  # fill the README section
+    .venv/bin/python benchmarks/workers_bench.py --write-docs  # fill docs/performance.md
 """
 
 from __future__ import annotations
@@ -124,10 +124,12 @@ def run(path: str, batch: int, workers: int, worker_cpus: str, buffer: int | Non
 
 
 def main(argv: list[str] | None = None) -> int:
+    from common import add_write_docs
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--scale", type=float, default=0.5)
-    parser.add_argument("--write-readme", action="store_true")
+    add_write_docs(parser, "workers")
     args = parser.parse_args(argv)
     from common import command_line, machine, publish
 
@@ -185,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     every_run = [{"corpus": corpus, "loader": label, "runs": r}
                  for (corpus, label), r in runs.items()]
-    publish("workers_bench", body, every_run, "workers" if args.write_readme else None)
+    publish("workers_bench", body, every_run, "workers" if args.write_docs else None)
     return 0
 
 

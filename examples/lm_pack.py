@@ -30,7 +30,6 @@ import os
 import random
 import sys
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 from itertools import islice
 from pathlib import Path
@@ -44,14 +43,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we fork DataLoader w
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from torch import nn
-from torchdata.stateful_dataloader import StatefulDataLoader
 
 from streamds import PackTokens, StreamingJsonl, document_mask, token_counts
+from streamds.integrations.loader import stateful_loader
 
 CHECKPOINT = "checkpoint.pt"
 SPECIALS = ["[PAD]", "[UNK]", "[EOS]"]  # ids 0, 1, 2
 PAD_ID, EOS_ID = 0, 2
-warnings.filterwarnings("ignore", message=".*set_vital.*is deprecated")
 # Arguments that must match for --resume to continue the same run
 RUN_IDENTITY = ("data", "seed", "seq_len", "batch_size", "num_workers", "shuffle_buffer",
                 "vocab_size", "d_model", "layers", "records")
@@ -211,8 +209,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                              buffer_size=args.shuffle_buffer)
               .map(Tokenize(tokenizer_path))
               .pack(PackTokens(args.seq_len, EOS_ID, pad_id=PAD_ID)))
-    loader = StatefulDataLoader(packed, batch_size=args.batch_size,
-                                num_workers=args.num_workers)
+    loader = stateful_loader(packed, batch_size=args.batch_size,
+                             num_workers=args.num_workers)
     model = TinyLM(vocab, d_model=args.d_model, layers=args.layers, max_len=args.seq_len)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     step, epoch, tokens_seen = 0, 0, 0

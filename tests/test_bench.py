@@ -288,3 +288,102 @@ def test_num_workers_as_separate_or_comma_separated_values(corpus, monkeypatch, 
     assert bench.main([corpus, "--num-workers", *argv, "--quiet"]) == 1
     assert seen["source"] == corpus and seen["num_workers"] == [0, 2]
     assert seen["state_every_batch"] is True  # on unless --no-state-every-batch
+
+
+# --- a shuffle buffer filled through an expensive map --------------------------------------
+
+
+def filled_then_drained(workers: int, fill: float) -> dict:
+    """A loader run over 10,000 records behind a 10,000-record shuffle buffer: `fill` seconds
+    of a ~480 records/s map before the first batch, then the buffer drains in 0.15 s."""
+    return bench.LoaderRun(workers, None, records=10_000, batches=313, seconds=fill + 0.15,
+                           first_batch_s=fill, warm_at=fill, warm_records=32).report()
+
+
+def test_whole_run_rates_advise_workers_for_a_map_behind_a_shuffle_buffer():
+    # one process maps the whole corpus into its buffer; two workers each map half of it
+    runs = [filled_then_drained(0, 20.8), filled_then_drained(2, 10.4)]
+    zero, two = runs
+    assert zero["records_per_s"] == pytest.approx(10_000 / 20.95)  # the fill included
+    assert zero["time_to_first_batch_s"] == 20.8
+    # counted from the first batch, one process looked fastest: that was the old advice
+    assert zero["records_per_s_after_first_batch"] > two["records_per_s_after_first_batch"]
+    assert bench._best_workers(runs) == 2
+    report = {"stages": stages(transform=0.95, parse=0.05), "compressed": False,
+              "remote": False, "shuffle": True, "buffer_size": 10_000,
+              "transform": "prep:tokenize", "cpu_share": 1.0, "loader": runs,
+              "best_num_workers": bench._best_workers(runs), "rebatched": [],
+              "first_batch_s": 20.5, "first_batch_stages": {"transform": 20.0, "parse": 0.5}}
+    _, bottleneck, notes = bench._recommend(report)
+    assert bottleneck == "transform"
+    assert notes[0].startswith("your transform is the bottleneck")
+    assert "add workers (it runs in them)" in notes[0]
+    assert notes[1] == ("use num_workers=2 (948 records/s over the whole run, the first batch "
+                        "after 10.4 s)")
+    first = [note for note in notes if note.startswith("the first batch takes 10.4 s")]
+    assert len(first) == 1, notes
+    assert ("20.0 s of the 20.5 s that the pass in one process waited for its first batch "
+            "went to your transform") in first[0]
+    assert "after the shuffle buffer" in first[0] and "streamds convert --transform" in first[0]
+    assert "persistent_workers" not in first[0]  # set_epoch would not reach such workers
+
+
+@pytest.mark.parametrize(
+    ("facts", "says", "not_says"),
+    [
+        ({"first_batch_stages": {"transform": 0.5, "parse": 9.5}}, "smaller buffer_size",
+         "your transform"),  # a buffer of raw records: the map is not what it waits for
+        ({"transform": None, "first_batch_stages": {"parse": 10.0}}, "smaller buffer_size",
+         "your transform"),
+        ({"shuffle": False}, "persistent_workers=True", "buffer"),
+    ],
+)
+def test_a_slow_first_batch_is_explained_by_what_it_waited_for(facts, says, not_says):
+    report = {"shuffle": True, "buffer_size": 10_000, "transform": "prep:tokenize",
+              "first_batch_s": 10.0, "first_batch_stages": {"transform": 9.0}, **facts}
+    [note] = bench._first_batch_note(report, 12.0)
+    assert note.startswith("the first batch takes 12.0 s") and says in note
+    assert not_says not in note
+    assert bench._first_batch_note(report, bench.SLOW_FIRST_BATCH) == []  # not slow
+
+
+def test_bench_of_a_map_behind_a_shuffle_buffer_counts_the_fill(tmp_path, slow_module):
+    """End to end: a busy-loop map (fixed CPU per record), a buffer larger than the corpus,
+    so every record is mapped before the first batch."""
+    for part in range(4):
+        (tmp_path / f"part{part}.jsonl").write_bytes(b"".join(
+            orjson.dumps({"id": part * 60 + i}) + b"\n" for i in range(60)))
+    report = bench.run_bench(str(tmp_path), num_workers=(0, 2), batch_size=16, records=1000,
+                             seconds=1.0, transform=f"{slow_module}:busy", shuffle=True,
+                             buffer_size=1000)
+    # the in-process pass waited for the whole corpus to go through the map
+    assert report["records"] == 240
+    assert report["first_batch_s"] >= 0.5 * report["seconds"]
+    assert report["first_batch_stages"]["transform"] >= bench.DOMINANT * report["first_batch_s"]
+    for run in report["loader"]:
+        assert run["records"] == 240
+        assert run["records_per_s"] == pytest.approx(240 / run["seconds"])
+        assert 0 < run["time_to_first_batch_s"] <= run["seconds"]
+    zero = report["loader"][0]
+    # the wait is in the rate: after it, the buffer only drained
+    assert zero["records_per_s"] < zero["records_per_s_after_first_batch"]
+    table = bench.format_report(report)
+    assert f"the first batch after {report['first_batch_s']:.2f} s" in table
+    assert "records/s: over the whole run, the wait for the first batch included" in table
+    assert any(line.startswith("num_workers=2") and line.endswith(" s")
+               for line in table.splitlines())
+
+
+def test_the_time_limit_counts_from_the_first_batch(tmp_path, slow_module):
+    """A fill longer than --seconds still leaves --seconds of batches after it."""
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b"".join(orjson.dumps({"id": i}) + b"\n" for i in range(240)))
+    dataset = bench.build_dataset(str(path), shuffle=True, buffer_size=200,
+                                  transform=bench.load_function(f"{slow_module}:busy"))
+    limit = 0.05  # well under the fill: 200 records through a ~1 ms map
+    report = bench.measure_pipeline(dataset, batch_size=16, records=1000, seconds=limit,
+                                    state_every_batch=False, progress=False)
+    assert report["first_batch_s"] > limit and report["batches"] >= 2
+    run = bench.measure_loader(dataset, num_workers=0, batch_size=16, records=1000,
+                               seconds=limit, progress=False)
+    assert run["time_to_first_batch_s"] > limit and run["batches"] >= 2

@@ -21,7 +21,8 @@ import pytest
 from examples.summarization import corpus, rouge
 from examples.summarization.train import main
 
-pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
+# the examples build their loaders without torchdata's set_vital warning
+pytestmark = pytest.mark.filterwarnings("error:'set_vital' is deprecated")
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "summarization" / "train.py"

@@ -3,8 +3,10 @@ gathered state (each rank's own back in the same world; merged under another wor
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import corpus
@@ -155,3 +157,28 @@ def test_streamds_trainer_without_a_steady_length_needs_max_steps(tmp_path: Path
             assert len(set(part)) == len(part)
             epoch += 1
         assert epoch >= 2
+
+
+def test_loaders_are_built_without_torchdatas_set_vital_warning(source: str) -> None:
+    """torchdata's constructor calls torch's deprecated set_vital; ours ignore exactly that."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from streamds.integrations.loader import stateful_loader
+
+    def caught(build) -> list[str]:
+        with warnings.catch_warnings(record=True) as found:
+            warnings.simplefilter("always")
+            build()
+        return [str(w.message) for w in found]
+
+    if not any("set_vital" in m for m in caught(lambda: StatefulDataLoader(range(4)))):
+        pytest.skip("this torch and torchdata pair does not warn about set_vital")
+    ds = StreamingJsonl(source)
+    assert caught(lambda: StreamdsLoader(ds, batch_size=4)) == []
+    assert caught(lambda: stateful_loader(ds, batch_size=4)) == []
+    # any other warning still shows: torch's about more workers than CPUs
+    many = 4 * (os.cpu_count() or 1) + 1
+    for build in (StreamdsLoader, stateful_loader):
+        messages = caught(lambda build=build: build(ds, batch_size=4, num_workers=many))
+        assert len(messages) == 1 and "worker processes" in messages[0], messages
+    assert caught(lambda: StatefulDataLoader(range(4)))  # the filter ended with the call

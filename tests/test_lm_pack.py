@@ -11,7 +11,8 @@ from test_example import kill_after_steps
 
 from examples.lm_pack import main
 
-pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
+# the examples build their loaders without torchdata's set_vital warning
+pytestmark = pytest.mark.filterwarnings("error:'set_vital' is deprecated")
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "lm_pack.py"
 TINY = ["--quiet", "--records", "12", "--steps", "30", "--seq-len", "64", "--batch-size", "4",

@@ -18,7 +18,8 @@ The pipeline (see README.md beside this file):
 
 Every `--ckpt-every` steps the model, optimizer, schedule, RNG states and the loader's
 position go into ``OUT/checkpoint.pt``; ``--resume`` loads them and the run continues with
-exactly the batches the uninterrupted run would have seen (``--log-ids`` records them).
+exactly the batches the uninterrupted run would have seen (``--log-ids`` records them). A run
+refuses to start over an earlier one in OUT unless ``--resume`` or ``--overwrite`` says which.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ import json
 import math
 import os
 import random
+import shlex
 import sys
 import time
-import warnings
 from collections.abc import Sequence
 from itertools import islice
 from pathlib import Path
@@ -44,20 +45,22 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we fork DataLoader w
 
 import torch
 from tokenizers import Tokenizer
-from torchdata.stateful_dataloader import StatefulDataLoader
 
 from examples.summarization import corpus, rouge
 from examples.summarization.model import PointerGenerator
 from streamds import LengthBuckets, Mix, StreamingJsonl, TokenBudget
 from streamds.datasets.batching import padding_of
+from streamds.integrations.loader import stateful_loader
 from streamds.stages.buckets import Rule
+from streamds.stages.cpus import cpu_quota
 from streamds.train.collate import PadCollate, as_list
 from streamds.train.prefetch import DevicePrefetcher
 from streamds.train.stall import StallMeter
 
 CHECKPOINT = "checkpoint.pt"
-# torchdata 0.11 calls a deprecated torch API on every loader; the warning is not ours to fix
-warnings.filterwarnings("ignore", message=".*set_vital.*is deprecated")
+RESULTS = "results.json"
+EARLIER_RUN = (CHECKPOINT, RESULTS)  # files in OUT that mark an earlier run
+ONE_RUN_ONLY = ("--resume", "--overwrite")  # flags a command to run again leaves out
 
 # Defaults sized for ~3 minutes on 2 CPU cores; --tiny for tests (seconds).
 DEFAULTS: dict[str, Any] = {
@@ -67,7 +70,7 @@ DEFAULTS: dict[str, Any] = {
     "steps": 300,
     "warmup": 50, "lr": 1.5e-3, "ckpt_every": 100, "log_every": 25, "eval_records": 100,
     "bucket_buffer": 256, "shuffle_buffer": 256, "num_workers": 1, "threads": 0,
-}
+}  # num_workers: at most this many, and fewer than the CPUs (one is the model's)
 TINY: dict[str, Any] = {
     "train_records": 96, "val_records": 8, "test_records": 8, "record_chars": 400,
     "vocab_size": 400, "tokenizer_records": 96, "max_source": 96, "max_target": 24,
@@ -100,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tiny", action="store_true", help="tiny corpus and model (for tests)")
     p.add_argument("--steps", type=int, help="optimizer steps in all")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start afresh in an OUT that holds an earlier run (its checkpoint and "
+                   "results are deleted)")
     p.add_argument("--stop-after", type=int, default=None, metavar="K",
                    help="checkpoint and exit after step K (simulates an interruption)")
     p.add_argument("--log-ids", default=None, metavar="PATH",
@@ -108,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=int)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
-    p.add_argument("--num-workers", type=int)
+    p.add_argument("--num-workers", type=int,
+                   help="DataLoader workers (default: 1 where there are 2 CPUs or more, else "
+                   "0; never more than the CPUs this process may use)")
     p.add_argument("--batching", choices=("bucket", "tokens", "plain"), default="bucket",
                    help="bucket: similar lengths per batch; tokens: --max-tokens per batch; "
                    "plain: arrival order")
@@ -149,7 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The options, defaults filled in; the worker count fitted to this machine's CPUs."""
     args = build_parser().parse_args(argv)
+    asked_workers = args.num_workers is not None
     for key, value in (TINY if args.tiny else DEFAULTS).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -167,7 +177,30 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for key in ("steps", "batch_size", "ckpt_every", "log_every", "max_source", "max_target"):
         if getattr(args, key) < 1:
             raise SystemExit(f"--{key.replace('_', '-')} must be >= 1")
+    if args.num_workers < 0:
+        raise SystemExit("--num-workers must be >= 0 (0 loads in the main process)")
+    if args.resume and args.overwrite:
+        raise SystemExit("--resume continues the run in --out and --overwrite replaces it: "
+                         "pass one of them")
+    args.asked_workers = args.num_workers
+    args.num_workers = fit_workers(args.num_workers, usable_cpus(), asked=asked_workers)
     return args
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity set), fewer where its cgroup's CPU
+    quota is lower (a container's ``--cpus``)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+    quota = cpu_quota()
+    return max(1, min(cpus, math.floor(quota))) if quota is not None else cpus
+
+
+def fit_workers(workers: int, cpus: int, *, asked: bool) -> int:
+    """Loader workers for a machine with `cpus`: an asked-for count up to `cpus` (torch warns
+    beyond, and the processes would only take turns), the default up to ``cpus - 1`` (the
+    model trains on the CPU that is left)."""
+    return min(workers, cpus if asked else cpus - 1)
 
 
 class Log:
@@ -352,33 +385,93 @@ def identity(args: argparse.Namespace) -> dict[str, Any]:
     return {key: getattr(args, key) for key in RUN_IDENTITY}
 
 
+def shown(path: str | os.PathLike[str]) -> str:
+    """`path` as a user would type it here: relative to the current folder when inside it."""
+    path = os.path.abspath(path)
+    inside = os.path.relpath(path)
+    return path if inside.startswith("..") else inside
+
+
+def this_command(argv: Sequence[str] | None) -> list[str]:
+    """The command line that runs this script again with `argv`."""
+    given = sys.argv[1:] if argv is None else list(argv)
+    return [shown(sys.executable), shown(__file__), *given]
+
+
+def again(command: Sequence[str], flag: str) -> str:
+    """`command` to run again with `flag` (--resume or --overwrite), as one shell line: the
+    other of the two and --stop-after (a one-off interruption) are left out."""
+    kept, skip = [], False
+    for arg in command:
+        if skip:
+            skip = False
+        elif arg in ONE_RUN_ONLY or arg.startswith("--stop-after="):
+            continue
+        elif arg == "--stop-after":
+            skip = True  # and its value
+        else:
+            kept.append(arg)
+    return shlex.join([*kept, flag])
+
+
+def check_out(out: Path, args: argparse.Namespace, command: Sequence[str]) -> None:
+    """Refuse to start over an earlier run in `out` unless --resume or --overwrite says what
+    to do with it; with --overwrite, delete its checkpoint and results first (a checkpoint
+    left behind would pair the old model with the new run's tokenizer on a later --resume)."""
+    found = [name for name in EARLIER_RUN if (out / name).exists()]
+    if not found or args.resume:
+        return
+    if not args.overwrite:
+        raise SystemExit(
+            f"{shown(out)} holds an earlier run ({', '.join(found)}); to continue it from its "
+            f"last checkpoint run\n  {again(command, '--resume')}\nor to start afresh, "
+            f"replacing it,\n  {again(command, '--overwrite')}\n(or choose another folder "
+            "with --out)")
+    for name in (*EARLIER_RUN, CHECKPOINT + ".tmp"):
+        (out / name).unlink(missing_ok=True)
+
+
 # -- the run --------------------------------------------------------------------------------
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Train and evaluate; returns the summary. The heap frozen while training (`gc.freeze()`
-    in `_train`) is unfrozen on the way out, error or not, unless the caller had frozen it."""
+def main(argv: Sequence[str] | None = None, *,
+         command: Sequence[str] | None = None) -> dict[str, Any]:
+    """Train and evaluate; returns the summary. `command`: the command line that runs this
+    run again (messages add --resume or --overwrite to it); default, this script with `argv`.
+    The heap frozen while training (`gc.freeze()` in `_train`) is unfrozen on the way out,
+    error or not, unless the caller had frozen it."""
     frozen_before = gc.get_freeze_count() > 0
+    command = this_command(argv) if command is None else list(command)
     try:
-        return _train(argv)
+        return _train(argv, command)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; to continue from the last checkpoint, run: "
+              f"{again(command, '--resume')}", file=sys.stderr, flush=True)
+        raise
     finally:
         if not frozen_before:
             gc.unfreeze()
 
 
-def _train(argv: Sequence[str] | None) -> dict[str, Any]:
+def _train(argv: Sequence[str] | None, command: list[str]) -> dict[str, Any]:
     args = parse_args(argv)
     log = Log(args.quiet)
     started = time.perf_counter()
     out = Path(args.out)
+    check_out(out, args, command)
     out.mkdir(parents=True, exist_ok=True)
+    log(f"output folder: {shown(out)}{os.sep} (corpus{os.sep}, tokenizer.json, {CHECKPOINT} "
+        f"every {args.ckpt_every} steps, {RESULTS})")
+    log(f"stop it at any time (Ctrl-C or kill); to continue from its last checkpoint, run: "
+        f"{again(command, '--resume')}")
+    if args.num_workers != args.asked_workers:
+        log(f"{args.num_workers} loader worker(s) instead of {args.asked_workers}: this "
+            f"process may use {usable_cpus()} CPU(s)")
     device = pick_device(args.device)
     if device.type == "cpu":
         # one core per DataLoader worker, the rest for the model: oversubscribed OpenMP
         # threads spin against each other and can slow a step down several times
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-            os.cpu_count() or 1)
-        torch.set_num_threads(args.threads or max(1, cores - args.num_workers))
+        torch.set_num_threads(args.threads or max(1, usable_cpus() - args.num_workers))
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     cuda = device.type == "cuda"
@@ -391,7 +484,8 @@ def _train(argv: Sequence[str] | None) -> dict[str, Any]:
             changed = sorted(k for k in RUN_IDENTITY
                              if checkpoint["identity"].get(k) != getattr(args, k))
             raise SystemExit(f"--resume: these arguments differ from the checkpoint's run: "
-                             f"{changed}; pass the same ones or start a new --out")
+                             f"{changed}; pass the same ones, or --overwrite (instead of "
+                             f"--resume) to start afresh, or a new --out")
     elif args.resume:
         log(f"no checkpoint in {out}; starting from scratch")
 
@@ -416,7 +510,7 @@ def _train(argv: Sequence[str] | None) -> dict[str, Any]:
     featurize = corpus.Featurize(tokenizer_path, max_source=args.max_source,
                                  max_target=args.max_target)
     batcher = make_batcher(args, corpora, featurize)
-    loader = StatefulDataLoader(
+    loader = stateful_loader(
         batcher,
         batch_size=None,  # the dataset yields whole batches, padded by its collate
         num_workers=args.num_workers,
@@ -529,7 +623,8 @@ def _train(argv: Sequence[str] | None) -> dict[str, Any]:
             if step % args.ckpt_every == 0 or step == args.stop_after or step == args.steps:
                 checkpoint_now()
             if step == args.stop_after:
-                log(f"stopping after step {step} as asked (--stop-after); --resume continues")
+                log(f"stopping after step {step} as asked (--stop-after); to continue: "
+                    f"{again(command, '--resume')}")
                 stopped = True
                 break
             if step >= args.steps:
@@ -560,7 +655,7 @@ def _train(argv: Sequence[str] | None) -> dict[str, Any]:
         summary["eval"] = evaluate(model, tokenizer, eval_source, args, tokenizer_path, device)
         summary["eval_seconds"] = time.perf_counter() - t0
     summary["seconds"] = time.perf_counter() - started
-    (out / "results.json").write_text(json.dumps(summary, indent=2))
+    (out / RESULTS).write_text(json.dumps(summary, indent=2))
     if not args.quiet:
         print(report(summary, args))
     return summary
@@ -608,9 +703,14 @@ def report(summary: dict[str, Any], args: argparse.Namespace) -> str:
             lines.append(f"example {article_id}:")
             lines.append(f"  model:     {summary_text}")
             lines.append(f"  reference: {reference}")
-    lines.append(f"total {summary['seconds']:.0f} s")
+    out = Path(args.out)
+    lines.append(f"total {summary['seconds']:.0f} s; checkpoint {shown(out / CHECKPOINT)}, "
+                 f"results {shown(out / RESULTS)}")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit(130)  # the message above says how to continue

@@ -1,7 +1,8 @@
 """Bench: how fast the input pipeline runs on the user's data, and which stage holds it back.
 
 ``streamds bench SOURCE`` builds the dataset the options describe (``--shuffle``,
-``--buffer-size``, ``--transform``) and measures, on the first ``--records`` records:
+``--buffer-size``, ``--transform``) and measures, on the first ``--records`` records or for
+``--seconds`` after the first batch, whichever ends first:
 
 1. the real pipeline, in this process, stage by stage: the dataset runs with a
    `streamds.stages.timing.StageTimer` attached (``ds.timer``), which times each stage of the reader
@@ -11,15 +12,22 @@
    StatefulDataLoader does; those calls are timed on the same timer. What the wall time holds
    beyond the stages and the states (collation, the loop itself, starting the reader) is
    "collate/other";
-2. a ``DataLoader`` over the same dataset for each ``--num-workers`` value: records/s and the
-   time to the first batch;
+2. a ``DataLoader`` over the same dataset for each ``--num-workers`` value: records/s over
+   the whole run and the time to the first batch;
 3. where a batch of ``--batch-size`` records is a small message (under ~75 KB), the same with
    big batches out of the workers (``ds.batch(n)``, n records making ~300 KB) cut into
    training batches in the main process by `streamds.Rebatch`, for each ``--num-workers``.
 
+Every rate is over the whole run, from ``iter()`` on: the wait for the first batch (workers
+starting; a shuffle buffer filling, each record through the transform where it runs before
+the buffer) is part of what a training run pays, and a rate counted from the first batch
+would leave it out (a buffer that drains without refilling runs at the shuffle's speed, not
+the transform's). Each run goes on for ``--seconds`` after its first batch, so the part after
+the wait is measured however long the wait was; the time to the first batch is reported apart.
+
 It prints a table and recommendations (the costliest stage and what to do about it; the best
-``num_workers``; big batches where they pay off), or with ``--json`` one JSON object. Progress
-bars go to stderr.
+``num_workers``, from the whole-run rates; big batches where they pay off; why the first batch
+is slow, where it is), or with ``--json`` one JSON object. Progress bars go to stderr.
 
 `run_bench()` returns the same report as a dict, for programs and tests.
 
@@ -41,6 +49,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -65,10 +74,12 @@ MESSAGE_BYTES = 300_000  # a worker's message size (benchmarks/throughput.py, "~
 BIG_ENOUGH = 4  # training batches this many times smaller than a message get big-batch runs
 BIG_GAIN = 1.1  # big batches are recommended when they beat the best plain loader by this
 MIN_BIG_BATCHES = 4  # ... in a run that held at least this many big batches
+SLOW_FIRST_BATCH = 5.0  # seconds: a first batch slower than this gets a note saying why
 STATE_CALLS = "state_dict"  # the timer's name for the bench's ds.state_dict() calls
 # report rows: the reader's stages (source first), then what the consumer loop adds
-READER_ROWS = dict(zip(Reader.STAGES, ("read", "parse", "transform", "even_ranks", "emit"),
-                       strict=True))
+ROW_OF_STAGE = {"lines": "read", "parse": "parse", "transform": "transform",
+                "even_ranks": "even_ranks", "emit": "emit"}
+READER_ROWS = {stage: ROW_OF_STAGE[stage] for stage in Reader.STAGES}
 ROWS = (*READER_ROWS.values(), "state", "other")
 
 
@@ -93,16 +104,22 @@ def measure_pipeline(
     progress: bool,
 ) -> dict[str, Any]:
     """One in-process pass over `dataset` with a `StageTimer` attached: each stage's own
-    seconds, the ``state_dict()`` calls after each batch, and the rest of the wall time."""
+    seconds, the ``state_dict()`` calls after each batch, and the rest of the wall time; the
+    time to the first batch and each stage's seconds up to it. It ends after `records` or
+    `seconds` after the first batch."""
     timer = StageTimer()
     clock, cpu = time.perf_counter, time.process_time
     count = batches = 0
     batch: list[Any] = []
     message_bytes: float | None = None  # a record's share of a worker's message
+    first_at: float | None = None
+    before_first: dict[str, float] = {}  # each stage's own seconds up to the first batch
 
     def end_batch() -> None:
-        nonlocal count, batches, batch, message_bytes
+        nonlocal count, batches, batch, message_bytes, first_at
         if not batches:
+            first_at = clock() - started
+            before_first.update(timer.exclusive(Reader.STAGES))
             message_bytes = _marshalled_bytes(batch)
         as_list(batch)  # the collate DataLoader uses in the loader runs below
         count += len(batch)
@@ -125,7 +142,7 @@ def measure_pipeline(
                     batch.append(record)
                     if len(batch) == batch_size:
                         end_batch()
-                        if count >= records or clock() - started > seconds:
+                        if count >= records or clock() - started > (first_at or 0) + seconds:
                             break
                 else:
                     if batch:  # the short last batch of the corpus
@@ -156,6 +173,10 @@ def measure_pipeline(
         "counts": counts,  # lines without a record in the chunks read: bad, blank, dropped
         "seconds": wall,
         "records_per_s": _rate(count, wall),
+        "first_batch_s": first_at,
+        # where the wait for the first batch went (a shuffle buffer filling, and what each
+        # of its records went through on the way in)
+        "first_batch_stages": {READER_ROWS[name]: secs for name, secs in before_first.items()},
         "cpu_share": min(1.0, cpu_time / wall) if wall > 0 else 1.0,
         "state_every_batch": state_every_batch,
         "bytes_per_record": message_bytes,
@@ -182,6 +203,40 @@ def big_batch_size(bytes_per_record: float | None, batch_size: int) -> int | Non
     return big if big >= BIG_ENOUGH * batch_size else None
 
 
+@dataclass
+class LoaderRun:
+    """What one loader run measured, in seconds from ``iter(loader)``: its end, its first
+    batch, and the end of the first message the workers sent (`warm_at`, `warm_records`
+    records in by then)."""
+
+    num_workers: int
+    big_batch: int | None
+    records: int
+    batches: int
+    seconds: float
+    first_batch_s: float | None
+    warm_at: float | None
+    warm_records: int
+
+    def report(self) -> dict[str, Any]:
+        """The run's report entry. `records_per_s` is over the whole run, the wait for the
+        first batch included: the rate a training run gets, and the one advice comes from;
+        the rate after the first message is kept for comparison."""
+        after = None
+        if self.warm_at is not None and self.records > self.warm_records:
+            after = _rate(self.records - self.warm_records, self.seconds - self.warm_at)
+        return {
+            "num_workers": self.num_workers,
+            "big_batch": self.big_batch,
+            "records": self.records,
+            "batches": self.batches,
+            "seconds": self.seconds,
+            "time_to_first_batch_s": self.first_batch_s,
+            "records_per_s": _rate(self.records, self.seconds),
+            "records_per_s_after_first_batch": after,
+        }
+
+
 def measure_loader(
     dataset: StreamingJsonl,
     *,
@@ -192,8 +247,9 @@ def measure_loader(
     progress: bool,
     big: int | None = None,
 ) -> dict[str, Any]:
-    """DataLoader throughput with `num_workers`, start-up included and excluded; with `big`,
-    of ``Rebatch(DataLoader(dataset.batch(big), batch_size=None), batch_size)``."""
+    """DataLoader throughput with `num_workers` (`LoaderRun.report`), for `seconds` after
+    its first batch or up to `records`; with `big`, of
+    ``Rebatch(DataLoader(dataset.batch(big), batch_size=None), batch_size)``."""
     loader: Any
     if big is None:
         loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
@@ -204,8 +260,8 @@ def measure_loader(
     timer = time.perf_counter
     count = batches = 0
     first = None
-    # the steady rate counts from the end of the first batch the workers sent (a big batch
-    # is cut into many training batches that then come almost for free)
+    # the rate after the wait counts from the end of the first batch the workers sent (a big
+    # batch is cut into many training batches that then come almost for free)
     warm_at, warm_count = None, 0
     warm_size = big or 1
     gc.collect()
@@ -222,25 +278,13 @@ def measure_loader(
                 if warm_at is None and count >= warm_size:
                     warm_at, warm_count = timer() - started, count
                 bar.update(len(batch))
-                if count >= records or timer() - started > seconds:
+                if count >= records or timer() - started > first + seconds:
                     break
         finally:
             elapsed = timer() - started
             del iterator  # shuts the workers down
-    if warm_at is not None and count > warm_count:
-        steady = _rate(count - warm_count, elapsed - warm_at)
-    else:
-        steady = _rate(count, elapsed)
-    return {
-        "num_workers": num_workers,
-        "big_batch": big,
-        "records": count,
-        "batches": batches,
-        "seconds": elapsed,
-        "time_to_first_batch_s": first,
-        "records_per_s": steady,
-        "records_per_s_with_startup": _rate(count, elapsed),
-    }
+    return LoaderRun(num_workers, big, count, batches, elapsed, first, warm_at,
+                     warm_count).report()
 
 
 def _best_workers(runs: list[dict[str, Any]]) -> int | None:
@@ -325,7 +369,10 @@ def _recommend(report: dict[str, Any]) -> tuple[str | None, str | None, list[str
     if best is not None:
         by_workers = {r["num_workers"]: r for r in runs}
         rate = by_workers[best]["records_per_s"]
-        notes.append(f"use num_workers={best} ({rate:,.0f} records/s)")
+        first = by_workers[best]["time_to_first_batch_s"]
+        after = "" if first is None else f", the first batch after {first:.1f} s"
+        notes.append(f"use num_workers={best} ({rate:,.0f} records/s over the whole "
+                     f"run{after})")
         tried = sorted(by_workers)
         if best == tried[-1] and len(tried) > 1:
             below = by_workers[tried[-2]]["records_per_s"] or 0.0
@@ -340,13 +387,35 @@ def _recommend(report: dict[str, Any]) -> tuple[str | None, str | None, list[str
                 "than the work they take over"
             )
         notes += _big_batch_note(report)
-        first = by_workers[best]["time_to_first_batch_s"]
-        if first is not None and first > 5:
-            notes.append(
-                f"the first batch takes {first:.1f} s; use persistent_workers=True so that "
-                "workers start once, not every epoch"
-            )
+        notes += _first_batch_note(report, first)
     return costliest, bottleneck, notes
+
+
+def _first_batch_note(report: dict[str, Any], first: float | None) -> list[str]:
+    """Why the advised loader's first batch came after `first` seconds, where that is slow,
+    and what shortens it; the in-process pass says where its own wait went."""
+    if first is None or first <= SLOW_FIRST_BATCH:
+        return []
+    buffer = f"{report['buffer_size']:,} records per reader; each worker fills its own"
+    if not report["shuffle"]:
+        return [f"the first batch takes {first:.1f} s, every epoch; use "
+                "persistent_workers=True so that workers start once"]
+    waited = report.get("first_batch_s") or 0.0
+    mapped = report.get("first_batch_stages", {}).get("transform", 0.0)
+    if not (report["transform"] and mapped >= DOMINANT * waited > 0):
+        return [f"the first batch takes {first:.1f} s, every epoch and after every resume: a "
+                f"reader fills its shuffle buffer ({buffer}) before it yields a record; a "
+                "smaller buffer_size shortens the wait"]
+    return [
+        f"the first batch takes {first:.1f} s, every epoch and after every resume: a reader "
+        f"fills its shuffle buffer ({buffer}) before it yields a record, and {mapped:.1f} s "
+        f"of the {waited:.1f} s that the pass in one process waited for its first batch went "
+        "to your transform over those records. What removes that wait is a transform that "
+        "does not run before the buffer: applied after the shuffle buffer (then only the "
+        "records handed out are transformed), or run once and stored, its output read back "
+        "(streamds convert --transform writes transformed shards, and later epochs skip the "
+        "work too); a smaller buffer_size shortens it"
+    ]
 
 
 def _big_batch_note(report: dict[str, Any]) -> list[str]:
@@ -472,7 +541,8 @@ def format_report(report: dict[str, Any]) -> str:
         f"source: {report['source']}  ({report['shards']} shard(s), codec "
         f"{'/'.join(report['codecs'])}, {report['stored_bytes'] / 1e6:,.1f} MB stored)",
         f"pipeline, 1 process: {report['records']:,} records in {report['seconds']:.2f} s "
-        f"({_fmt(report['records_per_s'], ',.0f')} records/s); {', '.join(options)}",
+        f"({_fmt(report['records_per_s'], ',.0f')} records/s, the first batch after "
+        f"{_fmt(report['first_batch_s'], '.2f')} s); {', '.join(options)}",
         "",
         f"{'stage':<16}{'seconds':>9}{'share':>8}{'us/rec':>10}{'records/s':>14}",
     ]
@@ -488,6 +558,7 @@ def format_report(report: dict[str, Any]) -> str:
                f"{_fmt(report['records_per_s'], ',.0f'):>14}")
     out += [
         "",
+        "records/s: over the whole run, the wait for the first batch included",
         f"{'DataLoader':<16}{'records/s':>12}{'1st batch':>11}",
     ]
     for run in report["loader"]:
@@ -555,7 +626,9 @@ def build_parser(prog: str = "streamds bench") -> argparse.ArgumentParser:
     parser.add_argument("--records", type=_positive, default=100_000,
                         help="records per measurement (default 100000)")
     parser.add_argument("--seconds", type=float, default=10.0,
-                        help="time limit per measurement (default 10)")
+                        help="time limit per measurement, counted from its first batch "
+                        "(default 10); the wait for the first batch, such as a shuffle "
+                        "buffer filling, is measured in full")
     parser.add_argument("--transform", default=None, metavar="MODULE:FUNCTION",
                         help="apply this function to each record, as ds.map(fn) would")
     parser.add_argument("--shuffle", action="store_true", help="include the shuffle buffer")

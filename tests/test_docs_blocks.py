@@ -1,0 +1,202 @@
+"""Every code block of README.md and docs/ runs as written.
+
+Each ```python block runs in a fresh process (this interpreter, the repository first on the
+path) in an empty temporary directory. HTML comments on the lines just before a block's fence
+change that (they do not show on GitHub or the docs site):
+
+- ``<!-- setup: NAME -->``: first put the files of ``SETUPS[NAME]`` into that directory (the
+  docs say so in words too, e.g. "a PubMed-layout ``train.txt``").
+- ``<!-- skip: REASON -->``: do not run it, for a block that needs a GPU, a cluster, Colab or
+  a multi-process launcher; the reason is the skip's.
+- ``<!-- run -->``: run a ```bash block too (shell blocks run only where marked).
+- ``<!-- runs: N -->``: run it N times in the same directory (a block that resumes from the
+  checkpoint its previous run left).
+- ``<!-- slow -->``: the block takes more than a few seconds (``pytest -m 'not slow'`` leaves it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+FENCE = re.compile(r"^( *)```(\S*)\s*$")
+DIRECTIVE = re.compile(r"^\s*<!--\s*(setup|skip|runs|run|slow)\s*(?::\s*(.*?))?\s*-->\s*$")
+
+# The files a `setup:` names, made once per test session with the commands a reader would run
+# (corpora.synthetic is the repository's generator of PubMed-layout data).
+SETUPS = {
+    # train.txt alone (what `streamds convert` starts from)
+    "pubmed-text": [
+        ["{python}", "-m", "corpora.synthetic", "pubmed", "train.txt", "--bytes", "2MB",
+         "--record-chars", "2000"],
+    ],
+    # train.txt: ~430 PubMed-layout records (article_text: a list of sentences, abstract_text:
+    # a list, long strings), and shards/: the same converted by `streamds convert`
+    "pubmed": [
+        ["{python}", "-m", "corpora.synthetic", "pubmed", "train.txt", "--bytes", "2MB",
+         "--record-chars", "2000"],
+        ["{python}", "-m", "streamds.tools.cli", "convert", "train.txt", "--output", "shards/",
+         "--quiet"],
+    ],
+}
+
+
+@dataclass(frozen=True)
+class Block:
+    page: Path
+    line: int  # 1-based line of the opening fence
+    language: str
+    code: str
+    directives: dict[str, str]
+
+    @property
+    def id(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def blocks_of(page: Path) -> list[Block]:
+    """The fenced blocks of one Markdown page, with the directives just above each."""
+    lines = page.read_text().splitlines()
+    found, i = [], 0
+    while i < len(lines):
+        opening = FENCE.match(lines[i])
+        if not opening:
+            i += 1
+            continue
+        indent, language = opening.group(1), opening.group(2)
+        end = i + 1
+        while not re.match(rf"^{indent}```\s*$", lines[end]):
+            end += 1
+        directives, above = {}, i - 1
+        while above >= 0 and (directive := DIRECTIVE.match(lines[above])):
+            directives[directive.group(1)] = directive.group(2) or ""
+            above -= 1
+        code = "\n".join(line[len(indent):] for line in lines[i + 1:end]) + "\n"
+        found.append(Block(page, i + 1, language, code, directives))
+        i = end + 1
+    return found
+
+
+BLOCKS = [block for page in PAGES for block in blocks_of(page)]
+RUNNABLE = [block for block in BLOCKS
+            if block.language == "python" or "run" in block.directives]
+
+
+def _param(block: Block):
+    marks = [pytest.mark.slow] if "slow" in block.directives else []
+    if "skip" in block.directives:
+        marks.append(pytest.mark.skip(reason=block.directives["skip"]))
+    return pytest.param(block, id=block.id, marks=marks)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # compiled once, not in every block's process
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    # `streamds` and `python` in a shell block are this interpreter's
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return env
+
+
+def _make_setups(root: Path) -> dict[str, Path]:
+    made = {}
+    for name, commands in SETUPS.items():
+        where = root / name
+        where.mkdir()
+        for command in commands:
+            argv = [part.format(python=sys.executable) for part in command]
+            subprocess.run(argv, cwd=where, env=_env(), check=True, capture_output=True)
+        made[name] = where
+    return made
+
+
+def _run(block: Block, where: Path, setups: dict[str, Path]) -> str | None:
+    """Run `block` in the empty directory `where`: None, or what went wrong."""
+    if "setup" in block.directives:
+        shutil.copytree(setups[block.directives["setup"]], where, dirs_exist_ok=True)
+    if block.language == "python":
+        script = where / "block.py"
+        argv = [sys.executable, str(script)]
+    else:
+        script = where / "block.sh"
+        argv = ["bash", "-euo", "pipefail", str(script)]
+    script.write_text(block.code)
+    for run in range(int(block.directives.get("runs", 1))):
+        done = subprocess.run(argv, cwd=where, env=_env(), capture_output=True, text=True,
+                              timeout=300)
+        if done.returncode:
+            return (f"{block.id} failed (run {run + 1}):\n"
+                    f"{done.stdout[-2000:]}{done.stderr[-3000:]}")
+    return None
+
+
+@pytest.fixture(scope="session")
+def outcomes(request, tmp_path_factory) -> dict[str, str | None]:
+    """Every selected block, run a few at a time (most of a block's time is starting Python,
+    torch and DataLoader workers, which overlap well): block id -> None or the failure."""
+    selected = [item.callspec.params["block"] for item in request.session.items
+                if getattr(item, "callspec", None) and "block" in item.callspec.params
+                and not item.get_closest_marker("skip")]
+    root = tmp_path_factory.mktemp("blocks")
+    setups = _make_setups(root)
+    wheres = {block.id: root / f"block{i}" for i, block in enumerate(selected)}
+    for where in wheres.values():
+        where.mkdir()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {block.id: pool.submit(_run, block, wheres[block.id], setups)
+                   for block in selected}
+        return {key: future.result() for key, future in futures.items()}
+
+
+@pytest.mark.parametrize("block", [_param(block) for block in RUNNABLE])
+def test_block_runs(block: Block, outcomes: dict[str, str | None]):
+    failure = outcomes[block.id]
+    assert failure is None, failure
+
+
+def test_every_block_is_run_or_skipped_with_a_reason():
+    for block in BLOCKS:
+        assert block.language, f"{block.id}: a fence without a language (python, bash, text)"
+        assert block.language not in ("py", "python3", "sh", "shell"), (
+            f"{block.id}: write ```python or ```bash so the test finds the block")
+        if "skip" in block.directives:
+            assert block.directives["skip"], f"{block.id}: <!-- skip: REASON --> needs a reason"
+        if "setup" in block.directives:
+            assert block.directives["setup"] in SETUPS, f"{block.id}: no setup of that name"
+    assert sum(block.page.name == "README.md" for block in RUNNABLE) >= 4
+
+
+def test_the_readme_is_short_and_runs_convert_as_written():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300
+    convert = [block for block in RUNNABLE
+               if block.page.name == "README.md" and "streamds convert" in block.code]
+    assert convert and all("skip" not in block.directives for block in convert)
+
+
+def test_no_commit_ids_in_the_docs():
+    commit = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+    for page in PAGES:
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            assert not commit.search(line), f"{page.name}:{number}: a commit id: {line.strip()}"
+
+
+def test_every_bad_input_row_names_a_test_that_exists():
+    text = (ROOT / "docs" / "errors.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) >= 30
+    tests = ROOT / "tests"
+    named = re.findall(r"`(test_\w+\.py)::(?:\*::)?(\w+)`", text)
+    assert len(named) >= 20
+    for file, name in named:
+        assert f"def {name}(" in (tests / file).read_text(), f"{file}::{name} is not a test"
