@@ -149,7 +149,6 @@ def test_even_ranks_give_every_rank_the_same_len_with_workers(
         assert lengths[0] == lengths[1], f"epoch {epoch}: {lengths}"
 
 
-@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
 @pytest.mark.parametrize(("workers", "drop_last"), [(0, False), (2, False), (2, True)])
 @pytest.mark.parametrize("small", [False, True])
 def test_len_of_ds_loader_is_the_batches_it_yields(converted: str, workers: int,

@@ -13,7 +13,7 @@ from resume_contract import ids, records, run_test_save_load_state
 from streamds import StreamingJsonl
 from streamds.train.loader import Loader, auto_workers, usable_cpus
 
-pytestmark = [pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")]
+pytestmark = [pytest.mark.filterwarnings("error:'set_vital' is deprecated:UserWarning")]
 
 COUNT = 300
 

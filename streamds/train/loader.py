@@ -20,19 +20,55 @@ text corpora), and a list never does.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ..checks import check_bool, check_int
 from .collate import as_list
 from .rebatch import Rebatch
 
-__all__ = ["MESSAGE_RECORDS", "SMALL_RECORD", "Loader", "auto_workers", "usable_cpus"]
+__all__ = ["MESSAGE_RECORDS", "SMALL_RECORD", "Loader", "auto_workers", "stateful_loader",
+           "torchdata_set_vital_ignored", "usable_cpus"]
 
 MESSAGE_RECORDS = 2048  # records of small size a worker hands over in one message
 SMALL_RECORD = 1024  # mean JSON bytes under which records cross in big messages
 # (benchmarks/rebatch_bench.py measures both routes)
 MAX_AUTO_WORKERS = 8
+# torchdata 0.11's StatefulDataLoader.__init__ calls torch.set_vital, which torch deprecated
+# into a no-op that warns on each call: the user did not make that call and cannot fix it,
+# so the constructor runs with exactly that warning ignored (any other warning still shows)
+SET_VITAL = r"'set_vital' is deprecated"
+
+
+@contextmanager
+def torchdata_set_vital_ignored() -> Iterator[None]:
+    """Ignore the SET_VITAL warning inside the block, and nothing else."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=SET_VITAL, category=UserWarning)
+        yield
+
+
+def stateful_loader(dataset: Any, **options: Any) -> Any:
+    """``torchdata.stateful_dataloader.StatefulDataLoader(dataset, **options)``, built without
+    the warning torchdata's constructor triggers (torch's deprecated ``set_vital``); an
+    ImportError naming the package where torchdata is missing.
+
+    Example::
+
+        loader = stateful_loader(ds.batch(16, collate=collate), batch_size=None,
+                                 num_workers=2)
+    """
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+    except ImportError as err:
+        raise ImportError(
+            "a StatefulDataLoader needs torchdata, which is not installed; pip install "
+            "torchdata (or pip install 'streamds[frameworks]')"
+        ) from err
+    with torchdata_set_vital_ignored():
+        return StatefulDataLoader(dataset, **options)
 
 
 def usable_cpus() -> int:
@@ -89,13 +125,6 @@ class Loader:
                     f"{taken}= is set by Loader itself; pass batch_size and collate to "
                     "ds.loader(...) instead"
                 )
-        try:
-            from torchdata.stateful_dataloader import StatefulDataLoader
-        except ImportError as err:
-            raise ImportError(
-                "ds.loader() builds a torchdata StatefulDataLoader, and torchdata is not "
-                "installed; pip install torchdata"
-            ) from err
         self.dataset = dataset
         self.batch_size = batch_size
         self.num_workers = num_workers
@@ -104,15 +133,15 @@ class Loader:
         self._batches: Any
         if small_records:  # big messages; training batches cut and collated here
             big = dataset.batch(max(batch_size, MESSAGE_RECORDS))
-            self.loader = StatefulDataLoader(big, batch_size=None, num_workers=num_workers,
-                                             **loader_options)
+            self.loader = stateful_loader(big, batch_size=None, num_workers=num_workers,
+                                          **loader_options)
             self._batches = Rebatch(self.loader, batch_size, collate_fn=collate,
                                     drop_last=drop_last)
         else:  # training batches made and collated in the workers
             batches = dataset.batch(batch_size, collate=collate or as_list,
                                     drop_last=drop_last)
-            self.loader = StatefulDataLoader(batches, batch_size=None,
-                                             num_workers=num_workers, **loader_options)
+            self.loader = stateful_loader(batches, batch_size=None,
+                                          num_workers=num_workers, **loader_options)
             self._batches = self.loader
 
     def __iter__(self) -> Iterator[Any]:
