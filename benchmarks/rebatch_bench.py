@@ -16,7 +16,9 @@ turned into their ids by the same collate everywhere, 0, 1 and 2 workers:
 - `StatefulDataLoader(ds, batch_size=32)`: the same with exact resume;
 - `Rebatch(DataLoader(ds.batch(2048), batch_size=None), 32)`: big batches, no resume;
 - `Rebatch(StatefulDataLoader(ds.batch(2048), batch_size=None), 32)`: big batches, exact
-  resume (state_dict() after any training batch).
+  resume (state_dict() after any training batch);
+- `ds.loader(32, num_workers=...)`: the one call (training batches made in the workers and
+  handed over several to a message, exact resume).
 
 Every epoch is checked to yield each record once. Writes benchmarks/results/rebatch_bench.md and
 .json (every run), docs/img/rebatch_bench.png, and with --write-docs the rebatch section of
@@ -46,6 +48,7 @@ CONFIGS = {
     "StatefulDataLoader(ds, batch_size=32)": ("StatefulDataLoader", False),
     "Rebatch(DataLoader(ds.batch(2048)), 32)": ("DataLoader", True),
     "Rebatch(StatefulDataLoader(ds.batch(2048)), 32)": ("StatefulDataLoader", True),
+    "ds.loader(32)": ("ds.loader", False),
 }
 
 
@@ -65,7 +68,9 @@ def measure(path: str, records: int, config: str, workers: int) -> dict:
     loader_class = StatefulDataLoader if loader_name == "StatefulDataLoader" else DataLoader
     ds = StreamingJsonl(path, shuffle=True, buffer_size=BUFFER)
     start = time.perf_counter()
-    if big:
+    if loader_name == "ds.loader":  # the one call: StatefulDataLoader, batches made in workers
+        batches = ds.loader(TRAIN_BATCH, num_workers=workers, collate=batch_ids)
+    elif big:
         loader = loader_class(ds.batch(BIG_BATCH), batch_size=None, num_workers=workers)
         batches = Rebatch(loader, TRAIN_BATCH, collate_fn=batch_ids)
     else:

@@ -16,9 +16,10 @@ The stack, bottom first (each layer may import itself and the layers below it, n
                                       parse_later, ahead, pipeline, cpus, timing, state
     resume        streamds/resume/    merge, plain_loader, identity, counts, totals, replay,
                                       loader_state: resuming from a state
+    train         streamds/train/     what a loader does with batches: loader (ds.loader),
+                                      rebatch, collate, prefetch, stall
     datasets      streamds/datasets/  what a user builds: dataset (StreamingJsonl), mix,
                                       pack, batching (.batch of a mix or packed data), callers
-    train         streamds/train/     training helpers: rebatch, collate, prefetch, stall
     integrations  streamds/integrations/  Lightning, Accelerate, transformers
     preprocess    preprocess/         the converter (the writing side)
     tools         streamds/tools/     the command line (cli) and bench
@@ -41,8 +42,8 @@ LAYERS: tuple[tuple[str, str], ...] = (
     ("handover", "streamds.handover"),
     ("stages", "streamds.stages"),
     ("resume", "streamds.resume"),
-    ("datasets", "streamds.datasets"),
     ("train", "streamds.train"),
+    ("datasets", "streamds.datasets"),
     ("integrations", "streamds.integrations"),
     ("preprocess", "preprocess"),
     ("tools", "streamds.tools"),

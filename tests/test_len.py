@@ -147,3 +147,12 @@ def test_even_ranks_give_every_rank_the_same_len_with_workers(
             loader = DataLoader(dataset, batch_size=16, num_workers=2, collate_fn=list)
             lengths.append(sum(1 for _ in loader))
         assert lengths[0] == lengths[1], f"epoch {epoch}: {lengths}"
+
+
+@pytest.mark.parametrize(("workers", "drop_last"), [(0, False), (2, False), (2, True)])
+@pytest.mark.parametrize("small", [False, True])
+def test_len_of_ds_loader_is_the_batches_it_yields(converted: str, workers: int,
+                                                   drop_last: bool, small: bool) -> None:
+    loader = StreamingJsonl(converted).loader(
+        16, num_workers=workers, drop_last=drop_last, small_records=small)
+    assert len(loader) == sum(1 for _ in loader)

@@ -52,6 +52,7 @@ from ..storage.read import open_decoded_at
 from ..storage.readahead import DEFAULT_READAHEAD, wants_readahead
 from ..storage.settings import UNSET, Storage, deprecated, storage_of
 from ..storage.shards import Shard, resolve_shards, source_items
+from ..train.loader import Loader
 from ..world import World, detect_world
 from .callers import check_outer_split, loader_len_call
 from .pack import Packed, PackTokens
@@ -61,6 +62,7 @@ __all__ = ["StreamingJsonl"]
 log = logging.getLogger(__name__)
 
 MAX_SEED = (1 << 64) - 1  # seeds are 64-bit, as torch's and numpy's are
+SAMPLE_BYTES = 1 << 16  # read to guess the size of records where no manifest says it
 
 
 
@@ -331,6 +333,16 @@ class StreamingJsonl(IterableDataset):
         clone._active = None
         return clone
 
+    def loader(self, batch_size: int, **options: Any) -> Loader:
+        """The fast, exactly resumable loader of this dataset: batches of `batch_size`
+        records made in the workers, with `state_dict` / `load_state_dict` / `set_epoch`.
+
+        ``for batch in ds.loader(32, num_workers=2, collate=PadCollate(pad_id=0)): ...``;
+        the options (`num_workers`, `collate`, `drop_last`, `small_records`, `pin_memory`,
+        ...) are `streamds.train.loader.Loader`'s.
+        """
+        return Loader(self, batch_size, **options)
+
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: it seeds the block order and the shuffle buffer.
 
@@ -423,6 +435,21 @@ class StreamingJsonl(IterableDataset):
         return self._active.counts
 
     # -- length: where the record count is known ----------------------------------------
+
+    def record_bytes(self) -> float | None:
+        """Mean bytes of a record's JSON line: from decoded sizes and record counts (a
+        converted corpus), else from the lines in the first SAMPLE_BYTES of the first
+        shard; None when neither says (no whole line there)."""
+        counts = self._block_counts or listed_counts(self._shards, self._block_list)
+        sizes = [shard.decoded_size for shard in self._shards]
+        if counts is not None and sum(counts) and all(size is not None for size in sizes):
+            return sum(sizes) / sum(counts)  # type: ignore[arg-type]
+        if not self._shards or self._shards[0].format != "jsonl":
+            return None
+        with open_decoded_at(self._shards[0], 0, SAMPLE_BYTES) as stream:
+            head = stream.read(SAMPLE_BYTES)
+        lines = head.count(b"\n")
+        return head.rindex(b"\n") / lines if lines else None
 
     def worker_records(self, num_workers: int = 0) -> list[int]:
         """Records each DataLoader worker of this rank yields in every epoch, for a loader

@@ -15,47 +15,17 @@ built without the deprecation warning that torchdata's own constructor triggers.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..train.loader import stateful_loader, torchdata_set_vital_ignored
 from . import require
-
-if TYPE_CHECKING:
-    from torchdata.stateful_dataloader import StatefulDataLoader
 
 _stateful = require("torchdata.stateful_dataloader")
 
 __all__ = ["RANKS", "StreamdsLoader", "stateful_loader"]
 
 RANKS = "streamds_ranks"  # key of the gathered states: one loader state per rank, by rank
-# torchdata 0.11's StatefulDataLoader.__init__ calls torch.set_vital, which torch deprecated
-# into a no-op that warns on each call: the user did not make that call and cannot fix it,
-# so the constructor runs with exactly that warning ignored (any other warning still shows)
-SET_VITAL = r"'set_vital' is deprecated"
-
-
-@contextmanager
-def _torchdata_set_vital_ignored() -> Iterator[None]:
-    """Ignore the SET_VITAL warning inside the block, and nothing else."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=SET_VITAL, category=UserWarning)
-        yield
-
-
-def stateful_loader(dataset: Any, **options: Any) -> StatefulDataLoader:
-    """``torchdata.stateful_dataloader.StatefulDataLoader(dataset, **options)``, built without
-    the warning torchdata's constructor triggers (torch's deprecated ``set_vital``).
-
-    Example::
-
-        loader = stateful_loader(ds.batch(16, collate=collate), batch_size=None,
-                                 num_workers=2)
-    """
-    with _torchdata_set_vital_ignored():
-        return _stateful.StatefulDataLoader(dataset, **options)
-
 
 def _world() -> tuple[int, int]:
     import torch.distributed as dist
@@ -71,7 +41,7 @@ class StreamdsLoader(_stateful.StatefulDataLoader):
     iterator) says fewer."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        with _torchdata_set_vital_ignored():
+        with torchdata_set_vital_ignored():
             super().__init__(*args, **kwargs)
         self._after: dict[int, dict[str, Any]] = {}  # batches handed out -> state after them
         self._handed = 0

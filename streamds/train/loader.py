@@ -1,0 +1,168 @@
+"""`Loader`: the fast, exactly resumable loader of a streamds dataset, built by one call.
+
+``ds.loader(32, num_workers=2, collate=streamds.PadCollate(pad_id=0))`` is a torchdata
+`StatefulDataLoader` whose workers hand over batches in few, large messages: torchdata takes
+every worker's state after each message, a fixed cost per message that small records would pay
+thousands of times a second. Two routes, chosen by the records' mean size where the dataset
+knows it (`record_bytes()`: a converted corpus's manifest):
+
+- small records (under SMALL_RECORD bytes): the workers hand over MESSAGE_RECORDS records at a
+  time (``ds.batch(2048)``) and the main process cuts the training batches from them and
+  collates them (`Rebatch`), so a cheap collate (padding) runs in the main process;
+- larger or unknown records: the workers make the training batches themselves
+  (``ds.batch(batch_size, collate=...)``), so the collate runs where the records are.
+
+Either way a state taken after any batch resumes exactly. The collate defaults to a list of
+records: torch's default collate fails on records of strings and lists of unequal length (most
+text corpora), and a list never does.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ..checks import check_bool, check_int
+from .collate import as_list
+from .rebatch import Rebatch
+
+__all__ = ["MESSAGE_RECORDS", "SMALL_RECORD", "Loader", "auto_workers", "stateful_loader",
+           "torchdata_set_vital_ignored", "usable_cpus"]
+
+MESSAGE_RECORDS = 2048  # records of small size a worker hands over in one message
+SMALL_RECORD = 1024  # mean JSON bytes under which records cross in big messages
+# (benchmarks/rebatch_bench.py measures both routes)
+MAX_AUTO_WORKERS = 8
+# torchdata 0.11's StatefulDataLoader.__init__ calls torch.set_vital, which torch deprecated
+# into a no-op that warns on each call: the user did not make that call and cannot fix it,
+# so the constructor runs with exactly that warning ignored (any other warning still shows)
+SET_VITAL = r"'set_vital' is deprecated"
+
+
+@contextmanager
+def torchdata_set_vital_ignored() -> Iterator[None]:
+    """Ignore the SET_VITAL warning inside the block, and nothing else."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=SET_VITAL, category=UserWarning)
+        yield
+
+
+def stateful_loader(dataset: Any, **options: Any) -> Any:
+    """``torchdata.stateful_dataloader.StatefulDataLoader(dataset, **options)``, built without
+    the warning torchdata's constructor triggers (torch's deprecated ``set_vital``); an
+    ImportError naming the package where torchdata is missing.
+
+    Example::
+
+        loader = stateful_loader(ds.batch(16, collate=collate), batch_size=None,
+                                 num_workers=2)
+    """
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+    except ImportError as err:
+        raise ImportError(
+            "a StatefulDataLoader needs torchdata, which is not installed; pip install "
+            "torchdata (or pip install 'streamds[frameworks]')"
+        ) from err
+    with torchdata_set_vital_ignored():
+        return StatefulDataLoader(dataset, **options)
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def auto_workers() -> int:
+    """Workers for ``num_workers="auto"``: one per usable CPU (none on one CPU: a worker
+    there only takes turns with the main process), at most MAX_AUTO_WORKERS."""
+    cpus = usable_cpus()
+    return 0 if cpus < 2 else min(cpus, MAX_AUTO_WORKERS)
+
+
+class Loader:
+    """Batches of `batch_size` records of `dataset`; iterate it once per epoch.
+    `state_dict()` after any batch, loaded into a `Loader` made the same way, continues
+    exactly; `set_epoch(n)` before an epoch's loop chooses its order.
+
+    `collate`: a module-level function (spawned workers pickle it) from a list of records to
+    what the model takes; None hands over the list. `num_workers`: "auto" is one per usable
+    CPU (none on one CPU). `drop_last`: drop the epoch's short batches. `small_records`:
+    whether records cross in big messages and are batched in the main process (see the
+    module's doc); "auto" decides by their mean size. Other keywords (`pin_memory`,
+    `prefetch_factor`, `multiprocessing_context`, ...) go to the `StatefulDataLoader`.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int,
+        *,
+        num_workers: int | str = "auto",
+        collate: Callable[[list[Any]], Any] | None = None,
+        drop_last: bool = False,
+        small_records: bool | str = "auto",
+        **loader_options: Any,
+    ) -> None:
+        check_int("batch_size", batch_size, 1, "pass the number of records a batch holds")
+        check_bool("drop_last", drop_last)
+        if num_workers == "auto":
+            num_workers = auto_workers()
+        check_int("num_workers", num_workers, 0, "'auto', or the DataLoader workers (0: none)")
+        if small_records == "auto":
+            size = getattr(dataset, "record_bytes", lambda: None)()
+            small_records = size is not None and size < SMALL_RECORD
+        check_bool("small_records", small_records)
+        for taken in ("batch_size", "collate_fn", "dataset", "sampler", "batch_sampler"):
+            if taken in loader_options:
+                raise ValueError(
+                    f"{taken}= is set by Loader itself; pass batch_size and collate to "
+                    "ds.loader(...) instead"
+                )
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.drop_last = drop_last
+        self.small_records = small_records
+        self._batches: Any
+        if small_records:  # big messages; training batches cut and collated here
+            big = dataset.batch(max(batch_size, MESSAGE_RECORDS))
+            self.loader = stateful_loader(big, batch_size=None, num_workers=num_workers,
+                                          **loader_options)
+            self._batches = Rebatch(self.loader, batch_size, collate_fn=collate,
+                                    drop_last=drop_last)
+        else:  # training batches made and collated in the workers
+            batches = dataset.batch(batch_size, collate=collate or as_list,
+                                    drop_last=drop_last)
+            self.loader = stateful_loader(batches, batch_size=None,
+                                          num_workers=num_workers, **loader_options)
+            self._batches = self.loader
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._batches)
+
+    def __len__(self) -> int:
+        """Batches per epoch for this rank, where the dataset knows its record counts."""
+        per_worker = self.dataset.worker_records(self.num_workers)
+        if self.small_records:  # only the epoch's last batch is short
+            per_worker = [sum(per_worker)]
+        size, keep_short = self.batch_size, not self.drop_last
+        return sum(n // size + (keep_short and n % size > 0) for n in per_worker)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose order the next iteration yields."""
+        self.dataset.set_epoch(epoch)  # its .batch() copy shares the epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the next batch begins (cheap: small integers and positions, no records)."""
+        return self._batches.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at `state` (from `state_dict()` of a Loader made the same way)."""
+        self._batches.load_state_dict(state)

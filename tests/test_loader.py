@@ -1,0 +1,105 @@
+"""`ds.loader(...)`: one call; exactly once, exact resume, len, collate in the workers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import corpus
+import pytest
+from resume_contract import ids, records, run_test_save_load_state
+
+from streamds import StreamingJsonl
+from streamds.train.loader import Loader, auto_workers, usable_cpus
+
+pytestmark = [pytest.mark.filterwarnings("error:'set_vital' is deprecated:UserWarning")]
+
+COUNT = 300
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("loader") / "part.jsonl"
+    corpus.write_plain(path, corpus.jsonl(records(COUNT, 0)))
+    return path
+
+
+def pid_and_ids(batch: list[dict[str, Any]]) -> tuple[int, list[int]]:
+    """A collate that says which process ran it."""
+    return os.getpid(), ids(batch)
+
+
+def make(source: Path, workers: int, small: bool, **options: Any) -> Loader:
+    ds = StreamingJsonl(str(source), shuffle=True, seed=3, buffer_size=32)
+    return ds.loader(7, num_workers=workers, small_records=small, **options)
+
+
+@pytest.mark.parametrize("small", [False, True])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_record_once_collated_where_the_route_says(source: Path, workers: int,
+                                                        small: bool) -> None:
+    batches = list(make(source, workers, small, collate=pid_and_ids))
+    flat = [i for _, batch in batches for i in batch]
+    assert sorted(flat) == list(range(COUNT))
+    sizes = [len(batch) for _, batch in batches]
+    if small or workers == 0:  # one stream: only the last batch is short
+        assert sizes == [7] * (COUNT // 7) + [COUNT % 7]
+    made_in = {pid for pid, _ in batches}
+    # small records: collated in the main process; else where the batches are made
+    assert made_in == {os.getpid()} if small or workers == 0 else os.getpid() not in made_in
+
+
+@pytest.mark.parametrize("small", [False, True])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_after_any_batch_resumes_exactly(source: Path, workers: int,
+                                                 small: bool) -> None:
+    run_test_save_load_state(lambda: make(source, workers, small, collate=ids),
+                             [0, 1, 3, 4, 8, 20])
+
+
+def test_default_collate_hands_over_records_of_unequal_lists(tmp_path: Path) -> None:
+    path = tmp_path / "ragged.jsonl"
+    rows = [{"id": i, "text": "x" * i, "sections": ["a"] * (i % 4)} for i in range(20)]
+    corpus.write_plain(path, corpus.jsonl(rows))
+    batches = list(StreamingJsonl(str(path)).loader(8, num_workers=0))
+    assert [len(batch) for batch in batches] == [8, 8, 4]
+    assert batches[0][3] == rows[3]  # torch's default collate would fail on these
+
+
+def test_set_epoch_chooses_the_order(source: Path) -> None:
+    loader = make(source, 0, False, collate=ids)
+    first = [i for batch in loader for i in batch]
+    loader.set_epoch(1)
+    second = [i for batch in loader for i in batch]
+    assert sorted(first) == sorted(second) and first != second
+
+
+def test_the_route_follows_the_mean_record_size(tmp_path: Path) -> None:
+    from preprocess.convert import convert
+
+    for width, small in ((60, True), (3000, False)):
+        src = tmp_path / f"in{width}.jsonl"
+        corpus.write_plain(src, corpus.jsonl(records(50, 0, width=width)))
+        convert([str(src)], tmp_path / f"out{width}")
+        converted = StreamingJsonl(str(tmp_path / f"out{width}"))
+        assert converted.loader(8, num_workers=0).small_records is small
+    # plain JSONL lists no record counts: the size is read off its first lines
+    for width, small in ((60, True), (3000, False)):
+        plain = str(tmp_path / f"in{width}.jsonl")
+        assert StreamingJsonl(plain).loader(8, num_workers=0).small_records is small
+
+
+def test_auto_workers_follow_the_usable_cpus() -> None:
+    cpus = usable_cpus()
+    assert auto_workers() == (0 if cpus < 2 else min(cpus, 8))
+
+
+@pytest.mark.parametrize(("options", "says"), [
+    ({"collate_fn": ids}, "collate_fn= is set by Loader"),
+    ({"num_workers": -1}, "num_workers"),
+    ({"small_records": "yes"}, "small_records"),
+])
+def test_bad_options_are_refused_naming_them(source: Path, options: dict, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        StreamingJsonl(str(source)).loader(8, **options)
