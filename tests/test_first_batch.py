@@ -16,7 +16,13 @@ import corpus
 import pytest
 from resume_contract import checkpoint, ids, run_test_save_load_state
 
-from streamds import CorruptRecordError, LengthBuckets, StreamingJsonl, merge_states
+from streamds import (
+    CorruptRecordError,
+    LengthBuckets,
+    StateMismatchError,
+    StreamingJsonl,
+    merge_states,
+)
 from streamds.stages import shuffle as shuffle_stage
 
 BUFFER = 1000
@@ -181,3 +187,14 @@ def test_a_quick_fill_says_nothing(
     caplog.set_level(logging.INFO, logger="streamds.stages.shuffle")
     next(iter(shuffled(source).map(counted)))
     assert not [r for r in caplog.records if "shuffle buffer" in r.getMessage()]
+
+
+def test_a_state_that_mapped_before_the_buffer_is_refused_naming_why(source: str) -> None:
+    ds = shuffled(source).map(counted)
+    next(iter(ds))
+    state = ds.state_dict()
+    state["pipeline"] = state["pipeline"]["source"]  # the shape earlier versions took
+    fresh = shuffled(source).map(counted)
+    fresh.load_state_dict(state)
+    with pytest.raises(StateMismatchError, match="ran the map and filter steps before"):
+        next(iter(fresh))
