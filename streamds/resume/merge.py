@@ -605,31 +605,37 @@ def _resolve_pool(tail: dict[str, Any], spec: Spec
     even = tail.get("even") is not None
     before = _before_buffer(spec, even)
     after = spec.steps if steps_after_buffer(True, even) else ()  # run as records leave it
-    then, dropped = rule.pool_size, 0
-    while True:  # the pool: the first pool_size records out of the buffer that pass `after`
+    # the pool: the first pool_size records out of the buffer that pass `after`; the records
+    # out of the buffer are the same first ones however many are drawn, so draw more (twice
+    # as many) until enough pass, then stop the buffer just after the last one the pool took
+    then = rule.pool_size
+    while True:
         work, buffered, handed = _resolve(tail, spec, then=then)
         records = fetch_records(handed, shards=spec.shards, blocks=spec.blocks,
                                 prepare=_preparer(spec, before), opener=spec.opener,
                                 retry=spec.retry)
-        kept = _passing(handed, records, after)
-        dropped = len(handed) - len(kept)
-        if len(kept) == rule.pool_size or len(handed) < then:  # full, or the epoch's end
+        kept = _passing(records, after)
+        if len(kept) >= rule.pool_size or len(handed) < then:  # full, or the epoch's end
             break
-        then += rule.pool_size - len(kept)
-    members = [position for position, _ in kept]
+        then *= 2
+    drawn = len(handed)  # draws up to and including the pool's last record
+    if len(kept) > rule.pool_size:
+        drawn = kept[rule.pool_size - 1][0] + 1
+        kept = kept[: rule.pool_size]
+        work, buffered, _ = _resolve(tail, spec, then=drawn)
+    dropped = drawn - len(kept)
+    members = [handed[index] for index, _ in kept]
     batches = rule.cut([rule.length(record) for _, record in kept],
                        pool_rng(tail["seed"], pool[PoolBatch.POOL]))
     out = {index for batch in batches[: pool[PoolBatch.EMITTED]] for index in batch}
     return work, buffered + [p for i, p in enumerate(members) if i not in out], dropped
 
 
-def _passing(positions: list[Position], records: list[Any], steps: tuple[Step, ...]
-             ) -> list[tuple[Position, Any]]:
-    """(position, record after `steps`) of the records `steps` keep, in order."""
+def _passing(records: list[Any], steps: tuple[Step, ...]) -> list[tuple[int, Any]]:
+    """(index, record after `steps`) of the records `steps` keep, in order."""
     apply = Composed(steps)
-    kept = [(position, apply(record)) for position, record in zip(positions, records,
-                                                                  strict=True)]
-    return [(position, record) for position, record in kept if record is not DROPPED]
+    done = [apply(record) for record in records]
+    return [(index, record) for index, record in enumerate(done) if record is not DROPPED]
 
 
 def _preparer(spec: Spec, steps: tuple[Step, ...]) -> Callable[[Chunk], Chunk]:

@@ -275,7 +275,8 @@ class AfterBuffer:
     The source hands out records and, with its `tell` on, the position of the last one
     (`Shuffle.last_position`), which `where` turns into a file and line when a step raises.
     `batches(size)` gathers lists of `size` records that passed the steps (the last may be
-    short). `on_end` is called once when the source's last record has gone through.
+    short). Without steps it passes the source's records and lists on at the source's speed.
+    `on_end` is called once when the source's last record has gone through.
 
     State: ``{"source": <the source's state>, "counts": {"dropped": n}}`` (the shape of
     `Transform`'s). The source's state counts every record it handed out, those the steps
