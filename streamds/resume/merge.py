@@ -22,12 +22,12 @@ from ..stages.batch import Batch
 from ..stages.buckets import PoolBatch, is_pool_state, pool_rng
 from ..stages.chunks import Chunk, ChunkCursor, Position, WorkItem
 from ..stages.lines import Lines
-from ..stages.parse import LineNumbers, Marker, Parse
-from ..stages.pipeline import Spec
+from ..stages.parse import DROPPED, LineNumbers, Marker, Parse
+from ..stages.pipeline import Spec, steps_after_buffer
 from ..stages.records import fetch_records
 from ..stages.shuffle import Shuffle
 from ..stages.state import BATCHER_FORMAT, OLD_FORMATS, REBATCH_FORMAT, STATE_FORMAT, ReaderState
-from ..stages.transform import Transform
+from ..stages.transform import AfterBuffer, Composed, Step, Transform
 from ..storage.plan import Plan
 from ..world import World
 from .identity import differences
@@ -165,6 +165,8 @@ def _unfinished(state: ReaderState) -> tuple[list[WorkItem], list[Position], dic
     if not shuffle:
         return _from_position(work, pipeline), [], None
     snapshot = pipeline
+    if steps_after_buffer(shuffle, state.quota is not None):  # the map and filter stage's
+        snapshot = AfterBuffer.source_state(pipeline)  # counts are taken with the others
     tail = {
         "work": [list(item) for item in _from_position(work, snapshot[Shuffle.SOURCE])],
         "even": None if state.quota is None else _even_stream(state, list(work),
@@ -486,15 +488,20 @@ def _merge_packed(packed: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _before_buffer(spec: Spec, even: bool) -> tuple[Step, ...]:
+    """The steps a shuffling reader runs before its buffer (`steps_after_buffer`)."""
+    return () if steps_after_buffer(True, even) else spec.steps
+
+
 def _read_after(
     spec: Spec, work: list[WorkItem], limit: int
 ) -> tuple[list[tuple[int, Position]], list[WorkItem]]:
-    """(work item, position) of the first `limit` records of `work`, and the work left
-    after them."""
+    """(work item, position) of the first `limit` records of `work` that a shuffling
+    reader's buffer takes in (one not under even_ranks), and the work left after them."""
     lines = Lines(spec.shards, spec.blocks, work, on_error=spec.on_error, opener=spec.opener,
                   retry=spec.retry)
     chunks = Transform(Parse(lines, spec.shards, spec.blocks, on_error=spec.on_error,
-                             opener=spec.opener), spec.steps,
+                             opener=spec.opener), _before_buffer(spec, even=False),
                        where=LineNumbers(spec.shards, spec.blocks, spec.opener))
     found: list[tuple[int, Position]] = []
     if limit == 0:
@@ -523,8 +530,8 @@ def _read_even(
                   retry=spec.retry, pad_work=pad)
     where = LineNumbers(spec.shards, spec.blocks, spec.opener)
     chunks = EvenRanks(Transform(Parse(lines, spec.shards, spec.blocks, on_error=spec.on_error,
-                                       opener=spec.opener, where=where), spec.steps,
-                                 where=where),
+                                       opener=spec.opener, where=where),
+                                 _before_buffer(spec, even=True), where=where),
                        even["quota"], work_items=len(work), pad_items=len(pad))
     cursor = ChunkCursor(chunks)
     cursor.reset(even["position"])
@@ -582,9 +589,11 @@ def _resolve(
     return (after_all if total is None or even is not None else []), buffered, out
 
 
-def _resolve_pool(tail: dict[str, Any], spec: Spec) -> tuple[list[WorkItem], list[Position]]:
+def _resolve_pool(tail: dict[str, Any], spec: Spec
+                  ) -> tuple[list[WorkItem], list[Position], int]:
     """A tail whose reader had handed out some batches of a pool -> (work left, buffered
-    positions and the pool's records not yet handed out)."""
+    positions and the pool's records not yet handed out, records the map and filter steps
+    after the buffer dropped while the pool filled)."""
     pool = tail["pool"]
     rule = None if spec.batch is None else spec.batch.rule
     if rule is None or rule.config() != pool[PoolBatch.RULE]:
@@ -593,23 +602,50 @@ def _resolve_pool(tail: dict[str, Any], spec: Spec) -> tuple[list[WorkItem], lis
             "resume it with a dataset batched by the same rule (.batch(LengthBuckets(...)) "
             "or .batch(TokenBudget(...)) with the same arguments)"
         )
-    work, buffered, members = _resolve(tail, spec, then=rule.pool_size)
-    records = fetch_records(members, shards=spec.shards, blocks=spec.blocks,
-                            prepare=_preparer(spec), opener=spec.opener, retry=spec.retry)
-    batches = rule.cut([rule.length(record) for record in records],
+    even = tail.get("even") is not None
+    before = _before_buffer(spec, even)
+    after = spec.steps if steps_after_buffer(True, even) else ()  # run as records leave it
+    # the pool: the first pool_size records out of the buffer that pass `after`; the records
+    # out of the buffer are the same first ones however many are drawn, so draw more (twice
+    # as many) until enough pass, then stop the buffer just after the last one the pool took
+    then = rule.pool_size
+    while True:
+        work, buffered, handed = _resolve(tail, spec, then=then)
+        records = fetch_records(handed, shards=spec.shards, blocks=spec.blocks,
+                                prepare=_preparer(spec, before), opener=spec.opener,
+                                retry=spec.retry)
+        kept = _passing(records, after)
+        if len(kept) >= rule.pool_size or len(handed) < then:  # full, or the epoch's end
+            break
+        then *= 2
+    drawn = len(handed)  # draws up to and including the pool's last record
+    if len(kept) > rule.pool_size:
+        drawn = kept[rule.pool_size - 1][0] + 1
+        kept = kept[: rule.pool_size]
+        work, buffered, _ = _resolve(tail, spec, then=drawn)
+    dropped = drawn - len(kept)
+    members = [handed[index] for index, _ in kept]
+    batches = rule.cut([rule.length(record) for _, record in kept],
                        pool_rng(tail["seed"], pool[PoolBatch.POOL]))
     out = {index for batch in batches[: pool[PoolBatch.EMITTED]] for index in batch}
-    return work, buffered + [p for i, p in enumerate(members) if i not in out]
+    return work, buffered + [p for i, p in enumerate(members) if i not in out], dropped
 
 
-def _preparer(spec: Spec) -> Callable[[Chunk], Chunk]:
-    """Raw lines -> the records the reader's pipeline makes of them (parse, transform)."""
+def _passing(records: list[Any], steps: tuple[Step, ...]) -> list[tuple[int, Any]]:
+    """(index, record after `steps`) of the records `steps` keep, in order."""
+    apply = Composed(steps)
+    done = [apply(record) for record in records]
+    return [(index, record) for index, record in enumerate(done) if record is not DROPPED]
+
+
+def _preparer(spec: Spec, steps: tuple[Step, ...]) -> Callable[[Chunk], Chunk]:
+    """Raw lines -> the records the reader's pipeline makes of them (parse, then `steps`)."""
     where = LineNumbers(spec.shards, spec.blocks, spec.opener)
     lines = Lines(spec.shards, spec.blocks, [], on_error=spec.on_error, opener=spec.opener,
                   retry=spec.retry)
     parse = Parse(lines, spec.shards, spec.blocks, on_error=spec.on_error, opener=spec.opener,
                   where=where)
-    transform = Transform(parse, spec.steps, where=where)
+    transform = Transform(parse, steps, where=where)
     return lambda chunk: transform.transform(parse.parse(chunk))
 
 
@@ -628,7 +664,8 @@ def resolve_tails(merged: dict[str, Any], spec: Spec) -> dict[str, Any]:
                 resolved["pending"].extend(list(position) for position in buffered)
             continue
         if "pool" in tail:
-            work, buffered = _resolve_pool(tail, spec)
+            work, buffered, dropped = _resolve_pool(tail, spec)
+            resolved["counts"]["dropped"] += dropped
         else:
             work, buffered, _ = _resolve(tail, spec)
         resolved["remaining"].extend(list(item) for item in work)

@@ -185,10 +185,28 @@ def pipeline_state_after(
     buffer_size: int,
     seed_parts: tuple[int | str, ...],
 ) -> dict[str, Any]:
-    """The pipeline state of `reader` once it has yielded `yielded` records of its `work`.
+    """The pipeline state of `reader` (below a batcher) once it has yielded `yielded`
+    records of its `work`.
 
     `counts[k]` is the number of records of `work[k]`.
     """
+    return reader.over_records(_records_state_after(
+        yielded, reader=reader, work=work, counts=counts, shuffle=shuffle,
+        buffer_size=buffer_size, seed_parts=seed_parts))
+
+
+def _records_state_after(
+    yielded: int,
+    *,
+    reader: Reader,
+    work: Sequence[WorkItem],
+    counts: Sequence[int],
+    shuffle: bool,
+    buffer_size: int,
+    seed_parts: tuple[int | str, ...],
+) -> dict[str, Any]:
+    """The state of `reader`'s records stage (the shuffle, or the in-order records) once it
+    has handed out `yielded` records."""
     shards, blocks = reader.spec.shards, reader.spec.blocks
     total = sum(counts)
 

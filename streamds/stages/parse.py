@@ -120,6 +120,21 @@ class LineNumbers:
             newlines.insert(nearest + 1, count)
         return count + 1
 
+    def place(self, block: int, offset: int) -> str:
+        """``"file.jsonl: line 12 (byte offset 345)"``: where the record at a position is,
+        known by its position alone (for a tar shard its ordinal in the file)."""
+        url = self.url(block)
+        kind = self.shards[self.blocks[block].shard].format
+        if kind == "tar":
+            return f"{url}: record {offset + 1} of the file"
+        if kind != "jsonl":  # a .json file: JSON lines, or one document's elements
+            return (f"{url}: position {offset} (a byte offset if the file holds JSON lines, "
+                    "else the index of the document's element)")
+        line = self.line(block, offset)
+        if line is None:
+            return f"{url}: byte offset {offset}"
+        return f"{url}: line {line} (byte offset {offset})"
+
     def describe(self, chunk: Chunk, index: int) -> tuple[int | None, str]:
         """(1-based line or None, where item `index` of `chunk` is, in words)."""
         offset = chunk.offsets[index]

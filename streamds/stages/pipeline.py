@@ -4,6 +4,15 @@
 `Reader` builds one reader's pipeline from a `ReaderState` and gives its state back. When its
 epoch ends, a reader logs what it counted (skipped, blank and dropped lines, damaged blocks):
 a warning when lines were lost to errors, else an info line.
+
+Where the map and filter steps run (`steps_after_buffer`): a shuffling reader runs them on
+records as they leave the shuffle buffer, so the buffer holds parsed records (memory follows
+the records as read, not as mapped) and the first record, also after a resume, comes after
+reading and parsing the buffer, not mapping it. Under even_ranks they run before the buffer,
+as every reader does without a shuffle: a reader's quota counts records after the steps, and
+a record dropped after the buffer would leave its rank short. A step that drops records
+changes which records the buffer draws from, so the shuffled order for a seed differs from
+that of streamds versions that mapped before the buffer (the records do not).
 """
 
 from __future__ import annotations
@@ -37,9 +46,9 @@ from .records import Records, fetch_records
 from .shuffle import Shuffle
 from .state import ReaderState
 from .timing import StageTimer, Timed
-from .transform import Step, Transform
+from .transform import AfterBuffer, Step, Transform
 
-__all__ = ["Reader", "Spec", "describe_counts"]
+__all__ = ["Reader", "Spec", "describe_counts", "steps_after_buffer"]
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +80,24 @@ class Spec:
     worker_cpus: str = "auto"  # workers leave the main process a CPU (streamds.stages.cpus); "all"
 
 
+def steps_after_buffer(shuffle: bool, even_ranks: bool) -> bool:
+    """Whether a reader runs its map and filter steps after the shuffle buffer (else before
+    it): with a buffer, unless its ranks are evened (their quotas count mapped records)."""
+    return shuffle and not even_ranks
+
+
+# what the slow-fill log adds where the steps run before the buffer
+_MAPPED_FIRST = ("; under even_ranks the map and filter steps run before the buffer (each "
+                 "reader's quota counts the records they keep), so every buffered record was "
+                 "mapped first")
+
+
 class Reader:
     """One reader's pipeline, positioned where `state` says; iterate for its records."""
 
-    STAGES = ("lines", "parse", "transform", "even_ranks", "emit")  # source first
+    # the timed stages, source first where the steps run before the buffer (after it,
+    # "transform" comes last: `StageTimer` tells the order from the times themselves)
+    STAGES = ("lines", "parse", "transform", "even_ranks", "emit")
 
     def __init__(
         self, spec: Spec, state: ReaderState, *, pad_work: Sequence[WorkItem] = (),
@@ -103,25 +126,36 @@ class Reader:
             ParseLater(timed(self.lines, "lines")) if later else
             Parse(timed(self.lines, "lines"), spec.shards, spec.blocks,
                   on_error=spec.on_error, opener=spec.opener, where=where))
-        # -> chunks of the user's records after map and filter; DROPPED where removed
-        self.transform = Transform(timed(self.parse, "parse"), spec.steps, where=where)
+        self.late = steps_after_buffer(spec.plan.shuffle, state.quota is not None)
+        # -> chunks of the user's records after map and filter; DROPPED where removed (none:
+        #    the steps run after the shuffle buffer, `late`)
+        self.transform = Transform(timed(self.parse, "parse"), () if self.late else spec.steps,
+                                   where=where)
         # -> chunks holding exactly `quota` records in all (even ranks), else all of them
         quota = None if state.quota is None else max(0, state.quota - len(state.prefill))
-        self.even = EvenRanks(timed(self.transform, "transform"), quota,
-                              work_items=len(work), pad_items=len(pad))
+        mapped = self.transform if self.late else timed(self.transform, "transform")
+        self.even = EvenRanks(mapped, quota, work_items=len(work), pad_items=len(pad))
         # -> records one at a time: in order, or through the seeded shuffle buffer
-        self.top: Records | Shuffle
+        self.records: Records | Shuffle
+        end = None if self.late else self.log_summary  # called by the stage that ends last
         if spec.plan.shuffle:
             parts = shuffle_seed_parts(spec.plan.seed, state.epoch, world.rank, world.worker)
-            self.top = Shuffle(timed(self.even, "even_ranks"), size=spec.buffer_size,
-                               seed_parts=parts, fetch=self.fetch, prefill=state.prefill,
-                               on_end=self.log_summary)
+            self.records = Shuffle(
+                timed(self.even, "even_ranks"), size=spec.buffer_size, seed_parts=parts,
+                fetch=self.fetch, prefill=state.prefill, on_end=end,
+                tell=self.late and bool(spec.steps),
+                fill_note="" if self.late or not spec.steps else _MAPPED_FIRST)
         elif state.prefill:
             raise ValueError("buffered records to carry over need shuffle=True")
         else:
-            self.top = Records(timed(self.even, "even_ranks"), on_end=self.log_summary)
+            self.records = Records(timed(self.even, "even_ranks"), on_end=end)
+        # -> the same records after the user's map and filter, where those run after the buffer
+        self.top: Records | Shuffle | AfterBuffer = self.records
+        if self.late:
+            self.top = AfterBuffer(timed(self.records, "emit"), spec.steps, where=where,
+                                   on_end=self.log_summary)
         # -> whole batches, when the dataset was made with .batch(n) or .batch(rule)
-        emit = timed(self.top, "emit")
+        emit = timed(self.top, "transform" if self.late else "emit")
         self.out: Any = emit
         if spec.batch is not None:
             if later:  # lines cross to the main process, which parses them
@@ -138,8 +172,15 @@ class Reader:
         self.ahead: MadeAhead | None = None  # batches made ahead in a worker's thread
 
     def prepare(self, chunk: Chunk) -> Chunk:
-        """Raw lines -> transformed records, as the pipeline does (for re-reads)."""
+        """Raw lines -> records as the shuffle buffer holds them (for re-reads): parsed, and
+        mapped only where the steps run before the buffer."""
         return self.transform.transform(self.parse.parse(chunk))
+
+    def over_records(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The pipeline state (below a batcher) whose records stage -- the shuffle, or the
+        in-order records -- stands at `state`, no record dropped after it (for resumes
+        computed from record counts, where every line yields a record)."""
+        return AfterBuffer.state_over(state) if self.late else state
 
     def fetch(self, positions: Sequence[Position]) -> list[Any]:
         return fetch_records(positions, shards=self.spec.shards, blocks=self.spec.blocks,

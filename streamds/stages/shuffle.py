@@ -12,13 +12,21 @@ a round is the span between two snapshots, so no generator state is kept either.
 last record, a final snapshot stands at the end of the source (an empty buffer): the state
 taken once the last record is out says the epoch is done and carries its exact counts.
 
+The buffer holds what the stages below hand in: parsed records, with their positions. A
+reader's map and filter steps run on records as they leave it (`streamds.stages.pipeline`),
+except under even_ranks, so that filling it costs a read and a parse per record, never a map.
+Filling that takes longer than `SLOW_FILL` seconds is logged once per process (INFO), with
+why and what to do.
+
 State: ``{"source": <position at the snapshot>, "positions": packed, "round": r,
 "since": n, "draining": bool}``.
 """
 
 from __future__ import annotations
 
+import logging
 import random
+import time
 import zlib
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -30,8 +38,12 @@ from .chunks import Chunk, ChunkCursor, ChunkStage, Position
 from .parse import Marker
 from .records import PositionedBatch
 
-__all__ = ["Shuffle", "pack_positions", "unpack_positions"]
+__all__ = ["SLOW_FILL", "Shuffle", "pack_positions", "unpack_positions"]
 
+log = logging.getLogger(__name__)
+
+SLOW_FILL = 5.0  # seconds: a buffer fill (or re-fill on resume) slower than this is logged
+_said = {"slow fill": False}  # the slow fill is logged once per process
 MIN_ROUND = 1024  # records per round at least, so tiny buffers do not reseed every record
 
 
@@ -54,7 +66,9 @@ class Shuffle:
 
     `fetch(positions)` re-reads the records at positions (used on resume and for `prefill`,
     records carried over from another world's buffers). `on_end` is called once when the
-    last record has been handed out.
+    last record has been handed out. With `tell`, `last_position` is the (block, offset) of
+    the record handed out last (for the messages of the stage above). `fill_note` is added
+    to the slow-fill log line (what else made the fill slow).
     """
 
     SOURCE = "source"
@@ -73,6 +87,8 @@ class Shuffle:
         prefill: Sequence[Position] = (),
         round_size: int | None = None,
         on_end: Callable[[], None] | None = None,
+        tell: bool = False,
+        fill_note: str = "",
     ) -> None:
         if size < 1:
             raise ValueError(f"buffer size must be >= 1, got {size}")
@@ -84,6 +100,9 @@ class Shuffle:
         # records handed out per round (a smaller round_size only to test rounds)
         self.period = max(size, MIN_ROUND) if round_size is None else round_size
         self.on_end = on_end  # called once the last record has been handed out
+        self.tell = tell
+        self.last_position: Position = (-1, -1)  # kept with `tell`
+        self.fill_note = fill_note
         self.reset()
 
     # -- state ---------------------------------------------------------------------------
@@ -98,7 +117,11 @@ class Shuffle:
             positions = unpack_positions(state[self.POSITIONS])
             self._round, self._draining = state[self.ROUND], state[self.DRAINING]
             replay = state[self.SINCE]
+        started = time.perf_counter()
         self._records: list[Any] = self.fetch(positions) if positions else []
+        if positions:
+            self._say_if_slow(started, f"re-reading the {len(positions):,} records the "
+                              "shuffle buffer held, to resume")
         self._blocks = array("q", (block for block, _ in positions))
         self._offsets = array("q", (offset for _, offset in positions))
         self._since = 0
@@ -132,6 +155,22 @@ class Shuffle:
 
     # -- iteration -----------------------------------------------------------------------
 
+    def _say_if_slow(self, started: float, doing: str) -> None:
+        """Log once per process, at INFO, that filling the buffer is slow, and what to do."""
+        elapsed = time.perf_counter() - started
+        if elapsed < SLOW_FILL or _said["slow fill"]:
+            return
+        _said["slow fill"] = True
+        log.info("%s: %.0f s so far; the buffer holds %s records per reader (buffer_size) "
+                 "before its first record comes out; a smaller buffer_size gives a quicker "
+                 "first batch%s", doing, elapsed, f"{self.size:,}", self.fill_note)
+
+    def _filling(self, started: float) -> None:
+        """Called per chunk while the buffer fills: says so once when it takes long."""
+        if not _said["slow fill"]:
+            self._say_if_slow(started, f"filling the shuffle buffer ({len(self._records):,} "
+                              f"of {self.size:,} records read)")
+
     def _rng(self) -> Callable[[], float]:
         return random.Random(derive_seed("shuffle", *self.seed_parts, self._round)).random
 
@@ -151,11 +190,14 @@ class Shuffle:
 
     def _shuffled(self) -> Iterator[Any]:
         records, blocks, offsets = self._records, self._blocks, self._offsets
-        size, period = self.size, self.period
+        size, period, tell = self.size, self.period, self.tell
         random_ = self._rng()  # int(random_() * n): uniform enough, and C-fast
         if not self._draining:
             chunk: Chunk
+            started = time.perf_counter()
             for chunk in self.cursor.chunks():
+                if len(records) < size:
+                    self._filling(started)
                 block, at, clean = chunk.block, chunk.offsets, chunk.clean
                 for index, record in enumerate(chunk.items):
                     if not clean and record.__class__ is Marker:
@@ -169,6 +211,8 @@ class Shuffle:
                         random_ = self._next_round(self.cursor.position(chunk, index))
                     slot = int(random_() * size)
                     out = records[slot]
+                    if tell:
+                        self.last_position = (blocks[slot], offsets[slot])
                     records[slot] = record
                     blocks[slot] = block
                     offsets[slot] = at[index]
@@ -176,7 +220,8 @@ class Shuffle:
                     yield out
             self._draining = True
         while records:
-            random_, record, _, _ = self._drain_one(random_)
+            random_, record, block, offset = self._drain_one(random_)
+            self.last_position = (block, offset)
             yield record
         if not self.done:  # nothing was buffered at the end of the source
             self._finish()
@@ -202,7 +247,10 @@ class Shuffle:
         out_offsets: list[int] = []
         if not self._draining:
             chunk: Chunk
+            started = time.perf_counter()
             for chunk in self.cursor.chunks():
+                if len(records) < capacity:
+                    self._filling(started)
                 block, at, clean = chunk.block, chunk.offsets, chunk.clean
                 for index, record in enumerate(chunk.items):
                     if not clean and record.__class__ is Marker:

@@ -20,8 +20,10 @@ Dict form (``state_dict()``)::
      "finished": bool,                         # the epoch's iterator ran out
      "pipeline": <nested stage state> | None}  # None: not started
 
-The pipeline state nests like the pipeline: shuffle (or records) <- even ranks <- transform
-<- parse <- lines. Loading is strict: a missing or unknown key, or another format, fails.
+The pipeline state nests like the pipeline: [after-buffer map and filter <-] shuffle (or
+records) <- even ranks <- transform <- parse <- lines (a shuffling reader without even_ranks
+runs its steps after the buffer: `streamds.stages.pipeline`). Loading is strict: a missing or
+unknown key, or another format, fails.
 """
 
 from __future__ import annotations

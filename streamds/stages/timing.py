@@ -28,14 +28,25 @@ class StageTimer:
             self.order.append(name)
         self.seconds[name] += seconds
 
+    def _nested(self, chain: Sequence[str]) -> list[str]:
+        """The stages of `chain` that were timed, source first: the order their first items
+        came out in (a stage's item comes out after its source's)."""
+        return [name for name in self.order if name in chain]
+
     def exclusive(self, chain: Sequence[str]) -> dict[str, float]:
-        """Each stage of `chain` (source first) without the time of the stage before it."""
-        out, below = {}, 0.0
-        for name in chain:
-            total = self.seconds.get(name, 0.0)
+        """Each stage of `chain` without the time of the stage it pulls from (0 for a stage
+        that was not timed)."""
+        out, below = dict.fromkeys(chain, 0.0), 0.0
+        for name in self._nested(chain):
+            total = self.seconds[name]
             out[name] = max(0.0, total - below)
             below = total
         return out
+
+    def outermost(self, chain: Sequence[str]) -> float:
+        """The time of the last stage of `chain` to hand items out: all of the chain's."""
+        nested = self._nested(chain)
+        return self.seconds[nested[-1]] if nested else 0.0
 
 
 class Timed:

@@ -4,6 +4,11 @@ Steps compose into one function per record, run over a whole chunk in one compre
 map returning None, or a filter returning a false value, turns the record into `DROPPED`,
 which is counted here. For exact resume, steps must be deterministic functions of the record.
 
+Where a reader shuffles, the steps run on records as they leave the shuffle buffer instead
+(`AfterBuffer`, one record at a time), so that filling the buffer, and re-filling it on a
+resume, costs a read and a parse per record, not a map (`streamds.stages.pipeline` says
+where each runs).
+
 A step that raises keeps its exception type; the exception gains a note naming the file, the
 1-based line, the stage and the step (``err.add_note``; before Python 3.11 an exception of
 the same type, chained, where one can be built from a message). Finding the record costs
@@ -23,10 +28,12 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
+from ..errors import StateMismatchError
 from .chunks import Chunk
 from .parse import DROPPED, LineNumbers, Marker
 
 __all__ = [
+    "AfterBuffer",
     "Composed",
     "Step",
     "Transform",
@@ -259,3 +266,124 @@ class Transform:
             if apply is not None:
                 self._dropped += apply.dropped - before
             yield out
+
+
+class AfterBuffer:
+    """Stage: records (as the shuffle buffer hands them out) -> the user's records after map
+    and filter, one at a time; dropped ones are left out and counted.
+
+    The source hands out records and, with its `tell` on, the position of the last one
+    (`Shuffle.last_position`), which `where` turns into a file and line when a step raises.
+    `batches(size)` gathers lists of `size` records that passed the steps (the last may be
+    short). Without steps it passes the source's records and lists on at the source's speed.
+    `on_end` is called once when the source's last record has gone through.
+
+    State: ``{"source": <the source's state>, "counts": {"dropped": n}}`` (the shape of
+    `Transform`'s). The source's state counts every record it handed out, those the steps
+    dropped included, so a resume replays it without running a step.
+    """
+
+    SOURCE = "source"
+    COUNTS = "counts"
+
+    def __init__(
+        self, source: Any, steps: Sequence[Step], *, where: LineNumbers | None = None,
+        on_end: Callable[[], None] | None = None,
+    ) -> None:
+        self.source = source
+        self.steps = tuple(steps)
+        self.apply = Composed(steps)
+        self.where = where
+        self.on_end = on_end
+        self.reset()
+
+    @classmethod
+    def state_over(cls, source_state: Any, dropped: int = 0) -> dict[str, Any]:
+        """The state of this stage over a source standing at `source_state`."""
+        return {cls.SOURCE: source_state, cls.COUNTS: {"dropped": dropped}}
+
+    @classmethod
+    def source_state(cls, state: dict[str, Any]) -> Any:
+        """The source's part of a state of this stage (strict)."""
+        if set(state) != {cls.SOURCE, cls.COUNTS}:
+            raise StateMismatchError(
+                f"this state has no map/filter stage after the shuffle buffer (keys "
+                f"{sorted(state)}); it was taken by a streamds version that ran the map and "
+                "filter steps before the shuffle buffer, or by a dataset with other steps or "
+                "settings. Finish the epoch with the version and dataset that took it, or "
+                "restart the epoch"
+            )
+        return state[cls.SOURCE]
+
+    def reset(self, state: dict[str, Any] | None = None) -> None:
+        self.source.reset(None if state is None else self.source_state(state))
+        self._dropped = 0 if state is None else state[self.COUNTS]["dropped"]
+
+    def get_state(self) -> dict[str, Any]:
+        return self.state_over(self.source.get_state(), self._dropped)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        below = self.source.counts
+        return {**below, "dropped": below.get("dropped", 0) + self._dropped}
+
+    @property
+    def done(self) -> bool:
+        """Whether the last record has been handed out: every record the source handed out
+        has gone through the steps by the time a state can be taken."""
+        return bool(self.source.done)
+
+    def __iter__(self) -> Iterator[Any]:
+        if not self.steps:  # nothing to run: the source's records, at its speed
+            yield from self.source
+            self._end()
+            return
+        apply = self.apply
+        for record in self.source:
+            try:
+                out = apply(record)
+            except Exception as err:
+                wrapped = _annotated(err, self._note(apply.failed))
+                if wrapped is None:
+                    raise
+                raise wrapped from err
+            if out is DROPPED:
+                self._dropped += 1
+                continue
+            yield out
+        self._end()
+
+    def _end(self) -> None:
+        if self.on_end is not None:
+            self.on_end()
+
+    def batches(self, size: int) -> Iterator[list[Any]]:
+        """The records in lists of `size` (the last may be short), with the same state after
+        each list as `size` steps of iteration."""
+        if not self.steps:
+            yield from self.source.batches(size)
+            self._end()
+            return
+        batch: list[Any] = []
+        for record in self:
+            batch.append(record)
+            if len(batch) == size:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+    def batches_with_positions(self, size: int) -> Iterator[Any]:
+        """The source's `batches_with_positions` (lines for the main process to parse: there
+        are no steps then)."""
+        assert not self.steps, "records with positions are lines, which no step has seen"
+        yield from self.source.batches_with_positions(size)
+        self._end()
+
+    def _note(self, step: Step | None) -> str:
+        which = "a step" if step is None else describe_step(self.steps, step)
+        block, offset = self.source.last_position
+        place = (f"block {block}, offset {offset}" if self.where is None else
+                 self.where.place(block, offset))
+        return (f"streamds: raised in the transform stage (after the shuffle buffer), {which}, "
+                f"on the record at {place}")

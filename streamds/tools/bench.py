@@ -157,7 +157,7 @@ def measure_pipeline(
     own = timer.exclusive(Reader.STAGES)
     spent = {READER_ROWS[name]: own[name] for name in Reader.STAGES}
     spent["state"] = timer.seconds.get(STATE_CALLS, 0.0)
-    spent["other"] = max(0.0, wall - timer.seconds.get(Reader.STAGES[-1], 0.0) - spent["state"])
+    spent["other"] = max(0.0, wall - timer.outermost(Reader.STAGES) - spent["state"])
     stages = {
         name: {
             "seconds": secs,
