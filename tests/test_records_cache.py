@@ -342,7 +342,9 @@ def test_one_writer_per_block_across_processes(tmp_path: Path) -> None:
         go.send(True)
         assert started.recv() is True
     finally:
-        child.join()
+        go.send(True)  # (again, harmless) so that a failed assertion leaves no child waiting
+        child.join(timeout=60)
+        child.kill()
     with store.get(KEY) as reader:
         assert list(reader) == entries
 

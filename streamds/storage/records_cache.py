@@ -108,6 +108,7 @@ _ENTRY = struct.Struct("<QQQ")  # offset, length, checksum of one ordinal's entr
 _FOOTER = struct.Struct("<QQ8s")
 _END = b"SDSRECND"
 _KEY_DIGITS = 32  # hex digits of a block key
+WRITE_BUFFER = 256 << 10  # bytes a writer buffers before appending to its partial file
 
 
 class _Dropped:
@@ -663,7 +664,7 @@ class BlockWriter:
         self._store = store
         self._partial = partial
         self._lock = lock
-        self._file = os.fdopen(fd, "wb", buffering=1 << 20)
+        self._file = os.fdopen(fd, "wb", buffering=WRITE_BUFFER)
         self._file.write(_HEADER.pack(_MAGIC, FORMAT_VERSION, 0, bytes.fromhex(key)))
         self._end = _HEADER.size
         self._entries: dict[int, tuple[int, int, int]] = {}  # ordinal -> offset, length, sum
