@@ -255,6 +255,27 @@ def test_out_of_order_puts_with_drops_read_back_in_order(tmp_path: Path, count_f
     assert [p.name for p in tmp_path.iterdir() if ".partial-" in p.name] == []
 
 
+def test_positions_map_to_ordinals_and_back(tmp_path: Path) -> None:
+    store = RecordStore(str(tmp_path))
+    positions = [0, 40, 95, 96, 300]
+    writer = store.start(KEY, 5)
+    for index in (3, 0, 4, 2, 1):
+        writer.put(index, DROPPED if index == 2 else {"i": index}, positions[index])
+    with store.get(KEY) as reader:
+        assert [reader.position(i) for i in range(5)] == positions
+        assert [reader.first_at(p) for p in (0, 1, 40, 95, 97, 300, 301)] == [0, 1, 1, 2, 4,
+                                                                                4, 5]
+
+
+def test_positions_that_do_not_increase_are_refused(tmp_path: Path) -> None:
+    store = RecordStore(str(tmp_path))
+    writer = store.start(KEY, 2)
+    writer.put(1, {"i": 1}, 10)
+    with pytest.raises(ValueError, match="ordinal 1 at position 10 after ordinal 0 at 10"):
+        writer.put(0, {"i": 0}, 10)
+    assert store.get(KEY) is None and list(tmp_path.glob("*.partial-*")) == []
+
+
 def test_an_ordinal_put_twice_or_out_of_range_is_refused(tmp_path: Path) -> None:
     writer = RecordStore(str(tmp_path)).start(KEY, 3)
     writer.put(1, {"a": 1})

@@ -20,9 +20,9 @@ Writing (`RecordStore.start`): one writer per block across processes, by an `fcn
 lock on ``<key>.records.lock`` taken without waiting; a process that does not get it computes
 the block itself and writes nothing. Records come in any order (a shuffle interleaves blocks)
 and are appended to ``<key>.records.partial-<random>`` as they come, with an offset index in
-memory (24 bytes a record); once every ordinal is in, the index and a footer are appended, the
-file is fsync'd and renamed to its name. A reader never sees a partial file; a dead writer's
-partial is removed by the next writer of that block (its lock went with it).
+memory (about 100 bytes a record); once every ordinal is in, the index and a footer are
+appended, the file is fsync'd and renamed to its name. A reader never sees a partial file;
+a dead writer's partial is removed by the next writer of that block (its lock went with it).
 
 Reading (`RecordStore.get`): a complete file, opened with its lock held shared until the
 reader closes (so it is never removed while in use), and touched (its modification time is
@@ -38,7 +38,8 @@ File layout (little-endian)::
 
     header  b"streamds-records" | u32 format | u32 0 | 16-byte key digest
     entries encoded records, in the order they arrived
-    index   per ordinal: u64 offset, u64 length, u64 xxh3_64 of the entry
+    index   per ordinal: u64 offset, u64 length, u64 xxh3_64 of the entry;
+            then per ordinal: i64 position (the record's offset in its block)
     footer  u64 index offset | u64 count | b"SDSRECND"
 
 Encoding (`encode_record`, `decode_record`): a small tagged binary format, no pickle (a
@@ -55,6 +56,7 @@ Not thread-safe: one store, writer or reader per thread.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import errno
 import hashlib
@@ -105,6 +107,7 @@ _LOCK, _PARTIAL = ".lock", ".partial-"
 _MAGIC = b"streamds-records"
 _HEADER = struct.Struct("<16sII16s")
 _ENTRY = struct.Struct("<QQQ")  # offset, length, checksum of one ordinal's entry
+_POSITION = 8  # bytes of one ordinal's position (int64)
 _FOOTER = struct.Struct("<QQ8s")
 _END = b"SDSRECND"
 _KEY_DIGITS = 32  # hex digits of a block key
@@ -667,14 +670,18 @@ class BlockWriter:
         self._file = os.fdopen(fd, "wb", buffering=WRITE_BUFFER)
         self._file.write(_HEADER.pack(_MAGIC, FORMAT_VERSION, 0, bytes.fromhex(key)))
         self._end = _HEADER.size
-        self._entries: dict[int, tuple[int, int, int]] = {}  # ordinal -> offset, length, sum
+        # ordinal -> (offset, length, checksum, position)
+        self._entries: dict[int, tuple[int, int, int, int]] = {}
         self._count: int | None = None
         self.complete = False
         self.stored = True  # False once it gave up
 
-    def put(self, index: int, record: Any) -> None:
+    def put(self, index: int, record: Any, position: int | None = None) -> None:
         """Store the entry of ordinal `index`: a record, or `DROPPED`.
 
+        `position`: where the record stands in its block (its `Position`'s offset: decoded
+        bytes, or records in a tar shard), so that a stored block gives the positions reading
+        the source gives; None: the ordinal. Positions must increase with the ordinal.
         Raises `UncacheableRecordError` for a record the cache cannot store (the writer
         gives up first), ValueError for an ordinal out of range or put twice.
         """
@@ -703,7 +710,8 @@ class BlockWriter:
         except OSError as err:
             self._give_up(f"writing failed: {err}")
             return
-        self._entries[index] = (self._end, len(data), _checksum(data))
+        self._entries[index] = (self._end, len(data), _checksum(data),
+                                index if position is None else position)
         self._end += len(data)
         if self._count is not None and len(self._entries) == self._count:
             self._finish()
@@ -725,7 +733,18 @@ class BlockWriter:
     def _finish(self) -> None:
         count = self._count
         assert count is not None
-        index = b"".join(_ENTRY.pack(*self._entries[ordinal]) for ordinal in range(count))
+        entries = [self._entries[ordinal] for ordinal in range(count)]
+        positions = array("q", [entry[3] for entry in entries])
+        for ordinal in range(1, count):
+            if positions[ordinal] <= positions[ordinal - 1]:
+                self.abort()
+                raise ValueError(f"block {self.key}: ordinal {ordinal} at position "
+                                 f"{positions[ordinal]} after ordinal {ordinal - 1} at "
+                                 f"{positions[ordinal - 1]}: positions must increase with "
+                                 "the ordinal")
+        if _BIG_ENDIAN:
+            positions.byteswap()
+        index = b"".join(_ENTRY.pack(*entry[:3]) for entry in entries) + positions.tobytes()
         footer = _FOOTER.pack(self._end, count, _END)
         size = self._end + len(index) + len(footer)
         try:
@@ -771,8 +790,9 @@ class BlockWriter:
 
 class BlockReader:
     """A stored block's entries: `len()`, `record(i)` (random access), iteration in ordinal
-    order; entries are records or `DROPPED`. Holds the block (its lock, shared) until
-    `close()`, so it is not removed while in use."""
+    order; entries are records or `DROPPED`; `position(i)` and `first_at(position)` map
+    ordinals to positions and back. Holds the block (its lock, shared) until `close()`, so
+    it is not removed while in use."""
 
     def __init__(self, path: Path, key: str, fd: int, lock: int) -> None:
         self.path = path
@@ -786,10 +806,14 @@ class BlockReader:
             raise CachedBlockError(f"{path}: not a block file of format {FORMAT_VERSION} "
                                    f"for key {key} (header {magic!r}, format {version})")
         index_at, count, end = _FOOTER.unpack(os.pread(fd, _FOOTER.size, size - _FOOTER.size))
-        if end != _END or index_at + count * _ENTRY.size + _FOOTER.size != size:
+        if end != _END or index_at + count * (_ENTRY.size + _POSITION) + _FOOTER.size != size:
             raise CachedBlockError(f"{path}: footer at offset {size - _FOOTER.size} does not "
                                    f"match the file's {size} bytes")
         self._index = os.pread(fd, count * _ENTRY.size, index_at)
+        self._positions = array("q")
+        self._positions.frombytes(os.pread(fd, count * _POSITION, index_at + len(self._index)))
+        if _BIG_ENDIAN:
+            self._positions.byteswap()
         self._entries_end = index_at
         self._count = count
 
@@ -817,6 +841,17 @@ class BlockReader:
     def __iter__(self) -> Iterator[Any]:
         for index in range(self._count):
             yield self.record(index)
+
+    def position(self, index: int) -> int:
+        """The position the writer gave ordinal `index`."""
+        if not 0 <= index < self._count:
+            raise IndexError(f"{self.path}: ordinal {index} out of range 0..{self._count - 1}")
+        return self._positions[index]
+
+    def first_at(self, position: int) -> int:
+        """The first ordinal at or after `position` (`len()` where none is): where reading
+        continues from a state that stands at `position`."""
+        return bisect.bisect_left(self._positions, position)
 
     def close(self) -> None:
         if self._fd >= 0:
