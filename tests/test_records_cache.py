@@ -267,6 +267,44 @@ def test_positions_map_to_ordinals_and_back(tmp_path: Path) -> None:
                                                                                 4, 5]
 
 
+def test_put_at_interleaved_blocks_in_shuffled_order(tmp_path: Path) -> None:
+    """As after a shuffle: two blocks' records interleaved, each known by its position only,
+    the counts known once the blocks were read; ordinals are the positions' ranks."""
+    store = RecordStore(str(tmp_path))
+    blocks = {KEY: [(p * 37, {"at": p * 37}) for p in range(15)],
+              KEY2: [(p * 11 + 5, DROPPED if p % 4 == 0 else {"at": p}) for p in range(9)]}
+    writers = {key: store.start(key) for key in blocks}
+    mixed = [(key, entry) for key, entries in blocks.items() for entry in entries]
+    random.Random(1).shuffle(mixed)
+    for step, (key, (position, record)) in enumerate(mixed):
+        writers[key].put_at(position, record)
+        if step == 3:
+            for key_known, entries in blocks.items():
+                writers[key_known].expect(len(entries))
+    assert all(writer.complete for writer in writers.values())
+    for key, entries in blocks.items():
+        with store.get(key) as reader:
+            assert list(reader) == [record for _, record in entries]
+            assert [reader.position(i) for i in range(len(reader))] == [p for p, _ in entries]
+
+
+def test_put_at_refuses_a_repeat_an_extra_and_a_mix(tmp_path: Path) -> None:
+    writer = RecordStore(str(tmp_path)).start(KEY)
+    writer.put_at(10, {"a": 1})
+    with pytest.raises(ValueError, match="position 10 put twice"):
+        writer.put_at(10, {"a": 1})
+    with pytest.raises(ValueError, match="put and put_at mixed"):
+        writer.put(0, {"a": 1})
+    writer.put_at(20, {"a": 2})
+    with pytest.raises(ValueError, match="2 positions were put but the block has 1"):
+        writer.expect(1)
+    writer.expect(3)
+    writer.put_at(25, {"a": 3})
+    assert writer.complete
+    with pytest.raises(ValueError, match="position 30 put after the block was complete"):
+        writer.put_at(30, {"a": 4})
+
+
 def test_positions_that_do_not_increase_are_refused(tmp_path: Path) -> None:
     store = RecordStore(str(tmp_path))
     writer = store.start(KEY, 2)

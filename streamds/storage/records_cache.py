@@ -673,6 +673,7 @@ class BlockWriter:
         # ordinal -> (offset, length, checksum, position)
         self._entries: dict[int, tuple[int, int, int, int]] = {}
         self._count: int | None = None
+        self._by_position: bool | None = None  # put_at (ordinals by rank) or put (given)
         self.complete = False
         self.stored = True  # False once it gave up
 
@@ -685,10 +686,7 @@ class BlockWriter:
         Raises `UncacheableRecordError` for a record the cache cannot store (the writer
         gives up first), ValueError for an ordinal out of range or put twice.
         """
-        if not self.stored or self.complete:
-            if self.complete:
-                raise ValueError(f"block {self.key}: ordinal {index} put after the block was "
-                                 "complete")
+        if not self._open_to(by_position=False, what=f"ordinal {index}"):
             return
         if type(index) is not int or index < 0 or (self._count is not None
                                                    and index >= self._count):
@@ -697,11 +695,39 @@ class BlockWriter:
         if index in self._entries:
             raise ValueError(f"block {self.key}: ordinal {index} put twice (a record would be "
                              "stored twice)")
+        self._append(index, record, index if position is None else position,
+                     f"ordinal {index}")
+
+    def put_at(self, position: int, record: Any) -> None:
+        """Store the entry of the record at `position` in its block (a record or `DROPPED`);
+        ordinals are the positions' ranks, given when the block completes. For a caller that
+        knows where a record stands but not how many came before it (after a shuffle).
+        Raises as `put` does (a position put twice, one more after the block completed)."""
+        if not self._open_to(by_position=True, what=f"position {position}"):
+            return
+        if type(position) is not int:
+            raise ValueError(f"block {self.key}: position must be an int, got {position!r}")
+        if position in self._entries:
+            raise ValueError(f"block {self.key}: position {position} put twice (a record would "
+                             "be stored twice)")
+        self._append(position, record, position, f"position {position}")
+
+    def _open_to(self, *, by_position: bool, what: str) -> bool:
+        """Whether an entry may be added (False: the writer gave up); refuses a completed
+        block and a mix of `put` and `put_at`."""
+        if self.complete:
+            raise ValueError(f"block {self.key}: {what} put after the block was complete")
+        if self._by_position is not None and self._by_position != by_position:
+            raise ValueError(f"block {self.key}: put and put_at mixed in one block; use one")
+        self._by_position = by_position
+        return self.stored
+
+    def _append(self, slot: int, record: Any, position: int, what: str) -> None:
         try:
             data = encode_record(record)
         except UncacheableRecordError as err:
             self.abort()
-            raise UncacheableRecordError(f"{err} (ordinal {index} of the block)") from None
+            raise UncacheableRecordError(f"{err} ({what} of the block)") from None
         if self._store.limit is not None and self._end + len(data) > self._store.limit:
             self._give_up(f"its records pass limit={self._store.limit} bytes")
             return
@@ -710,8 +736,7 @@ class BlockWriter:
         except OSError as err:
             self._give_up(f"writing failed: {err}")
             return
-        self._entries[index] = (self._end, len(data), _checksum(data),
-                                index if position is None else position)
+        self._entries[slot] = (self._end, len(data), _checksum(data), position)
         self._end += len(data)
         if self._count is not None and len(self._entries) == self._count:
             self._finish()
@@ -722,8 +747,11 @@ class BlockWriter:
             raise ValueError(f"block {self.key}: count must be an int >= 0, got {count!r}")
         if self._count is not None and count != self._count:
             raise ValueError(f"block {self.key}: count {count} given after {self._count}")
-        beyond = [index for index in self._entries if index >= count]
-        if beyond:
+        if self._by_position:
+            if len(self._entries) > count:
+                raise ValueError(f"block {self.key}: {len(self._entries)} positions were put "
+                                 f"but the block has {count}")
+        elif beyond := [index for index in self._entries if index >= count]:
             raise ValueError(f"block {self.key}: ordinal {max(beyond)} was put but the block "
                              f"has {count}")
         self._count = count
@@ -733,7 +761,8 @@ class BlockWriter:
     def _finish(self) -> None:
         count = self._count
         assert count is not None
-        entries = [self._entries[ordinal] for ordinal in range(count)]
+        slots = sorted(self._entries) if self._by_position else range(count)
+        entries = [self._entries[slot] for slot in slots]
         positions = array("q", [entry[3] for entry in entries])
         for ordinal in range(1, count):
             if positions[ordinal] <= positions[ordinal - 1]:
