@@ -51,7 +51,44 @@ its gradient). A list or tuple of ints (token ids) is stored as one int64 array 
 floats as one float64 array. Anything else is refused by `UncacheableRecordError`, naming
 the value's place in the record and its type.
 
-Not thread-safe: one store, writer or reader per thread.
+Not thread-safe: one store, writer or reader per thread. Readers and writers belong to the
+process that opened them: open them in the worker, never before a fork (a forked copy of a
+lock descriptor holds the lock until the child closes it).
+
+How the cache stage is meant to use this (a plan for the stage, not yet built). The chain
+with a shuffle is lines -> parse -> shuffle buffer (parsed records, with positions) ->
+map/filter (`stages.transform.AfterBuffer`). The cache stage takes the place of the steps
+after the buffer, and a stored block skips the read and the parse as well:
+
+- Keys: the dataset (which knows the names relative to the source root,
+  `resume.identity.relative_names`) makes `block_key(shard, block, name=..., key=...,
+  upstream=...)` per block, with the reading settings that change records (on_error, how
+  documents are read) in `upstream`; None: read the block as without a cache.
+- A stored block (`get` gives a reader): the lines stage yields its positions
+  (`reader.position(i)`) with placeholders instead of reading and parsing the source; the
+  buffer shuffles them as it would the parsed records (the positions and their number are
+  the same, so the draws and the order are too: check that chunk sizes do not change the
+  order); the cache stage turns each one handed out at (block, offset) into
+  `reader.record(reader.first_at(offset))`, checking `reader.position(i) == offset`, and
+  yields nothing for `DROPPED` (counted as the steps would count it). The buffer holds
+  positions for such blocks, not tokenized records; `record` is one `pread`.
+- A block not stored: `start(key)` (None: another process fills it; just compute). After
+  the buffer the steps run as now, and each result goes to `writer.put_at(offset, record)`
+  (`DROPPED` for a drop: `stages.parse.DROPPED` is another object, translate it). The
+  stage before the buffer that sees the block's last chunk calls `writer.expect(lines)`
+  with the number of positions the block put into the buffer; the block completes when
+  its last record leaves the buffer. Under even ranks, where the steps run before the
+  buffer, records come in order: `put(ordinal, record, offset)`.
+- Resume: states are the same with or without the cache (same positions). A resumed
+  process never sees the records handed out before the state, so the blocks it was filling
+  do not complete: `abort()` every open writer when the epoch ends (or the iterator is
+  dropped); they are filled in a later epoch. `fetch(positions)` on a resume reads stored
+  blocks by `first_at` as above.
+- Errors: an `UncacheableRecordError` goes to the user with the file and line of the
+  record (`LineNumbers`); a `CachedBlockError` while reading a stored block: warn, compute
+  that block from the source (the same positions) and let the next epoch store it again.
+  Lines skipped as malformed (on_error="skip") are stored as `DROPPED`, so the skip counts
+  of a cached epoch need their own count kept beside the block (not built).
 """
 
 from __future__ import annotations
