@@ -267,25 +267,25 @@ def _type_name(value: Any) -> str:
 
 
 def _packed(items: list | tuple) -> bytes | None:
-    """A list or tuple of only ints (in int64) or only floats as one array, else None."""
-    kinds = set(map(type, items))
-    if len(kinds) != 1:
-        return None
-    kind = kinds.pop()
-    if kind is int:
+    """A list or tuple of only ints (in int64) or only floats as one array, else None.
+
+    Exact types only (a bool or an int subclass would come back an int); counting the types
+    in a list is the cheapest whole-list check, then one `struct.pack` packs them.
+    """
+    kinds = list(map(type, items))
+    count = len(items)
+    if kinds.count(int) == count:
         try:
-            packed = array("q", items)
-        except OverflowError:
+            data = struct.pack(f"<{count}q", *items)
+        except struct.error:  # an int beyond int64
             return None
         tag = _INTS_LIST if type(items) is list else _INTS_TUPLE
-    elif kind is float:
-        packed = array("d", items)
+    elif kinds.count(float) == count:
+        data = struct.pack(f"<{count}d", *items)
         tag = _FLOATS_LIST if type(items) is list else _FLOATS_TUPLE
     else:
         return None
-    if _BIG_ENDIAN:
-        packed.byteswap()
-    return tag + _Q.pack(len(items)) + packed.tobytes()
+    return tag + _Q.pack(count) + data
 
 
 def _dtype_text(text: str) -> bytes:
