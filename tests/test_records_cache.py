@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streamds.storage.plan import Block
 from streamds.storage.records_cache import (
@@ -88,6 +90,20 @@ def test_round_trip_keeps_values_and_types(name: str) -> None:
         assert torch.equal(back["value"], record["value"])
         return
     assert same(back, record), (back, record)
+
+
+JSON_LIKE = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text() | st.binary(),
+    lambda inner: (st.lists(inner) | st.lists(inner).map(tuple)
+                   | st.dictionaries(st.text() | st.integers(), inner)),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(JSON_LIKE)
+def test_round_trip_of_any_nesting(record: Any) -> None:
+    assert same(decode_record(encode_record(record)), record)
 
 
 def test_round_trip_of_a_bare_value_and_dropped() -> None:

@@ -600,6 +600,10 @@ class RecordStore:
             _remove_if_unused(path, lock)
             os.close(lock)
             return None
+        except BaseException:
+            os.close(fd)
+            os.close(lock)
+            raise
         with contextlib.suppress(OSError):  # read-only directory: no order of use
             os.utime(path)  # its last use, for least-recently-used removal
         return reader
