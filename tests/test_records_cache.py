@@ -60,7 +60,10 @@ VALUES = {
     "none": None, "true": True, "false": False, "int": 7, "negative": -(1 << 63),
     "big int": 1 << 80, "negative big int": -(1 << 70) - 3, "float": 0.1, "nan": float("nan"),
     "str": "café 数据 🚀", "lone surrogate": "a\udc80b", "empty str": "", "bytes": b"\x00\xff",
-    "token ids": list(range(-3, 8000)), "int tuple": (1, 2, 3), "floats": [0.5, 1.5, -2.0],
+    "token ids": list(range(-3, 8000)), "int tuple": (1, 2, 3),
+    "int32 edges": [-(1 << 31), (1 << 31) - 1], "past int32": [0, 1 << 31],
+    "past int32 below": (-(1 << 31) - 1, 0), "int64 edges": [-(1 << 63), (1 << 63) - 1],
+    "floats": [0.5, 1.5, -2.0],
     "float tuple": (0.5, 1e300), "bools": [True, False, True], "ints and bools": [1, True, 0],
     "ints and floats": [1, 2.0], "one int": [5], "empty list": [], "empty tuple": (),
     "int beyond int64 in a list": [1, 1 << 64], "nested": {"a": [{"b": (None, "x")}], 1: 2.5},
@@ -104,6 +107,12 @@ JSON_LIKE = st.recursive(
 @given(JSON_LIKE)
 def test_round_trip_of_any_nesting(record: Any) -> None:
     assert same(decode_record(encode_record(record)), record)
+
+
+def test_token_ids_take_four_bytes_each() -> None:
+    ids = list(range(50_000, 58_000))
+    assert len(encode_record(ids)) < 4 * len(ids) + 16
+    assert len(encode_record([*ids, 1 << 40])) > 8 * len(ids)
 
 
 def test_round_trip_of_a_bare_value_and_dropped() -> None:

@@ -47,9 +47,9 @@ cache directory must not be able to run code in the process that reads it). It s
 map returns: dict, list, tuple, str, int, float, bool, None, bytes, numpy arrays and scalars
 and torch tensors, nested; a value comes back equal and of the same type (an int stays an
 int, an array keeps its dtype and shape, a tensor comes back a tensor, on the CPU, without
-its gradient). A list or tuple of ints (token ids) is stored as one int64 array and a list of
-floats as one float64 array. Anything else is refused by `UncacheableRecordError`, naming
-the value's place in the record and its type.
+its gradient). A list or tuple of ints (token ids) is stored as one int32 array (int64 where
+a value needs it) and a list of floats as one float64 array. Anything else is refused by
+`UncacheableRecordError`, naming the value's place in the record and its type.
 
 Not thread-safe: one store, writer or reader per thread. Readers and writers belong to the
 process that opened them: open them in the worker, never before a fork (a forked copy of a
@@ -243,6 +243,9 @@ _BIG_ENDIAN = sys.byteorder == "big"
 _NONE, _TRUE, _FALSE, _INT, _BIGINT, _FLOAT = b"N", b"T", b"F", b"i", b"I", b"f"
 _STR, _BYTES, _DICT, _LIST, _TUPLE = b"s", b"b", b"d", b"l", b"t"
 _INTS_LIST, _INTS_TUPLE, _FLOATS_LIST, _FLOATS_TUPLE = b"L", b"U", b"D", b"V"
+_INT32S_LIST, _INT32S_TUPLE = b"J", b"W"  # ints that all fit in 32 bits (token ids): half the bytes
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+_INT32_CODE = "i" if array("i").itemsize == 4 else "l"  # array's 32-bit signed typecode
 _NDARRAY, _NPSCALAR, _TENSOR, _DROP = b"a", b"g", b"x", b"z"
 
 _ALLOWED = ("dict, list, tuple, str, int, float, bool, None, bytes, numpy arrays and scalars "
@@ -275,11 +278,15 @@ def _packed(items: list | tuple) -> bytes | None:
     kinds = list(map(type, items))
     count = len(items)
     if kinds.count(int) == count:
-        try:
-            data = struct.pack(f"<{count}q", *items)
-        except struct.error:  # an int beyond int64
-            return None
-        tag = _INTS_LIST if type(items) is list else _INTS_TUPLE
+        if _INT32[0] <= min(items) and max(items) <= _INT32[1]:
+            data = struct.pack(f"<{count}i", *items)
+            tag = _INT32S_LIST if type(items) is list else _INT32S_TUPLE
+        else:
+            try:
+                data = struct.pack(f"<{count}q", *items)
+            except struct.error:  # an int beyond int64
+                return None
+            tag = _INTS_LIST if type(items) is list else _INTS_TUPLE
     elif kinds.count(float) == count:
         data = struct.pack(f"<{count}d", *items)
         tag = _FLOATS_LIST if type(items) is list else _FLOATS_TUPLE
@@ -426,12 +433,13 @@ def _numbers(view: memoryview, pos: int, typecode: str) -> tuple[list, int]:
     (count,) = _Q.unpack_from(view, pos)
     pos += 8
     values = array(typecode)
-    values.frombytes(view[pos: pos + 8 * count])
+    end = pos + values.itemsize * count
+    values.frombytes(view[pos: end])
     if len(values) != count:
         raise _Corrupt(f"an array of {count} numbers cut short")
     if _BIG_ENDIAN:
         values.byteswap()
-    return values.tolist(), pos + 8 * count
+    return values.tolist(), end
 
 
 def _decode(view: memoryview, pos: int) -> tuple[Any, int]:
@@ -445,6 +453,9 @@ def _decode(view: memoryview, pos: int) -> tuple[Any, int]:
         part = view[pos: pos + size]
         value = str(part, "utf-8", "surrogatepass") if tag == _STR else part.tobytes()
         return value, pos + size
+    if tag in (_INT32S_LIST, _INT32S_TUPLE):
+        values, pos = _numbers(view, pos, _INT32_CODE)
+        return (values if tag == _INT32S_LIST else tuple(values)), pos
     if tag in (_INTS_LIST, _INTS_TUPLE):
         values, pos = _numbers(view, pos, "q")
         return (values if tag == _INTS_LIST else tuple(values)), pos
