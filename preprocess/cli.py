@@ -1,14 +1,14 @@
-"""The converter's command line: ``python -m preprocess`` and ``streamds convert``.
+"""The converter's command line: ``streamds convert`` and ``python -m streamds.preprocess``.
 
 ::
 
-    python -m preprocess INPUT... --output DIR [--shard-size 256MB] [--format jsonl.zst|tar]
-                         [--workers N] [--level 3] [--frame-size 4MiB]
-                         [--transform module:function] [--on-error raise|skip] [--quiet]
-                         [--read-ahead 64] [--read-ahead-bytes 256MiB]
-                         [--storage-options JSON]
-                         [--parts N] [--executor local|process|process:N|dask://HOST:PORT]
-                         [--part K | --merge] [--overwrite]
+    streamds convert INPUT... --output DIR [--shard-size 256MB] [--format jsonl.zst|tar]
+                     [--workers N] [--level 3] [--frame-size 4MiB]
+                     [--transform module:function] [--on-error raise|skip] [--quiet]
+                     [--read-ahead 64] [--read-ahead-bytes 256MiB]
+                     [--storage-options JSON]
+                     [--parts N] [--executor local|process|process:N|dask://HOST:PORT]
+                     [--part K | --merge] [--overwrite]
 
 INPUT may be an fsspec URL (``https://host/d/train.jsonl.zst``, ``s3://bucket/d/``, a remote
 folder or glob of ``.json`` files).
@@ -64,7 +64,7 @@ from .writers import FORMATS
 __all__ = ["build_parser", "main", "summary"]
 
 
-def build_parser(prog: str = "python -m preprocess") -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m streamds.preprocess") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Convert JSONL files, trees of small .json files and tar shards into "
@@ -84,8 +84,9 @@ def build_parser(prog: str = "python -m preprocess") -> argparse.ArgumentParser:
     parser.add_argument("--frame-size", type=size_argument, default=DEFAULT_FRAME_SIZE,
                         metavar="SIZE", help="decoded bytes per seekable frame (default 4MiB)")
     parser.add_argument("--transform", metavar="MODULE:FUNCTION",
-                        help="record -> record or None, e.g. preprocess.text:to_summarisation "
-                        "or 'preprocess.text:summarisation(max_words=512)'")
+                        help="record -> record or None, e.g. "
+                        "streamds.preprocess.text:to_summarisation or "
+                        "'streamds.preprocess.text:summarisation(max_words=512)'")
     parser.add_argument("--on-error", choices=ON_ERROR, default="raise",
                         help="malformed records and damaged files: stop (default) or skip "
                         "and count them")
@@ -225,7 +226,7 @@ def summary(result: ConvertResult) -> str:
     ])
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m preprocess") -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m streamds.preprocess") -> int:
     """The conversion command line; exit 0, or 2 with the reason on stderr."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["convert"]:

@@ -19,7 +19,7 @@ parts are skipped. The manifest is written last, atomically.
 
 Library use::
 
-    from preprocess.convert import convert
+    from streamds.preprocess.convert import convert
     result = convert(["data/train.txt"], "shards/", shard_size=64 << 20, workers=2)
     result.manifest.totals["records"]
 

@@ -21,8 +21,8 @@ from test_convert import read_output
 from test_parts import output_files
 
 from corpora.synthetic import write_pubmed, write_small_files
-from preprocess.cli import main as cli_main
-from preprocess.convert import ConversionError, convert
+from streamds.preprocess.cli import main as cli_main
+from streamds.preprocess.convert import ConversionError, convert
 
 distributed = pytest.importorskip("distributed", reason="the 'cluster' extra (make setup)")
 

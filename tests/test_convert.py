@@ -27,12 +27,12 @@ import pytest
 import zstandard
 
 from corpora.synthetic import write_pubmed, write_small_files, write_small_lines
-from preprocess import convert as convert_module
-from preprocess.convert import JOURNAL_NAME, ConversionError, convert, convert_part
-from preprocess.identity import INPUTS_NAME
-from preprocess.sources import Inputs
 from streamds.formats.manifest import MANIFEST_NAME, read_manifest
 from streamds.formats.seekable import decompress_frames, read_seek_table
+from streamds.preprocess import convert as convert_module
+from streamds.preprocess.convert import JOURNAL_NAME, ConversionError, convert, convert_part
+from streamds.preprocess.identity import INPUTS_NAME
+from streamds.preprocess.sources import Inputs
 from streamds.storage.shards import natural_key
 
 REPO = Path(__file__).resolve().parents[1]
@@ -353,8 +353,8 @@ def test_tar_output_is_read_by_streamds_and_webdataset(corpus, tmp_path):
 
 def test_tar_output_without_webdataset_names_the_extra_before_writing(corpus, tmp_path,
                                                                       monkeypatch, capsys):
-    from preprocess.cli import main
-    from preprocess.writers import TarShard
+    from streamds.preprocess.cli import main
+    from streamds.preprocess.writers import TarShard
 
     monkeypatch.setitem(sys.modules, "webdataset", None)  # as if not installed
     out = tmp_path / "out"
@@ -574,12 +574,12 @@ def test_on_error_skip_counts_bad_records_and_files(tmp_path):
 def test_transform_drops_and_rewrites_records(corpus, tmp_path):
     out = tmp_path / "out"
     result = convert([corpus["root"] / "train.txt"], out,
-                     transform="preprocess.text:summarisation(max_words=20, min_words=1)")
+                     transform="streamds.preprocess.text:summarisation(max_words=20, min_words=1)")
     records = read_output(out)
     assert set(records[0]) == {"id", "text", "summary"}
     assert all(len(r["text"].split()) <= 20 for r in records)
     assert result.manifest.options["transform"] == (
-        "preprocess.text:summarisation(max_words=20, min_words=1)")
+        "streamds.preprocess.text:summarisation(max_words=20, min_words=1)")
     dropped = convert([corpus["root"] / "lines.jsonl"], tmp_path / "d",
                       transform=_keep_even_labels)
     expected = [r for r in corpus["expected"]["lines.jsonl"] if r["label"] % 2 == 0]
@@ -612,18 +612,18 @@ def test_journal_is_not_a_record_file(corpus, tmp_path):
 
 
 def test_transform_spec_as_the_readme_writes_it():
-    from preprocess.text import Summarisation, to_summarisation
+    from streamds.preprocess.text import Summarisation, to_summarisation
     from streamds.spec import load_function
 
-    pair = load_function("preprocess.text:summarisation(max_words=512)")
+    pair = load_function("streamds.preprocess.text:summarisation(max_words=512)")
     assert isinstance(pair, Summarisation) and pair.max_words == 512
-    assert load_function("preprocess.text:to_summarisation") is to_summarisation
+    assert load_function("streamds.preprocess.text:to_summarisation") is to_summarisation
 
 
 def test_docstring_examples():
     import doctest
 
-    from preprocess import cli, commit, journal, recovery, run, sources, writers
+    from streamds.preprocess import cli, commit, journal, recovery, run, sources, writers
 
     modules = (convert_module, cli, commit, journal, recovery, run, sources, writers)
     results = [doctest.testmod(module) for module in modules]

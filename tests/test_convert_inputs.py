@@ -19,8 +19,10 @@ import fsspec
 import orjson
 import pytest
 
-from preprocess.cli import main as convert_main
-from preprocess.convert import (
+from streamds import StreamingJsonl
+from streamds.formats.manifest import MANIFEST_NAME
+from streamds.preprocess.cli import main as convert_main
+from streamds.preprocess.convert import (
     ConversionError,
     InputsChangedError,
     Progress,
@@ -28,13 +30,11 @@ from preprocess.convert import (
     convert_part,
     merge_parts,
 )
-from preprocess.identity import INPUTS_NAME
-from preprocess.job import Job
-from preprocess.journal import JOURNAL_NAME
-from preprocess.parts import PartTask, run_part
-from preprocess.plan import PLAN_NAME, read_plan
-from streamds import StreamingJsonl
-from streamds.formats.manifest import MANIFEST_NAME
+from streamds.preprocess.identity import INPUTS_NAME
+from streamds.preprocess.job import Job
+from streamds.preprocess.journal import JOURNAL_NAME
+from streamds.preprocess.parts import PartTask, run_part
+from streamds.preprocess.plan import PLAN_NAME, read_plan
 
 OPTIONS: dict[str, Any] = {"shard_size": 4000, "frame_size": 1000}
 
@@ -304,7 +304,7 @@ def test_on_error_skip_names_the_first_skipped_lines(tmp_path, capsys, caplog):
     source = tmp_path / "bad.jsonl"
     source.write_bytes(b"\n".join(lines) + b"\n")
     bad = [n for n in range(1, 200) if n % 7 == 0]
-    with caplog.at_level(logging.WARNING, logger="preprocess"):
+    with caplog.at_level(logging.WARNING, logger="streamds.preprocess"):
         result = convert([source], tmp_path / "out", on_error="skip", shard_size=200,
                          frame_size=100)
     assert result.counts.bad == len(bad)

@@ -24,16 +24,16 @@ import fsspec
 import orjson
 import pytest
 
-import preprocess.readahead as readahead
-import preprocess.sources as sources
+import streamds.preprocess.readahead as readahead
+import streamds.preprocess.sources as sources
 from corpora.synthetic import write_pubmed, write_small_files
-from preprocess.cli import main
-from preprocess.convert import ConversionError, convert
-from preprocess.listing import ListingWalk
-from preprocess.readahead import ReadAhead
-from preprocess.sources import Inputs, Leaf
 from streamds.formats.manifest import MANIFEST_NAME
 from streamds.formats.trees import directory_walk, glob_walk
+from streamds.preprocess.cli import main
+from streamds.preprocess.convert import ConversionError, convert
+from streamds.preprocess.listing import ListingWalk
+from streamds.preprocess.readahead import ReadAhead
+from streamds.preprocess.sources import Inputs, Leaf
 from streamds.retry import RetryPolicy
 from testbed.http import Faults, serve
 
