@@ -45,7 +45,6 @@ import contextlib
 import io
 import itertools
 import os
-import tarfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO, NamedTuple
@@ -56,8 +55,8 @@ from fsspec.core import url_to_fs
 from streamds.errors import CorruptShardError
 from streamds.formats.codecs import decode, require_codec, strip_codec
 from streamds.formats.documents import LINES, document_records, probe
-from streamds.formats.filenames import TAR_LINES_MEMBERS, TAR_RECORD_MEMBERS, format_of
-from streamds.formats.samples import SampleKeys, TarSampleError
+from streamds.formats.filenames import format_of
+from streamds.formats.samples import TarSampleError
 from streamds.formats.trees import (
     Rel,
     canonical_path,
@@ -75,6 +74,7 @@ from streamds.retry import (
     option_error,
     retrying,
 )
+from streamds.storage.read import tar_records
 from streamds.storage.shards import same_file_error, source_items
 
 from .listing import ListingWalk, RemoteTree, remote_tree, remote_version
@@ -444,45 +444,19 @@ def _json_records(
 
 
 def _read_tar(leaf: Leaf, first: int, meter: Meter, policy: RetryPolicy) -> Iterator[RawRecord]:
+    """The records of a tar leaf from record number `first`, read by the library's reader
+    (`streamds.storage.read.tar_records`: same members, same numbers, same damage checks)."""
     raw = _Reopening(leaf, policy, meter=meter)
     stream = io.BufferedReader(decode(raw, leaf.codec, leaf.path), READ_SIZE)  # type: ignore[arg-type]
-    ordinal = 0
-    samples = SampleKeys(leaf.path)
     try:
-        with tarfile.open(fileobj=stream, mode="r|") as tar:
-            for member in tar:
-                if not member.isfile():
-                    continue
-                if member.name.endswith(TAR_RECORD_MEMBERS):
-                    samples.check(member.name)  # one JSON member per webdataset sample
-                    if ordinal < first:
-                        ordinal += 1
-                        continue
-                    records = [_member_bytes(tar, member)]
-                elif member.name.endswith(TAR_LINES_MEMBERS):
-                    records = _member_bytes(tar, member).split(b"\n")
-                    records = [r for r in records if r and not r.isspace()]
-                else:
-                    continue
-                for data in records:
-                    if ordinal >= first:
-                        yield RawRecord(data, leaf, ordinal, ordinal + 1, member.name)
-                    ordinal += 1
+        for member in tar_records(stream, leaf.path, first):
+            for ordinal, data in enumerate(member.records, member.first):
+                if data and not data.isspace():
+                    yield RawRecord(data, leaf, ordinal, ordinal + 1, member.member)
     except TarSampleError as err:
         raise SourceError(str(err)) from err
-    except tarfile.TarError as err:
-        raise CorruptShardError(
-            f"{leaf.path}: not a readable tar file after record {ordinal}: {err}",
-            url=leaf.path,
-            offset=ordinal,
-        ) from err
     finally:
         stream.close()
-
-
-def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
-    extracted = tar.extractfile(member)
-    return extracted.read() if extracted is not None else b""
 
 
 # -- inputs ------------------------------------------------------------------------------

@@ -351,6 +351,24 @@ def test_tar_output_is_read_by_streamds_and_webdataset(corpus, tmp_path):
     assert [s["__key__"] for s in samples] == [f"{i:010d}" for i in range(len(expected))]
 
 
+def test_a_damaged_tar_header_stops_the_conversion_naming_the_file(tmp_path):
+    """The converter reads tar shards with the library's reader: a damaged header after the
+    first member is an error naming the file (Python's tarfile alone stops there silently,
+    dropping every later record), or, with on_error="skip", the rest of the file counted bad."""
+    members = [(f"s{i}.json", orjson.dumps({"i": i})) for i in range(3)]
+    data = bytearray(tar_bytes(members))
+    second = 512 + 512  # the first member's header and its data, padded to one block
+    data[second + 148:second + 156] = b"garbage!"  # the second header's checksum field
+    source = tmp_path / "damaged.tar"
+    source.write_bytes(bytes(data))
+    with pytest.raises(ConversionError, match=r"damaged\.tar: truncated or damaged tar header"):
+        convert([source], tmp_path / "out")
+    good = tmp_path / "good.jsonl"
+    good.write_bytes(b'{"i": 9}\n')
+    result = convert([source, good], tmp_path / "skip", on_error="skip")
+    assert (result.counts.records_out, result.counts.bad) == (2, 1)  # s0.json and good.jsonl
+
+
 def test_tar_output_without_webdataset_names_the_extra_before_writing(corpus, tmp_path,
                                                                       monkeypatch, capsys):
     from streamds.preprocess.cli import main
