@@ -74,6 +74,7 @@ from streamds.retry import (
     option_error,
     retrying,
 )
+from streamds.stages.parse import without_bom
 from streamds.storage.read import tar_records
 from streamds.storage.shards import same_file_error, source_items
 
@@ -329,7 +330,11 @@ def _is_url(item: str) -> bool:
 def _lines(
     chunks: Iterator[bytes], leaf: Leaf, pos: int, line: int
 ) -> Iterator[RawRecord]:
-    """The non-blank lines in decoded `chunks`, the first beginning at offset `pos`."""
+    """The non-blank lines in decoded `chunks`, the first beginning at offset `pos`.
+
+    A byte-order mark is cut from the file's first line by the reader's rule
+    (`streamds.stages.parse.without_bom`), so a file streamds reads converts too.
+    """
     pending: list[bytes] = []
     for data in chunks:
         if data.find(b"\n") < 0:
@@ -340,13 +345,15 @@ def _lines(
         tail = lines.pop()
         pending = [tail] if tail else []
         for text in lines:
-            if text and not text.isspace():
-                yield RawRecord(text, leaf, pos, line)
+            record = without_bom(text, pos, None) if pos == 0 else text
+            if record and not record.isspace():
+                yield RawRecord(record, leaf, pos, line)
             pos += len(text) + 1
             line += 1
     tail = b"".join(pending)
-    if tail and not tail.isspace():
-        yield RawRecord(tail, leaf, pos, line)
+    record = without_bom(tail, pos, None) if pos == 0 else tail
+    if record and not record.isspace():
+        yield RawRecord(record, leaf, pos, line)
 
 
 def _read_jsonl(

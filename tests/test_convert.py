@@ -351,6 +351,23 @@ def test_tar_output_is_read_by_streamds_and_webdataset(corpus, tmp_path):
     assert [s["__key__"] for s in samples] == [f"{i:010d}" for i in range(len(expected))]
 
 
+@pytest.mark.parametrize("name", ["bom.jsonl", "bom.jsonl.gz", "bom.json", "lone-bom.jsonl"])
+def test_a_byte_order_mark_follows_the_readers_rule(tmp_path, name):
+    """A file that starts with a UTF-8 byte-order mark converts to the records streamds
+    reads from it (the BOM is cut from the file's first line only; a lone BOM is a blank
+    line); the converter used to refuse line 1 as invalid JSON."""
+    from streamds import StreamingJsonl
+
+    lines = b'{"i": 1}\n{"i": 2}\n'
+    text = b"\xef\xbb\xbf" + (b"\n" + lines if name.startswith("lone") else lines)
+    source = tmp_path / name
+    source.write_bytes(gzip.compress(text) if name.endswith(".gz") else text)
+    convert([source], tmp_path / "out")
+    expected = list(StreamingJsonl(str(source)))
+    assert expected == [{"i": 1}, {"i": 2}]
+    assert list(StreamingJsonl(str(tmp_path / "out"))) == expected
+
+
 def test_a_damaged_tar_header_stops_the_conversion_naming_the_file(tmp_path):
     """The converter reads tar shards with the library's reader: a damaged header after the
     first member is an error naming the file (Python's tarfile alone stops there silently,
