@@ -99,10 +99,10 @@ import sys
 from pathlib import Path
 
 import streamds
-import streamds.preprocess.cli
+import streamds.preprocess.command
 
 venv = Path(sys.argv[1]).resolve()
-for module in (streamds, streamds.preprocess.cli):
+for module in (streamds, streamds.preprocess.command):
     where = Path(module.__file__).resolve()
     assert venv in where.parents, f"{module.__name__} imported from {where}, not from {venv}"
 print(f"streamds {streamds.__file__}")

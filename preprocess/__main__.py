@@ -8,6 +8,6 @@ package that an installed streamds does not have).
 
 import sys
 
-from streamds.preprocess.cli import main
+from streamds.preprocess.command import main
 
 sys.exit(main())

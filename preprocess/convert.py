@@ -3,13 +3,13 @@
 The pipeline, one stage per line::
 
     Job: check the options, load the transform  # job.py
-      -> prepare: the plan of parts             # parts.py, plan.py: _plan.json (or one part)
+      -> prepare: the plan of parts             # parts.py, parts_plan.py: _plan.json (or one part)
       -> one part: convert_directory(out)       # job.py: journal, run, manifest
          parts: run_plan(executor)              # parts.py: a task per part, then the merge
 
 Output is a function of the inputs and options only (`parts` included): ``--workers``
 changes how many shards compress at once (in threads: zstd releases the GIL), ``--read-ahead``
-how many ``.json`` files are opened at once (`preprocess.readahead`), the executor where the
+how many ``.json`` files are opened at once (`files_ahead`), the executor where the
 parts run, never the bytes. Inputs may be fsspec URLs (``https://``, ``s3://``,
 ``memory://``), listed and ordered by the same rule as local ones. After a crash (even
 ``kill -9``), the same command verifies the shards the journal lists, deletes anything else,
@@ -53,7 +53,7 @@ from .job import (
 )
 from .journal import JOURNAL_NAME
 from .parts import PARTS_FIX, PartTask, merge, prepare, run_part, run_plan
-from .plan import MAX_PARTS, Plan
+from .parts_plan import MAX_PARTS, Plan
 from .preflight import check_listing, check_output_outside, check_output_path
 from .recovery import clear_output
 from .sources import DEFAULT_READ_AHEAD, DEFAULT_READ_AHEAD_BYTES, Inputs
@@ -108,7 +108,7 @@ def convert(
     `storage_options` go to fsspec for URL inputs (they are not recorded anywhere);
     `retry` says how transient read errors are retried. The output depends on none of these.
 
-    `parts` cuts the input into that many parts of similar size (`preprocess.plan`; None:
+    `parts` cuts the input into that many parts of similar size (`parts_plan`; None:
     one per GiB, or what `output` was started with), each converted into its own folder by
     a task that `executor` runs (any `concurrent.futures.Executor`: a process pool, a Dask
     cluster's ``Client.get_executor()``; None: here, one after another); the output depends

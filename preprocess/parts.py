@@ -10,7 +10,7 @@
 
 The output, a function of the inputs and options only (the number of parts included)::
 
-    out/_plan.json                          # the parts, as plan.py cut them
+    out/_plan.json                          # the parts, as parts_plan.py cut them
     out/part-00000/shard-000000.jsonl.zst   # part 0's shards, journal (hidden), manifest.json
     out/part-00001/...
     out/manifest.json                       # names part-00000/shard-000000.jsonl.zst, ...
@@ -48,7 +48,7 @@ from .job import (
     job_fingerprint,
 )
 from .journal import JOURNAL_NAME, Journal
-from .plan import PLAN_NAME, Part, Plan, make_plan, read_plan, write_plan
+from .parts_plan import PLAN_NAME, Part, Plan, make_plan, read_plan, write_plan
 from .recovery import is_temporary
 from .run import SKIPPED_SHOWN
 from .sources import Inputs, Leaf

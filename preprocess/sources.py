@@ -28,7 +28,7 @@ directory or glob expanded by the same rule (listed once with fsspec, sorted the
 
 Reading: every open and read retries transient errors (Drive's ``[Errno 5]``, a dropped
 connection) per a `RetryPolicy`, reopening at the same byte, so nothing is lost or repeated.
-``.json`` files are read ahead by a `ReadAhead` pool (`read_ahead` opens in flight, spread
+``.json`` files are read ahead by a `FilesAhead` pool (`read_ahead` opens in flight, spread
 over folders, bounded in bytes). The records and their order never depend on either.
 
 A `Position` (input index, path under the input, offset, line) names where a record
@@ -78,8 +78,8 @@ from streamds.stages.parse import without_bom
 from streamds.storage.read import tar_records
 from streamds.storage.shards import same_file_error, source_items
 
+from .files_ahead import FilesAhead
 from .listing import ListingWalk, RemoteTree, remote_tree, remote_version
-from .readahead import ReadAhead
 
 __all__ = [
     "DEFAULT_READ_AHEAD",
@@ -725,7 +725,7 @@ class Inputs:
             start = start or span.begin.position()
             leaves = [self._within(leaf, span) for leaf in self._span_leaves(start, span.end)]
         policy = self.retry
-        ahead: ReadAhead[Leaf, Fetched] = ReadAhead(
+        ahead: FilesAhead[Leaf, Fetched] = FilesAhead(
             leaves,
             lambda leaf: fetch_json(leaf, policy),
             wants=lambda leaf: leaf.kind == "json",

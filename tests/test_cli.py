@@ -199,9 +199,9 @@ def test_verify_and_inspect_tar_shards(train, tmp_path, capsys):
 
 def test_convert_dispatches_to_the_converters_own_command_line(monkeypatch):
     calls = []
-    fake = types.ModuleType("streamds.preprocess.cli")
+    fake = types.ModuleType("streamds.preprocess.command")
     fake.main = lambda argv, prog: calls.append((argv, prog)) or 5  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "streamds.preprocess.cli", fake)
+    monkeypatch.setitem(sys.modules, "streamds.preprocess.command", fake)
     assert main(["convert", "in.jsonl", "--output", "out"]) == 5
     assert calls == [(["in.jsonl", "--output", "out"], "streamds convert")]
 

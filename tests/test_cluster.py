@@ -21,7 +21,7 @@ from test_convert import read_output
 from test_parts import output_files
 
 from corpora.synthetic import write_pubmed, write_small_files
-from streamds.preprocess.cli import main as cli_main
+from streamds.preprocess.command import main as cli_main
 from streamds.preprocess.convert import ConversionError, convert
 
 distributed = pytest.importorskip("distributed", reason="the 'cluster' extra (make setup)")

@@ -388,7 +388,7 @@ def test_a_damaged_tar_header_stops_the_conversion_naming_the_file(tmp_path):
 
 def test_tar_output_without_webdataset_names_the_extra_before_writing(corpus, tmp_path,
                                                                       monkeypatch, capsys):
-    from streamds.preprocess.cli import main
+    from streamds.preprocess.command import main
     from streamds.preprocess.writers import TarShard
 
     monkeypatch.setitem(sys.modules, "webdataset", None)  # as if not installed
@@ -658,9 +658,9 @@ def test_transform_spec_as_the_readme_writes_it():
 def test_docstring_examples():
     import doctest
 
-    from streamds.preprocess import cli, commit, journal, recovery, run, sources, writers
+    from streamds.preprocess import command, commit, journal, recovery, run, sources, writers
 
-    modules = (convert_module, cli, commit, journal, recovery, run, sources, writers)
+    modules = (convert_module, command, commit, journal, recovery, run, sources, writers)
     results = [doctest.testmod(module) for module in modules]
     assert sum(r.attempted for r in results) >= 2 and sum(r.failed for r in results) == 0
 

@@ -21,7 +21,7 @@ import pytest
 
 from streamds import StreamingJsonl
 from streamds.formats.manifest import MANIFEST_NAME
-from streamds.preprocess.cli import main as convert_main
+from streamds.preprocess.command import main as convert_main
 from streamds.preprocess.convert import (
     ConversionError,
     InputsChangedError,
@@ -34,7 +34,7 @@ from streamds.preprocess.identity import INPUTS_NAME
 from streamds.preprocess.job import Job
 from streamds.preprocess.journal import JOURNAL_NAME
 from streamds.preprocess.parts import PartTask, run_part
-from streamds.preprocess.plan import PLAN_NAME, read_plan
+from streamds.preprocess.parts_plan import PLAN_NAME, read_plan
 
 OPTIONS: dict[str, Any] = {"shard_size": 4000, "frame_size": 1000}
 

@@ -98,7 +98,7 @@ def test_the_same_path_twice_is_refused_by_both(tree):
 
 
 def test_cli_convert_of_one_file_twice_fails_without_writing(tree, capsys):
-    from streamds.preprocess.cli import main
+    from streamds.preprocess.command import main
 
     path = str(tree / "d" / "a.jsonl")
     assert main([path, path, "--output", str(tree / "out"), "--quiet"]) == 2

@@ -286,7 +286,10 @@ def test_streamds_never_imports_the_converter_at_module_level(edges: list[Edge])
 
 @pytest.mark.parametrize(
     "statement",
-    ["import streamds, streamds.preprocess.cli", "import streamds.preprocess.cli, streamds"],
+    [
+        "import streamds, streamds.preprocess.command",
+        "import streamds.preprocess.command, streamds",
+    ],
 )
 def test_packages_import_in_a_fresh_interpreter(statement: str) -> None:
     result = subprocess.run(

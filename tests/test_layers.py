@@ -110,11 +110,11 @@ def test_the_check_sees_an_upward_import_and_a_converter_import() -> None:
     edges = [
         Edge("streamds.storage.read", "streamds.stages.parse", here, 1, False),  # upward
         Edge("streamds.stages.parse", "streamds.storage.read", here, 2, True),  # downward
-        Edge("streamds.tools.bench", "streamds.preprocess.cli", here, 3, False),  # not the CLI
-        Edge("streamds.tools.cli", "streamds.preprocess.cli", here, 4, False),  # the CLI: allowed
+        Edge("streamds.tools.bench", "streamds.preprocess.command", here, 3, False),  # not the CLI
+        Edge("streamds.tools.cli", "streamds.preprocess.command", here, 4, False),  # allowed
         Edge("streamds.preprocess.job", "streamds.errors", here, 5, True),
     ]
     problems = layer_problems(edges, packages)
     assert len(problems) == 2
     assert "streamds.storage -> streamds.stages" in problems[0]
-    assert "streamds.tools.bench -> streamds.preprocess.cli" in problems[1]
+    assert "streamds.tools.bench -> streamds.preprocess.command" in problems[1]

@@ -1,4 +1,4 @@
-"""Conversion in parts (preprocess.plan, preprocess.parts): the plan, the executors, resume.
+"""Conversion in parts (streamds.preprocess.parts_plan, .parts): the plan, the executors, resume.
 
 Expected records come from a conversion in one part (itself checked against the plain bytes
 by test_convert.py) and from the input bytes; byte identity is checked on every file of the
@@ -24,9 +24,9 @@ from test_convert import read_output
 from corpora.synthetic import write_pubmed, write_small_files
 from streamds.formats.manifest import read_manifest
 from streamds.formats.seekable import SeekableWriter
-from streamds.preprocess.cli import main as cli_main
+from streamds.preprocess.command import main as cli_main
 from streamds.preprocess.convert import ConversionError, convert, convert_part, merge_parts
-from streamds.preprocess.plan import PLAN_NAME, read_plan
+from streamds.preprocess.parts_plan import PLAN_NAME, read_plan
 from streamds.preprocess.sources import Inputs, Meter
 
 REPO = Path(__file__).resolve().parents[1]

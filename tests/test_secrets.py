@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 from streamds import Storage, StreamingJsonl, merge_states
-from streamds.preprocess.cli import main as convert_main
+from streamds.preprocess.command import main as convert_main
 from streamds.preprocess.convert import convert
 from streamds.redact import describe_error, redact, safe_cause, scrubbed
 from streamds.retry import GaveUpError, RetryPolicy, retrying

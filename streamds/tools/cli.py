@@ -13,7 +13,7 @@
 
 Exit status: 0 on success, 1 when `verify` finds damage, 2 for bad arguments or input.
 The library never prints; this module does (results on stdout, progress on stderr).
-`convert` is the converter's own command line (`streamds.preprocess.cli`, the writing side, from
+`convert` is the converter's own command line (`streamds.preprocess.command`, the writing side, from
 the checkout's `preprocess/` folder) and `bench` lives in `streamds.tools.bench`; both are
 imported only when asked for, and no other module of streamds imports the converter.
 """
@@ -353,7 +353,7 @@ def _cmd_verify(argv: Sequence[str]) -> int:
 
 def _cmd_convert(argv: Sequence[str]) -> int:
     try:
-        from streamds.preprocess.cli import main as convert_main
+        from streamds.preprocess.command import main as convert_main
     except ImportError as err:
         missing = getattr(err, "name", None) or "a module"
         print(f"streamds convert: error: the converter (streamds.preprocess) cannot be "
