@@ -169,9 +169,18 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
+BAR_STEPS = 200  # redraws of the bar over a known total, at most: one per 0.5% read
+
+
 class _Bar:
-    """The progress bar: bytes when every input size is known, else files. Made at the first
-    report, which comes once the conversion has listed the inputs (listed once only)."""
+    """The progress bar: bytes read (with their rate and, with a known total, the time left)
+    when every input size is known, else files. Made at the first report, which comes once
+    the conversion has listed the inputs (listed once only).
+
+    Redraws follow the work, not the clock: one per `BAR_STEPS`-th of the total (every report
+    when there is no total; the converter reports every MiB or 1024 records), so a long
+    conversion moves the bar steadily and a test sees every step without waiting.
+    """
 
     def __init__(self) -> None:
         self.bar: Any = None
@@ -184,7 +193,8 @@ class _Bar:
             total = p.bytes_total if by_bytes else p.files_total
             self.bar = tqdm(total=total or None, unit="B" if by_bytes else " files",
                             unit_scale=by_bytes, desc="converting", file=sys.stderr,
-                            dynamic_ncols=True, smoothing=0.1)
+                            dynamic_ncols=True, smoothing=0.1, mininterval=0,
+                            miniters=max(1, (total or 0) // BAR_STEPS))
         done = p.resumed_bytes + p.stored_bytes if by_bytes else p.files
         self.bar.update(done - self.bar.n)
         if p.parts_total is not None:
@@ -237,7 +247,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m streamds.prep
         parser.error("--overwrite deletes every part's shards, so it runs without --part and "
                      "--merge: run the whole conversion with --overwrite once, or delete "
                      f"{args.output} before the parts start")
-    bar = _Bar() if not args.quiet and not args.merge else None
+    bar = _Bar() if not args.quiet and not args.merge else None  # a merge reads no input
     options: dict[str, Any] = dict(
         shard_size=args.shard_size, format=args.format, level=args.level,
         frame_size=args.frame_size, transform=args.transform, on_error=args.on_error,
@@ -249,7 +259,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m streamds.prep
         if args.merge:
             result = merge_parts(args.inputs, args.output, **options)
         elif args.part is not None:
-            result = convert_part(args.inputs, args.output, args.part, **options)
+            result = convert_part(args.inputs, args.output, args.part, progress=bar, **options)
         else:
             with open_executor(args.executor) as executor:
                 result = convert(args.inputs, args.output, executor=executor, progress=bar,

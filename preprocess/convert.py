@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -137,11 +137,14 @@ def convert(
 
 
 def convert_part(inputs: Sequence[str | os.PathLike], output: str | os.PathLike, part: int, *,
-                 parts: int | None = None, **options: Any) -> ConvertResult:
+                 parts: int | None = None,
+                 progress: Callable[[Progress], None] | None = None,
+                 **options: Any) -> ConvertResult:
     """Convert part `part` of the conversion `convert(inputs, output, parts=parts,
     **options)` would run (the whole of it when it has one part); for launchers that start
     one process per part, such as a Slurm job array. Skips a finished part. Makes and
-    writes the plan if no task has yet, so every task may start at once."""
+    writes the plan if no task has yet, so every task may start at once. `progress` hears
+    how far this part has read, out of its planned bytes (`bytes_total`)."""
     job = Job(tuple(source_items(inputs, name="inputs")), **options)
     job.check_writer()
     ready = _prepared(job, output, parts, fix=PARTS_FIX.format(output=output))
@@ -153,13 +156,18 @@ def convert_part(inputs: Sequence[str | os.PathLike], output: str | os.PathLike,
             )
         return convert_directory(job, Path(output), source=ready.source, apply=ready.apply,
                                  fingerprint=job_fingerprint(job, ready.files),
-                                 files=ready.files)
+                                 files=ready.files, progress=progress)
     if not 0 <= part < len(plan.parts):
         raise ConversionError(
             f"the conversion into {output} has {len(plan.parts)} parts, 0 to "
             f"{len(plan.parts) - 1}; part {part} does not exist"
         )
-    return run_part(PartTask(job, str(output), plan.parts[part], plan.fingerprint), ready.source)
+    planned = plan.parts[part]
+    task = PartTask(job, str(output), planned, plan.fingerprint)
+    if progress is None:
+        return run_part(task, ready.source)
+    # the reads of a part know no total of their own: the plan's bytes for the part are it
+    return run_part(task, ready.source, lambda p: progress(replace(p, bytes_total=planned.bytes)))
 
 
 def merge_parts(inputs: Sequence[str | os.PathLike], output: str | os.PathLike, *,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -362,6 +363,37 @@ def test_the_cli_bar_shows_bytes_rate_and_quiet_silences_it(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "converting" in err and "B/s" in err and "MB" in err
     assert convert_main([str(source), "--output", str(tmp_path / "b"), "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_a_part_run_alone_reports_its_progress_out_of_its_planned_bytes(tmp_path):
+    source = tmp_path / "big.jsonl"
+    source.write_bytes(records(0, 400, "p" * 1000))  # 8 MB: a part of 4 MB, read by the MiB
+    out = tmp_path / "out"
+    seen: list[Progress] = []
+    convert_part([source], out, 1, parts=2, shard_size=1 << 20, progress=seen.append)
+    planned = read_plan(out).parts[1].bytes
+    done = [p.resumed_bytes + p.stored_bytes for p in seen]
+    assert done == sorted(done) and done[-1] == planned
+    assert len({n for n in done if 0 < n < planned}) >= 3, done  # updates while reading
+    assert all(p.bytes_total == planned for p in seen)
+
+
+def test_the_cli_bar_moves_with_the_bytes_and_shows_the_rate_and_time_left(tmp_path, capsys):
+    """The bar redraws as bytes are read (not on a clock), each time with the bytes read,
+    the rate and the time left; a part run alone shows its own bar; --quiet silences it."""
+    source = tmp_path / "big.jsonl"
+    source.write_bytes(records(0, 400, "p" * 1000))
+    for args in ([], ["--parts", "2", "--part", "1"]):
+        assert convert_main([str(source), "--output", str(tmp_path / f"out{len(args)}"),
+                             *args]) == 0
+        frames = capsys.readouterr().err.split("\r")
+        shown = [re.search(r"converting: +(\d+)%\|.*\| ([\d.]+[kMG]?)/[\d.]+[kMG]? "
+                           r"\[[\d:]+<[\d:?]+, +[\d.]+[kMG]?B/s", frame) for frame in frames]
+        percents = {int(match.group(1)) for match in shown if match}
+        assert len(percents & set(range(1, 100))) >= 3, frames  # moving while it reads
+    assert convert_main([str(source), "--output", str(tmp_path / "q"), "--parts", "2",
+                         "--part", "0", "--quiet"]) == 0
     assert capsys.readouterr().err == ""
 
 
