@@ -75,8 +75,9 @@ from streamds.retry import (
     retrying,
 )
 from streamds.stages.parse import without_bom
-from streamds.storage.read import tar_records
-from streamds.storage.shards import same_file_error, source_items
+from streamds.storage.plan import Block
+from streamds.storage.read import LineChunk, Opener, read_lines, tar_records
+from streamds.storage.shards import Shard, same_file_error, source_items
 
 from .files_ahead import FilesAhead
 from .listing import ListingWalk, RemoteTree, remote_tree, remote_version
@@ -327,33 +328,33 @@ def _is_url(item: str) -> bool:
 # -- reading -----------------------------------------------------------------------------
 
 
-def _lines(
-    chunks: Iterator[bytes], leaf: Leaf, pos: int, line: int
-) -> Iterator[RawRecord]:
-    """The non-blank lines in decoded `chunks`, the first beginning at offset `pos`.
+def _numbered(chunks: Iterator[LineChunk], leaf: Leaf, line: int) -> Iterator[RawRecord]:
+    """The non-blank lines of the library reader's `chunks` as raw records, numbered from
+    `line` (the number of the chunks' first line).
 
     A byte-order mark is cut from the file's first line by the reader's rule
     (`streamds.stages.parse.without_bom`), so a file streamds reads converts too.
     """
-    pending: list[bytes] = []
-    for data in chunks:
-        if data.find(b"\n") < 0:
-            pending.append(data)
-            continue
-        pending.append(data)
-        lines = b"".join(pending).split(b"\n")
-        tail = lines.pop()
-        pending = [tail] if tail else []
-        for text in lines:
+    for chunk in chunks:
+        for text, pos in zip(chunk.lines, chunk.offsets, strict=False):  # offsets: one more
             record = without_bom(text, pos, None) if pos == 0 else text
             if record and not record.isspace():
                 yield RawRecord(record, leaf, pos, line)
-            pos += len(text) + 1
             line += 1
-    tail = b"".join(pending)
-    record = without_bom(tail, pos, None) if pos == 0 else tail
-    if record and not record.isspace():
-        yield RawRecord(record, leaf, pos, line)
+
+
+def _line_records(
+    leaf: Leaf, offset: int, line: int, opener: Opener, policy: RetryPolicy
+) -> Iterator[RawRecord]:
+    """The records of a file of JSON lines from decoded `offset` (a line start, line number
+    `line`), split by the library's reader (`streamds.storage.read.read_lines`: the same
+    lines, offsets and final line without a newline as `StreamingJsonl` reads) from the
+    decoded bytes `opener` gives."""
+    # named for messages only: `opener` reads the leaf (no path, so no credential, held here)
+    shard = Shard(url=leaf.path, path="", size=leaf.size, format="jsonl", codec=leaf.codec)
+    chunks = read_lines(shard, Block(0, offset), 0, resume_at=offset, opener=opener,
+                        retry=policy, read_size=READ_SIZE)
+    return _numbered(chunks, leaf, line)
 
 
 def _read_jsonl(
@@ -364,26 +365,31 @@ def _read_jsonl(
 
     A plain file is read from `offset`; a compressed one decodes from `anchor` (stored,
     decoded offset: a seekable zstd frame's start at or before `offset`, or the file's) and
-    discards up to `offset`.
+    discards up to `offset`. Every stored byte read is counted in `meter`.
     """
-    stored, decoded = (offset, offset) if leaf.codec is None else anchor
-    raw = _Reopening(leaf, policy, stored, stop, meter)
-    try:
-        stream = decode(raw, leaf.codec, leaf.path, start=stored,  # type: ignore[arg-type]
-                        decoded_start=decoded)
-        skip = offset - decoded
-        while skip > 0:
-            data = stream.read(min(skip, READ_SIZE))
-            if not data:
-                raise SourceError(
-                    f"{leaf.path}: ends before decoded offset {offset}, where the conversion "
-                    "stopped; the input changed since: rerun with --overwrite to convert "
-                    "afresh, or convert into a new directory"
-                )
-            skip -= len(data)
-        yield from _lines(iter(lambda: stream.read(READ_SIZE), b""), leaf, offset, line)
-    finally:
-        raw.close()
+
+    def opener(_shard: Shard, at: int, _end: int | None = None) -> BinaryIO:
+        stored, decoded = (at, at) if leaf.codec is None else anchor
+        raw = _Reopening(leaf, policy, stored, stop, meter)
+        try:
+            stream = decode(raw, leaf.codec, leaf.path, start=stored,  # type: ignore[arg-type]
+                            decoded_start=decoded)
+            skip = at - decoded
+            while skip > 0:
+                data = stream.read(min(skip, READ_SIZE))
+                if not data:
+                    raise SourceError(
+                        f"{leaf.path}: ends before decoded offset {at}, where the conversion "
+                        "stopped; the input changed since: rerun with --overwrite to convert "
+                        "afresh, or convert into a new directory"
+                    )
+                skip -= len(data)
+            return stream
+        except BaseException:
+            raw.close()
+            raise
+
+    return _line_records(leaf, offset, line, opener, policy)
 
 
 class Fetched(NamedTuple):
@@ -439,7 +445,9 @@ def _json_records(
         if data is None:
             yield from _read_jsonl(replace(leaf, kind="jsonl"), offset, line, meter, policy)
         else:
-            yield from _lines(iter((data[offset:],)), replace(leaf, kind="jsonl"), offset, line)
+            held = data
+            yield from _line_records(replace(leaf, kind="jsonl"), offset, line,
+                                     lambda _shard, at, _end=None: io.BytesIO(held[at:]), policy)
         return
     assert data is not None
     records, is_array = document_records(data)

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from typing import Any
 import orjson
 import pytest
 import zstandard
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from corpora.synthetic import write_pubmed, write_small_files, write_small_lines
 from streamds.formats.manifest import MANIFEST_NAME, read_manifest
@@ -366,6 +369,37 @@ def test_a_byte_order_mark_follows_the_readers_rule(tmp_path, name):
     expected = list(StreamingJsonl(str(source)))
     assert expected == [{"i": 1}, {"i": 2}]
     assert list(StreamingJsonl(str(tmp_path / "out"))) == expected
+
+
+@settings(max_examples=10, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    lines=st.lists(st.sampled_from([b'{"i": 1}', b'{"s": "a b"}', b"", b"  ", b"\r", b"\t"]),
+                   max_size=12),
+    bom=st.booleans(),
+    final_newline=st.booleans(),
+    codec=st.sampled_from(["", ".gz", ".zst"]),
+)
+def test_the_converter_reads_json_lines_as_streamds_does(tmp_path, lines, bom, final_newline,
+                                                         codec):
+    """One reader of JSON lines: whatever blank or whitespace lines, byte-order mark, final
+    newline or codec, the shards hold the records `StreamingJsonl` reads from the input."""
+    from streamds import StreamingJsonl
+
+    text = (b"\xef\xbb\xbf" if bom else b"") + b"\n".join(lines)
+    text += b"\n" if final_newline and lines else b""
+    data = {"": text, ".gz": gzip.compress(text),
+            ".zst": zstandard.ZstdCompressor().compress(text)}[codec]
+    work = Path(tempfile.mkdtemp(dir=tmp_path))
+    source = work / f"in.jsonl{codec}"
+    source.write_bytes(data)
+    expected = list(StreamingJsonl(str(source)))
+    if not expected:
+        with pytest.raises(ConversionError, match="hold no records"):
+            convert([source], work / "out")
+        return
+    convert([source], work / "out")
+    assert list(StreamingJsonl(str(work / "out"))) == expected
 
 
 def test_a_damaged_tar_header_stops_the_conversion_naming_the_file(tmp_path):
