@@ -30,6 +30,10 @@ Reading: every open and read retries transient errors (Drive's ``[Errno 5]``, a 
 connection) per a `RetryPolicy`, reopening at the same byte, so nothing is lost or repeated.
 ``.json`` files are read ahead by a `FilesAhead` pool (`read_ahead` opens in flight, spread
 over folders, bounded in bytes). The records and their order never depend on either.
+Lines are split and tar members read by the library's own readers
+(`streamds.storage.read.read_lines`, `tar_records`; documents by
+`streamds.formats.documents`), with its byte-order-mark rule, so a file converts to exactly
+the records `StreamingJsonl` reads from it.
 
 A `Position` (input index, path under the input, offset, line) names where a record
 begins: the decoded byte offset of its line in a JSONL file (a ``.json`` file of lines too),
