@@ -9,10 +9,11 @@ inside one big file.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import re
 import shutil
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -364,6 +365,24 @@ def test_the_cli_bar_shows_bytes_rate_and_quiet_silences_it(tmp_path, capsys):
     assert "converting" in err and "B/s" in err and "MB" in err
     assert convert_main([str(source), "--output", str(tmp_path / "b"), "--quiet"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_progress_moves_while_parts_run_in_a_process_pool(tmp_path):
+    """Parts in a pool's worker processes report as they read (through a queue), not only
+    when each part ends: a single big file split over workers moves the bar."""
+    source = tmp_path / "big.jsonl"
+    source.write_bytes(records(0, 400, "p" * 1000))  # 8 MB in 2 parts, read by the MiB
+    size = source.stat().st_size
+    out = tmp_path / "out"
+    seen: list[Progress] = []
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        convert([source], out, shard_size=1 << 20, progress=seen.append, parts=2,
+                executor=pool)
+    ends = {0, size, *(part.bytes for part in read_plan(out).parts)}  # parts done, or none
+    done = [p.resumed_bytes + p.stored_bytes for p in seen]
+    assert done == sorted(done) and done[-1] == size
+    assert len({n for n in done if n not in ends}) >= 3, done  # within the running parts
+    assert seen[-1].parts == 2 and all(p.bytes_total == size for p in seen)
 
 
 def test_a_part_run_alone_reports_its_progress_out_of_its_planned_bytes(tmp_path):
