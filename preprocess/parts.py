@@ -343,7 +343,10 @@ class _ProgressChannel:
         if report.progress is None or not isinstance(executor, ProcessPoolExecutor):
             yield None
             return
-        with multiprocessing.get_context("spawn").Manager() as manager:
+        # the pool's own way of starting processes: a spawning pool's caller already guards
+        # its main module, and a forking one may not
+        context = getattr(executor, "_mp_context", None) or multiprocessing.get_context()
+        with context.Manager() as manager:
             yield cls(manager, report)
 
     def sender(self, index: int) -> _Send:
