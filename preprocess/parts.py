@@ -308,46 +308,59 @@ def _outcomes(tasks: list[PartTask], executor: Executor | None, source: Inputs |
 
 
 class _Send:
-    """What a part running in a pool worker reports with: (part, Progress) onto `queue`, a
-    `multiprocessing` manager's queue (its proxy pickles, so it travels with the task)."""
+    """What a part running in a worker reports with: ``[part, Progress fields]`` onto
+    `queue` (a `multiprocessing` manager's, or a Dask cluster's, queue: both pickle with
+    the task and reach the reporting process)."""
 
     def __init__(self, queue: Any, index: int) -> None:
         self.queue = queue
         self.index = index
 
     def __call__(self, p: Progress) -> None:
-        self.queue.put((self.index, p))
+        self.queue.put([self.index, asdict(p)])  # plain values: Dask's queue takes msgpack
 
 
 class _ProgressChannel:
-    """Progress from parts that run in a process pool's workers, to the reporting process.
+    """Progress from parts that run in other processes, to the reporting process.
 
-    Each worker puts its reports on a manager's queue; while it waits for the parts, the
-    reporting process takes them off every `WAIT` seconds, and always before it handles a
-    finished part (a part's reports are all queued before its result returns), so the
-    display moves with the bytes each part reads. Other executors (a Dask cluster's workers
-    on other machines) report as each part finishes.
+    Each worker puts its reports on a queue: a `multiprocessing` manager's for a process
+    pool, the scheduler's (`distributed.Queue`) for a Dask cluster. While it waits for the
+    parts, the reporting process takes them off every `WAIT` seconds, and always before it
+    handles a finished part (a part's reports are all queued before its result returns), so
+    the display moves with the bytes each part reads. Any other executor reports as each
+    part finishes.
     """
 
     WAIT = 0.2  # seconds between looks at the queue while no part finishes
 
-    def __init__(self, manager: Any, report: _Reporter) -> None:
-        self.manager = manager
-        self.queue = manager.Queue()
+    def __init__(self, queue: Any, take: Callable[[], list[Any]], report: _Reporter) -> None:
+        self.queue = queue
+        self.take = take  # every report queued so far, without waiting
         self.report = report
 
     @classmethod
     @contextlib.contextmanager
     def for_executor(cls, executor: Executor, report: _Reporter
                      ) -> Iterator[_ProgressChannel | None]:
-        if report.progress is None or not isinstance(executor, ProcessPoolExecutor):
+        if report.progress is None:
             yield None
-            return
-        # the pool's own way of starting processes: a spawning pool's caller already guards
-        # its main module, and a forking one may not
-        context = getattr(executor, "_mp_context", None) or multiprocessing.get_context()
-        with context.Manager() as manager:
-            yield cls(manager, report)
+        elif isinstance(executor, ProcessPoolExecutor):
+            # the pool's own way of starting processes: a spawning pool's caller already
+            # guards its main module, and a forking one may not
+            context = getattr(executor, "_mp_context", None) or multiprocessing.get_context()
+            with context.Manager() as manager:
+                queue = manager.Queue()
+                yield cls(queue, lambda: _queued(queue), report)
+        elif (client := _dask_client(executor)) is not None:
+            from distributed import Queue
+
+            queue = Queue(client=client)
+            try:
+                yield cls(queue, lambda: queue.get(batch=True), report)
+            finally:
+                queue.close()
+        else:
+            yield None
 
     def sender(self, index: int) -> _Send:
         return _Send(self.queue, index)
@@ -361,12 +374,25 @@ class _ProgressChannel:
             yield from done
 
     def drain(self) -> None:
-        while True:
-            try:
-                index, p = self.queue.get_nowait()
-            except Empty:
-                return
-            self.report.moved(index, p)
+        for index, values in self.take():
+            self.report.moved(index, Progress(**values))
+
+
+def _queued(queue: Any) -> list[Any]:
+    """Everything on a `multiprocessing` queue now, without waiting."""
+    items = []
+    while True:
+        try:
+            items.append(queue.get_nowait())
+        except Empty:
+            return items
+
+
+def _dask_client(executor: Executor) -> Any:
+    """The Dask client behind `Client.get_executor()`'s executor, else None."""
+    if type(executor).__module__.partition(".")[0] != "distributed":
+        return None
+    return getattr(executor, "_client", None)
 
 
 def _with_files(task: PartTask, source: Inputs) -> PartTask:
