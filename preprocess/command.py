@@ -149,7 +149,7 @@ def open_executor(spec: str) -> Iterator[Executor | None]:
     except ImportError as err:
         raise ImportError(
             f"--executor {spec} needs Dask's distributed ({err}); install the 'cluster' "
-            "extra: pip install 'streamds[cluster]'"
+            "extra: pip install 'streamds[cluster]' (in a clone: pip install -e '.[cluster]')"
         ) from err
     with Client("tcp://" + spec.removeprefix("dask://")) as client:
         yield client.get_executor()

@@ -352,8 +352,11 @@ class _ProgressChannel:
                 queue = manager.Queue()
                 yield cls(queue, lambda: _queued(queue), report)
         elif (client := _dask_client(executor)) is not None:
-            from distributed import Queue
-
+            try:
+                from distributed import Queue
+            except ImportError as err:  # a Dask executor comes with Dask: cannot happen
+                raise ImportError(f"{err}; install the 'cluster' extra: pip install "
+                                  "'streamds[cluster]'") from err
             queue = Queue(client=client)
             try:
                 yield cls(queue, lambda: queue.get(batch=True), report)

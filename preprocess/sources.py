@@ -562,7 +562,8 @@ class Inputs:
                 raise ImportError(
                     f"input {redact(item)!r} needs a filesystem library that is not installed "
                     f"({err}); "
-                    "for https:// install the 'remote' extra (pip install 'streamds[remote]'), "
+                    "for https:// install the 'remote' extra (pip install 'streamds[remote]'; "
+                    "in a clone: pip install -e '.[remote]'), "
                     "for s3:// s3fs, for gs:// gcsfs"
                 ) from err
             protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
