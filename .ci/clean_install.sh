@@ -3,15 +3,19 @@
 #
 # The Makefile's venv installs every extra, which can hide an import that pyproject.toml does
 # not declare (it once hid `xxhash`, brought along by the bench extra's `datasets`). This
-# script builds a wheel from a copy of the checkout, installs it into a fresh venv that holds
-# only torch (pinned, CPU wheel) and what `[project].dependencies` pulls in, then, in a temp
-# dir outside the repo, writes a tiny corpus and runs `streamds convert`, `inspect`, `verify`,
-# a `convert --format tar` that must name the optional 'tar' extra (webdataset), and a
+# script runs `pip install <checkout>` into a fresh venv that holds only torch (pinned, CPU
+# wheel) and what `[project].dependencies` pulls in, and checks that the install left the
+# checkout as it was (no build/, no *.egg-info) and put no top-level name into site-packages
+# but `streamds` (the converter is `streamds.preprocess`: a generic `preprocess` would be
+# shadowed by a user's own preprocess.py). Then, in a temp dir outside the repo that holds
+# such a preprocess.py, it writes a tiny corpus and runs `streamds convert` (also in parts,
+# in processes that import the converter by its name), `inspect`, `verify`, a
+# `convert --format tar` that must name the optional 'tar' extra (webdataset), and a
 # `StreamingJsonl` read that checks every record arrives exactly once.
 #
 # Usage: bash .ci/clean_install.sh   (PYTHON=python3.11 and TORCH_PIN=torch==X override)
-# Writes nothing into the repo: the build, the venv and the corpus live in one temp dir,
-# removed on exit (KEEP_TMP=1 keeps it for a look after a failure).
+# Writes nothing into the repo: the venv and the corpus live in one temp dir, removed on exit
+# (KEEP_TMP=1 keeps it for a look after a failure).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -47,46 +51,58 @@ step() {
 unset PYTHONPATH PYTHONHOME PYTHONSTARTUP VIRTUAL_ENV PIP_REQUIRE_VIRTUALENV
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-step "copy the checkout (tracked and unignored files) to $WORK/src"
-# Building in the repo would leave build/ and *.egg-info behind; build from a copy instead.
-mkdir -p "$WORK/src"
-(
-    cd "$REPO"
-    git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do
-        if [[ -f $f ]]; then printf '%s\0' "$f"; fi  # skip files deleted but not committed
-    done | tar --null -T - -cf -
-) | tar -C "$WORK/src" -xf -
+checkout_files() {  # every file of the checkout, ignored ones included, as git sees them
+    git -C "$REPO" status --porcelain --ignored --untracked-files=all | sort
+}
 
-step "build the wheel"
+step "install $TORCH_PIN, then the checkout with its declared dependencies (no extras)"
 "$PYTHON" -m venv "$WORK/venv"
 VPY="$WORK/venv/bin/python"
-"$VPY" -m pip wheel --quiet --no-deps --wheel-dir "$WORK/dist" "$WORK/src"
-WHEEL=$(ls "$WORK"/dist/streamds-*.whl)
-echo "built $(basename "$WHEEL")"
-
-step "install $TORCH_PIN, then the wheel with its declared dependencies (no extras)"
 echo "$TORCH_PIN" > "$WORK/constraints.txt"  # keeps the resolver from replacing torch
 # --no-compile: byte-compiling all of torch doubles the install time; the modules the checks
 # import are compiled (and cached in the venv) on first use instead
 "$VPY" -m pip install --quiet --no-compile "$TORCH_PIN"
-"$VPY" -m pip install --quiet --no-compile -c "$WORK/constraints.txt" "$WHEEL"
+checkout_files > "$WORK/checkout-before.txt"
+"$VPY" -m pip install --quiet --no-compile -c "$WORK/constraints.txt" "$REPO"
 "$VPY" -m pip check
 echo "installed: $("$VPY" -m pip list --format=freeze | tr '\n' ' ')"
+
+step "the install left the checkout as it was (no build/, no *.egg-info)"
+checkout_files > "$WORK/checkout-after.txt"
+if ! diff "$WORK/checkout-before.txt" "$WORK/checkout-after.txt" >&2; then
+    echo "pip install wrote the files above into $REPO (see pyproject.toml's build backend)" >&2
+    exit 1
+fi
+
+step "no top-level name in site-packages but streamds"
+"$VPY" - <<'EOF'
+from importlib.metadata import distribution
+
+files = distribution("streamds").files
+tops = {f.parts[0] for f in files if f.parts[0] != ".." and not f.parts[0].endswith(".dist-info")}
+assert tops == {"streamds"}, f"the install puts {sorted(tops)} into site-packages, not streamds only"
+assert any(f.as_posix() == "streamds/preprocess/convert.py" for f in files), "no streamds.preprocess"
+print(f"site-packages: {sorted(tops)} ({len(files)} files)")
+EOF
 
 mkdir -p "$WORK/run"
 cd "$WORK/run"  # outside the repo: `import streamds` must find the installed copy only
 export PATH="$WORK/venv/bin:$PATH"
+
+# a user's own module named like the converter's folder: it must not shadow the converter
+echo "raise ImportError('the user preprocess.py was imported instead of streamds.preprocess')" \
+    > preprocess.py
 
 step "import from the venv, not the checkout"
 python - "$WORK/venv" <<'EOF'
 import sys
 from pathlib import Path
 
-import preprocess
 import streamds
+import streamds.preprocess.command
 
 venv = Path(sys.argv[1]).resolve()
-for module in (streamds, preprocess):
+for module in (streamds, streamds.preprocess.command):
     where = Path(module.__file__).resolve()
     assert venv in where.parents, f"{module.__name__} imported from {where}, not from {venv}"
 print(f"streamds {streamds.__file__}")
@@ -111,6 +127,12 @@ EOF
 step "streamds convert"
 streamds convert corpus/lines.jsonl corpus/docs --output shards \
     --shard-size 400 --frame-size 150 --quiet  # several shards of several frames
+
+step "python -m streamds.preprocess, in parts, in processes (beside the user's preprocess.py)"
+python -m streamds.preprocess corpus/lines.jsonl corpus/docs --output shards-in-parts \
+    --shard-size 400 --frame-size 150 --parts 2 --executor process:2 --quiet
+streamds verify --quiet shards-in-parts | grep -Eq "OK, .*\b15 records" \
+    || { echo "the conversion in parts does not hold 15 records" >&2; exit 1; }
 
 step "streamds inspect"
 streamds inspect --quiet shards | tee inspect.txt

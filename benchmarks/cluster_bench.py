@@ -111,7 +111,7 @@ def executors() -> Iterator[dict[str, Executor | None]]:
 
 
 def _warm(_: int) -> None:
-    import preprocess.parts  # noqa: F401
+    import streamds.preprocess.parts  # noqa: F401
 
 
 def output_files(directory: Path) -> dict[str, bytes]:
@@ -130,7 +130,7 @@ def step_shares(path: Path, scratch: Path) -> tuple[float, dict[str, float]]:
     import cProfile
     import pstats
 
-    from preprocess.convert import convert
+    from streamds.preprocess.convert import convert
 
     with open(path, "rb") as f:
         data = f.read(STEP_BYTES)
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     add_write_docs(parser, "cluster")
     args = parser.parse_args(argv)
     Quiet.max_wait = args.quiet_wait
-    from preprocess.convert import convert
+    from streamds.preprocess.convert import convert
 
     files = max(100, round(FILES_AT_SCALE_1 * args.scale))
     big_bytes = max(10**6, round(BIG_BYTES_AT_SCALE_1 * args.scale / 10**6) * 10**6)

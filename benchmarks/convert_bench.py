@@ -127,7 +127,7 @@ def _size_name(size: int) -> str:
 
 
 def tree_files(root: Path) -> list[Path]:
-    from preprocess.sources import Inputs
+    from streamds.preprocess.sources import Inputs
 
     return [Path(leaf.path) for leaf in Inputs([root]).leaves()]
 
@@ -192,7 +192,7 @@ def median_seconds(run: Callable[[], object], repeats: int,
 
 def time_convert(inputs: list[Path], label: str, stored: int, workers: int, repeats: int,
                  scratch: Path) -> tuple[Row, Path]:
-    from preprocess.convert import convert
+    from streamds.preprocess.convert import convert
 
     out = scratch / f"out-{label.split()[0]}-{workers}"
     results = []
@@ -263,7 +263,7 @@ def time_mount_convert(tree: Path, label: str, latency: float | None, read_ahead
     """One conversion of `tree` (through a fresh slowfs mount when `latency` is set)."""
     from contextlib import nullcontext
 
-    from preprocess.convert import convert
+    from streamds.preprocess.convert import convert
     from testbed.slowfs import mount
 
     out = scratch / f"mount-out-{next(_RUNS)}"
@@ -283,7 +283,7 @@ def shard_bytes(directory: Path) -> dict[str, bytes]:
 
 
 def mount_rows(args, scratch: Path) -> tuple[list[MountRow], str]:
-    from preprocess.convert import DEFAULT_READ_AHEAD
+    from streamds.preprocess.convert import DEFAULT_READ_AHEAD
     from testbed.slowfs import fuse_available
 
     reason = fuse_available()

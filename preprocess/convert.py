@@ -3,13 +3,13 @@
 The pipeline, one stage per line::
 
     Job: check the options, load the transform  # job.py
-      -> prepare: the plan of parts             # parts.py, plan.py: _plan.json (or one part)
+      -> prepare: the plan of parts             # parts.py, parts_plan.py: _plan.json (or one part)
       -> one part: convert_directory(out)       # job.py: journal, run, manifest
          parts: run_plan(executor)              # parts.py: a task per part, then the merge
 
 Output is a function of the inputs and options only (`parts` included): ``--workers``
 changes how many shards compress at once (in threads: zstd releases the GIL), ``--read-ahead``
-how many ``.json`` files are opened at once (`preprocess.readahead`), the executor where the
+how many ``.json`` files are opened at once (`files_ahead`), the executor where the
 parts run, never the bytes. Inputs may be fsspec URLs (``https://``, ``s3://``,
 ``memory://``), listed and ordered by the same rule as local ones. After a crash (even
 ``kill -9``), the same command verifies the shards the journal lists, deletes anything else,
@@ -19,7 +19,7 @@ parts are skipped. The manifest is written last, atomically.
 
 Library use::
 
-    from preprocess.convert import convert
+    from streamds.preprocess.convert import convert
     result = convert(["data/train.txt"], "shards/", shard_size=64 << 20, workers=2)
     result.manifest.totals["records"]
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,7 @@ from .job import (
 )
 from .journal import JOURNAL_NAME
 from .parts import PARTS_FIX, PartTask, merge, prepare, run_part, run_plan
-from .plan import MAX_PARTS, Plan
+from .parts_plan import MAX_PARTS, Plan
 from .preflight import check_listing, check_output_outside, check_output_path
 from .recovery import clear_output
 from .sources import DEFAULT_READ_AHEAD, DEFAULT_READ_AHEAD_BYTES, Inputs
@@ -108,7 +108,7 @@ def convert(
     `storage_options` go to fsspec for URL inputs (they are not recorded anywhere);
     `retry` says how transient read errors are retried. The output depends on none of these.
 
-    `parts` cuts the input into that many parts of similar size (`preprocess.plan`; None:
+    `parts` cuts the input into that many parts of similar size (`parts_plan`; None:
     one per GiB, or what `output` was started with), each converted into its own folder by
     a task that `executor` runs (any `concurrent.futures.Executor`: a process pool, a Dask
     cluster's ``Client.get_executor()``; None: here, one after another); the output depends
@@ -137,11 +137,14 @@ def convert(
 
 
 def convert_part(inputs: Sequence[str | os.PathLike], output: str | os.PathLike, part: int, *,
-                 parts: int | None = None, **options: Any) -> ConvertResult:
+                 parts: int | None = None,
+                 progress: Callable[[Progress], None] | None = None,
+                 **options: Any) -> ConvertResult:
     """Convert part `part` of the conversion `convert(inputs, output, parts=parts,
     **options)` would run (the whole of it when it has one part); for launchers that start
     one process per part, such as a Slurm job array. Skips a finished part. Makes and
-    writes the plan if no task has yet, so every task may start at once."""
+    writes the plan if no task has yet, so every task may start at once. `progress` hears
+    how far this part has read, out of its planned bytes (`bytes_total`)."""
     job = Job(tuple(source_items(inputs, name="inputs")), **options)
     job.check_writer()
     ready = _prepared(job, output, parts, fix=PARTS_FIX.format(output=output))
@@ -153,13 +156,18 @@ def convert_part(inputs: Sequence[str | os.PathLike], output: str | os.PathLike,
             )
         return convert_directory(job, Path(output), source=ready.source, apply=ready.apply,
                                  fingerprint=job_fingerprint(job, ready.files),
-                                 files=ready.files)
+                                 files=ready.files, progress=progress)
     if not 0 <= part < len(plan.parts):
         raise ConversionError(
             f"the conversion into {output} has {len(plan.parts)} parts, 0 to "
             f"{len(plan.parts) - 1}; part {part} does not exist"
         )
-    return run_part(PartTask(job, str(output), plan.parts[part], plan.fingerprint), ready.source)
+    planned = plan.parts[part]
+    task = PartTask(job, str(output), planned, plan.fingerprint)
+    if progress is None:
+        return run_part(task, ready.source)
+    # the reads of a part know no total of their own: the plan's bytes for the part are it
+    return run_part(task, ready.source, lambda p: progress(replace(p, bytes_total=planned.bytes)))
 
 
 def merge_parts(inputs: Sequence[str | os.PathLike], output: str | os.PathLike, *,

@@ -10,7 +10,7 @@
 
 The output, a function of the inputs and options only (the number of parts included)::
 
-    out/_plan.json                          # the parts, as plan.py cut them
+    out/_plan.json                          # the parts, as parts_plan.py cut them
     out/part-00000/shard-000000.jsonl.zst   # part 0's shards, journal (hidden), manifest.json
     out/part-00001/...
     out/manifest.json                       # names part-00000/shard-000000.jsonl.zst, ...
@@ -24,14 +24,24 @@ manifests.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import multiprocessing
 import os
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Executor, as_completed
+from concurrent.futures import (
+    FIRST_COMPLETED,
+    Executor,
+    Future,
+    ProcessPoolExecutor,
+    as_completed,
+    wait,
+)
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from queue import Empty
 from typing import Any
 
 from streamds.formats.manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
@@ -48,7 +58,7 @@ from .job import (
     job_fingerprint,
 )
 from .journal import JOURNAL_NAME, Journal
-from .plan import PLAN_NAME, Part, Plan, make_plan, read_plan, write_plan
+from .parts_plan import PLAN_NAME, Part, Plan, make_plan, read_plan, write_plan
 from .recovery import is_temporary
 from .run import SKIPPED_SHOWN
 from .sources import Inputs, Leaf
@@ -232,21 +242,23 @@ def run_plan(job: Job, out: Path, plan: Plan, executor: Executor | None,
     """Run every unfinished part of `plan` on `executor` (None: here, one after another,
     reading `source` if given), then merge. A failed part fails the conversion after the
     others have finished (ConversionError naming it); the finished parts are kept for the
-    rerun."""
+    rerun. `progress` hears of every part as it reads, when the parts run here or in a
+    process pool's workers, else (a Dask cluster) as each part finishes."""
     started = time.perf_counter()
     tasks = tasks_of(job, out, plan)
     pending = [task for task in tasks if finished_part(task) is None]
     waiting = {task.part.index for task in pending}
-    done = {task.part.index: run_part(task) for task in tasks if task.part.index not in waiting}
     report = _Reporter(plan, progress)
-    report(done.values())
+    for task in tasks:
+        if task.part.index not in waiting:
+            report.done[task.part.index] = run_part(task)
+    report.show()
     failures: list[tuple[Part, BaseException]] = []
-    for task, outcome in _outcomes(pending, executor, source, report.within(done)):
+    for task, outcome in _outcomes(pending, executor, source, report):
         if isinstance(outcome, BaseException):
             failures.append((task.part, outcome))
             continue
-        done[task.part.index] = outcome
-        report(done.values())
+        report.finished(task.part.index, outcome)
     if failures:
         part, err = min(failures, key=lambda failure: failure[0].index)
         raise ConversionError(
@@ -255,7 +267,7 @@ def run_plan(job: Job, out: Path, plan: Plan, executor: Executor | None,
             "to redo only the unfinished ones"
         ) from err
     manifest = merge(job, out, plan)
-    results = [done[index] for index in sorted(done)]
+    results = [report.done[index] for index in sorted(report.done)]
     return ConvertResult(
         output=out,
         manifest=manifest,
@@ -273,22 +285,117 @@ def _first_skipped(lists: Iterable[Sequence[str]]) -> tuple[str, ...]:
 
 
 def _outcomes(tasks: list[PartTask], executor: Executor | None, source: Inputs | None,
-              progress: Callable[[Progress], None] | None = None,
-              ) -> Iterator[tuple[PartTask, ConvertResult | BaseException]]:
+              report: _Reporter) -> Iterator[tuple[PartTask, ConvertResult | BaseException]]:
     """Each task with its result or (on an executor) its error, as they finish; tasks run
-    here report `progress` as they go."""
+    here, or in a process pool, tell `report` how far they have read as they go."""
     if executor is None:
-        for task in tasks:
-            yield task, run_part(task, source, progress)  # errors propagate as without parts
+        for task in tasks:  # errors propagate as without parts
+            yield task, run_part(task, source, report.moving(task.part.index))
         return
     if source is not None and source.listed:  # send each part its files, if not too many
         tasks = [_with_files(task, source) for task in tasks]
-    futures = {executor.submit(run_part, task): task for task in tasks}
-    for future in as_completed(futures):
+    with _ProgressChannel.for_executor(executor, report) as channel:
+        futures = {
+            executor.submit(run_part, task, None, channel and channel.sender(task.part.index)):
+            task for task in tasks
+        }
+        finishing = as_completed(futures) if channel is None else channel.finishing(futures)
+        for future in finishing:
+            try:
+                yield futures[future], future.result()
+            except Exception as err:  # the task's error, a killed worker, a broken pool
+                yield futures[future], err
+
+
+class _Send:
+    """What a part running in a worker reports with: ``[part, Progress fields]`` onto
+    `queue` (a `multiprocessing` manager's, or a Dask cluster's, queue: both pickle with
+    the task and reach the reporting process)."""
+
+    def __init__(self, queue: Any, index: int) -> None:
+        self.queue = queue
+        self.index = index
+
+    def __call__(self, p: Progress) -> None:
+        self.queue.put([self.index, asdict(p)])  # plain values: Dask's queue takes msgpack
+
+
+class _ProgressChannel:
+    """Progress from parts that run in other processes, to the reporting process.
+
+    Each worker puts its reports on a queue: a `multiprocessing` manager's for a process
+    pool, the scheduler's (`distributed.Queue`) for a Dask cluster. While it waits for the
+    parts, the reporting process takes them off every `WAIT` seconds, and always before it
+    handles a finished part (a part's reports are all queued before its result returns), so
+    the display moves with the bytes each part reads. Any other executor reports as each
+    part finishes.
+    """
+
+    WAIT = 0.2  # seconds between looks at the queue while no part finishes
+
+    def __init__(self, queue: Any, take: Callable[[], list[Any]], report: _Reporter) -> None:
+        self.queue = queue
+        self.take = take  # every report queued so far, without waiting
+        self.report = report
+
+    @classmethod
+    @contextlib.contextmanager
+    def for_executor(cls, executor: Executor, report: _Reporter
+                     ) -> Iterator[_ProgressChannel | None]:
+        if report.progress is None:
+            yield None
+        elif isinstance(executor, ProcessPoolExecutor):
+            # the pool's own way of starting processes: a spawning pool's caller already
+            # guards its main module, and a forking one may not
+            context = getattr(executor, "_mp_context", None) or multiprocessing.get_context()
+            with context.Manager() as manager:
+                queue = manager.Queue()
+                yield cls(queue, lambda: _queued(queue), report)
+        elif (client := _dask_client(executor)) is not None:
+            try:
+                from distributed import Queue
+            except ImportError as err:  # a Dask executor comes with Dask: cannot happen
+                raise ImportError(f"{err}; install the 'cluster' extra: pip install "
+                                  "'streamds[cluster]'") from err
+            queue = Queue(client=client)
+            try:
+                yield cls(queue, lambda: queue.get(batch=True), report)
+            finally:
+                queue.close()
+        else:
+            yield None
+
+    def sender(self, index: int) -> _Send:
+        return _Send(self.queue, index)
+
+    def finishing(self, futures: Iterable[Future[Any]]) -> Iterator[Future[Any]]:
+        """`futures` as they finish, the reports of the running parts shown meanwhile."""
+        waiting = set(futures)
+        while waiting:
+            done, waiting = wait(waiting, timeout=self.WAIT, return_when=FIRST_COMPLETED)
+            self.drain()
+            yield from done
+
+    def drain(self) -> None:
+        for index, values in self.take():
+            self.report.moved(index, Progress(**values))
+
+
+def _queued(queue: Any) -> list[Any]:
+    """Everything on a `multiprocessing` queue now, without waiting."""
+    items = []
+    while True:
         try:
-            yield futures[future], future.result()
-        except Exception as err:  # the task's error, a killed worker, a broken pool
-            yield futures[future], err
+            items.append(queue.get_nowait())
+        except Empty:
+            return items
+
+
+def _dask_client(executor: Executor) -> Any:
+    """The Dask client behind `Client.get_executor()`'s executor, else None."""
+    if type(executor).__module__.partition(".")[0] != "distributed":
+        return None
+    return getattr(executor, "_client", None)
 
 
 def _with_files(task: PartTask, source: Inputs) -> PartTask:
@@ -297,51 +404,50 @@ def _with_files(task: PartTask, source: Inputs) -> PartTask:
 
 
 class _Reporter:
-    """Progress by finished parts: their planned bytes, records and shards."""
+    """Progress of a conversion in parts: the finished parts (their planned bytes, records
+    and shards) plus what each running part has read so far."""
 
     def __init__(self, plan: Plan, progress: Callable[[Progress], None] | None) -> None:
         self.plan = plan
         self.progress = progress
+        self.done: dict[int, ConvertResult] = {}
+        self.running: dict[int, Progress] = {}
 
-    def __call__(self, results: Iterable[ConvertResult]) -> None:
+    def finished(self, index: int, result: ConvertResult) -> None:
+        self.done[index] = result
+        self.running.pop(index, None)
+        self.show()
+
+    def moved(self, index: int, p: Progress) -> None:
+        if index not in self.done:  # a late report of a finished part changes nothing
+            self.running[index] = p
+            self.show()
+
+    def moving(self, index: int) -> Callable[[Progress], None] | None:
+        """The progress callback of part `index`, run here (None: nobody listens)."""
+        if self.progress is None:
+            return None
+        return lambda p: self.moved(index, p)
+
+    def show(self) -> None:
         if self.progress is None:
             return
-        results = list(results)
-        done = {Path(result.output).name for result in results}
+        results = list(self.done.values())
+        finished = {Path(result.output).name for result in results}
+        running = list(self.running.values())
         self.progress(Progress(
             files=0,
-            records=sum(result.counts.records_in for result in results),
-            stored_bytes=sum(part.bytes for part in self.plan.parts if part.folder in done),
-            resumed_bytes=0,
-            shards=sum(len(result.manifest.shards) for result in results),
+            records=sum(result.counts.records_in for result in results)
+            + sum(p.records for p in running),
+            stored_bytes=sum(part.bytes for part in self.plan.parts if part.folder in finished)
+            + sum(p.stored_bytes for p in running),
+            resumed_bytes=sum(p.resumed_bytes for p in running),
+            shards=sum(len(result.manifest.shards) for result in results)
+            + sum(p.shards for p in running),
             bytes_total=self.plan.bytes,
             parts=len(results),
             parts_total=len(self.plan.parts),
         ))
-
-    def within(self, done: dict[int, ConvertResult]) -> Callable[[Progress], None] | None:
-        """A report for a part running here: the finished parts (`done`, as it grows) plus
-        what the running part read so far, so one big file shows its progress."""
-        if self.progress is None:
-            return None
-        progress = self.progress
-
-        def report(p: Progress) -> None:
-            results = list(done.values())
-            finished = {Path(result.output).name for result in results}
-            progress(Progress(
-                files=0,
-                records=sum(result.counts.records_in for result in results) + p.records,
-                stored_bytes=sum(part.bytes for part in self.plan.parts
-                                 if part.folder in finished) + p.stored_bytes,
-                resumed_bytes=p.resumed_bytes,
-                shards=sum(len(result.manifest.shards) for result in results) + p.shards,
-                bytes_total=self.plan.bytes,
-                parts=len(results),
-                parts_total=len(self.plan.parts),
-            ))
-
-        return report
 
 
 def merge(job: Job, out: Path, plan: Plan) -> Manifest:

@@ -23,7 +23,7 @@ from streamds.formats.trees import Rel
 from .errors import ConversionError
 from .journal import JOURNAL_NAME
 from .listing import ListingWalk
-from .plan import PLAN_NAME
+from .parts_plan import PLAN_NAME
 from .sources import Inputs, Leaf
 from .writers import FORMATS, is_shard_name
 

@@ -21,7 +21,7 @@ from streamds.formats.manifest import MANIFEST_NAME, ShardEntry, file_checksum
 from .errors import ConversionError
 from .identity import INPUTS_NAME, InputFiles, is_inputs_temporary
 from .journal import JOURNAL_NAME, SKIPPED_KEY, Journal
-from .plan import PLAN_NAME
+from .parts_plan import PLAN_NAME
 from .writers import FORMATS, is_shard_name
 
 __all__ = ["clear_output", "is_temporary", "prepare_output", "shard_intact"]

@@ -28,8 +28,12 @@ directory or glob expanded by the same rule (listed once with fsspec, sorted the
 
 Reading: every open and read retries transient errors (Drive's ``[Errno 5]``, a dropped
 connection) per a `RetryPolicy`, reopening at the same byte, so nothing is lost or repeated.
-``.json`` files are read ahead by a `ReadAhead` pool (`read_ahead` opens in flight, spread
+``.json`` files are read ahead by a `FilesAhead` pool (`read_ahead` opens in flight, spread
 over folders, bounded in bytes). The records and their order never depend on either.
+Lines are split and tar members read by the library's own readers
+(`streamds.storage.read.read_lines`, `tar_records`; documents by
+`streamds.formats.documents`), with its byte-order-mark rule, so a file converts to exactly
+the records `StreamingJsonl` reads from it.
 
 A `Position` (input index, path under the input, offset, line) names where a record
 begins: the decoded byte offset of its line in a JSONL file (a ``.json`` file of lines too),
@@ -45,7 +49,6 @@ import contextlib
 import io
 import itertools
 import os
-import tarfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO, NamedTuple
@@ -56,8 +59,8 @@ from fsspec.core import url_to_fs
 from streamds.errors import CorruptShardError
 from streamds.formats.codecs import decode, require_codec, strip_codec
 from streamds.formats.documents import LINES, document_records, probe
-from streamds.formats.filenames import TAR_LINES_MEMBERS, TAR_RECORD_MEMBERS, format_of
-from streamds.formats.samples import SampleKeys, TarSampleError
+from streamds.formats.filenames import format_of
+from streamds.formats.samples import TarSampleError
 from streamds.formats.trees import (
     Rel,
     canonical_path,
@@ -75,10 +78,13 @@ from streamds.retry import (
     option_error,
     retrying,
 )
-from streamds.storage.shards import same_file_error, source_items
+from streamds.stages.parse import without_bom
+from streamds.storage.plan import Block
+from streamds.storage.read import LineChunk, Opener, read_lines, tar_records
+from streamds.storage.shards import Shard, same_file_error, source_items
 
+from .files_ahead import FilesAhead
 from .listing import ListingWalk, RemoteTree, remote_tree, remote_version
-from .readahead import ReadAhead
 
 __all__ = [
     "DEFAULT_READ_AHEAD",
@@ -326,27 +332,33 @@ def _is_url(item: str) -> bool:
 # -- reading -----------------------------------------------------------------------------
 
 
-def _lines(
-    chunks: Iterator[bytes], leaf: Leaf, pos: int, line: int
-) -> Iterator[RawRecord]:
-    """The non-blank lines in decoded `chunks`, the first beginning at offset `pos`."""
-    pending: list[bytes] = []
-    for data in chunks:
-        if data.find(b"\n") < 0:
-            pending.append(data)
-            continue
-        pending.append(data)
-        lines = b"".join(pending).split(b"\n")
-        tail = lines.pop()
-        pending = [tail] if tail else []
-        for text in lines:
-            if text and not text.isspace():
-                yield RawRecord(text, leaf, pos, line)
-            pos += len(text) + 1
+def _numbered(chunks: Iterator[LineChunk], leaf: Leaf, line: int) -> Iterator[RawRecord]:
+    """The non-blank lines of the library reader's `chunks` as raw records, numbered from
+    `line` (the number of the chunks' first line).
+
+    A byte-order mark is cut from the file's first line by the reader's rule
+    (`streamds.stages.parse.without_bom`), so a file streamds reads converts too.
+    """
+    for chunk in chunks:
+        for text, pos in zip(chunk.lines, chunk.offsets, strict=False):  # offsets: one more
+            record = without_bom(text, pos, None) if pos == 0 else text
+            if record and not record.isspace():
+                yield RawRecord(record, leaf, pos, line)
             line += 1
-    tail = b"".join(pending)
-    if tail and not tail.isspace():
-        yield RawRecord(tail, leaf, pos, line)
+
+
+def _line_records(
+    leaf: Leaf, offset: int, line: int, opener: Opener, policy: RetryPolicy
+) -> Iterator[RawRecord]:
+    """The records of a file of JSON lines from decoded `offset` (a line start, line number
+    `line`), split by the library's reader (`streamds.storage.read.read_lines`: the same
+    lines, offsets and final line without a newline as `StreamingJsonl` reads) from the
+    decoded bytes `opener` gives."""
+    # named for messages only: `opener` reads the leaf (no path, so no credential, held here)
+    shard = Shard(url=leaf.path, path="", size=leaf.size, format="jsonl", codec=leaf.codec)
+    chunks = read_lines(shard, Block(0, offset), 0, resume_at=offset, opener=opener,
+                        retry=policy, read_size=READ_SIZE)
+    return _numbered(chunks, leaf, line)
 
 
 def _read_jsonl(
@@ -357,26 +369,31 @@ def _read_jsonl(
 
     A plain file is read from `offset`; a compressed one decodes from `anchor` (stored,
     decoded offset: a seekable zstd frame's start at or before `offset`, or the file's) and
-    discards up to `offset`.
+    discards up to `offset`. Every stored byte read is counted in `meter`.
     """
-    stored, decoded = (offset, offset) if leaf.codec is None else anchor
-    raw = _Reopening(leaf, policy, stored, stop, meter)
-    try:
-        stream = decode(raw, leaf.codec, leaf.path, start=stored,  # type: ignore[arg-type]
-                        decoded_start=decoded)
-        skip = offset - decoded
-        while skip > 0:
-            data = stream.read(min(skip, READ_SIZE))
-            if not data:
-                raise SourceError(
-                    f"{leaf.path}: ends before decoded offset {offset}, where the conversion "
-                    "stopped; the input changed since: rerun with --overwrite to convert "
-                    "afresh, or convert into a new directory"
-                )
-            skip -= len(data)
-        yield from _lines(iter(lambda: stream.read(READ_SIZE), b""), leaf, offset, line)
-    finally:
-        raw.close()
+
+    def opener(_shard: Shard, at: int, _end: int | None = None) -> BinaryIO:
+        stored, decoded = (at, at) if leaf.codec is None else anchor
+        raw = _Reopening(leaf, policy, stored, stop, meter)
+        try:
+            stream = decode(raw, leaf.codec, leaf.path, start=stored,  # type: ignore[arg-type]
+                            decoded_start=decoded)
+            skip = at - decoded
+            while skip > 0:
+                data = stream.read(min(skip, READ_SIZE))
+                if not data:
+                    raise SourceError(
+                        f"{leaf.path}: ends before decoded offset {at}, where the conversion "
+                        "stopped; the input changed since: rerun with --overwrite to convert "
+                        "afresh, or convert into a new directory"
+                    )
+                skip -= len(data)
+            return stream
+        except BaseException:
+            raw.close()
+            raise
+
+    return _line_records(leaf, offset, line, opener, policy)
 
 
 class Fetched(NamedTuple):
@@ -432,7 +449,9 @@ def _json_records(
         if data is None:
             yield from _read_jsonl(replace(leaf, kind="jsonl"), offset, line, meter, policy)
         else:
-            yield from _lines(iter((data[offset:],)), replace(leaf, kind="jsonl"), offset, line)
+            held = data
+            yield from _line_records(replace(leaf, kind="jsonl"), offset, line,
+                                     lambda _shard, at, _end=None: io.BytesIO(held[at:]), policy)
         return
     assert data is not None
     records, is_array = document_records(data)
@@ -444,45 +463,19 @@ def _json_records(
 
 
 def _read_tar(leaf: Leaf, first: int, meter: Meter, policy: RetryPolicy) -> Iterator[RawRecord]:
+    """The records of a tar leaf from record number `first`, read by the library's reader
+    (`streamds.storage.read.tar_records`: same members, same numbers, same damage checks)."""
     raw = _Reopening(leaf, policy, meter=meter)
     stream = io.BufferedReader(decode(raw, leaf.codec, leaf.path), READ_SIZE)  # type: ignore[arg-type]
-    ordinal = 0
-    samples = SampleKeys(leaf.path)
     try:
-        with tarfile.open(fileobj=stream, mode="r|") as tar:
-            for member in tar:
-                if not member.isfile():
-                    continue
-                if member.name.endswith(TAR_RECORD_MEMBERS):
-                    samples.check(member.name)  # one JSON member per webdataset sample
-                    if ordinal < first:
-                        ordinal += 1
-                        continue
-                    records = [_member_bytes(tar, member)]
-                elif member.name.endswith(TAR_LINES_MEMBERS):
-                    records = _member_bytes(tar, member).split(b"\n")
-                    records = [r for r in records if r and not r.isspace()]
-                else:
-                    continue
-                for data in records:
-                    if ordinal >= first:
-                        yield RawRecord(data, leaf, ordinal, ordinal + 1, member.name)
-                    ordinal += 1
+        for member in tar_records(stream, leaf.path, first):
+            for ordinal, data in enumerate(member.records, member.first):
+                if data and not data.isspace():
+                    yield RawRecord(data, leaf, ordinal, ordinal + 1, member.member)
     except TarSampleError as err:
         raise SourceError(str(err)) from err
-    except tarfile.TarError as err:
-        raise CorruptShardError(
-            f"{leaf.path}: not a readable tar file after record {ordinal}: {err}",
-            url=leaf.path,
-            offset=ordinal,
-        ) from err
     finally:
         stream.close()
-
-
-def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
-    extracted = tar.extractfile(member)
-    return extracted.read() if extracted is not None else b""
 
 
 # -- inputs ------------------------------------------------------------------------------
@@ -569,7 +562,8 @@ class Inputs:
                 raise ImportError(
                     f"input {redact(item)!r} needs a filesystem library that is not installed "
                     f"({err}); "
-                    "for https:// install the 'remote' extra (pip install 'streamds[remote]'), "
+                    "for https:// install the 'remote' extra (pip install 'streamds[remote]'; "
+                    "in a clone: pip install -e '.[remote]'), "
                     "for s3:// s3fs, for gs:// gcsfs"
                 ) from err
             protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
@@ -744,7 +738,7 @@ class Inputs:
             start = start or span.begin.position()
             leaves = [self._within(leaf, span) for leaf in self._span_leaves(start, span.end)]
         policy = self.retry
-        ahead: ReadAhead[Leaf, Fetched] = ReadAhead(
+        ahead: FilesAhead[Leaf, Fetched] = FilesAhead(
             leaves,
             lambda leaf: fetch_json(leaf, policy),
             wants=lambda leaf: leaf.kind == "json",

@@ -4,8 +4,8 @@ A record there holds ``article_text`` (a list of body sentences), ``abstract_tex
 of ``"<S> sentence . </S>"`` strings), ``article_id`` and section fields. Everything here is
 a pure function of one record, usable in two places:
 
-- at conversion: ``streamds convert ... --transform preprocess.text:to_summarisation`` or,
-  configured, ``--transform 'preprocess.text:summarisation(max_words=512, lower=True)'``;
+- at conversion: ``streamds convert ... --transform streamds.preprocess.text:to_summarisation`` or,
+  configured, ``--transform 'streamds.preprocess.text:summarisation(max_words=512, lower=True)'``;
 - in the stream: ``StreamingJsonl(path, transform=summarisation(max_words=512))`` or
   ``ds.map(select("article_id", rename={"article_id": "id"}))``.
 
@@ -183,7 +183,7 @@ def summarisation(
 
 
 to_summarisation = Summarisation()
-"""The default `Summarisation`: ``--transform preprocess.text:to_summarisation``."""
+"""The default `Summarisation`: ``--transform streamds.preprocess.text:to_summarisation``."""
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,8 @@ _TAR_BLOCK = 512
 _BATCH_BYTES = 1 << 20  # lines handed to a background writer at a time
 _NO_TAR_WRITER = ("--format tar writes webdataset tar shards and needs the 'webdataset' package, "
                   "which is not installed; install the 'tar' extra: pip install 'streamds[tar]' "
-                  "(or convert to the default format, jsonl.zst)")
+                  "(in a clone: pip install -e '.[tar]'), or convert to the default format, "
+                  "jsonl.zst")
 
 
 def check_tar_writer() -> None:
@@ -187,7 +188,8 @@ class TarShard:
             from webdataset import TarWriter  # imports torch: only when tar output is asked for
         except ImportError as err:
             raise ImportError(f"--format tar needs the 'webdataset' package ({err}); install "
-                              "the 'tar' extra: pip install 'streamds[tar]'") from err
+                              "the 'tar' extra: pip install 'streamds[tar]' (in a clone: "
+                              "pip install -e '.[tar]')") from err
 
         self.name = name
         self._temp = _TempFile(directory, name)

@@ -20,8 +20,8 @@ from torch.utils.data import DataLoader
 
 import streamds.storage.mounts
 import streamds.storage.readahead as readahead
-from preprocess.convert import convert
 from streamds import Storage, StreamingJsonl
+from streamds.preprocess.convert import convert
 from streamds.storage.cache import Cache, CacheSpec, namespace_of
 from streamds.storage.ranges import RangeReader
 from streamds.storage.shards import resolve_shards

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
 import subprocess
 import sys
@@ -13,8 +14,9 @@ import orjson
 import pytest
 
 from corpora.synthetic import write_pubmed
-from preprocess.convert import JOURNAL_NAME
+from streamds import StreamingJsonl
 from streamds.formats.manifest import MANIFEST_NAME, read_manifest
+from streamds.preprocess.convert import JOURNAL_NAME
 from streamds.tools.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,10 +74,11 @@ def test_convert_rejects_bad_sizes_with_usage_error(train, tmp_path, capsys):
     assert "cannot parse size 'lots'" in capsys.readouterr().err
 
 
-def test_python_dash_m_preprocess_runs_the_same_conversion(train, converted, tmp_path):
+@pytest.mark.parametrize("module", ["preprocess", "streamds.preprocess"])
+def test_python_dash_m_runs_the_same_conversion(module, train, converted, tmp_path):
     out = tmp_path / "out"
-    subprocess.run(
-        [sys.executable, "-m", "preprocess", str(train), "--output", str(out),
+    subprocess.run(  # `-m preprocess` from a checkout; `-m streamds.preprocess` anywhere
+        [sys.executable, "-m", module, str(train), "--output", str(out),
          "--shard-size", "30KB", "--frame-size", "4KB", "--quiet", "--workers", "2"],
         cwd=REPO, check=True, capture_output=True,
     )
@@ -196,9 +199,9 @@ def test_verify_and_inspect_tar_shards(train, tmp_path, capsys):
 
 def test_convert_dispatches_to_the_converters_own_command_line(monkeypatch):
     calls = []
-    fake = types.ModuleType("preprocess.cli")
+    fake = types.ModuleType("streamds.preprocess.command")
     fake.main = lambda argv, prog: calls.append((argv, prog)) or 5  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "preprocess.cli", fake)
+    monkeypatch.setitem(sys.modules, "streamds.preprocess.command", fake)
     assert main(["convert", "in.jsonl", "--output", "out"]) == 5
     assert calls == [(["in.jsonl", "--output", "out"], "streamds convert")]
 
@@ -206,18 +209,43 @@ def test_convert_dispatches_to_the_converters_own_command_line(monkeypatch):
 def test_streamds_never_imports_the_writing_side_or_the_test_corpora():
     code = (
         "import importlib, pkgutil, sys\n"
+        "CONVERTER = 'streamds.preprocess'\n"
         "def load(package):\n"
         "    top = importlib.import_module(package)\n"
-        "    for module in pkgutil.iter_modules(top.__path__):\n"
-        "        if module.name != '__main__':\n"
-        "            importlib.import_module(f'{package}.{module.name}')\n"
-        "def loaded(*tops):\n"
-        "    return sorted(m for m in sys.modules if m.split('.')[0] in tops)\n"
+        "    for module in pkgutil.iter_modules(top.__path__, prefix=f'{package}.'):\n"
+        "        if module.name not in (CONVERTER, f'{package}.__main__'):\n"
+        "            importlib.import_module(module.name)\n"
+        "def loaded(*names):\n"
+        "    return sorted(m for m in sys.modules\n"
+        "                  if any(m == n or m.startswith(f'{n}.') for n in names))\n"
         "load('streamds')\n"
+        "print(loaded(CONVERTER, 'preprocess', 'corpora'))\n"
+        "load(CONVERTER)\n"
         "print(loaded('preprocess', 'corpora'))\n"
-        "load('preprocess')\n"
-        "print(loaded('corpora'))\n"
+        "print(len(loaded(CONVERTER)))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True, cwd=REPO)
     assert done.stdout.split("\n")[:2] == ["[]", "[]"]
+    assert int(done.stdout.split("\n")[2]) > 10  # the converter's modules did load
+
+
+def test_a_users_own_preprocess_module_does_not_shadow_the_converter(train, converted, tmp_path):
+    """A `preprocess.py` of the user's, first on sys.path, is not the converter (issue 30):
+    the converter is `streamds.preprocess`, also in the processes that convert the parts."""
+    work = tmp_path / "project"
+    work.mkdir()
+    (work / "preprocess.py").write_text("raise ImportError('the user preprocess.py ran')\n")
+    out = tmp_path / "out"
+    code = ("import sys; from streamds.tools.cli import main; "
+            "sys.exit(main(['convert', *sys.argv[1:]]))")
+    done = subprocess.run(  # `-c`: the working directory, with preprocess.py, is sys.path[0]
+        [sys.executable, "-c", code, str(train), "--output", str(out), "--shard-size", "30KB",
+         "--frame-size", "4KB", "--quiet", "--parts", "2", "--executor", "process:2"],
+        cwd=work, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert read_manifest(out).counts["records_out"] == read_manifest(converted).counts[
+        "records_out"]
+    assert list(StreamingJsonl(out)) == list(StreamingJsonl(converted))

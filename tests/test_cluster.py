@@ -21,8 +21,9 @@ from test_convert import read_output
 from test_parts import output_files
 
 from corpora.synthetic import write_pubmed, write_small_files
-from preprocess.cli import main as cli_main
-from preprocess.convert import ConversionError, convert
+from streamds.preprocess.command import main as cli_main
+from streamds.preprocess.convert import ConversionError, convert
+from streamds.preprocess.parts_plan import read_plan
 
 distributed = pytest.importorskip("distributed", reason="the 'cluster' extra (make setup)")
 
@@ -122,6 +123,25 @@ def test_a_killed_dask_worker_costs_only_a_rerun(cluster, corpus, tmp_path):
     assert marker.exists()  # a worker process did die
     assert output_files(out) == output_files(here)
     cluster.wait_for_workers(2, timeout=30)  # the nanny restarted it, for the next test
+
+
+def test_progress_moves_while_parts_run_on_dask_workers(cluster, tmp_path):
+    """Parts on the cluster report as they read (through the scheduler's queue), not only
+    when each part ends: a single big file split over the workers moves the bar."""
+    source = tmp_path / "big.jsonl"
+    source.write_bytes(b"".join(b'{"i": %d, "text": "%s"}\n' % (i, b"p" * 20_000)
+                                for i in range(400)))  # 8 MB in 2 parts, read by the MiB
+    size = source.stat().st_size
+    out = tmp_path / "out"
+    seen: list[Any] = []
+    with parts_run_on(cluster) as ran:
+        convert([source], out, shard_size=1 << 20, parts=2, progress=seen.append,
+                executor=cluster.get_executor())
+    assert len(ran) == 2 and set(ran) <= worker_addresses(cluster), ran  # not run here
+    ends = {0, size, *(part.bytes for part in read_plan(out).parts)}  # parts done, or none
+    done = [p.resumed_bytes + p.stored_bytes for p in seen]
+    assert done == sorted(done) and done[-1] == size
+    assert len({n for n in done if n not in ends}) >= 3, done  # within the running parts
 
 
 def test_cli_dask_executor_by_address(cluster, corpus, tmp_path, capsys):

@@ -22,8 +22,8 @@ import orjson
 import pytest
 import zstandard
 
-from preprocess.convert import ConversionError, convert
 from streamds import CorruptShardError, StreamingJsonl
+from streamds.preprocess.convert import ConversionError, convert
 
 JSONL = b'{"id": 0}\n{"id": 1}\n'
 

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -25,14 +26,16 @@ from typing import Any
 import orjson
 import pytest
 import zstandard
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from corpora.synthetic import write_pubmed, write_small_files, write_small_lines
-from preprocess import convert as convert_module
-from preprocess.convert import JOURNAL_NAME, ConversionError, convert, convert_part
-from preprocess.identity import INPUTS_NAME
-from preprocess.sources import Inputs
 from streamds.formats.manifest import MANIFEST_NAME, read_manifest
 from streamds.formats.seekable import decompress_frames, read_seek_table
+from streamds.preprocess import convert as convert_module
+from streamds.preprocess.convert import JOURNAL_NAME, ConversionError, convert, convert_part
+from streamds.preprocess.identity import INPUTS_NAME
+from streamds.preprocess.sources import Inputs
 from streamds.storage.shards import natural_key
 
 REPO = Path(__file__).resolve().parents[1]
@@ -351,10 +354,76 @@ def test_tar_output_is_read_by_streamds_and_webdataset(corpus, tmp_path):
     assert [s["__key__"] for s in samples] == [f"{i:010d}" for i in range(len(expected))]
 
 
+@pytest.mark.parametrize("name", ["bom.jsonl", "bom.jsonl.gz", "bom.json", "lone-bom.jsonl"])
+def test_a_byte_order_mark_follows_the_readers_rule(tmp_path, name):
+    """A file that starts with a UTF-8 byte-order mark converts to the records streamds
+    reads from it (the BOM is cut from the file's first line only; a lone BOM is a blank
+    line); the converter used to refuse line 1 as invalid JSON."""
+    from streamds import StreamingJsonl
+
+    lines = b'{"i": 1}\n{"i": 2}\n'
+    text = b"\xef\xbb\xbf" + (b"\n" + lines if name.startswith("lone") else lines)
+    source = tmp_path / name
+    source.write_bytes(gzip.compress(text) if name.endswith(".gz") else text)
+    convert([source], tmp_path / "out")
+    expected = list(StreamingJsonl(str(source)))
+    assert expected == [{"i": 1}, {"i": 2}]
+    assert list(StreamingJsonl(str(tmp_path / "out"))) == expected
+
+
+@settings(max_examples=10, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    lines=st.lists(st.sampled_from([b'{"i": 1}', b'{"s": "a b"}', b"", b"  ", b"\r", b"\t"]),
+                   max_size=12),
+    bom=st.booleans(),
+    final_newline=st.booleans(),
+    codec=st.sampled_from(["", ".gz", ".zst"]),
+)
+def test_the_converter_reads_json_lines_as_streamds_does(tmp_path, lines, bom, final_newline,
+                                                         codec):
+    """One reader of JSON lines: whatever blank or whitespace lines, byte-order mark, final
+    newline or codec, the shards hold the records `StreamingJsonl` reads from the input."""
+    from streamds import StreamingJsonl
+
+    text = (b"\xef\xbb\xbf" if bom else b"") + b"\n".join(lines)
+    text += b"\n" if final_newline and lines else b""
+    data = {"": text, ".gz": gzip.compress(text),
+            ".zst": zstandard.ZstdCompressor().compress(text)}[codec]
+    work = Path(tempfile.mkdtemp(dir=tmp_path))
+    source = work / f"in.jsonl{codec}"
+    source.write_bytes(data)
+    expected = list(StreamingJsonl(str(source)))
+    if not expected:
+        with pytest.raises(ConversionError, match="hold no records"):
+            convert([source], work / "out")
+        return
+    convert([source], work / "out")
+    assert list(StreamingJsonl(str(work / "out"))) == expected
+
+
+def test_a_damaged_tar_header_stops_the_conversion_naming_the_file(tmp_path):
+    """The converter reads tar shards with the library's reader: a damaged header after the
+    first member is an error naming the file (Python's tarfile alone stops there silently,
+    dropping every later record), or, with on_error="skip", the rest of the file counted bad."""
+    members = [(f"s{i}.json", orjson.dumps({"i": i})) for i in range(3)]
+    data = bytearray(tar_bytes(members))
+    second = 512 + 512  # the first member's header and its data, padded to one block
+    data[second + 148:second + 156] = b"garbage!"  # the second header's checksum field
+    source = tmp_path / "damaged.tar"
+    source.write_bytes(bytes(data))
+    with pytest.raises(ConversionError, match=r"damaged\.tar: truncated or damaged tar header"):
+        convert([source], tmp_path / "out")
+    good = tmp_path / "good.jsonl"
+    good.write_bytes(b'{"i": 9}\n')
+    result = convert([source, good], tmp_path / "skip", on_error="skip")
+    assert (result.counts.records_out, result.counts.bad) == (2, 1)  # s0.json and good.jsonl
+
+
 def test_tar_output_without_webdataset_names_the_extra_before_writing(corpus, tmp_path,
                                                                       monkeypatch, capsys):
-    from preprocess.cli import main
-    from preprocess.writers import TarShard
+    from streamds.preprocess.command import main
+    from streamds.preprocess.writers import TarShard
 
     monkeypatch.setitem(sys.modules, "webdataset", None)  # as if not installed
     out = tmp_path / "out"
@@ -574,12 +643,12 @@ def test_on_error_skip_counts_bad_records_and_files(tmp_path):
 def test_transform_drops_and_rewrites_records(corpus, tmp_path):
     out = tmp_path / "out"
     result = convert([corpus["root"] / "train.txt"], out,
-                     transform="preprocess.text:summarisation(max_words=20, min_words=1)")
+                     transform="streamds.preprocess.text:summarisation(max_words=20, min_words=1)")
     records = read_output(out)
     assert set(records[0]) == {"id", "text", "summary"}
     assert all(len(r["text"].split()) <= 20 for r in records)
     assert result.manifest.options["transform"] == (
-        "preprocess.text:summarisation(max_words=20, min_words=1)")
+        "streamds.preprocess.text:summarisation(max_words=20, min_words=1)")
     dropped = convert([corpus["root"] / "lines.jsonl"], tmp_path / "d",
                       transform=_keep_even_labels)
     expected = [r for r in corpus["expected"]["lines.jsonl"] if r["label"] % 2 == 0]
@@ -612,20 +681,20 @@ def test_journal_is_not_a_record_file(corpus, tmp_path):
 
 
 def test_transform_spec_as_the_readme_writes_it():
-    from preprocess.text import Summarisation, to_summarisation
+    from streamds.preprocess.text import Summarisation, to_summarisation
     from streamds.spec import load_function
 
-    pair = load_function("preprocess.text:summarisation(max_words=512)")
+    pair = load_function("streamds.preprocess.text:summarisation(max_words=512)")
     assert isinstance(pair, Summarisation) and pair.max_words == 512
-    assert load_function("preprocess.text:to_summarisation") is to_summarisation
+    assert load_function("streamds.preprocess.text:to_summarisation") is to_summarisation
 
 
 def test_docstring_examples():
     import doctest
 
-    from preprocess import cli, commit, journal, recovery, run, sources, writers
+    from streamds.preprocess import command, commit, journal, recovery, run, sources, writers
 
-    modules = (convert_module, cli, commit, journal, recovery, run, sources, writers)
+    modules = (convert_module, command, commit, journal, recovery, run, sources, writers)
     results = [doctest.testmod(module) for module in modules]
     assert sum(r.attempted for r in results) >= 2 and sum(r.failed for r in results) == 0
 

@@ -9,9 +9,11 @@ inside one big file.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
+import re
 import shutil
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +21,10 @@ import fsspec
 import orjson
 import pytest
 
-from preprocess.cli import main as convert_main
-from preprocess.convert import (
+from streamds import StreamingJsonl
+from streamds.formats.manifest import MANIFEST_NAME
+from streamds.preprocess.command import main as convert_main
+from streamds.preprocess.convert import (
     ConversionError,
     InputsChangedError,
     Progress,
@@ -28,13 +32,11 @@ from preprocess.convert import (
     convert_part,
     merge_parts,
 )
-from preprocess.identity import INPUTS_NAME
-from preprocess.job import Job
-from preprocess.journal import JOURNAL_NAME
-from preprocess.parts import PartTask, run_part
-from preprocess.plan import PLAN_NAME, read_plan
-from streamds import StreamingJsonl
-from streamds.formats.manifest import MANIFEST_NAME
+from streamds.preprocess.identity import INPUTS_NAME
+from streamds.preprocess.job import Job
+from streamds.preprocess.journal import JOURNAL_NAME
+from streamds.preprocess.parts import PartTask, run_part
+from streamds.preprocess.parts_plan import PLAN_NAME, read_plan
 
 OPTIONS: dict[str, Any] = {"shard_size": 4000, "frame_size": 1000}
 
@@ -304,7 +306,7 @@ def test_on_error_skip_names_the_first_skipped_lines(tmp_path, capsys, caplog):
     source = tmp_path / "bad.jsonl"
     source.write_bytes(b"\n".join(lines) + b"\n")
     bad = [n for n in range(1, 200) if n % 7 == 0]
-    with caplog.at_level(logging.WARNING, logger="preprocess"):
+    with caplog.at_level(logging.WARNING, logger="streamds.preprocess"):
         result = convert([source], tmp_path / "out", on_error="skip", shard_size=200,
                          frame_size=100)
     assert result.counts.bad == len(bad)
@@ -362,6 +364,55 @@ def test_the_cli_bar_shows_bytes_rate_and_quiet_silences_it(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "converting" in err and "B/s" in err and "MB" in err
     assert convert_main([str(source), "--output", str(tmp_path / "b"), "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_progress_moves_while_parts_run_in_a_process_pool(tmp_path):
+    """Parts in a pool's worker processes report as they read (through a queue), not only
+    when each part ends: a single big file split over workers moves the bar."""
+    source = tmp_path / "big.jsonl"
+    source.write_bytes(records(0, 400, "p" * 1000))  # 8 MB in 2 parts, read by the MiB
+    size = source.stat().st_size
+    out = tmp_path / "out"
+    seen: list[Progress] = []
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        convert([source], out, shard_size=1 << 20, progress=seen.append, parts=2,
+                executor=pool)
+    ends = {0, size, *(part.bytes for part in read_plan(out).parts)}  # parts done, or none
+    done = [p.resumed_bytes + p.stored_bytes for p in seen]
+    assert done == sorted(done) and done[-1] == size
+    assert len({n for n in done if n not in ends}) >= 3, done  # within the running parts
+    assert seen[-1].parts == 2 and all(p.bytes_total == size for p in seen)
+
+
+def test_a_part_run_alone_reports_its_progress_out_of_its_planned_bytes(tmp_path):
+    source = tmp_path / "big.jsonl"
+    source.write_bytes(records(0, 400, "p" * 1000))  # 8 MB: a part of 4 MB, read by the MiB
+    out = tmp_path / "out"
+    seen: list[Progress] = []
+    convert_part([source], out, 1, parts=2, shard_size=1 << 20, progress=seen.append)
+    planned = read_plan(out).parts[1].bytes
+    done = [p.resumed_bytes + p.stored_bytes for p in seen]
+    assert done == sorted(done) and done[-1] == planned
+    assert len({n for n in done if 0 < n < planned}) >= 3, done  # updates while reading
+    assert all(p.bytes_total == planned for p in seen)
+
+
+def test_the_cli_bar_moves_with_the_bytes_and_shows_the_rate_and_time_left(tmp_path, capsys):
+    """The bar redraws as bytes are read (not on a clock), each time with the bytes read,
+    the rate and the time left; a part run alone shows its own bar; --quiet silences it."""
+    source = tmp_path / "big.jsonl"
+    source.write_bytes(records(0, 400, "p" * 1000))
+    for args in ([], ["--parts", "2", "--part", "1"]):
+        assert convert_main([str(source), "--output", str(tmp_path / f"out{len(args)}"),
+                             *args]) == 0
+        frames = capsys.readouterr().err.split("\r")
+        shown = [re.search(r"converting: +(\d+)%\|.*\| ([\d.]+[kMG]?)/[\d.]+[kMG]? "
+                           r"\[[\d:]+<[\d:?]+, +[\d.]+[kMG]?B/s", frame) for frame in frames]
+        percents = {int(match.group(1)) for match in shown if match}
+        assert len(percents & set(range(1, 100))) >= 3, frames  # moving while it reads
+    assert convert_main([str(source), "--output", str(tmp_path / "q"), "--parts", "2",
+                         "--part", "0", "--quiet"]) == 0
     assert capsys.readouterr().err == ""
 
 

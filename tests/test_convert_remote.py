@@ -24,16 +24,16 @@ import fsspec
 import orjson
 import pytest
 
-import preprocess.readahead as readahead
-import preprocess.sources as sources
+import streamds.preprocess.files_ahead as files_ahead
+import streamds.preprocess.sources as sources
 from corpora.synthetic import write_pubmed, write_small_files
-from preprocess.cli import main
-from preprocess.convert import ConversionError, convert
-from preprocess.listing import ListingWalk
-from preprocess.readahead import ReadAhead
-from preprocess.sources import Inputs, Leaf
 from streamds.formats.manifest import MANIFEST_NAME
 from streamds.formats.trees import directory_walk, glob_walk
+from streamds.preprocess.command import main
+from streamds.preprocess.convert import ConversionError, convert
+from streamds.preprocess.files_ahead import FilesAhead
+from streamds.preprocess.listing import ListingWalk
+from streamds.preprocess.sources import Inputs, Leaf
 from streamds.retry import RetryPolicy
 from testbed.http import Faults, serve
 
@@ -153,7 +153,7 @@ def same_output(out: Path, ref: Path) -> None:
 @pytest.fixture
 def pooled(monkeypatch: pytest.MonkeyPatch) -> None:
     """Start the read-ahead threads at once (local files are never slow enough to)."""
-    monkeypatch.setattr(readahead, "SLOW_IN_A_ROW", 0)
+    monkeypatch.setattr(files_ahead, "SLOW_IN_A_ROW", 0)
 
 
 # -- URLs ----------------------------------------------------------------------------------
@@ -253,14 +253,14 @@ def test_read_ahead_stops_at_its_byte_budget_while_the_next_file_is_slow():
             first_may_finish.set()
         return bytes(100)
 
-    ahead = ReadAhead(list(range(40)), fetch, wants=lambda item: True, group=_folder,
+    ahead = FilesAhead(list(range(40)), fetch, wants=lambda item: True, group=_folder,
                       size=len, threads=2, max_bytes=250)
-    readahead_slow = readahead.SLOW_IN_A_ROW
-    readahead.SLOW_IN_A_ROW = 0
+    slow_in_a_row = files_ahead.SLOW_IN_A_ROW
+    files_ahead.SLOW_IN_A_ROW = 0
     try:
         got = [(item, outcome.result()) for item, outcome in ahead]  # type: ignore[union-attr]
     finally:
-        readahead.SLOW_IN_A_ROW = readahead_slow
+        files_ahead.SLOW_IN_A_ROW = slow_in_a_row
     assert [item for item, _ in got] == list(range(40))
     assert all(data == bytes(100) for _, data in got)
     before_one = started[: started.index(1)]
@@ -270,14 +270,14 @@ def test_read_ahead_stops_at_its_byte_budget_while_the_next_file_is_slow():
 
 
 def test_read_ahead_raises_a_failed_read_at_its_place(monkeypatch):
-    monkeypatch.setattr(readahead, "SLOW_IN_A_ROW", 0)
+    monkeypatch.setattr(files_ahead, "SLOW_IN_A_ROW", 0)
 
     def fetch(item: int) -> int:
         if item == 25:
             raise OSError(errno.ENOENT, "gone")
         return item
 
-    ahead = ReadAhead(list(range(40)), fetch, wants=lambda item: item % 7 != 3,
+    ahead = FilesAhead(list(range(40)), fetch, wants=lambda item: item % 7 != 3,
                       group=_folder, size=lambda value: 8, threads=4, max_bytes=1000)
     seen = []
     with pytest.raises(OSError, match="gone"):
@@ -295,13 +295,13 @@ def test_one_at_a_time_until_reads_are_slow(monkeypatch):
         return item
 
     def run() -> list[int]:
-        ahead = ReadAhead(list(range(30)), fetch, wants=lambda item: True, group=_folder,
+        ahead = FilesAhead(list(range(30)), fetch, wants=lambda item: True, group=_folder,
                           size=lambda value: 8, threads=4, max_bytes=1000)
         return [outcome.result() for _, outcome in ahead]  # type: ignore[union-attr]
 
     assert run() == list(range(30))
     assert threads == {threading.current_thread().name}
-    monkeypatch.setattr(readahead, "SLOW_FETCH", -1.0)  # every read counts as slow
+    monkeypatch.setattr(files_ahead, "SLOW_FETCH", -1.0)  # every read counts as slow
     assert run() == list(range(30))
     assert any(name.startswith("streamds-read") for name in threads)
 
@@ -423,7 +423,7 @@ def test_transient_errors_on_open_and_read_are_retried_to_the_same_bytes(
 
     monkeypatch.setattr(Leaf, "open", flaky_open)
     monkeypatch.setattr(type(memory_fs), "cat_file", flaky_cat)
-    monkeypatch.setattr(readahead, "SLOW_IN_A_ROW", 0)
+    monkeypatch.setattr(files_ahead, "SLOW_IN_A_ROW", 0)
     inputs = [f"{memory}/{remote}" if path.endswith(remote) else path for path in local]
     convert(inputs, tmp_path / "out", read_ahead=read_ahead, retry=FAST_RETRY, **OPTIONS)
     assert opens.failed > 50 and reads.failed > 10

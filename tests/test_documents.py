@@ -20,10 +20,10 @@ import pytest
 from resume_contract import run_test_save_load_state
 from torch.utils.data import DataLoader
 
-from preprocess.convert import convert
-from preprocess.sources import Inputs, Position
 from streamds import CorruptRecordError, StreamingJsonl
 from streamds.formats.manifest import read_manifest
+from streamds.preprocess.convert import convert
+from streamds.preprocess.sources import Inputs, Position
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from preprocess.sources import Inputs
 from streamds.formats import codecs, filenames
 from streamds.formats.filenames import format_of, is_record_name
 from streamds.formats.manifest import Manifest, write_manifest
+from streamds.preprocess.sources import Inputs
 from streamds.storage.shards import resolve_shards
 from streamds.tools.cli import main
 

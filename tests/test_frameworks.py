@@ -22,8 +22,8 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from preprocess.convert import convert
 from streamds import StreamingJsonl
+from streamds.preprocess.convert import convert
 
 WORKER = Path(__file__).with_name("framework_worker.py")
 RECORDS = 200

@@ -18,10 +18,10 @@ import fsspec
 import orjson
 import pytest
 
-from preprocess.convert import ConversionError, convert
-from preprocess.sources import Inputs
 from streamds import StreamingJsonl
 from streamds.formats.manifest import read_manifest
+from streamds.preprocess.convert import ConversionError, convert
+from streamds.preprocess.sources import Inputs
 
 pytestmark = pytest.mark.skipif(os.name == "nt", reason="symbolic links need privileges there")
 
@@ -98,7 +98,7 @@ def test_the_same_path_twice_is_refused_by_both(tree):
 
 
 def test_cli_convert_of_one_file_twice_fails_without_writing(tree, capsys):
-    from preprocess.cli import main
+    from streamds.preprocess.command import main
 
     path = str(tree / "d" / "a.jsonl")
     assert main([path, path, "--output", str(tree / "out"), "--quiet"]) == 2

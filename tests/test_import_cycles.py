@@ -1,7 +1,8 @@
-"""Imports between the project's modules form no cycle; `streamds` never needs `preprocess`.
+"""Imports between the project's modules form no cycle; `streamds` never needs the converter.
 
 The graph is read from the source, not from a running interpreter: every module of the
-packages `streamds` and `preprocess` (found with `pkgutil`, without importing anything) is
+package `streamds` and of the converter, `streamds.preprocess` (its modules lie in the
+checkout's `preprocess/` folder), found with `pkgutil` without importing anything, is
 parsed with `ast`, and each ``import`` and ``from ... import`` naming a project module is an
 edge, whether it runs at import time or inside a function (a function-level import that
 closes a cycle still hides a tangle, and still fails when the function runs during the other
@@ -10,7 +11,7 @@ Relative imports are resolved against the importing module's package; ``from pkg
 points at ``pkg.name`` when that is a module, else at ``pkg``; ``importlib.import_module``
 with a literal name counts too. Imports under ``if TYPE_CHECKING:`` never run and are left out.
 
-DESIGN.md: `preprocess` (the writing side) imports `streamds`, never the reverse; a command
+DESIGN.md: the converter (the writing side) imports `streamds`, never the reverse; a command
 of streamds's CLI may load the converter lazily, inside a function.
 """
 
@@ -22,7 +23,7 @@ import os
 import pkgutil
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,10 @@ import pytest
 from import_walk import RuntimeImportVisitor
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("streamds", "preprocess")
+# package -> its folder in the checkout: `streamds/preprocess/__init__.py` only points the
+# converter's package at `preprocess/`, where its modules are
+PACKAGES = {"streamds": "streamds", "streamds.preprocess": "preprocess"}
+CONVERTER = "streamds.preprocess"
 
 
 @dataclass(frozen=True)
@@ -48,8 +52,11 @@ class Edge:
         return f"{self.source} -> {self.target} ({self.path.name}:{self.line}, {where})"
 
 
-def walk_modules(root: Path, packages: Iterable[str]) -> dict[str, tuple[Path, bool]]:
-    """Module name -> (source file, is a package), for `packages` under `root`.
+def walk_modules(root: Path, packages: Mapping[str, str]) -> dict[str, tuple[Path, bool]]:
+    """Module name -> (source file, is a package), for `packages` (name -> folder) under `root`.
+
+    A subpackage that `packages` names itself is walked from its own folder, not from where
+    its parent's folder holds it.
 
     `pkgutil.walk_packages` would import every subpackage to find its path; this walk
     recurses with `pkgutil.iter_modules` instead, so nothing runs and a tangled tree is
@@ -62,6 +69,8 @@ def walk_modules(root: Path, packages: Iterable[str]) -> dict[str, tuple[Path, b
         assert init.is_file(), f"{name}: no {init}"
         modules[name] = (init, True)
         for info in pkgutil.iter_modules([str(directory)], prefix=f"{name}."):
+            if info.name in packages:
+                continue  # walked from its own folder
             if info.ispkg:
                 walk(info.name, directory / info.name.rpartition(".")[2])
             else:
@@ -69,8 +78,8 @@ def walk_modules(root: Path, packages: Iterable[str]) -> dict[str, tuple[Path, b
                 assert spec is not None and spec.origin is not None, info.name
                 modules[info.name] = (Path(spec.origin), False)
 
-    for package in packages:
-        walk(package, root / package)
+    for package, folder in packages.items():
+        walk(package, root / folder)
     return modules
 
 
@@ -125,7 +134,7 @@ class _ImportVisitor(RuntimeImportVisitor):
         self.generic_visit(node)
 
 
-def import_edges(root: Path, packages: Iterable[str]) -> list[Edge]:
+def import_edges(root: Path, packages: Mapping[str, str]) -> list[Edge]:
     """Every import from one project module of `packages` (under `root`) to another."""
     modules = walk_modules(root, packages)
     edges = []
@@ -241,14 +250,17 @@ def edges() -> list[Edge]:
 def test_every_module_is_walked(edges: list[Edge]) -> None:
     modules = walk_modules(REPO, PACKAGES)
     on_disk = {
-        ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
-        for package in PACKAGES
-        for path in (REPO / package).rglob("*.py")
+        ".".join((package, *path.relative_to(REPO / folder).with_suffix("").parts))
+        .removesuffix(".__init__")
+        for package, folder in PACKAGES.items()
+        for path in (REPO / folder).rglob("*.py")
+        if path.parent != REPO / CONVERTER.replace(".", "/")  # the pointer to preprocess/
     }
     assert set(modules) == on_disk
+    assert "streamds.preprocess.convert" in modules
     assert len(edges) > 20  # the packages do import each other's modules: the parse sees them
     assert any(  # DESIGN.md: the writing side builds on the reading side
-        e.source.startswith("preprocess") and e.target.startswith("streamds") for e in edges
+        e.source.startswith(CONVERTER) and not e.target.startswith(CONVERTER) for e in edges
     )
 
 
@@ -259,19 +271,25 @@ def test_project_imports_have_no_cycle(edges: list[Edge]) -> None:
     )
 
 
-def test_streamds_never_imports_preprocess_at_module_level(edges: list[Edge]) -> None:
+def in_converter(module: str) -> bool:
+    return module == CONVERTER or module.startswith(CONVERTER + ".")
+
+
+def test_streamds_never_imports_the_converter_at_module_level(edges: list[Edge]) -> None:
     wrong = [
         str(edge)
         for edge in edges
-        if edge.module_level
-        and edge.source.partition(".")[0] == "streamds"
-        and edge.target.partition(".")[0] == "preprocess"
+        if edge.module_level and not in_converter(edge.source) and in_converter(edge.target)
     ]
-    assert not wrong, "streamds imports preprocess at import time:\n" + "\n".join(wrong)
+    assert not wrong, "streamds imports the converter at import time:\n" + "\n".join(wrong)
 
 
 @pytest.mark.parametrize(
-    "statement", ["import streamds, preprocess", "import preprocess, streamds"]
+    "statement",
+    [
+        "import streamds, streamds.preprocess.command",
+        "import streamds.preprocess.command, streamds",
+    ],
 )
 def test_packages_import_in_a_fresh_interpreter(statement: str) -> None:
     result = subprocess.run(
@@ -348,7 +366,7 @@ def test_import_edges_read_every_kind_of_import(tmp_path: Path) -> None:
     )
     found = {
         (edge.source, edge.target, edge.module_level)
-        for edge in import_edges(tmp_path, ["pkg", "other"])
+        for edge in import_edges(tmp_path, {"pkg": "pkg", "other": "other"})
     }
     assert found == {
         ("pkg", "pkg.a", True),
@@ -376,7 +394,7 @@ def test_cycle_check_catches_a_cycle_in_a_package(tmp_path: Path) -> None:
             "tool/convert.py": "from lib.cli import run\nfrom lib.units import KB\n",
         },
     )
-    edges = import_edges(tmp_path, ["lib", "tool"])
+    edges = import_edges(tmp_path, {"lib": "lib", "tool": "tool"})
     cycles = find_cycles(graph_of(edges))
     assert cycles == [["lib.cli", "tool.convert", "lib.cli"]]
     message = describe_cycle(cycles[0], edges)

@@ -115,8 +115,8 @@ def test_streamds_trainer_without_a_steady_length_needs_max_steps(tmp_path: Path
     import framework_worker as worker
     from transformers import TrainingArguments
 
-    from preprocess.convert import convert
     from streamds.integrations.transformers import StreamdsTrainer
+    from streamds.preprocess.convert import convert
 
     sources, start = [], 0
     for part, count in enumerate((3, 9, 30)):  # one block each, of unequal sizes

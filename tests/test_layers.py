@@ -21,10 +21,11 @@ The stack, bottom first (each layer may import itself and the layers below it, n
     datasets      streamds/datasets/  what a user builds: dataset (StreamingJsonl), mix,
                                       pack, batching (.batch of a mix or packed data), callers
     integrations  streamds/integrations/  Lightning, Accelerate, transformers
-    preprocess    preprocess/         the converter (the writing side)
+    preprocess    preprocess/         the converter (the writing side), installed as
+                                      `streamds.preprocess`
     tools         streamds/tools/     the command line (cli) and bench
 
-Only the command line (`streamds.tools.cli`) imports the converter, `preprocess`, and only
+Only the command line (`streamds.tools.cli`) imports the converter, `streamds.preprocess`, and only
 inside a function. The import graph is the one `test_import_cycles` reads from the source
 (function-level imports count: a function that imports upward still ties the layers).
 """
@@ -45,11 +46,11 @@ LAYERS: tuple[tuple[str, str], ...] = (
     ("train", "streamds.train"),
     ("datasets", "streamds.datasets"),
     ("integrations", "streamds.integrations"),
-    ("preprocess", "preprocess"),
+    ("preprocess", "streamds.preprocess"),
     ("tools", "streamds.tools"),
 )
 RANK = {folder: rank for rank, (_, folder) in enumerate(LAYERS)}
-CONVERTER = "preprocess"
+CONVERTER = "streamds.preprocess"
 COMMAND_LINE = "streamds.tools.cli"
 
 
@@ -67,11 +68,7 @@ def layer_problems(edges: list[Edge], packages: set[str]) -> list[str]:
             problems.append(f"{edge}: a folder outside LAYERS ({source} or {target})")
         elif RANK[target] > RANK[source]:
             problems.append(f"{edge}: imports upward, {source} -> {target}")
-        if (
-            target.partition(".")[0] == CONVERTER
-            and source.partition(".")[0] != CONVERTER
-            and edge.source != COMMAND_LINE
-        ):
+        if target == CONVERTER and source != CONVERTER and edge.source != COMMAND_LINE:
             problems.append(f"{edge}: only {COMMAND_LINE} may import the converter")
     return problems
 
@@ -107,16 +104,18 @@ def test_folders_import_each_other_without_a_cycle(
 
 
 def test_the_check_sees_an_upward_import_and_a_converter_import() -> None:
-    packages = {"streamds", "streamds.storage", "streamds.stages", "streamds.tools", "preprocess"}
+    packages = {
+        "streamds", "streamds.storage", "streamds.stages", "streamds.tools", "streamds.preprocess"
+    }
     here = REPO / "x.py"
     edges = [
         Edge("streamds.storage.read", "streamds.stages.parse", here, 1, False),  # upward
         Edge("streamds.stages.parse", "streamds.storage.read", here, 2, True),  # downward
-        Edge("streamds.tools.bench", "preprocess.cli", here, 3, False),  # not the CLI
-        Edge("streamds.tools.cli", "preprocess.cli", here, 4, False),  # the CLI: allowed
-        Edge("preprocess.job", "streamds.errors", here, 5, True),
+        Edge("streamds.tools.bench", "streamds.preprocess.command", here, 3, False),  # not the CLI
+        Edge("streamds.tools.cli", "streamds.preprocess.command", here, 4, False),  # allowed
+        Edge("streamds.preprocess.job", "streamds.errors", here, 5, True),
     ]
     problems = layer_problems(edges, packages)
     assert len(problems) == 2
     assert "streamds.storage -> streamds.stages" in problems[0]
-    assert "streamds.tools.bench -> preprocess.cli" in problems[1]
+    assert "streamds.tools.bench -> streamds.preprocess.command" in problems[1]

@@ -16,8 +16,8 @@ import orjson
 import pytest
 from torch.utils.data import DataLoader
 
-from preprocess.convert import convert
 from streamds import StreamingJsonl
+from streamds.preprocess.convert import convert
 
 RECORDS = 200
 

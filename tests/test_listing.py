@@ -13,10 +13,10 @@ import orjson
 import pytest
 from torch.utils.data import DataLoader
 
-from preprocess.convert import convert
 from streamds import StreamingJsonl
 from streamds.formats.filenames import copy_of, is_record_name
 from streamds.formats.manifest import MANIFEST_NAME, MissingShardError, read_manifest
+from streamds.preprocess.convert import convert
 from streamds.resume.plain_loader import CountMismatchError
 from streamds.tools.cli import main
 

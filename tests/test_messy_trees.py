@@ -34,9 +34,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-from preprocess.convert import convert
 from streamds import StreamingJsonl
 from streamds.formats.manifest import MissingShardError, read_manifest
+from streamds.preprocess.convert import convert
 
 pytestmark = [
     pytest.mark.skipif(os.name == "nt", reason="symbolic links need privileges there"),

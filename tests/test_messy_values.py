@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from preprocess.convert import ConversionError, convert
 from streamds import Mix, PackTokens, StreamingJsonl
 from streamds.errors import CorruptRecordError
 from streamds.formats import values
 from streamds.formats.samples import TarSampleError
+from streamds.preprocess.convert import ConversionError, convert
 from streamds.stages.parse_later import LineBatch, MalformedLine, parse_payload
 
 BIG = 123456789012345678901234567890
@@ -243,7 +243,7 @@ def test_json_array_of_objects_still_yields_elements(tmp_path):
 
 
 def test_convert_refuses_a_transform_that_returns_no_object(tmp_path):
-    from preprocess.run import ConversionRun  # noqa: F401  (the module under test)
+    from streamds.preprocess.run import ConversionRun  # noqa: F401  (the module under test)
 
     path = tmp_path / "a.jsonl"
     path.write_bytes(b'{"a": 1}\n')

@@ -1,4 +1,4 @@
-"""Conversion in parts (preprocess.plan, preprocess.parts): the plan, the executors, resume.
+"""Conversion in parts (streamds.preprocess.parts_plan, .parts): the plan, the executors, resume.
 
 Expected records come from a conversion in one part (itself checked against the plain bytes
 by test_convert.py) and from the input bytes; byte identity is checked on every file of the
@@ -22,12 +22,12 @@ import pytest
 from test_convert import read_output
 
 from corpora.synthetic import write_pubmed, write_small_files
-from preprocess.cli import main as cli_main
-from preprocess.convert import ConversionError, convert, convert_part, merge_parts
-from preprocess.plan import PLAN_NAME, read_plan
-from preprocess.sources import Inputs, Meter
 from streamds.formats.manifest import read_manifest
 from streamds.formats.seekable import SeekableWriter
+from streamds.preprocess.command import main as cli_main
+from streamds.preprocess.convert import ConversionError, convert, convert_part, merge_parts
+from streamds.preprocess.parts_plan import PLAN_NAME, read_plan
+from streamds.preprocess.sources import Inputs, Meter
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -305,7 +305,7 @@ def test_tasks_get_their_files_from_the_plan_and_list_nothing(corpus, tmp_path, 
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from preprocess.listing import ListingWalk
+    from streamds.preprocess.listing import ListingWalk
 
     listed_by: list[str] = []
     original = ListingWalk.list_folder

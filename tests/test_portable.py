@@ -26,9 +26,9 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 import streamds
 import streamds.resume.identity as identity
-from preprocess.convert import convert
 from streamds import Mix, PackTokens, Storage, StreamingJsonl, merge_states
 from streamds.errors import StateMismatchError
+from streamds.preprocess.convert import convert
 from streamds.resume.identity import Identity, relative_names, source_root
 from streamds.storage.shards import Shard, natural_key
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from preprocess.convert import convert
 from streamds import Storage, StreamingJsonl
 from streamds.formats.seekable import SeekableWriter
+from streamds.preprocess.convert import convert
 from streamds.retry import RangeNotSupportedError, RetryPolicy, UnreachableError
 from testbed.http import Faults, RangeServer, serve
 

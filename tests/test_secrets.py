@@ -19,9 +19,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from preprocess.cli import main as convert_main
-from preprocess.convert import convert
 from streamds import Storage, StreamingJsonl, merge_states
+from streamds.preprocess.command import main as convert_main
+from streamds.preprocess.convert import convert
 from streamds.redact import describe_error, redact, safe_cause, scrubbed
 from streamds.retry import GaveUpError, RetryPolicy, retrying
 from streamds.tools.cli import main as streamds_main

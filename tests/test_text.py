@@ -8,10 +8,10 @@ import pickle
 import orjson
 import pytest
 
-import preprocess.text as text
+import streamds.preprocess.text as text
 from corpora.synthetic import write_pubmed
-from preprocess.text import drop_short, select, strip_tags, summarisation, to_summarisation
 from streamds import Storage
+from streamds.preprocess.text import drop_short, select, strip_tags, summarisation, to_summarisation
 
 RECORD = {
     "article_id": "PMC7",

@@ -21,7 +21,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from itertools import accumulate
 from operator import add
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from ..errors import CorruptShardError
 from ..formats.codecs import READ_SIZE, decode
@@ -39,9 +39,11 @@ __all__ = [
     "LineChunk",
     "Opener",
     "RetryPolicy",
+    "TarRecords",
     "count_newlines",
     "open_decoded_at",
     "read_lines",
+    "tar_records",
 ]
 
 log = logging.getLogger(__name__)
@@ -211,63 +213,78 @@ def _tar_members(tar: tarfile.TarFile, url: str) -> Iterator[tarfile.TarInfo]:
             ) from err
 
 
-def _tar_chunks(
-    opener: Opener, shard: Shard, block_id: int, cursor: _Cursor, read_size: int
-) -> Iterator[LineChunk]:
-    """Records of a tar shard: one per `.json` member, one per line of `.jsonl` members.
+class TarRecords(NamedTuple):
+    """The records of one tar member: `records[i]` is record number `first + i` of the shard."""
 
-    Offsets are record ordinals, so a resume skips that many records.
+    member: str
+    first: int
+    records: list[bytes]
+
+
+def tar_records(stream: BinaryIO, url: str, first: int = 0) -> Iterator[TarRecords]:
+    """The records of a tar shard, member by member, from record number `first` on.
+
+    `stream` holds the shard's decoded bytes from its start. A ``.json`` member is one record
+    (one per webdataset sample, else `TarSampleError`); a ``.jsonl`` member is one record per
+    line (blank lines count, so numbers match the reader's; parsing skips them). Members are
+    read forward only, one at a time. A cut or damaged header or member raises
+    `CorruptShardError` naming `url` and the record it follows: never a silently short shard.
+    The library's reader and the converter both read tar shards here.
     """
+    ordinal = 0
+    samples = SampleKeys(url)
     try:
-        yield from _tar_records(opener, shard, block_id, cursor, read_size)
+        with tarfile.open(fileobj=stream, mode="r|") as tar:
+            for member in _tar_members(tar, url):
+                if not member.isfile():
+                    continue
+                if member.name.endswith(TAR_RECORD_MEMBERS):
+                    samples.check(member.name)  # one JSON member per webdataset sample
+                    one_record = True  # the member is one record
+                elif member.name.endswith(TAR_LINES_MEMBERS):
+                    one_record = False  # the member holds JSON lines
+                else:
+                    continue
+                if one_record and ordinal < first:
+                    ordinal += 1
+                    continue
+                extracted = tar.extractfile(member)
+                data = extracted.read() if extracted is not None else b""
+                records = [data] if one_record else data.split(b"\n")
+                if not one_record and records and not records[-1]:
+                    records.pop()
+                skip = max(0, first - ordinal)
+                ordinal += len(records)
+                if records[skip:]:
+                    yield TarRecords(member.name, ordinal - len(records) + skip, records[skip:])
     except tarfile.TarError as err:  # a member's data cut short, an unreadable first header
         raise CorruptShardError(
-            f"{shard.url}: truncated or damaged tar data after record {cursor.next_line}: "
+            f"{url}: truncated or damaged tar data after record {max(ordinal, first)}: "
             f"{err}; copy or convert the file again",
-            url=shard.url,
-            offset=cursor.next_line or 0,
+            url=url,
+            offset=max(ordinal, first),
         ) from err
 
 
-def _tar_records(
+def _tar_chunks(
     opener: Opener, shard: Shard, block_id: int, cursor: _Cursor, read_size: int
 ) -> Iterator[LineChunk]:
+    """Records of a tar shard (`tar_records`), a chunk per member.
+
+    Offsets are record ordinals, so a resume skips that many records.
+    """
     first = cursor.next_line or 0
     cursor.next_line = first
-    ordinal = 0
     stream = io.BufferedReader(opener(shard, 0), buffer_size=read_size)  # type: ignore[arg-type]
-    samples = SampleKeys(shard.url)
-    with closing(stream), tarfile.open(fileobj=stream, mode="r|") as tar:
-        for member in _tar_members(tar, shard.url):
-            if not member.isfile():
-                continue
-            if member.name.endswith(TAR_RECORD_MEMBERS):
-                samples.check(member.name)  # one JSON member per webdataset sample
-                one_record = True  # the member is one record
-            elif member.name.endswith(TAR_LINES_MEMBERS):
-                one_record = False  # the member holds JSON lines
-            else:
-                continue
-            if one_record and ordinal < first:
-                ordinal += 1
-                continue
-            extracted = tar.extractfile(member)
-            data = extracted.read() if extracted is not None else b""
-            records = [data] if one_record else data.split(b"\n")
-            if not one_record and records and not records[-1]:
-                records.pop()
-            skip = max(0, first - ordinal)
-            ordinal += len(records)
-            records = records[skip:]
-            if not records:
-                continue
-            begin = ordinal - len(records)
-            cursor.next_line = ordinal
+    with closing(stream):
+        for member in tar_records(stream, shard.url, first):
+            end = member.first + len(member.records)
+            cursor.next_line = end
             yield LineChunk(
                 block_id,
-                list(range(begin, ordinal + 1)),
-                records,
-                [f"member {member.name}"] * len(records),
+                list(range(member.first, end + 1)),
+                member.records,
+                [f"member {member.member}"] * len(member.records),
             )
 
 

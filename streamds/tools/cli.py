@@ -13,9 +13,9 @@
 
 Exit status: 0 on success, 1 when `verify` finds damage, 2 for bad arguments or input.
 The library never prints; this module does (results on stdout, progress on stderr).
-`convert` is the converter's own command line (`preprocess.cli`, the writing side) and `bench`
-lives in `streamds.tools.bench`; both are imported only when asked for, and streamds never imports
-`preprocess` at module level.
+`convert` is the converter's own command line (`streamds.preprocess.command`, the writing side, from
+the checkout's `preprocess/` folder) and `bench` lives in `streamds.tools.bench`; both are
+imported only when asked for, and no other module of streamds imports the converter.
 """
 
 from __future__ import annotations
@@ -353,10 +353,10 @@ def _cmd_verify(argv: Sequence[str]) -> int:
 
 def _cmd_convert(argv: Sequence[str]) -> int:
     try:
-        from preprocess.cli import main as convert_main
+        from streamds.preprocess.command import main as convert_main
     except ImportError as err:
         missing = getattr(err, "name", None) or "a module"
-        print(f"streamds convert: error: the converter (package 'preprocess') cannot be "
+        print(f"streamds convert: error: the converter (streamds.preprocess) cannot be "
               f"imported: {err}; {missing} is missing from this environment: reinstall or "
               "upgrade streamds (`pip install --upgrade streamds`, or `pip install -e .` in a "
               "checkout) so that its declared dependencies are installed", file=sys.stderr)

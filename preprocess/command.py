@@ -1,14 +1,14 @@
-"""The converter's command line: ``python -m preprocess`` and ``streamds convert``.
+"""The converter's command line: ``streamds convert`` and ``python -m streamds.preprocess``.
 
 ::
 
-    python -m preprocess INPUT... --output DIR [--shard-size 256MB] [--format jsonl.zst|tar]
-                         [--workers N] [--level 3] [--frame-size 4MiB]
-                         [--transform module:function] [--on-error raise|skip] [--quiet]
-                         [--read-ahead 64] [--read-ahead-bytes 256MiB]
-                         [--storage-options JSON]
-                         [--parts N] [--executor local|process|process:N|dask://HOST:PORT]
-                         [--part K | --merge] [--overwrite]
+    streamds convert INPUT... --output DIR [--shard-size 256MB] [--format jsonl.zst|tar]
+                     [--workers N] [--level 3] [--frame-size 4MiB]
+                     [--transform module:function] [--on-error raise|skip] [--quiet]
+                     [--read-ahead 64] [--read-ahead-bytes 256MiB]
+                     [--storage-options JSON]
+                     [--parts N] [--executor local|process|process:N|dask://HOST:PORT]
+                     [--part K | --merge] [--overwrite]
 
 INPUT may be an fsspec URL (``https://host/d/train.jsonl.zst``, ``s3://bucket/d/``, a remote
 folder or glob of ``.json`` files).
@@ -64,7 +64,7 @@ from .writers import FORMATS
 __all__ = ["build_parser", "main", "summary"]
 
 
-def build_parser(prog: str = "python -m preprocess") -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m streamds.preprocess") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Convert JSONL files, trees of small .json files and tar shards into "
@@ -84,8 +84,9 @@ def build_parser(prog: str = "python -m preprocess") -> argparse.ArgumentParser:
     parser.add_argument("--frame-size", type=size_argument, default=DEFAULT_FRAME_SIZE,
                         metavar="SIZE", help="decoded bytes per seekable frame (default 4MiB)")
     parser.add_argument("--transform", metavar="MODULE:FUNCTION",
-                        help="record -> record or None, e.g. preprocess.text:to_summarisation "
-                        "or 'preprocess.text:summarisation(max_words=512)'")
+                        help="record -> record or None, e.g. "
+                        "streamds.preprocess.text:to_summarisation or "
+                        "'streamds.preprocess.text:summarisation(max_words=512)'")
     parser.add_argument("--on-error", choices=ON_ERROR, default="raise",
                         help="malformed records and damaged files: stop (default) or skip "
                         "and count them")
@@ -148,7 +149,7 @@ def open_executor(spec: str) -> Iterator[Executor | None]:
     except ImportError as err:
         raise ImportError(
             f"--executor {spec} needs Dask's distributed ({err}); install the 'cluster' "
-            "extra: pip install 'streamds[cluster]'"
+            "extra: pip install 'streamds[cluster]' (in a clone: pip install -e '.[cluster]')"
         ) from err
     with Client("tcp://" + spec.removeprefix("dask://")) as client:
         yield client.get_executor()
@@ -168,9 +169,18 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
+BAR_STEPS = 200  # redraws of the bar over a known total, at most: one per 0.5% read
+
+
 class _Bar:
-    """The progress bar: bytes when every input size is known, else files. Made at the first
-    report, which comes once the conversion has listed the inputs (listed once only)."""
+    """The progress bar: bytes read (with their rate and, with a known total, the time left)
+    when every input size is known, else files. Made at the first report, which comes once
+    the conversion has listed the inputs (listed once only).
+
+    Redraws follow the work, not the clock: one per `BAR_STEPS`-th of the total (every report
+    when there is no total; the converter reports every MiB or 1024 records), so a long
+    conversion moves the bar steadily and a test sees every step without waiting.
+    """
 
     def __init__(self) -> None:
         self.bar: Any = None
@@ -183,7 +193,8 @@ class _Bar:
             total = p.bytes_total if by_bytes else p.files_total
             self.bar = tqdm(total=total or None, unit="B" if by_bytes else " files",
                             unit_scale=by_bytes, desc="converting", file=sys.stderr,
-                            dynamic_ncols=True, smoothing=0.1)
+                            dynamic_ncols=True, smoothing=0.1, mininterval=0,
+                            miniters=max(1, (total or 0) // BAR_STEPS))
         done = p.resumed_bytes + p.stored_bytes if by_bytes else p.files
         self.bar.update(done - self.bar.n)
         if p.parts_total is not None:
@@ -225,7 +236,7 @@ def summary(result: ConvertResult) -> str:
     ])
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m preprocess") -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m streamds.preprocess") -> int:
     """The conversion command line; exit 0, or 2 with the reason on stderr."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["convert"]:
@@ -236,7 +247,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m preprocess") 
         parser.error("--overwrite deletes every part's shards, so it runs without --part and "
                      "--merge: run the whole conversion with --overwrite once, or delete "
                      f"{args.output} before the parts start")
-    bar = _Bar() if not args.quiet and not args.merge else None
+    bar = _Bar() if not args.quiet and not args.merge else None  # a merge reads no input
     options: dict[str, Any] = dict(
         shard_size=args.shard_size, format=args.format, level=args.level,
         frame_size=args.frame_size, transform=args.transform, on_error=args.on_error,
@@ -248,7 +259,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m preprocess") 
         if args.merge:
             result = merge_parts(args.inputs, args.output, **options)
         elif args.part is not None:
-            result = convert_part(args.inputs, args.output, args.part, **options)
+            result = convert_part(args.inputs, args.output, args.part, progress=bar, **options)
         else:
             with open_executor(args.executor) as executor:
                 result = convert(args.inputs, args.output, executor=executor, progress=bar,

@@ -1,6 +1,6 @@
 """Reading small files ahead: many opens in flight, results in order, memory bounded in bytes.
 
-`ReadAhead(items, fetch, ...)` yields ``(item, result)`` for every item, in the items' order;
+`FilesAhead(items, fetch, ...)` yields ``(item, result)`` for every item, in the items' order;
 for the items it `wants` it calls ``fetch(item)`` in up to `threads` threads ahead of the
 consumer, and ``result()`` returns what it returned (or raises what it raised). Other items
 come with ``None``: the consumer reads those itself (a big JSONL file streams).
@@ -31,7 +31,7 @@ from collections.abc import Callable, Generator, Hashable, Iterator, Sequence
 from itertools import islice
 from typing import Generic, TypeVar
 
-__all__ = ["LOOKAHEAD", "SLOW_FETCH", "SLOW_IN_A_ROW", "ReadAhead"]
+__all__ = ["LOOKAHEAD", "SLOW_FETCH", "SLOW_IN_A_ROW", "FilesAhead"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -57,7 +57,7 @@ class _Outcome(Generic[R]):
         return self.value  # type: ignore[return-value]
 
 
-class ReadAhead(Generic[T, R]):
+class FilesAhead(Generic[T, R]):
     """Fetch `items` that `wants` says in threads, hand back every item in order.
 
     `group(item)` names its folder; `size(result)` the bytes a result holds in memory.
