@@ -172,5 +172,19 @@ assert lines == Counter(f"line-{i}" for i in range(12)), lines
 print(f"StreamingJsonl: {sum(expected.values())} records, each once (0 and 2 workers)")
 EOF
 
+step "ds.loader (the README's first example) with the declared dependencies only"
+python - <<'EOF'
+from streamds import StreamingJsonl
+
+loader = StreamingJsonl("shards", shuffle=True).loader(4, num_workers=2)
+first = next(iter(loader))
+state = loader.state_dict()
+again = StreamingJsonl("shards", shuffle=True).loader(4, num_workers=2)
+again.load_state_dict(state)
+ids = [r["id"] for batch in [first, *again] for r in batch]
+assert sorted(ids) == sorted([f"line-{i}" for i in range(12)] + [f"doc-{i}" for i in range(3)]), ids
+print(f"ds.loader: {len(ids)} records, each once across a resume")
+EOF
+
 step "done"
 echo "clean-install check passed in $((SECONDS - START)) s"

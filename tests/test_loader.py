@@ -76,7 +76,7 @@ def test_set_epoch_chooses_the_order(source: Path) -> None:
 
 
 def test_the_route_follows_the_mean_record_size(tmp_path: Path) -> None:
-    from preprocess.convert import convert
+    from streamds.preprocess.convert import convert
 
     for width, small in ((60, True), (3000, False)):
         src = tmp_path / f"in{width}.jsonl"
