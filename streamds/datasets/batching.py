@@ -44,10 +44,19 @@ from torch.utils.data import IterableDataset
 
 from ..checks import check_bool, check_int
 from ..errors import StateMismatchError
+from ..resume.merge import BATCHES
 from ..seeds import derive_seed
 from ..stages.batch import RecordBatch
 from ..stages.buckets import RULES, Length, LengthBuckets, Rule, TokenBudget, as_length
-from ..stages.state import BATCHER_FORMAT, check_epoch_change
+from ..stages.state import (
+    FORMAT,
+    STAGE,
+    STATE_FORMAT,
+    check_epoch_change,
+    check_state,
+    nested,
+    unnested,
+)
 from ..world import detect_world
 
 __all__ = [
@@ -59,7 +68,6 @@ __all__ = [
     "padding_of",
 ]
 
-STATE_FORMAT = BATCHER_FORMAT
 # the deprecated wrappers: what to write instead (named in their DeprecationWarning)
 DEPRECATED = {
     "Batches": "dataset.batch(n, collate=...)",
@@ -152,6 +160,10 @@ class _Cursor:
                     "finished": self.finished}
         return {"pool": self.pool, "emitted": self.emitted, "consumed": self.consumed,
                 "source": self.source, "epoch": self.epoch, "finished": self.finished}
+
+
+_KEYS = frozenset((FORMAT, STAGE, "config", "pool", "emitted", "consumed", "source", "epoch",
+                   "finished"))
 
 
 class _PoolBatcher(IterableDataset):
@@ -251,7 +263,7 @@ class _PoolBatcher(IterableDataset):
             cursor = _Cursor(resume["epoch"], resume["pool"], resume["emitted"],
                              resume["consumed"], resume["source"])
             if stateful and cursor.source is not None:
-                self.source.load_state_dict(cursor.source)
+                self.source.load_state_dict(unnested(cursor.source))
         self._active = cursor
         return self._generate(cursor, stateful, skip=0 if stateful else cursor.consumed)
 
@@ -262,16 +274,16 @@ class _PoolBatcher(IterableDataset):
                 pass
         measure, collate = self.length, self.collate
         while True:
-            cursor.source = self.source.state_dict() if stateful else None
+            cursor.source = nested(self.source.state_dict()) if stateful else None
             # -> the next pool of records, in arrival order
             pool = list(islice(records_in, self.pool_size))
             if not pool:
                 cursor.finished = True
                 if stateful:  # the source's state at its end: its counts are the epoch's
-                    cursor.source = self.source.state_dict()
+                    cursor.source = nested(self.source.state_dict())
                 return
             cursor.next_consumed = cursor.consumed + len(pool)
-            cursor.next_source = self.source.state_dict() if stateful else None
+            cursor.next_source = nested(self.source.state_dict()) if stateful else None
             lengths = [measure(record) for record in pool]
             # -> index lists, one per batch, in the order they are yielded
             batches = self._cut(lengths, self._pool_rng(cursor.epoch, cursor.pool))
@@ -295,26 +307,21 @@ class _PoolBatcher(IterableDataset):
         elif self._pending is not None:
             return dict(self._pending)
         else:
-            source = self.source.state_dict() if self._stateful_source() else None
+            source = nested(self.source.state_dict()) if self._stateful_source() else None
             position = {"pool": 0, "emitted": 0, "consumed": 0, "source": source,
                         "epoch": self.epoch, "finished": False}
-        return {"format": STATE_FORMAT, "config": self._config(), **position}
+        return {FORMAT: STATE_FORMAT, STAGE: BATCHES, "config": self._config(), **position}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state` at the next `iter()`; refuses a state of another batcher."""
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise StateMismatchError(
-                f"not a streamds batcher state (format {STATE_FORMAT!r} expected); pass the "
-                "dict that state_dict() returned"
-            )
+        check_state(state, BATCHES, _KEYS, "batcher")
         if state["config"] != self._config():
             raise StateMismatchError(
                 f"the state was taken from a batcher configured as {state['config']} but this "
                 f"one is {self._config()} (kind, pool size, seed, drop_last); build it with "
                 "the same arguments"
             )
-        self._pending = {key: state[key] for key in ("format", "config", "pool", "emitted",
-                                                     "consumed", "source", "epoch", "finished")}
+        self._pending = {key: state[key] for key in _KEYS}
         if not state["finished"]:  # a finished state leaves the epoch to set_epoch
             self.epoch = state["epoch"]
 

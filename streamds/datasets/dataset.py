@@ -22,7 +22,7 @@ from ..checks import check_bool, check_choice, check_int
 from ..errors import StateMismatchError
 from ..resume.counts import count_block_records, listed_counts
 from ..resume.identity import Identity, check_identity, relative_names, source_root
-from ..resume.merge import MERGED_FORMAT, START_KEYS, resolve_tails
+from ..resume.merge import MERGED_STATE, START_KEYS, resolve_tails
 from ..resume.plain_loader import batches_after, require_line_per_record
 from ..resume.start import (
     AFTER_BATCHES,
@@ -44,7 +44,7 @@ from ..stages.buckets import RULES, LengthBuckets, TokenBudget, is_pool_state
 from ..stages.cpus import WORKER_CPUS
 from ..stages.parse import ON_ERROR
 from ..stages.pipeline import Reader, Spec
-from ..stages.state import ReaderState, check_epoch_change
+from ..stages.state import ReaderState, check_epoch_change, refuse_old, stage_of
 from ..stages.timing import StageTimer
 from ..stages.transform import Step
 from ..storage.plan import Plan, make_blocks, small_corpus_piece
@@ -515,7 +515,9 @@ class StreamingJsonl(IterableDataset):
         `state_dict()` returns before the first `iter()` of a dataset that finishes one)
         loads as `with_resume` takes it.
         """
-        if isinstance(state, dict) and state.get("format") == MERGED_FORMAT:
+        if isinstance(state, dict):
+            refuse_old(state)
+        if stage_of(state) == MERGED_STATE:
             self._active = None
             self._start = Start(MERGED, Merged(self._check_merged(state)))
             return
@@ -551,7 +553,9 @@ class StreamingJsonl(IterableDataset):
     def _check_merged(self, merged: dict[str, Any] | None) -> dict[str, Any] | None:
         if merged is None:
             return None
-        if not isinstance(merged, dict) or merged.get("format") != MERGED_FORMAT:
+        if isinstance(merged, dict):
+            refuse_old(merged)
+        if stage_of(merged) != MERGED_STATE:
             raise ValueError(
                 "resume_from must be the dict streamds.merge_states() returns; to resume with "
                 "the same world, use load_state_dict() instead"

@@ -17,13 +17,13 @@ Stopping rules (`stop`):
 
 State (``state_dict()``, one per reader)::
 
-    {"format": "streamds.mix/1", "config": [weights, seed, stop, sources], "epoch": e,
+    {"format": "streamds/3", "stage": "mix", "config": [weights, seed, stop, sources], "epoch": e,
      "world": [rank, world_size, worker, num_workers],
      "seat": [rank, worker],   # whose draws and shares it continues (plain-loader resume)
      "draws": k,
      "passes": [p_i], "taken": [records from source i this epoch], "in_pass": [...],
      "ran_out": [bool], "dropped": [bool], "finished": bool,
-     "sources": [each source's own state_dict()]}
+     "sources": [each source's own state, nested (no format of its own)]}
 
 `streamds.merge_states` merges the states of every reader source by source (elastic resume);
 `resume_after_batches` resumes a plain DataLoader from its batch count by replaying the draws
@@ -48,10 +48,20 @@ from torch.utils.data import IterableDataset
 
 from ..checks import check_choice, check_int
 from ..errors import StateMismatchError
-from ..resume.merge import MERGED_MIX_FORMAT, MIX_FORMAT
+from ..resume.merge import MERGED_MIX, MIX
 from ..resume.plain_loader import batches_after, require_line_per_record
 from ..seeds import rng_for
-from ..stages.state import check_epoch_change, check_state
+from ..stages.state import (
+    FORMAT,
+    STAGE,
+    STATE_FORMAT,
+    check_epoch_change,
+    check_state,
+    nested,
+    refuse_old,
+    stage_of,
+    unnested,
+)
 from ..stages.transform import Step, apply_steps
 from ..world import World, detect_world
 
@@ -119,7 +129,7 @@ class _Cursor:
 
     def to_dict(self, config: list[Any], sources: list[Any]) -> dict[str, Any]:
         w = self.world
-        return {"format": MIX_FORMAT, "config": config, "epoch": self.epoch,
+        return {FORMAT: STATE_FORMAT, STAGE: MIX, "config": config, "epoch": self.epoch,
                 "world": [w.rank, w.world_size, w.worker, w.num_workers],
                 "seat": [self.seat.rank, self.seat.worker], "draws": self.draws,
                 "passes": list(self.passes), "taken": list(self.taken),
@@ -127,7 +137,7 @@ class _Cursor:
                 "dropped": list(self.dropped), "finished": self.finished, "sources": sources}
 
 
-_KEYS = frozenset(("format", "config", "epoch", "world", "seat", "draws", "passes", "taken",
+_KEYS = frozenset((FORMAT, STAGE, "config", "epoch", "world", "seat", "draws", "passes", "taken",
                    "in_pass", "ran_out", "dropped", "finished", "sources"))
 
 
@@ -325,7 +335,7 @@ class Mix(IterableDataset):
         for index, ds in enumerate(self.datasets):
             ds.set_epoch(cursor.epoch + cursor.passes[index])
             if states is not None:
-                ds.load_state_dict(states[index])
+                ds.load_state_dict(unnested(states[index]))
 
     # -- iteration -----------------------------------------------------------------------
 
@@ -485,17 +495,19 @@ class Mix(IterableDataset):
         """This reader's position: a few integers per source plus each source's own state."""
         if self._active is not None:
             sources = (copy.deepcopy(self._held) if self._held is not None
-                       else [ds.state_dict() for ds in self.datasets])
+                       else [nested(ds.state_dict()) for ds in self.datasets])
             return self._active.to_dict(self._config(), sources)
         if self._pending is not None:
             return copy.deepcopy(self._pending)
         cursor, _ = self._start(detect_world(self.rank, self.world_size))
         self._position_sources(cursor, None)
-        return cursor.to_dict(self._config(), [ds.state_dict() for ds in self.datasets])
+        return cursor.to_dict(self._config(), [nested(ds.state_dict()) for ds in self.datasets])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state` at the next `iter()`; refuses a state of another mix."""
-        check_state(state, MIX_FORMAT, _KEYS, "mix dataset")
+        check_state(state, MIX, _KEYS, "mix dataset")
+        for source in state["sources"]:  # loaded at the next iter(); refuse old ones now
+            refuse_old(source)
         self._check_config(state["config"])
         self._active = None
         self._pending = copy.deepcopy(state)
@@ -520,13 +532,15 @@ class Mix(IterableDataset):
         return clone
 
     def _resume(self, merged: dict[str, Any]) -> None:
-        if not isinstance(merged, dict) or merged.get("format") != MERGED_MIX_FORMAT:
+        if isinstance(merged, dict):
+            refuse_old(merged)
+        if stage_of(merged) != MERGED_MIX:
             raise ValueError(
                 "resume_from must be the dict streamds.merge_states() returns for the states "
                 "of a Mix; to resume with the same world, use load_state_dict() instead"
             )
         self._check_config(merged["config"])
-        self.datasets = [ds.with_resume(state) for ds, state in
+        self.datasets = [ds.with_resume(unnested(state)) for ds, state in
                          zip(self.datasets, merged["sources"], strict=True)]
         self.epoch = merged["epoch"]
         self._merged = copy.deepcopy(merged)

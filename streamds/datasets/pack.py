@@ -15,8 +15,9 @@ Only the last sequence of an epoch can be short: padded with `pad_id` (or droppe
 ``drop_last=True``). Counts (``.counts``, `streamds.token_counts(state)`): documents, tokens
 read (with separators), tokens packed, padding added, tokens dropped.
 
-State: ``{"format": "streamds.packed/1", "config": [...], "world": [rank, world_size, worker,
-num_workers], "source": <the source's state>, "leftover": [packed ids], "counts": {...}}``;
+State: ``{"format": "streamds/3", "stage": "packed", "config": [...], "world": [rank,
+world_size, worker, num_workers], "source": <the source's state, nested>, "leftover": [packed
+ids], "counts": {...}}``;
 the leftover is the unused part of the document the last sequence ended in (at most one
 document's ids, 8 bytes each), so a resume continues mid-document exactly. After an elastic
 merge (`streamds.merge_states`), the leftovers of every old reader are dealt to the new ones.
@@ -36,9 +37,18 @@ from torch.utils.data import IterableDataset
 
 from ..checks import check_bool, check_int
 from ..errors import StateMismatchError
-from ..resume.merge import MERGED_PACKED_FORMAT, PACKED_FORMAT
+from ..resume.merge import MERGED_PACKED, PACKED
 from ..resume.totals import PACK_COUNTERS
-from ..stages.state import check_state
+from ..stages.state import (
+    FORMAT,
+    STAGE,
+    STATE_FORMAT,
+    check_state,
+    nested,
+    refuse_old,
+    stage_of,
+    unnested,
+)
 from ..stages.transform import Step, apply_steps
 from ..world import World, detect_world
 
@@ -48,7 +58,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PackTokens", "Packed", "document_mask"]
 
-_KEYS = frozenset(("format", "config", "world", "source", "leftover", "counts"))
+_KEYS = frozenset((FORMAT, STAGE, "config", "world", "source", "leftover", "counts"))
 _END = object()  # the source ran out
 
 
@@ -322,16 +332,16 @@ class Packed(IterableDataset):
             return copy.deepcopy(self._pending)
         cursor = self._active or self._start(detect_world(self.rank, self.world_size))
         w = cursor.world
-        return {"format": PACKED_FORMAT, "config": self.packer.config(),
+        return {FORMAT: STATE_FORMAT, STAGE: PACKED, "config": self.packer.config(),
                 "world": [w.rank, w.world_size, w.worker, w.num_workers],
-                "source": self.source.state_dict(), "leftover": cursor.leftover(),
+                "source": nested(self.source.state_dict()), "leftover": cursor.leftover(),
                 "counts": dict(cursor.counts)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state` at the next `iter()`; refuses a state of another packing."""
-        check_state(state, PACKED_FORMAT, _KEYS, "packed dataset")
+        check_state(state, PACKED, _KEYS, "packed dataset")
         self._check_config(state["config"])
-        self.source.load_state_dict(state["source"])
+        self.source.load_state_dict(unnested(state["source"]))
         self._active = None
         self._pending = copy.deepcopy(state)
 
@@ -355,14 +365,16 @@ class Packed(IterableDataset):
     def with_resume(self, merged: dict[str, Any]) -> Packed:
         """A copy that finishes the epoch of `merged` (`streamds.merge_states` of the packed
         states of every reader) under this dataset's world: every token once."""
-        if not isinstance(merged, dict) or merged.get("format") != MERGED_PACKED_FORMAT:
+        if isinstance(merged, dict):
+            refuse_old(merged)
+        if stage_of(merged) != MERGED_PACKED:
             raise ValueError(
                 "with_resume needs the dict streamds.merge_states() returns for the states of "
                 "a packed dataset; to resume with the same world, use load_state_dict()"
             )
         self._check_config(merged["config"])
         clone = copy.copy(self)
-        clone.source = self.source.with_resume(merged["source"])
+        clone.source = self.source.with_resume(unnested(merged["source"]))
         clone._merged = {"epoch": merged["source"]["epoch"],
                          "leftovers": list(merged["leftovers"]),
                          "counts": dict(merged["counts"])}

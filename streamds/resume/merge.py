@@ -26,7 +26,16 @@ from ..stages.parse import LineNumbers, Marker, Parse
 from ..stages.pipeline import Spec
 from ..stages.records import fetch_records
 from ..stages.shuffle import Shuffle
-from ..stages.state import BATCHER_FORMAT, OLD_FORMATS, REBATCH_FORMAT, STATE_FORMAT, ReaderState
+from ..stages.state import (
+    FORMAT,
+    READER,
+    STAGE,
+    STATE_FORMAT,
+    ReaderState,
+    find_nodes,
+    nested,
+    sealed,
+)
 from ..stages.transform import Transform
 from ..storage.plan import Plan
 from ..world import World
@@ -34,23 +43,28 @@ from .identity import differences
 from .replay import NEW, replay
 
 __all__ = [
-    "MERGED_FORMAT",
-    "MERGED_MIX_FORMAT",
-    "MERGED_PACKED_FORMAT",
+    "BATCHES",
+    "MERGED_MIX",
+    "MERGED_PACKED",
     "MERGED_READER",
-    "MIX_FORMAT",
-    "PACKED_FORMAT",
+    "MERGED_STATE",
+    "MIX",
+    "PACKED",
+    "REBATCH",
     "START_KEYS",
     "merge_states",
     "resolve_tails",
     "share_of",
 ]
 
-MERGED_FORMAT = "streamds.merged/2"
-MIX_FORMAT = "streamds.mix/1"  # one reader of a `streamds.Mix`
-MERGED_MIX_FORMAT = "streamds.merged-mix/1"
-PACKED_FORMAT = "streamds.packed/1"  # one reader of a `streamds.datasets.pack.Packed`
-MERGED_PACKED_FORMAT = "streamds.merged-packed/1"
+# the stages of the state tree ("stage" key; the format version is `STATE_FORMAT` for all)
+MERGED_STATE = "merged"  # the merged state of every reader of one epoch
+MIX = "mix"  # one reader of a `streamds.Mix`
+MERGED_MIX = "merged-mix"
+PACKED = "packed"  # one reader of a `streamds.datasets.pack.Packed`
+MERGED_PACKED = "merged-packed"
+BATCHES = "batches"  # a pool batcher of `streamds.datasets.batching`
+REBATCH = "rebatch"  # `streamds.train.rebatch.Rebatch`
 COUNTERS = ("bad", "blank", "dropped", "corrupt_blocks")
 # what `state_dict()` returns before the first `iter()` of a dataset that finishes a merged
 # state is that state plus these keys: the reader (rank, world_size, worker, num_workers) and
@@ -62,29 +76,14 @@ LOADER_STEPS_SINCE_SNAPSHOT = "_steps_since_snapshot"
 
 
 def _reader_states(found: Any) -> Iterator[dict[str, Any]]:
-    """Every reader state nested anywhere in `found` (StatefulDataLoader states included)."""
-    if isinstance(found, dict):
-        if found.get("format") in (STATE_FORMAT, *OLD_FORMATS):  # old ones: refused by name
-            yield found
-            return  # anything else (a batcher's state, a loader's) may hold reader states
-        for value in found.values():
-            yield from _reader_states(value)
-    elif isinstance(found, (list, tuple)):
-        for value in found:
-            yield from _reader_states(value)
+    """Every reader state nested anywhere in `found` (StatefulDataLoader states included;
+    anything else, a batcher's state or a loader's, may hold reader states)."""
+    return find_nodes(found, (READER,))
 
 
-def _states_of(found: Any, kind: str) -> Iterator[dict[str, Any]]:
-    """Every state of format `kind` nested anywhere in `found` (not looking inside them)."""
-    if isinstance(found, dict):
-        if found.get("format") == kind:
-            yield found
-            return
-        for value in found.values():
-            yield from _states_of(value, kind)
-    elif isinstance(found, (list, tuple)):
-        for value in found:
-            yield from _states_of(value, kind)
+def _states_of(found: Any, stage: str) -> Iterator[dict[str, Any]]:
+    """Every node of stage `stage` nested anywhere in `found` (not looking inside them)."""
+    return find_nodes(found, (stage,))
 
 
 def _check_complete(states: list[ReaderState]) -> None:
@@ -284,14 +283,14 @@ def merge_states(states: Any) -> dict[str, Any]:
     _check_batchers(states)
     _check_rebatches(states)
     _check_loader_snapshots(states)
-    packed = list(_states_of(states, PACKED_FORMAT))
+    packed = list(_states_of(states, PACKED))
     if packed:
         return _merge_packed(packed)
-    mixes = list(_states_of(states, MIX_FORMAT))
+    mixes = list(_states_of(states, MIX))
     if mixes:
         return _merge_mixes(mixes)
-    readers = [ReaderState.from_dict(found) for found in _reader_states(states)]
-    unstarted = list(_states_of(states, MERGED_FORMAT))
+    readers = [ReaderState.from_dict(sealed(found)) for found in _reader_states(states)]
+    unstarted = list(_states_of(states, MERGED_STATE))
     if unstarted:
         before, worlds = _unstarted(unstarted)
         _check_worlds([state.world for state in readers] + worlds)  # every reader's state
@@ -339,7 +338,8 @@ def merge_states(states: Any) -> dict[str, Any]:
         if state.pipeline is not None:
             counts.update(_stage_counts(state.pipeline))
     return {
-        "format": MERGED_FORMAT,
+        FORMAT: STATE_FORMAT,
+        STAGE: MERGED_STATE,
         "fingerprint": first.fingerprint,
         "epoch": first.epoch,
         "remaining": [list(item) for item in remaining],
@@ -379,7 +379,7 @@ def _check_batchers(states: Any) -> None:
     """Refuse the state of a `BucketBatches`/`TokenBudgetBatches` wrapper that has handed
     out some batches of its current pool: it keeps only its source's state where that pool
     began, so merging it would read the batches already handed out a second time."""
-    for batcher in _states_of(states, BATCHER_FORMAT):
+    for batcher in _states_of(states, BATCHES):
         if batcher["emitted"]:
             raise ValueError(
                 f"merge_states cannot carry over a pool under way in a batcher wrapper "
@@ -396,7 +396,7 @@ def _check_rebatches(states: Any) -> None:
     """Refuse a `Rebatch` state inside a big batch: it keeps the loader's state before that
     batch and how many of its records were yielded, but which reader made the batch (so which
     records those are) only that loader knows; merging would read them a second time."""
-    for rebatch in _states_of(states, REBATCH_FORMAT):
+    for rebatch in _states_of(states, REBATCH):
         if rebatch["skip"]:
             raise ValueError(
                 f"merge_states cannot carry over a Rebatch state inside a big batch "
@@ -453,12 +453,13 @@ def _merge_mixes(mixes: list[dict[str, Any]]) -> dict[str, Any]:
             )
         passes.append(seen.pop())
     return {
-        "format": MERGED_MIX_FORMAT,
+        FORMAT: STATE_FORMAT,
+        STAGE: MERGED_MIX,
         "config": first["config"],
         "epoch": first["epoch"],
         "passes": passes,
         "taken": [sum(mix["taken"][index] for mix in mixes) for index in range(sources)],
-        "sources": [merge_states([mix["sources"][index] for mix in mixes])
+        "sources": [nested(merge_states([sealed(mix["sources"][index]) for mix in mixes]))
                     for index in range(sources)],
     }
 
@@ -472,13 +473,14 @@ def _merge_packed(packed: list[dict[str, Any]]) -> dict[str, Any]:
             "the packed states come from different PackTokens settings; merge the states "
             "taken at one checkpoint of one run"
         )
-    source = merge_states([state["source"] for state in packed])
+    source = nested(merge_states([sealed(state["source"]) for state in packed]))
     counts: Counter[str] = Counter()
     for state in packed:
         counts.update(state["counts"])
     ordered = sorted(packed, key=lambda state: state["world"])
     return {
-        "format": MERGED_PACKED_FORMAT,
+        FORMAT: STATE_FORMAT,
+        STAGE: MERGED_PACKED,
         "config": first["config"],
         "source": source,
         "leftovers": [chunk for state in ordered for chunk in state["leftover"]],

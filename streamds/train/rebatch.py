@@ -22,12 +22,12 @@ from typing import Any
 
 from ..checks import check_bool, check_int
 from ..errors import StateMismatchError
+from ..resume.merge import REBATCH
 from ..stages.batch import RecordBatch
-from ..stages.state import REBATCH_FORMAT, check_state
+from ..stages.state import FORMAT, STAGE, STATE_FORMAT, check_state
 
 __all__ = ["Rebatch"]
 
-STATE_FORMAT = REBATCH_FORMAT
 
 
 def _records_of(batch: Any) -> list[Any]:
@@ -56,7 +56,7 @@ class Rebatch:
 
     LOADER = "loader"  # the loader's state before the big batch holding the next record
     SKIP = "skip"  # records of that big batch already yielded
-    _KEYS = frozenset({"format", LOADER, SKIP})
+    _KEYS = frozenset({FORMAT, STAGE, LOADER, SKIP})
 
     def __init__(
         self,
@@ -93,7 +93,7 @@ class Rebatch:
         return None if state_dict is None else state_dict()
 
     def _state(self, loader: Any, skip: int) -> dict[str, Any]:
-        return {"format": STATE_FORMAT, self.LOADER: loader, self.SKIP: skip}
+        return {FORMAT: STATE_FORMAT, STAGE: REBATCH, self.LOADER: loader, self.SKIP: skip}
 
     def state_dict(self) -> dict[str, Any]:
         """Where the next training batch begins: the loader's state before the big batch that
@@ -110,7 +110,7 @@ class Rebatch:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at `state` (from `state_dict()`) on the next iteration."""
-        check_state(state, STATE_FORMAT, self._KEYS, "Rebatch")
+        check_state(state, REBATCH, self._KEYS, "Rebatch")
         check_int("the state's skip", state[self.SKIP], 0,
                   "pass the dict that state_dict() returned, unchanged")
         load = getattr(self.loader, "load_state_dict", None)

@@ -1,0 +1,173 @@
+"""One format version for the whole state tree: every state a user saves (a reader's, a merged
+one, a mix's, a packed dataset's, a batcher's, a Rebatch's) carries `STATE_FORMAT` once, at
+its top, and names its stage; a node nested in another's (a mix's sources) names its stage
+only. States of the formats of earlier versions are refused, by every loader and by
+`merge_states`, naming the format found, that an earlier streamds wrote it, and what to do.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import corpus
+import pytest
+
+from streamds import (
+    Mix,
+    PackTokens,
+    Rebatch,
+    StateMismatchError,
+    StreamingJsonl,
+    merge_states,
+)
+from streamds.datasets.batching import BucketBatches
+from streamds.stages.state import FORMAT, OLD_FORMATS, STAGE, STATE_FORMAT
+
+EOS = 0
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    root = tmp_path_factory.mktemp("state_format")
+    found = []
+    for name, start in (("a", 0), ("b", 1000)):
+        path = root / f"{name}.jsonl"
+        corpus.write_plain(path, corpus.jsonl(corpus.make_records(12, start=start)))
+        found.append(str(path))
+    return found[0], found[1]
+
+
+def tokens(record: dict[str, Any]) -> dict[str, Any]:
+    return {"input_ids": [record["id"] + 1] * (1 + record["id"] % 3)}
+
+
+def reader(paths: tuple[str, str]) -> StreamingJsonl:
+    return StreamingJsonl(paths[0], shuffle=True, seed=1, buffer_size=4)
+
+
+def mix(paths: tuple[str, str]) -> Mix:
+    return Mix([StreamingJsonl(path, shuffle=True, seed=1, buffer_size=4) for path in paths],
+               [0.5, 0.5], seed=2)
+
+
+def packed(paths: tuple[str, str]) -> Any:
+    return reader(paths).map(tokens).pack(PackTokens(seq_len=4, eos_id=EOS))
+
+
+def batcher(paths: tuple[str, str]) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return BucketBatches(reader(paths), batch_size=2, buffer_size=4, length="text")
+
+
+def rebatch(paths: tuple[str, str]) -> Rebatch:
+    return Rebatch(_Loader(reader(paths).batch(5)), 2)
+
+
+class _Loader:
+    """The smallest stateful loader: the dataset itself, batch_size=None, one process."""
+
+    def __init__(self, dataset: StreamingJsonl) -> None:
+        self.dataset = dataset
+
+    def __iter__(self) -> Any:
+        return iter(self.dataset)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.dataset.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.dataset.load_state_dict(state)
+
+
+def taken(make: Callable[[tuple[str, str]], Any], paths: tuple[str, str]) -> dict[str, Any]:
+    """The state of `make(paths)` after its first item."""
+    made = make(paths)
+    next(iter(made))
+    return made.state_dict()
+
+
+# (family, build, old format of its states, its stage now)
+FAMILIES = [
+    ("reader", reader, "streamds.reader/3", "reader"),
+    ("mix", mix, "streamds.mix/1", "mix"),
+    ("packed", packed, "streamds.packed/1", "packed"),
+    ("batcher", batcher, "streamds.batches/2", "batches"),
+    ("rebatch", rebatch, "streamds.rebatch/1", "rebatch"),
+]
+
+
+def old(state: dict[str, Any], form: str) -> dict[str, Any]:
+    """`state` as an earlier version wrote it: its family's own format, no stage key."""
+    return {**{k: v for k, v in state.items() if k != STAGE}, FORMAT: form}
+
+
+def refused(form: str) -> str:
+    return (rf"format '{form}', written by an earlier streamds.*reads '{STATE_FORMAT}' only"
+            r".*Finish the epoch with the streamds version that took the state, or start the "
+            r"epoch afresh")
+
+
+@pytest.mark.parametrize(("family", "make", "form", "stage"), FAMILIES,
+                         ids=[f[0] for f in FAMILIES])
+def test_every_family_carries_the_one_format_and_names_its_stage(
+    paths: tuple[str, str], family: str, make: Any, form: str, stage: str
+) -> None:
+    state = taken(make, paths)
+    assert state[FORMAT] == STATE_FORMAT
+    assert state[STAGE] == stage
+    assert form in OLD_FORMATS
+    loaded = make(paths)
+    loaded.load_state_dict(state)  # the current format loads
+
+
+@pytest.mark.parametrize(("family", "make", "form", "stage"), FAMILIES,
+                         ids=[f[0] for f in FAMILIES])
+def test_a_state_of_the_previous_format_is_refused_by_name(
+    paths: tuple[str, str], family: str, make: Any, form: str, stage: str
+) -> None:
+    state = old(taken(make, paths), form)
+    with pytest.raises(StateMismatchError, match=refused(form)):
+        make(paths).load_state_dict(state)
+    with pytest.raises(StateMismatchError, match=refused(form)):
+        merge_states([state])
+
+
+def test_nested_nodes_carry_no_format_of_their_own(paths: tuple[str, str]) -> None:
+    state = taken(mix, paths)
+    assert [source[STAGE] for source in state["sources"]] == ["reader", "reader"]
+    assert all(FORMAT not in source for source in state["sources"])
+    assert FORMAT not in taken(packed, paths)["source"]
+    assert FORMAT not in taken(batcher, paths)["source"]
+
+
+@pytest.mark.parametrize(
+    ("make", "form"),
+    [(reader, "streamds.merged/2"), (mix, "streamds.merged-mix/1"),
+     (packed, "streamds.merged-packed/1")],
+    ids=["reader", "mix", "packed"],
+)
+def test_a_merged_state_of_the_previous_format_is_refused_by_name(
+    paths: tuple[str, str], make: Any, form: str
+) -> None:
+    merged = merge_states([make(paths).state_dict()])
+    with pytest.raises(StateMismatchError, match=refused(form)):
+        make(paths).with_resume(old(merged, form))
+
+
+def test_a_nested_old_state_is_refused_too(paths: tuple[str, str]) -> None:
+    """An old reader state inside a current mix state (a hand-made mixture) is refused."""
+    state = taken(mix, paths)
+    state["sources"][0] = old(state["sources"][0], "streamds.reader/3")
+    with pytest.raises(StateMismatchError, match=refused("streamds.reader/3")):
+        mix(paths).load_state_dict(state)
+    with pytest.raises(StateMismatchError, match=refused("streamds.reader/3")):
+        merge_states([state])
+
+
+def test_the_format_of_a_later_version_is_refused(paths: tuple[str, str]) -> None:
+    state = {**taken(mix, paths), FORMAT: "streamds/9"}
+    with pytest.raises(StateMismatchError, match="unknown state format 'streamds/9'"):
+        mix(paths).load_state_dict(state)
