@@ -30,7 +30,7 @@ from streamds import (
     merge_states,
     source_counts,
 )
-from streamds.datasets.mix import ROUND, _Draws
+from streamds.stages.mixing import ROUND, Draws
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
@@ -81,11 +81,11 @@ def record_ids(stream: Any) -> list[int]:
 
 def test_draws_are_a_function_of_their_index() -> None:
     parts = ("mix", 1, 0, 0, 0)
-    whole = _Draws(parts, 0)
+    whole = Draws(parts, 0)
     first = [next(whole) for _ in range(2 * ROUND + 5)]
     for start in (0, 1, ROUND - 1, ROUND, ROUND + 7, 2 * ROUND + 4):
-        assert next(_Draws(parts, start)) == first[start]
-    assert next(_Draws(("mix", 1, 0, 0, 1), 0)) != first[0]  # another worker draws otherwise
+        assert next(Draws(parts, start)) == first[start]
+    assert next(Draws(("mix", 1, 0, 0, 1), 0)) != first[0]  # another worker draws otherwise
 
 
 def test_same_inputs_same_sequence(sources) -> None:

@@ -544,6 +544,14 @@ class StreamingJsonl(IterableDataset):
         self._start = self._start.load(copy.deepcopy(loaded))
         self._epoch.loaded = self._start.loaded
 
+    def _epoch_of_state(self, state: dict[str, Any]) -> tuple[int, bool]:
+        """(epoch, finished) of a state this dataset's `state_dict()` returned (a reader's, or
+        the merged state a resumed reader starts from), for a stage built on this one."""
+        if stage_of(state) == MERGED_STATE:
+            return state["epoch"], False
+        loaded = ReaderState.from_dict(state)
+        return loaded.epoch, loaded.finished
+
     def _batching(self) -> str:
         """How this dataset batches, in the words of `_batching(pipeline state)`."""
         if self._batch is None:

@@ -22,6 +22,8 @@ from ..stages.batch import Batch
 from ..stages.buckets import PoolBatch, is_pool_state, pool_rng
 from ..stages.chunks import Chunk, ChunkCursor, Position, WorkItem
 from ..stages.lines import Lines
+from ..stages.mixing import MixStage
+from ..stages.packing import PackStage
 from ..stages.parse import LineNumbers, Marker, Parse
 from ..stages.pipeline import Spec
 from ..stages.records import fetch_records
@@ -32,6 +34,7 @@ from ..stages.state import (
     STAGE,
     STATE_FORMAT,
     ReaderState,
+    check_worlds,
     find_nodes,
     nested,
     sealed,
@@ -59,10 +62,10 @@ __all__ = [
 
 # the stages of the state tree ("stage" key; the format version is `STATE_FORMAT` for all)
 MERGED_STATE = "merged"  # the merged state of every reader of one epoch
-MIX = "mix"  # one reader of a `streamds.Mix`
-MERGED_MIX = "merged-mix"
-PACKED = "packed"  # one reader of a `streamds.datasets.pack.Packed`
-MERGED_PACKED = "merged-packed"
+MIX = MixStage.STAGE  # one reader of a `streamds.Mix`
+MERGED_MIX = MixStage.MERGED
+PACKED = PackStage.STAGE  # one reader of a `streamds.datasets.pack.Packed`
+MERGED_PACKED = PackStage.MERGED
 BATCHES = "batches"  # a pool batcher of `streamds.datasets.batching`
 REBATCH = "rebatch"  # `streamds.train.rebatch.Rebatch`
 COUNTERS = ("bad", "blank", "dropped", "corrupt_blocks")
@@ -90,19 +93,7 @@ def _check_complete(states: list[ReaderState]) -> None:
     _check_worlds([state.world for state in states])
 
 
-def _check_worlds(worlds: list[World]) -> None:
-    world_size, num_workers = worlds[0].world_size, worlds[0].num_workers
-    expected = {World(r, world_size, w, num_workers) for r in range(world_size)
-                for w in range(num_workers)}
-    missing = sorted((m.rank, m.worker) for m in expected - set(worlds))
-    extra = sorted((e.rank, e.worker) for e in set(worlds) - expected)
-    if missing or extra or len(worlds) != len(set(worlds)):
-        raise ValueError(
-            f"merge_states needs exactly one state per reader of the world "
-            f"(world_size={world_size}, num_workers={num_workers}); missing (rank, worker): "
-            f"{missing}, unexpected or repeated: {extra or 'duplicates'}; pass the loader "
-            "states of every rank"
-        )
+_check_worlds = check_worlds  # the rule lives with the state tree (`stages.state`)
 
 
 def _stage_counts(stage_state: dict[str, Any]) -> Counter[str]:
@@ -285,10 +276,10 @@ def merge_states(states: Any) -> dict[str, Any]:
     _check_loader_snapshots(states)
     packed = list(_states_of(states, PACKED))
     if packed:
-        return _merge_packed(packed)
+        return sealed(PackStage.merge(packed, _merge_sources))
     mixes = list(_states_of(states, MIX))
     if mixes:
-        return _merge_mixes(mixes)
+        return sealed(MixStage.merge(mixes, _merge_sources))
     readers = [ReaderState.from_dict(sealed(found)) for found in _reader_states(states)]
     unstarted = list(_states_of(states, MERGED_STATE))
     if unstarted:
@@ -430,62 +421,10 @@ def _check_loader_snapshots(found: Any) -> None:
         _check_loader_snapshots(value)
 
 
-def _merge_mixes(mixes: list[dict[str, Any]]) -> dict[str, Any]:
-    """The states of every reader of a `Mix` -> one merged state per source, plus the few
-    integers the mix keeps (records taken per source, the pass of a cycling source)."""
-    first = mixes[0]
-    for mix in mixes:
-        if mix["config"] != first["config"] or mix["epoch"] != first["epoch"]:
-            raise StateMismatchError(
-                "the mix states come from different mixes or epochs; merge the states taken "
-                "at one checkpoint of one run"
-            )
-    _check_worlds([World(*mix["world"]) for mix in mixes])
-    sources = len(first["sources"])
-    passes = []
-    for index in range(sources):
-        seen = {mix["passes"][index] for mix in mixes}
-        if len(seen) > 1:
-            raise ValueError(
-                f"the readers of this cycling mix stand in different passes {sorted(seen)} of "
-                f"source {index}, so what remains of it is not one epoch's records; merge at "
-                "a checkpoint where every reader is in the same pass (or use stop='all')"
-            )
-        passes.append(seen.pop())
-    return {
-        FORMAT: STATE_FORMAT,
-        STAGE: MERGED_MIX,
-        "config": first["config"],
-        "epoch": first["epoch"],
-        "passes": passes,
-        "taken": [sum(mix["taken"][index] for mix in mixes) for index in range(sources)],
-        "sources": [nested(merge_states([sealed(mix["sources"][index]) for mix in mixes]))
-                    for index in range(sources)],
-    }
-
-
-def _merge_packed(packed: list[dict[str, Any]]) -> dict[str, Any]:
-    """The states of every reader of a packed dataset -> the merged state of its source plus
-    every reader's leftover tokens (the unused part of a document)."""
-    first = packed[0]
-    if any(state["config"] != first["config"] for state in packed):
-        raise StateMismatchError(
-            "the packed states come from different PackTokens settings; merge the states "
-            "taken at one checkpoint of one run"
-        )
-    source = nested(merge_states([sealed(state["source"]) for state in packed]))
-    counts: Counter[str] = Counter()
-    for state in packed:
-        counts.update(state["counts"])
-    ordered = sorted(packed, key=lambda state: state["world"])
-    return {
-        FORMAT: STATE_FORMAT,
-        STAGE: MERGED_PACKED,
-        "config": first["config"],
-        "source": source,
-        "leftovers": [chunk for state in ordered for chunk in state["leftover"]],
-        "counts": dict(counts),
-    }
+def _merge_sources(nodes: list[Any]) -> Any:
+    """The nodes of one source of every reader (of a mix, of a packed dataset) merged: the
+    merged node of that source, nested as its owner keeps it."""
+    return nested(merge_states([sealed(node) for node in nodes]))
 
 
 def _read_after(

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from ..stages.mixing import MixStage
+from ..stages.packing import PACK_COUNTERS, PackStage
 from ..stages.state import READER, refuse_old, stage_of
 from .merge import (
     COUNTERS,
@@ -25,7 +27,6 @@ from .merge import (
 
 __all__ = ["counts_of", "source_counts", "token_counts"]
 
-PACK_COUNTERS = ("documents", "tokens", "packed", "padded", "dropped", "sequences")
 
 
 def counts_of(state: Any) -> dict[str, int]:
@@ -82,11 +83,12 @@ def source_counts(state: Any) -> list[int]:
     """
     totals: list[int] = []
     for found in (*_states_of(state, MIX), *_states_of(state, MERGED_MIX)):
+        taken = MixStage.taken_of(found)
         if not totals:
-            totals = [0] * len(found["taken"])
-        if len(found["taken"]) != len(totals):
+            totals = [0] * len(taken)
+        if len(taken) != len(totals):
             raise ValueError("source_counts: the states come from mixes of different sizes")
-        totals = [a + b for a, b in zip(totals, found["taken"], strict=True)]
+        totals = [a + b for a, b in zip(totals, taken, strict=True)]
     if not totals:
         raise ValueError("source_counts found no streamds.Mix state in its argument")
     return totals
@@ -101,5 +103,5 @@ def token_counts(state: Any) -> dict[str, int]:
     if not found:
         raise ValueError("token_counts found no packed state (ds.pack(...)) in its argument")
     for packed in found:
-        totals.update(packed["counts"])
+        totals.update(PackStage.counts_of(packed))
     return dict(totals)

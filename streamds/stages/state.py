@@ -51,6 +51,7 @@ __all__ = [
     "check_epoch_change",
     "check_node",
     "check_state",
+    "check_worlds",
     "find_nodes",
     "nested",
     "refuse_old",
@@ -265,3 +266,19 @@ def find_nodes(found: Any, stages: tuple[str, ...]) -> Iterator[dict[str, Any]]:
     elif isinstance(found, (list, tuple)):
         for value in found:
             yield from find_nodes(value, stages)
+
+
+def check_worlds(worlds: list[World]) -> None:
+    """Refuse the states of a merge unless they are exactly one per reader of one world."""
+    world_size, num_workers = worlds[0].world_size, worlds[0].num_workers
+    expected = {World(r, world_size, w, num_workers) for r in range(world_size)
+                for w in range(num_workers)}
+    missing = sorted((m.rank, m.worker) for m in expected - set(worlds))
+    extra = sorted((e.rank, e.worker) for e in set(worlds) - expected)
+    if missing or extra or len(worlds) != len(set(worlds)):
+        raise ValueError(
+            f"merge_states needs exactly one state per reader of the world "
+            f"(world_size={world_size}, num_workers={num_workers}); missing (rank, worker): "
+            f"{missing}, unexpected or repeated: {extra or 'duplicates'}; pass the loader "
+            "states of every rank"
+        )
