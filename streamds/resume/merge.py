@@ -26,6 +26,8 @@ from ..stages.mixing import MixStage
 from ..stages.packing import PackStage
 from ..stages.parse import LineNumbers, Marker, Parse
 from ..stages.pipeline import Spec
+from ..stages.pools import PoolStage
+from ..stages.rebatch import Rebatch
 from ..stages.records import fetch_records
 from ..stages.shuffle import Shuffle
 from ..stages.state import (
@@ -66,8 +68,8 @@ MIX = MixStage.STAGE  # one reader of a `streamds.Mix`
 MERGED_MIX = MixStage.MERGED
 PACKED = PackStage.STAGE  # one reader of a `streamds.datasets.pack.Packed`
 MERGED_PACKED = PackStage.MERGED
-BATCHES = "batches"  # a pool batcher of `streamds.datasets.batching`
-REBATCH = "rebatch"  # `streamds.train.rebatch.Rebatch`
+BATCHES = PoolStage.STAGE  # a pool batcher of `streamds.datasets.batching`
+REBATCH = Rebatch.STAGE  # `streamds.Rebatch`
 COUNTERS = ("bad", "blank", "dropped", "corrupt_blocks")
 # what `state_dict()` returns before the first `iter()` of a dataset that finishes a merged
 # state is that state plus these keys: the reader (rank, world_size, worker, num_workers) and
@@ -367,35 +369,15 @@ def _where(state: ReaderState) -> str:
 
 
 def _check_batchers(states: Any) -> None:
-    """Refuse the state of a `BucketBatches`/`TokenBudgetBatches` wrapper that has handed
-    out some batches of its current pool: it keeps only its source's state where that pool
-    began, so merging it would read the batches already handed out a second time."""
+    """Refuse what a pool batcher's own rule says cannot be merged (`PoolStage.check_merge`)."""
     for batcher in _states_of(states, BATCHES):
-        if batcher["emitted"]:
-            raise ValueError(
-                f"merge_states cannot carry over a pool under way in a batcher wrapper "
-                f"({batcher['config'][0]!r} batches, pool {batcher['pool']}: "
-                f"{batcher['emitted']} of its batches already handed out, and its state "
-                "keeps only where the pool began, so they would be read again); resume in "
-                "the same world with load_state_dict(), or, for a StreamingJsonl, batch "
-                "inside the reader with ds.batch(LengthBuckets(...)) (merge_states carries "
-                "its pools over, with shuffle=True)"
-            )
+        PoolStage.check_merge(batcher)
 
 
 def _check_rebatches(states: Any) -> None:
-    """Refuse a `Rebatch` state inside a big batch: it keeps the loader's state before that
-    batch and how many of its records were yielded, but which reader made the batch (so which
-    records those are) only that loader knows; merging would read them a second time."""
+    """Refuse what `Rebatch`'s own rule says cannot be merged (`Rebatch.check_merge`)."""
     for rebatch in _states_of(states, REBATCH):
-        if rebatch["skip"]:
-            raise ValueError(
-                f"merge_states cannot carry over a Rebatch state inside a big batch "
-                f"({rebatch['skip']} of its records already yielded, and only the loader it "
-                "came from knows which); resume in the same world with load_state_dict(), or "
-                "save the states for an elastic resume at a step where every rank's state has "
-                "skip == 0 (a training batch that ends a big batch)"
-            )
+        Rebatch.check_merge(rebatch)
 
 
 def _check_loader_snapshots(found: Any) -> None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import StateMismatchError
 from ..world import World
@@ -47,6 +47,7 @@ __all__ = [
     "READER",
     "STAGE",
     "STATE_FORMAT",
+    "Positioned",
     "ReaderState",
     "check_epoch_change",
     "check_node",
@@ -156,17 +157,20 @@ class ReaderState:
         )
 
 
-def check_epoch_change(
-    pending: dict[str, Any] | ReaderState | None, epoch: int, *, or_else: str = ""
-) -> None:
-    """Refuse `set_epoch(epoch)` while a loaded state (a reader's, or a dict with its "epoch"
-    and whether it "finished") is in the middle of another epoch; `or_else`: another fix."""
+class Positioned(Protocol):
+    """A loaded state that says its epoch and whether that epoch ran out (a `ReaderState`,
+    a stage loaded from its node)."""
+
+    epoch: int
+    finished: bool
+
+
+def check_epoch_change(pending: Positioned | None, epoch: int, *, or_else: str = "") -> None:
+    """Refuse `set_epoch(epoch)` while a loaded state is in the middle of another epoch;
+    `or_else`: another fix."""
     if pending is None:
         return
-    if isinstance(pending, ReaderState):
-        loaded, finished = pending.epoch, pending.finished
-    else:
-        loaded, finished = pending["epoch"], pending["finished"]
+    loaded, finished = pending.epoch, pending.finished
     if not finished and loaded != epoch:
         raise ValueError(
             f"set_epoch({epoch}): the loaded state is in the middle of epoch {loaded}; "

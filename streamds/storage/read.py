@@ -108,7 +108,7 @@ def open_decoded_at(
         raise
 
 
-class _Cursor:
+class _NextLine:
     """Where the next unread line of a block begins (None: not yet aligned to a line)."""
 
     def __init__(self, next_line: int | None) -> None:
@@ -138,7 +138,7 @@ def _align(stream: BinaryIO, start: int, end: int | None, read_size: int) -> tup
 
 
 def _line_chunks(
-    opener: Opener, shard: Shard, block: Block, block_id: int, cursor: _Cursor, read_size: int
+    opener: Opener, shard: Shard, block: Block, block_id: int, cursor: _NextLine, read_size: int
 ) -> Iterator[LineChunk]:
     end = block.end
     if cursor.next_line is None and block.start > 0 and shard.frames_end_lines:
@@ -212,7 +212,7 @@ def _tar_members(tar: tarfile.TarFile, url: str) -> Iterator[tarfile.TarInfo]:
 
 
 def _tar_chunks(
-    opener: Opener, shard: Shard, block_id: int, cursor: _Cursor, read_size: int
+    opener: Opener, shard: Shard, block_id: int, cursor: _NextLine, read_size: int
 ) -> Iterator[LineChunk]:
     """Records of a tar shard: one per `.json` member, one per line of `.jsonl` members.
 
@@ -230,7 +230,7 @@ def _tar_chunks(
 
 
 def _tar_records(
-    opener: Opener, shard: Shard, block_id: int, cursor: _Cursor, read_size: int
+    opener: Opener, shard: Shard, block_id: int, cursor: _NextLine, read_size: int
 ) -> Iterator[LineChunk]:
     first = cursor.next_line or 0
     cursor.next_line = first
@@ -275,7 +275,7 @@ _DOCUMENT_CHUNK = 1024  # records per chunk of an array document
 
 
 def _json_chunks(
-    opener: Opener, shard: Shard, block: Block, block_id: int, cursor: _Cursor, read_size: int
+    opener: Opener, shard: Shard, block: Block, block_id: int, cursor: _NextLine, read_size: int
 ) -> Iterator[LineChunk]:
     """Records of a ``.json`` shard, by the rule of `streamds.formats.documents`: JSON lines
     (offsets are bytes, as in any JSONL file), or one document (offsets are record
@@ -316,7 +316,7 @@ def read_lines(
     is retried per `retry`, reopening at the first line not yet handed out, so nothing is lost
     or repeated; damaged data raises `CorruptShardError` at once.
     """
-    cursor = _Cursor(resume_at)
+    cursor = _NextLine(resume_at)
     failures, first_failure = 0, 0.0
     while True:
         try:
