@@ -7,8 +7,10 @@ only. States of the formats of earlier versions are refused, by every loader and
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import corpus
@@ -171,3 +173,68 @@ def test_the_format_of_a_later_version_is_refused(paths: tuple[str, str]) -> Non
     state = {**taken(mix, paths), FORMAT: "streamds/9"}
     with pytest.raises(StateMismatchError, match="unknown state format 'streamds/9'"):
         mix(paths).load_state_dict(state)
+
+
+# -- each family a stage that owns its state ----------------------------------------------------
+
+STAGE_KEYS = {  # keys that only the stage named owns; no module outside it may name them
+    "streamds/stages/mixing.py": ("passes", "taken", "in_pass", "ran_out", "draws", "seat"),
+    "streamds/stages/packing.py": ("leftover", "leftovers"),
+    "streamds/stages/pools.py": ("emitted", "consumed"),
+    "streamds/stages/rebatch.py": ("skip",),
+}
+READERS_OF_STATES = ("streamds/resume/merge.py", "streamds/resume/plain_loader.py",
+                     "streamds/resume/totals.py", "streamds/datasets/mix.py",
+                     "streamds/datasets/pack.py", "streamds/datasets/batching.py")
+
+
+@pytest.mark.parametrize("module", READERS_OF_STATES)
+def test_no_module_outside_a_stage_reads_its_keys(module: str) -> None:
+    """merge_states, plain-loader resume, the counts and the datasets ask the stages (their
+    merge, check_merge, taken_of, counts_of, load) instead of reading their dicts."""
+    root = Path(__file__).resolve().parents[1]
+    text = (root / module).read_text()
+    for owner, keys in STAGE_KEYS.items():
+        for key in keys:
+            for quoted in (f'["{key}"]', f"['{key}']", f'.get("{key}"'):
+                assert quoted not in text, f"{module} reads {owner}'s key {key!r} ({quoted})"
+            # nor writes it into a dict literal
+            assert not re.search(rf'[{{,]\s*"{key}":', text), f"{module} forges {key!r}"
+
+
+def test_no_class_named_cursor_remains() -> None:
+    root = Path(__file__).resolve().parents[1] / "streamds"
+    found = [str(path) for path in root.rglob("*.py") if "class _Cursor" in path.read_text()]
+    assert found == []
+
+
+@pytest.mark.parametrize("make", [mix, batcher], ids=["mix", "batcher"])
+def test_set_epoch_refuses_while_a_loaded_state_is_mid_epoch(
+    paths: tuple[str, str], make: Any
+) -> None:
+    state = taken(make, paths)
+    loaded = make(paths)
+    loaded.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"set_epoch\(3\): the loaded state is in the middle "
+                                         r"of epoch 0"):
+        loaded.set_epoch(3)
+
+
+@pytest.mark.parametrize(("make", "stage"), [(reader, "merged"), (mix, "merged-mix"),
+                                             (packed, "merged-packed")],
+                         ids=["reader", "mix", "packed"])
+def test_merge_states_dispatches_by_stage(paths: tuple[str, str], make: Any, stage: str) -> None:
+    merged = merge_states([taken(make, paths)])
+    assert merged[FORMAT] == STATE_FORMAT
+    assert merged[STAGE] == stage
+
+
+@pytest.mark.parametrize(("make", "stage"), [(batcher, "batches"), (rebatch, "rebatch")],
+                         ids=["batcher", "rebatch"])
+def test_a_state_under_way_is_refused_by_the_stages_own_rule(
+    paths: tuple[str, str], make: Any, stage: str
+) -> None:
+    state = taken(make, paths)  # one batch out of a pool / of a big batch
+    assert state[STAGE] == stage
+    with pytest.raises(ValueError, match="merge_states cannot carry over"):
+        merge_states([state])
