@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import get_worker_info
 
 from ..checks import check_bool, check_choice, check_int
 from ..errors import StateMismatchError
@@ -53,6 +53,7 @@ from ..storage.readahead import DEFAULT_READAHEAD, wants_readahead
 from ..storage.settings import UNSET, Storage, deprecated, storage_of
 from ..storage.shards import Shard, resolve_shards, source_items
 from ..world import World, detect_world
+from .base import StreamdsDataset
 from .callers import check_outer_split, loader_len_call
 from .pack import Packed, PackTokens
 
@@ -78,7 +79,7 @@ class _Epoch:
         self.loaded: ReaderState | None = None
 
 
-class StreamingJsonl(IterableDataset):
+class StreamingJsonl(StreamdsDataset):
     """Stream JSON-lines records from files, directories, globs or fsspec URLs.
 
     Each epoch yields every record of the corpus exactly once across all DataLoader workers
@@ -247,18 +248,6 @@ class StreamingJsonl(IterableDataset):
         clone._active = None
         clone._start = self._start.for_new_steps()  # merged tails resolve with the new steps
         return clone
-
-    def map(self, fn: Callable[[Any], Any]) -> StreamingJsonl:
-        """A new dataset whose records are `fn(record)`; None drops the record."""
-        if not callable(fn):
-            raise ValueError(f"map needs a callable, got {fn!r}")
-        return self._with_step(Step("map", fn))
-
-    def filter(self, predicate: Callable[[Any], bool]) -> StreamingJsonl:
-        """A new dataset keeping the records for which `predicate(record)` is true."""
-        if not callable(predicate):
-            raise ValueError(f"filter needs a callable, got {predicate!r}")
-        return self._with_step(Step("filter", predicate))
 
     def pack(self, packer: PackTokens) -> Packed:
         """Tokenized records packed into fixed-length sequences (`streamds.PackTokens`)."""

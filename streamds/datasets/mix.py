@@ -31,11 +31,9 @@ import dataclasses
 import functools
 import math
 import numbers
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING, Any
-
-from torch.utils.data import IterableDataset
 
 from ..checks import check_choice, check_int
 from ..errors import StateMismatchError
@@ -54,10 +52,9 @@ from ..stages.state import (
 )
 from ..stages.transform import Step, apply_steps
 from ..world import World, detect_world
+from .base import StreamdsDataset
 
 if TYPE_CHECKING:
-    from ..stages.buckets import Rule
-    from .batching import Batched
     from .dataset import StreamingJsonl
     from .pack import Packed, PackTokens
 
@@ -66,7 +63,7 @@ __all__ = ["STOPS", "Mix"]
 STOPS = ("first", "all", "cycle")
 
 
-class Mix(IterableDataset):
+class Mix(StreamdsDataset):
     """Records drawn from several datasets in chosen proportions; exact and elastic resume.
 
     Example::
@@ -81,6 +78,11 @@ class Mix(IterableDataset):
     sources must share the rank and world_size they were given (or all detect them). Use
     `.taken` (this process) or `streamds.source_counts(loader.state_dict())` (every worker)
     for the records each source gave.
+
+    `.map` and `.filter` run on the mixed records, in the reader; a map of the sources runs
+    per chunk and names the file and line of a record it fails on, so prefer that where the
+    function does not depend on the mixing (records a filter drops still count in `.taken`).
+    `.batch` batches the mixed records (Mix refuses batched sources); `.pack` packs them.
     """
 
     def __init__(
@@ -178,40 +180,11 @@ class Mix(IterableDataset):
         clone._active, clone._iterators, clone._held = None, [], None
         return clone
 
-    def map(self, fn: Callable[[Any], Any]) -> Mix:
-        """A new mix whose records are `fn(record)`; None drops the record. It runs on the
-        mixed records, in the reader (the DataLoader worker); a map of the sources runs per
-        chunk and names the file and line of a record it fails on, so prefer that where the
-        function does not depend on the mixing."""
-        if not callable(fn):
-            raise ValueError(f"map needs a callable, got {fn!r}")
-        return self._with_step(Step("map", fn))
-
-    def filter(self, predicate: Callable[[Any], bool]) -> Mix:
-        """A new mix keeping the mixed records for which `predicate(record)` is true (its
-        records taken from each source still count in `.taken`)."""
-        if not callable(predicate):
-            raise ValueError(f"filter needs a callable, got {predicate!r}")
-        return self._with_step(Step("filter", predicate))
-
     def pack(self, packer: PackTokens) -> Packed:
         """The mixed records packed into fixed-length token sequences (`streamds.PackTokens`)."""
         from .pack import Packed
 
         return Packed(self, packer)
-
-    def batch(
-        self, size: int | Rule, *, collate: Callable[[list[Any]], Any] | None = None,
-        drop_last: bool = False,
-    ) -> Batched:
-        """The mixed records in whole batches, as ``StreamingJsonl.batch``: `size` records
-        per batch or a ``streamds.LengthBuckets`` / ``streamds.TokenBudget`` rule; `collate`
-        makes the batch (None: a `streamds.RecordBatch`). Use it with
-        ``DataLoader(mix.batch(n, collate=...), batch_size=None)``; a state taken after any
-        batch resumes exactly. Batch here rather than the sources (Mix refuses batched ones)."""
-        from .batching import Batched
-
-        return Batched(self, size, collate=collate, drop_last=drop_last)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: it seeds the draws and every source's order. Call it rather

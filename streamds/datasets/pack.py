@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils.data import IterableDataset
 
 from ..errors import StateMismatchError
 from ..stages.packing import PACK_COUNTERS, MergedPack, PackStage, PackTokens
@@ -44,10 +43,10 @@ from ..stages.state import (
 )
 from ..stages.transform import Step, apply_steps
 from ..world import World, detect_world
+from .base import StreamdsDataset
 
 if TYPE_CHECKING:
-    from ..stages.buckets import Rule
-    from .batching import Batched
+    pass
 
 __all__ = ["PackTokens", "Packed", "document_mask"]
 
@@ -62,12 +61,15 @@ def document_mask(document_ids: torch.Tensor) -> torch.Tensor:
     return same & causal & real
 
 
-class Packed(IterableDataset):
+class Packed(StreamdsDataset):
     """Records of a `StreamingJsonl` or `Mix` -> packed sequences (see the module doc).
 
     Resume exactly with `state_dict()`/`load_state_dict()` (torchdata's StatefulDataLoader),
     elastically with ``packed.with_resume(streamds.merge_states(states))``. A loaded state
     whose source had finished another epoch than the source's now starts that epoch afresh.
+    `.map` / `.filter` apply to whole sequences (e.g. to add an attention mask; tokens of a
+    dropped sequence still count as packed); `.batch(n, collate=...)` batches them, e.g.
+    with ``torch.utils.data.default_collate`` for stacked tensors; `.pack` is refused.
     """
 
     def __init__(self, source: Any, packer: PackTokens) -> None:
@@ -116,19 +118,15 @@ class Packed(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         self.source.set_epoch(epoch)
 
-    def batch(
-        self, size: int | Rule, *, collate: Callable[[list[Any]], Any] | None = None,
-        drop_last: bool = False,
-    ) -> Batched:
-        """The packed sequences in whole batches, as ``StreamingJsonl.batch``: `size`
-        sequences per batch (or a ``streamds.LengthBuckets`` / ``TokenBudget`` rule, though
-        packed sequences all have one length); `collate` makes the batch, e.g.
-        ``torch.utils.data.default_collate`` for stacked tensors (None: a
-        `streamds.RecordBatch`). Use it with ``DataLoader(packed.batch(n, ...),
-        batch_size=None)``; a state taken after any batch resumes exactly."""
-        from .batching import Batched
-
-        return Batched(self, size, collate=collate, drop_last=drop_last)
+    def pack(self, packer: PackTokens) -> Packed:
+        """Refused: packed data is packed already (its sequences join several documents by
+        `eos_id`, so packing them again would cut documents at no separator)."""
+        raise ValueError(
+            f"pack({packer!r}): this dataset is packed already (sequences of "
+            f"{self.packer.seq_len} tokens, documents joined by eos_id={self.packer.eos_id}); "
+            "packing its sequences again would join documents without a separator. Pack the "
+            "source once with the settings you want: source.pack(PackTokens(seq_len=...))"
+        )
 
     # -- iteration -----------------------------------------------------------------------
 
@@ -169,20 +167,6 @@ class Packed(IterableDataset):
         clone._steps = (*self._steps, step)
         clone._active = None
         return clone
-
-    def map(self, fn: Callable[[Any], Any]) -> Packed:
-        """A new packed dataset whose sequences are `fn(sequence)` (None drops one), e.g. to
-        add an attention mask; tokens of a dropped sequence still count as packed."""
-        if not callable(fn):
-            raise ValueError(f"map needs a callable, got {fn!r}")
-        return self._with_step(Step("map", fn))
-
-    def filter(self, predicate: Callable[[Any], bool]) -> Packed:
-        """A new packed dataset keeping the sequences for which `predicate(sequence)` is
-        true."""
-        if not callable(predicate):
-            raise ValueError(f"filter needs a callable, got {predicate!r}")
-        return self._with_step(Step("filter", predicate))
 
     # -- state ---------------------------------------------------------------------------
 
