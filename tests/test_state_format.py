@@ -238,3 +238,9 @@ def test_a_state_under_way_is_refused_by_the_stages_own_rule(
     assert state[STAGE] == stage
     with pytest.raises(ValueError, match="merge_states cannot carry over"):
         merge_states([state])
+
+
+def test_states_of_two_kinds_of_dataset_are_not_merged_as_one(paths: tuple[str, str]) -> None:
+    """A packed state and a mix state together: refused, not merged as whichever came first."""
+    with pytest.raises(ValueError, match=r"states of one dataset.*\['mix', 'packed'\]"):
+        merge_states([taken(mix, paths), taken(packed, paths)])

@@ -2,18 +2,12 @@
 
 Each source is a `StreamingJsonl` with its own files, transforms and shuffle, and splits itself
 across DataLoader workers and ranks as it always does, so every source keeps its own
-exactly-once split. Draw k of a reader picks a source from the uniform number
-``u_k = f(seed, epoch, rank, worker, k)`` (`_Draws`): the same inputs give the same sequence on
-any machine, and a resume regenerates the draws from k alone.
-
-Stopping rules (`stop`):
-
-- ``"first"``: the reader's stream ends when one of its sources runs out;
-- ``"all"``: a source that runs out drops out (the others' weights are renormalised) and the
-  stream ends when all have run out: every record of every source exactly once;
-- ``"cycle"``: a source that runs out starts a new pass in the order of its next epoch
-  (pass p of mix epoch e reads the source's epoch e + p); the stream ends once every source
-  has run out at least once. A source with no records for this reader drops out.
+exactly-once split. Each reader draws its records from them through a
+`streamds.stages.mixing.MixStage`: the same (seed, epoch, rank, worker) give the same
+sequence on any machine, and a resume regenerates the draws from their count alone.
+`stop` says when a reader's stream ends: "first" (with the first source that runs out), "all"
+(every record of every source exactly once) or "cycle" (sources that run out start a new pass
+until each has run out once); see `streamds.stages.mixing`.
 
 State (``state_dict()``, one per reader): the node of its `streamds.stages.mixing.MixStage`
 (the draws made, the pass and records taken of each source, each source's own state nested),

@@ -276,12 +276,17 @@ def merge_states(states: Any) -> dict[str, Any]:
     _check_batchers(states)
     _check_rebatches(states)
     _check_loader_snapshots(states)
-    packed = list(_states_of(states, PACKED))
-    if packed:
-        return sealed(PackStage.merge(packed, _merge_sources))
-    mixes = list(_states_of(states, MIX))
-    if mixes:
-        return sealed(MixStage.merge(mixes, _merge_sources))
+    # stages that merge their own nodes (each merges what it nests through `_merge_sources`);
+    # the top-most nodes found name the one stage the states are of
+    found = list(find_nodes(states, tuple(_OWN_MERGE)))
+    if found:
+        stages = sorted({node[STAGE] for node in found})
+        if len(stages) > 1:
+            raise ValueError(
+                f"merge_states takes the states of one dataset, and found states of {stages}; "
+                "merge the states of each dataset on its own"
+            )
+        return sealed(_OWN_MERGE[stages[0]](found, _merge_sources))
     readers = [ReaderState.from_dict(sealed(found)) for found in _reader_states(states)]
     unstarted = list(_states_of(states, MERGED_STATE))
     if unstarted:
@@ -401,6 +406,14 @@ def _check_loader_snapshots(found: Any) -> None:
         return
     for value in values:
         _check_loader_snapshots(value)
+
+
+# stage -> its merge of the nodes of every reader (the reader's own merge is below)
+_OWN_MERGE: dict[str, Callable[[list[dict[str, Any]], Callable[[list[Any]], Any]],
+                               dict[str, Any]]] = {
+    PackStage.STAGE: PackStage.merge,
+    MixStage.STAGE: MixStage.merge,
+}
 
 
 def _merge_sources(nodes: list[Any]) -> Any:
