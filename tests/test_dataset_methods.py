@@ -203,3 +203,59 @@ class _Plain:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.dataset.load_state_dict(state)
+
+
+# -- the batches of a mix or of packed data are a dataset of the same kind ---------------------
+
+
+def id_list(batch: list[Any]) -> list[Any]:
+    return [plain(item) for item in batch]
+
+
+def batched(paths: tuple[str, str]) -> Any:
+    return mix(paths).batch(3, collate=id_list)
+
+
+def first_id_even(batch: list[Any]) -> bool:
+    return batch[0][0] % 2 == 0
+
+
+def with_size(batch: list[Any]) -> list[Any]:
+    return [len(batch), *batch]
+
+
+def test_batches_offer_the_same_methods(paths: tuple[str, str]) -> None:
+    dataset = batched(paths)
+    assert isinstance(dataset, StreamdsDataset)
+    for name in METHODS:
+        assert callable(getattr(dataset, name)), f"Batched lacks {name}"
+
+
+def test_map_and_filter_of_batches_resume_exactly(paths: tuple[str, str]) -> None:
+    whole = list(batched(paths))
+    derived = batched(paths).map(with_size).filter(lambda batch: first_id_even(batch[1:]))
+    reference = run_test_save_load_state(
+        lambda: batched(paths).filter(first_id_even).map(with_size), [0, 1, 3, 5])
+    assert reference == [with_size(batch) for batch in whole if first_id_even(batch)]
+    assert list(derived) == reference
+    assert 0 < len(reference) < len(whole)
+
+
+def test_batches_of_batches_and_pack_of_batches(paths: tuple[str, str]) -> None:
+    reference = run_test_save_load_state(lambda: batched(paths).batch(2, collate=list),
+                                         [0, 1, 4])
+    assert [batch for pair in reference for batch in pair] == list(batched(paths))
+    with pytest.raises(ValueError, match=r"whole batches, not tokenized documents.*pack "
+                                         r"before batching"):
+        batched(paths).pack(PackTokens(seq_len=5, eos_id=EOS))
+
+
+def test_mapped_batches_finish_a_merged_epoch(paths: tuple[str, str]) -> None:
+    first = batched(paths).map(with_size)
+    iterator = iter(first)
+    before = [next(iterator) for _ in range(4)]  # 4 whole pools of 3: nothing under way
+    merged = merge_states([first.state_dict()])
+    rest = list(batched(paths).map(with_size).with_resume(merged))
+    assert all(batch[0] == len(batch) - 1 for batch in before + rest)  # the map still runs
+    items = [item for batch in before + rest for item in batch[1:]]
+    assert sorted(map(str, items)) == sorted(map(str, [plain(i) for i in mix(paths)]))

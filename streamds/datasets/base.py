@@ -4,8 +4,9 @@ A reader (`StreamingJsonl`), a mix (`Mix`) and packed data (`Packed`) are all th
 picklable descriptions that build their stages in each reader, and all offer the same eight
 methods: `map`, `filter`, `batch`, `pack`, `set_epoch`, `state_dict`, `load_state_dict`,
 `with_resume`. `map` and `filter` add a step (`_with_step`, each type's own copy rule);
-`batch` cuts whole batches with a pool batcher (`StreamingJsonl` batches inside its reader
-instead); `pack` packs the records into token sequences (packed data refuses it).
+`batch` and `pack` are each type's own: a mix and packed data batch with a pool batcher
+(`streamds.datasets.batching.Batched`, itself a dataset of this kind), a reader inside its
+workers; packed data refuses `pack`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from ..stages.transform import Step
 if TYPE_CHECKING:
     from ..stages.buckets import Rule
     from ..stages.packing import PackTokens
-    from .batching import Batched
     from .pack import Packed
 
 __all__ = ["METHODS", "StreamdsDataset"]
@@ -56,18 +56,18 @@ class StreamdsDataset(IterableDataset):
     def batch(
         self, size: int | Rule, *, collate: Callable[[list[Any]], Any] | None = None,
         drop_last: bool = False,
-    ) -> Batched:
+    ) -> StreamdsDataset:
         """The items in whole batches: `size` items per batch or a ``streamds.LengthBuckets``
         / ``streamds.TokenBudget`` rule; `collate` makes the batch (None: a
         `streamds.RecordBatch`). Use it with ``DataLoader(ds.batch(n, collate=...),
-        batch_size=None)``; a state taken after any batch resumes exactly."""
-        from .batching import Batched
-
-        return Batched(self, size, collate=collate, drop_last=drop_last)
+        batch_size=None)``; a state taken after any batch resumes exactly. Each type makes
+        its own (`pooled_batches` for a mix or packed data; a reader batches in its workers)."""
+        raise NotImplementedError
 
     def pack(self, packer: PackTokens) -> Packed:
         """Tokenized records packed into fixed-length sequences (`streamds.PackTokens`); each
-        type makes its `Packed` (this module sits below `pack`, which builds on it)."""
+        type makes its `Packed` (this module sits below `pack` and `batching`, which build on
+        it), or refuses where packing makes no sense."""
         raise NotImplementedError
 
     def set_epoch(self, epoch: int) -> None:

@@ -33,6 +33,7 @@ iterables) are fast-forwarded by record count instead.
 
 from __future__ import annotations
 
+import copy
 import random
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -47,7 +48,9 @@ from ..stages.batch import RecordBatch
 from ..stages.buckets import RULES, Length, LengthBuckets, Rule, TokenBudget, as_length
 from ..stages.pools import PoolStage
 from ..stages.state import check_epoch_change, check_state, sealed
+from ..stages.transform import Step, apply_steps
 from ..world import detect_world
+from .base import StreamdsDataset
 
 __all__ = [
     "Batched",
@@ -256,7 +259,7 @@ def _seed_of(source: Any) -> int:
     return 0
 
 
-class Batched(_PoolBatcher):
+class Batched(_PoolBatcher, StreamdsDataset):
     """Whole batches of a `Mix` or a packed dataset: what their ``.batch(...)`` returns.
 
     `size` is the number of records per batch (`drop_last` drops the short last one) or a
@@ -265,6 +268,9 @@ class Batched(_PoolBatcher):
     Use it with ``DataLoader(batched, batch_size=None)``. The epoch is the source's; the
     state is the pool batcher's (the source's state where the current pool began, the pool's
     number, its batches yielded), so a state taken after any batch resumes exactly.
+    `.map` / `.filter` apply to whole batches (a state between them stays exact: a batch a
+    filter drops was counted before the next one is handed out); `.batch` batches the
+    batches; `.pack` is refused.
     """
 
     KIND = "batched"
@@ -294,6 +300,32 @@ class Batched(_PoolBatcher):
                          collate=RecordBatch if collate is None else collate,
                          epoch=source.epoch)
         self.size = size
+        self._steps: tuple[Step, ...] = ()  # map and filter of whole batches (.map/.filter)
+
+    def __iter__(self) -> Iterator[Any]:
+        batches = super().__iter__()
+        # -> its own map and filter, on whole batches
+        return apply_steps(batches, self._steps, "these batches") if self._steps else batches
+
+    def _with_step(self, step: Step) -> Batched:
+        clone = copy.copy(self)
+        clone._steps = (*self._steps, step)
+        clone._active = clone._pending = None
+        return clone
+
+    def batch(
+        self, size: int | Rule, *, collate: Callable[[list[Any]], Any] | None = None,
+        drop_last: bool = False,
+    ) -> Batched:
+        """These batches in batches of batches (`size` of them, or a rule)."""
+        return Batched(self, size, collate=collate, drop_last=drop_last)
+
+    def pack(self, packer: Any) -> Any:
+        """Refused: a batch is no document; pack before batching."""
+        raise ValueError(
+            f"pack({packer!r}): these are whole batches, not tokenized documents; pack before "
+            "batching: dataset.pack(PackTokens(...)).batch(n)"
+        )
 
     def __repr__(self) -> str:
         return f"{self.source!r}.batch({self.size!r}, drop_last={self.drop_last})"
@@ -340,8 +372,10 @@ class Batched(_PoolBatcher):
     def with_resume(self, merged: dict[str, Any]) -> Batched:
         """The same batches of ``source.with_resume(merged)`` (`streamds.merge_states` of the
         states of every reader): a fresh pool batcher over the resumed source."""
-        return Batched(self.source.with_resume(merged), self.size,
-                       collate=self.collate, drop_last=self.drop_last)
+        clone = Batched(self.source.with_resume(merged), self.size,
+                        collate=self.collate, drop_last=self.drop_last)
+        clone._steps = self._steps
+        return clone
 
 
 class Batches(_PoolBatcher):

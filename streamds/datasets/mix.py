@@ -25,7 +25,7 @@ import dataclasses
 import functools
 import math
 import numbers
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +49,8 @@ from ..world import World, detect_world
 from .base import StreamdsDataset
 
 if TYPE_CHECKING:
+    from ..stages.buckets import Rule
+    from .batching import Batched
     from .dataset import StreamingJsonl
     from .pack import Packed, PackTokens
 
@@ -173,6 +175,18 @@ class Mix(StreamdsDataset):
         clone.datasets = [ds._detached() for ds in self.datasets]
         clone._active, clone._iterators, clone._held = None, [], None
         return clone
+
+    def batch(
+        self, size: int | Rule, *, collate: Callable[[list[Any]], Any] | None = None,
+        drop_last: bool = False,
+    ) -> Batched:
+        """The mixed records in whole batches, as ``StreamingJsonl.batch``: `size` records
+        per batch or a ``streamds.LengthBuckets`` / ``TokenBudget`` rule; `collate` makes
+        the batch (None: a `streamds.RecordBatch`). Use it with ``DataLoader(ds.batch(n,
+        collate=...), batch_size=None)``; a state taken after any batch resumes exactly."""
+        from .batching import Batched
+
+        return Batched(self, size, collate=collate, drop_last=drop_last)
 
     def pack(self, packer: PackTokens) -> Packed:
         """The mixed records packed into fixed-length token sequences (`streamds.PackTokens`)."""

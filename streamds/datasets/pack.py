@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,7 +46,8 @@ from ..world import World, detect_world
 from .base import StreamdsDataset
 
 if TYPE_CHECKING:
-    pass
+    from ..stages.buckets import Rule
+    from .batching import Batched
 
 __all__ = ["PackTokens", "Packed", "document_mask"]
 
@@ -117,6 +118,18 @@ class Packed(StreamdsDataset):
 
     def set_epoch(self, epoch: int) -> None:
         self.source.set_epoch(epoch)
+
+    def batch(
+        self, size: int | Rule, *, collate: Callable[[list[Any]], Any] | None = None,
+        drop_last: bool = False,
+    ) -> Batched:
+        """The packed sequences in whole batches, as ``StreamingJsonl.batch``: `size` sequences
+        per batch or a ``streamds.LengthBuckets`` / ``TokenBudget`` rule; `collate` makes
+        the batch (None: a `streamds.RecordBatch`). Use it with ``DataLoader(ds.batch(n,
+        collate=...), batch_size=None)``; a state taken after any batch resumes exactly."""
+        from .batching import Batched
+
+        return Batched(self, size, collate=collate, drop_last=drop_last)
 
     def pack(self, packer: PackTokens) -> Packed:
         """Refused: packed data is packed already (its sequences join several documents by
