@@ -244,3 +244,34 @@ def test_states_of_two_kinds_of_dataset_are_not_merged_as_one(paths: tuple[str, 
     """A packed state and a mix state together: refused, not merged as whichever came first."""
     with pytest.raises(ValueError, match=r"states of one dataset.*\['mix', 'packed'\]"):
         merge_states([taken(mix, paths), taken(packed, paths)])
+
+
+def formats_in(found: Any) -> int:
+    """How many nodes of the tree carry a format key."""
+    if isinstance(found, dict):
+        return (FORMAT in found) + sum(formats_in(value) for value in found.values())
+    if isinstance(found, (list, tuple)):
+        return sum(formats_in(value) for value in found)
+    return 0
+
+
+@pytest.mark.parametrize("make", [reader, mix, packed, batcher], ids=["reader", "mix", "packed",
+                                                                       "batcher"])
+def test_the_format_is_carried_once_at_the_top(paths: tuple[str, str], make: Any) -> None:
+    state = taken(make, paths)
+    assert formats_in(state) == 1
+    if make is not batcher:
+        assert formats_in(merge_states([state])) == 1
+
+
+def test_a_merge_over_readers_that_had_not_started_carries_the_format_once(
+    paths: tuple[str, str]
+) -> None:
+    """Rank 0 started on its share of a merged state, rank 1 had not: the merged state nests
+    the earlier one (for rank 1's share), without a format of its own."""
+    merged = merge_states([taken(reader, paths)])
+    ranks = [StreamingJsonl(paths[0], shuffle=True, seed=1, buffer_size=4, rank=rank,
+                            world_size=2).with_resume(merged) for rank in range(2)]
+    next(iter(ranks[0]))
+    again = merge_states([ranks[0].state_dict(), ranks[1].state_dict()])
+    assert formats_in(again) == 1

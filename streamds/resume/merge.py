@@ -322,7 +322,7 @@ def merge_states(states: Any) -> dict[str, Any]:
     tails: list[dict[str, Any]] = []
     counts: Counter[str] = Counter({name: 0 for name in COUNTERS})
     if unstarted:  # their shares of the earlier merged state, dealt when it is resolved
-        tails.append({"merged": before, "readers": [
+        tails.append({"merged": nested(before), "readers": [
             [world.rank, world.world_size, world.worker, world.num_workers] for world in worlds]})
         if any(world.reader == 0 for world in worlds):  # reader 0 carries the counts
             counts.update(before["counts"])
