@@ -275,3 +275,16 @@ def test_a_merge_over_readers_that_had_not_started_carries_the_format_once(
     next(iter(ranks[0]))
     again = merge_states([ranks[0].state_dict(), ranks[1].state_dict()])
     assert formats_in(again) == 1
+
+
+@pytest.mark.parametrize(("make", "into", "message"), [
+    (mix, reader, r"state of a 'mix' stage, not of a reader"),
+    (reader, mix, r"stage 'mix' expected, found 'reader'"),
+    (packed, batcher, r"stage 'batches' expected, found 'packed'"),
+    (batcher, rebatch, r"stage 'rebatch' expected, found 'batches'"),
+], ids=["mix-into-reader", "reader-into-mix", "packed-into-batcher", "batcher-into-rebatch"])
+def test_the_state_of_another_stage_is_refused_naming_both(
+    paths: tuple[str, str], make: Any, into: Any, message: str
+) -> None:
+    with pytest.raises(StateMismatchError, match=message):
+        into(paths).load_state_dict(taken(make, paths))
