@@ -58,7 +58,7 @@ _HOMES = {
     "StreamingJsonl": "datasets.dataset",
     "Storage": "storage.settings",
     "RecordBatch": "stages.batch",
-    "Rebatch": "train.rebatch",
+    "Rebatch": "stages.rebatch",
     "CorruptRecordError": "errors",
     "CorruptShardError": "errors",
     "MissingCodecError": "errors",
@@ -124,9 +124,9 @@ if TYPE_CHECKING:
     from .retry import RetryPolicy
     from .stages.batch import RecordBatch
     from .stages.buckets import LengthBuckets, TokenBudget
+    from .stages.rebatch import Rebatch
     from .storage.settings import Storage
     from .train.collate import PadCollate, as_list
     from .train.prefetch import DevicePrefetcher
-    from .train.rebatch import Rebatch
     from .train.stall import StallMeter
     from .world import World, detect_world

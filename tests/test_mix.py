@@ -30,7 +30,7 @@ from streamds import (
     merge_states,
     source_counts,
 )
-from streamds.datasets.mix import ROUND, _Draws
+from streamds.stages.mixing import ROUND, Draws
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
@@ -81,11 +81,11 @@ def record_ids(stream: Any) -> list[int]:
 
 def test_draws_are_a_function_of_their_index() -> None:
     parts = ("mix", 1, 0, 0, 0)
-    whole = _Draws(parts, 0)
+    whole = Draws(parts, 0)
     first = [next(whole) for _ in range(2 * ROUND + 5)]
     for start in (0, 1, ROUND - 1, ROUND, ROUND + 7, 2 * ROUND + 4):
-        assert next(_Draws(parts, start)) == first[start]
-    assert next(_Draws(("mix", 1, 0, 0, 1), 0)) != first[0]  # another worker draws otherwise
+        assert next(Draws(parts, start)) == first[start]
+    assert next(Draws(("mix", 1, 0, 0, 1), 0)) != first[0]  # another worker draws otherwise
 
 
 def test_same_inputs_same_sequence(sources) -> None:
@@ -398,7 +398,7 @@ def test_bad_arguments_name_the_fix(sources) -> None:
     with pytest.raises(ValueError, match="different rank/world_size"):
         Mix([ds[0], StreamingJsonl(sources["b"][0], rank=0, world_size=2)], WEIGHTS, seed=0)
     with pytest.raises(ValueError, match="resume_from must be the dict"):
-        Mix(ds, WEIGHTS, seed=0, resume_from={"format": "streamds.merged/2"})
+        Mix(ds, WEIGHTS, seed=0, resume_from={"format": "streamds/3", "stage": "merged"})
 
 
 def test_states_of_another_mix_or_world_are_refused(sources) -> None:

@@ -33,22 +33,24 @@ iterables) are fast-forwarded by record count instead.
 
 from __future__ import annotations
 
+import copy
 import random
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from itertools import islice
 from typing import Any
 
 from torch.utils.data import IterableDataset
 
 from ..checks import check_bool, check_int
-from ..errors import StateMismatchError
 from ..seeds import derive_seed
 from ..stages.batch import RecordBatch
 from ..stages.buckets import RULES, Length, LengthBuckets, Rule, TokenBudget, as_length
-from ..stages.state import BATCHER_FORMAT, check_epoch_change
+from ..stages.pools import PoolStage
+from ..stages.state import check_epoch_change, check_state, sealed
+from ..stages.transform import Step, apply_steps
 from ..world import detect_world
+from .base import StreamdsDataset
 
 __all__ = [
     "Batched",
@@ -59,7 +61,6 @@ __all__ = [
     "padding_of",
 ]
 
-STATE_FORMAT = BATCHER_FORMAT
 # the deprecated wrappers: what to write instead (named in their DeprecationWarning)
 DEPRECATED = {
     "Batches": "dataset.batch(n, collate=...)",
@@ -129,33 +130,9 @@ def padding_of(batches: Iterable[Sequence[Any]], length: Length | str) -> Paddin
     return stats
 
 
-class _Cursor:
-    """Where one iterator stands: pool number, batches yielded from it, and how to get back."""
-
-    def __init__(self, epoch: int, pool: int, emitted: int, consumed: int, source: Any) -> None:
-        self.epoch = epoch
-        self.pool = pool  # pools finished before the current one
-        self.emitted = emitted  # batches of the current pool already yielded
-        self.consumed = consumed  # source records read before the current pool
-        self.source = source  # source state where the current pool begins
-        self.pool_batches: int | None = None  # batches the current pool holds, once cut
-        self.next_consumed = 0
-        self.next_source: Any = None  # source state after the current pool
-        self.finished = False  # the source ran out: the epoch is over
-        self.stats = PaddingStats()
-
-    def state(self) -> dict[str, Any]:
-        if self.pool_batches is not None and self.emitted >= self.pool_batches:
-            # the pool is spent: resume at the next one without re-reading this one
-            return {"pool": self.pool + 1, "emitted": 0, "consumed": self.next_consumed,
-                    "source": self.next_source, "epoch": self.epoch,
-                    "finished": self.finished}
-        return {"pool": self.pool, "emitted": self.emitted, "consumed": self.consumed,
-                "source": self.source, "epoch": self.epoch, "finished": self.finished}
-
-
 class _PoolBatcher(IterableDataset):
-    """Reads `pool_size` records at a time and yields the batches `_cut` makes of them."""
+    """Reads `pool_size` records at a time and yields the batches `_cut` makes of them: a
+    `streamds.stages.pools.PoolStage` per iterator, which owns the state."""
 
     KIND = ""
 
@@ -186,8 +163,9 @@ class _PoolBatcher(IterableDataset):
         self.drop_last = drop_last
         self.collate = collate
         self.epoch = epoch
-        self._pending: dict[str, Any] | None = None
-        self._active: _Cursor | None = None
+        self._pending: PoolStage | None = None  # a loaded state, for the next iterator
+        self._active: PoolStage | None = None
+        self._stats = PaddingStats()
 
     # -- description ---------------------------------------------------------------------
 
@@ -213,7 +191,7 @@ class _PoolBatcher(IterableDataset):
     @property
     def stats(self) -> PaddingStats:
         """Padding of the batches this process's current iterator yielded so far."""
-        return PaddingStats() if self._active is None else self._active.stats
+        return PaddingStats() if self._active is None else self._stats
 
     # -- cutting -------------------------------------------------------------------------
 
@@ -228,95 +206,42 @@ class _PoolBatcher(IterableDataset):
             derive_seed("batches", self.seed, epoch, world.rank, world.worker, pool)
         )
 
-    # -- iteration -----------------------------------------------------------------------
+    def _stage(self, epoch: int) -> PoolStage:
+        return PoolStage(self.source, config=self._config(), pool_size=self.pool_size,
+                         measure=self.length, cut=self._cut, rng=self._pool_rng,
+                         collate=self.collate, epoch=epoch, on_batch=self._count)
 
-    def _stateful_source(self) -> bool:
-        return callable(getattr(self.source, "state_dict", None)) and callable(
-            getattr(self.source, "load_state_dict", None)
-        )
+    def _count(self, lengths: list[int]) -> None:
+        self._stats.add(lengths)
+
+    # -- iteration -----------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[list[Any]]:
         resume, self._pending = self._pending, None
-        stateful = self._stateful_source()
-        if resume is not None and resume["finished"] and resume["epoch"] != self.epoch:
+        if resume is not None and resume.finished and resume.epoch != self.epoch:
             resume = None  # that epoch is over and another was chosen: start it afresh
-        if resume is not None and resume["finished"]:
-            cursor = _Cursor(resume["epoch"], resume["pool"], 0, resume["consumed"], None)
-            cursor.finished = True
-            self._active = cursor
-            return iter(())
-        if resume is None:
-            cursor = _Cursor(self.epoch, 0, 0, 0, None)
-        else:
-            cursor = _Cursor(resume["epoch"], resume["pool"], resume["emitted"],
-                             resume["consumed"], resume["source"])
-            if stateful and cursor.source is not None:
-                self.source.load_state_dict(cursor.source)
-        self._active = cursor
-        return self._generate(cursor, stateful, skip=0 if stateful else cursor.consumed)
-
-    def _generate(self, cursor: _Cursor, stateful: bool, skip: int) -> Iterator[list[Any]]:
-        records_in = iter(self.source)
-        if skip:  # a source without state: fast-forward by record count
-            for _ in islice(records_in, skip):
-                pass
-        measure, collate = self.length, self.collate
-        while True:
-            cursor.source = self.source.state_dict() if stateful else None
-            # -> the next pool of records, in arrival order
-            pool = list(islice(records_in, self.pool_size))
-            if not pool:
-                cursor.finished = True
-                if stateful:  # the source's state at its end: its counts are the epoch's
-                    cursor.source = self.source.state_dict()
-                return
-            cursor.next_consumed = cursor.consumed + len(pool)
-            cursor.next_source = self.source.state_dict() if stateful else None
-            lengths = [measure(record) for record in pool]
-            # -> index lists, one per batch, in the order they are yielded
-            batches = self._cut(lengths, self._pool_rng(cursor.epoch, cursor.pool))
-            cursor.pool_batches = len(batches)
-            for number in range(cursor.emitted, len(batches)):
-                indices = batches[number]
-                cursor.emitted = number + 1
-                cursor.stats.add([lengths[i] for i in indices])
-                yield collate([pool[i] for i in indices])
-            cursor.pool += 1
-            cursor.emitted = 0
-            cursor.consumed = cursor.next_consumed
-            cursor.pool_batches = None
+        self._stats = PaddingStats()
+        self._active = resume if resume is not None else self._stage(self.epoch)
+        # -> batches cut pool by pool (`streamds.stages.pools`)
+        return iter(self._active)
 
     # -- state ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """Position of this process's iterator: O(1) integers plus the source's state."""
-        if self._active is not None:
-            position = self._active.state()
-        elif self._pending is not None:
-            return dict(self._pending)
-        else:
-            source = self.source.state_dict() if self._stateful_source() else None
-            position = {"pool": 0, "emitted": 0, "consumed": 0, "source": source,
-                        "epoch": self.epoch, "finished": False}
-        return {"format": STATE_FORMAT, "config": self._config(), **position}
+        stage = self._active or self._pending or self._stage(self.epoch)
+        return sealed(stage.get_state())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state` at the next `iter()`; refuses a state of another batcher."""
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise StateMismatchError(
-                f"not a streamds batcher state (format {STATE_FORMAT!r} expected); pass the "
-                "dict that state_dict() returned"
-            )
-        if state["config"] != self._config():
-            raise StateMismatchError(
-                f"the state was taken from a batcher configured as {state['config']} but this "
-                f"one is {self._config()} (kind, pool size, seed, drop_last); build it with "
-                "the same arguments"
-            )
-        self._pending = {key: state[key] for key in ("format", "config", "pool", "emitted",
-                                                     "consumed", "source", "epoch", "finished")}
-        if not state["finished"]:  # a finished state leaves the epoch to set_epoch
-            self.epoch = state["epoch"]
+        check_state(state, PoolStage.STAGE, PoolStage.KEYS, "batcher")
+        PoolStage.check(state, self._config())
+        stage = self._stage(self.epoch)
+        stage.reset(state)
+        self._active = None
+        self._pending = stage
+        if not stage.finished:  # a finished state leaves the epoch to set_epoch
+            self.epoch = stage.epoch
 
 
 def _no_length(record: Any) -> int:
@@ -334,7 +259,7 @@ def _seed_of(source: Any) -> int:
     return 0
 
 
-class Batched(_PoolBatcher):
+class Batched(_PoolBatcher, StreamdsDataset):
     """Whole batches of a `Mix` or a packed dataset: what their ``.batch(...)`` returns.
 
     `size` is the number of records per batch (`drop_last` drops the short last one) or a
@@ -343,6 +268,9 @@ class Batched(_PoolBatcher):
     Use it with ``DataLoader(batched, batch_size=None)``. The epoch is the source's; the
     state is the pool batcher's (the source's state where the current pool began, the pool's
     number, its batches yielded), so a state taken after any batch resumes exactly.
+    `.map` / `.filter` apply to whole batches (a state between them stays exact: a batch a
+    filter drops was counted before the next one is handed out); `.batch` batches the
+    batches; `.pack` is refused.
     """
 
     KIND = "batched"
@@ -372,6 +300,32 @@ class Batched(_PoolBatcher):
                          collate=RecordBatch if collate is None else collate,
                          epoch=source.epoch)
         self.size = size
+        self._steps: tuple[Step, ...] = ()  # map and filter of whole batches (.map/.filter)
+
+    def __iter__(self) -> Iterator[Any]:
+        batches = super().__iter__()
+        # -> its own map and filter, on whole batches
+        return apply_steps(batches, self._steps, "these batches") if self._steps else batches
+
+    def _with_step(self, step: Step) -> Batched:
+        clone = copy.copy(self)
+        clone._steps = (*self._steps, step)
+        clone._active = clone._pending = None
+        return clone
+
+    def batch(
+        self, size: int | Rule, *, collate: Callable[[list[Any]], Any] | None = None,
+        drop_last: bool = False,
+    ) -> Batched:
+        """These batches in batches of batches (`size` of them, or a rule)."""
+        return Batched(self, size, collate=collate, drop_last=drop_last)
+
+    def pack(self, packer: Any) -> Any:
+        """Refused: a batch is no document; pack before batching."""
+        raise ValueError(
+            f"pack({packer!r}): these are whole batches, not tokenized documents; pack before "
+            "batching: dataset.pack(PackTokens(...)).batch(n)"
+        )
 
     def __repr__(self) -> str:
         return f"{self.source!r}.batch({self.size!r}, drop_last={self.drop_last})"
@@ -418,8 +372,10 @@ class Batched(_PoolBatcher):
     def with_resume(self, merged: dict[str, Any]) -> Batched:
         """The same batches of ``source.with_resume(merged)`` (`streamds.merge_states` of the
         states of every reader): a fresh pool batcher over the resumed source."""
-        return Batched(self.source.with_resume(merged), self.size,
-                       collate=self.collate, drop_last=self.drop_last)
+        clone = Batched(self.source.with_resume(merged), self.size,
+                        collate=self.collate, drop_last=self.drop_last)
+        clone._steps = self._steps
+        return clone
 
 
 class Batches(_PoolBatcher):

@@ -16,13 +16,13 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import get_worker_info
 
 from ..checks import check_bool, check_choice, check_int
 from ..errors import StateMismatchError
 from ..resume.counts import count_block_records, listed_counts
 from ..resume.identity import Identity, check_identity, relative_names, source_root
-from ..resume.merge import MERGED_FORMAT, START_KEYS, resolve_tails
+from ..resume.merge import MERGED_STATE, START_KEYS, resolve_tails
 from ..resume.plain_loader import batches_after, require_line_per_record
 from ..resume.start import (
     AFTER_BATCHES,
@@ -44,7 +44,7 @@ from ..stages.buckets import RULES, LengthBuckets, TokenBudget, is_pool_state
 from ..stages.cpus import WORKER_CPUS
 from ..stages.parse import ON_ERROR
 from ..stages.pipeline import Reader, Spec
-from ..stages.state import ReaderState, check_epoch_change
+from ..stages.state import ReaderState, check_epoch_change, refuse_old, stage_of
 from ..stages.timing import StageTimer
 from ..stages.transform import Step
 from ..storage.plan import Plan, make_blocks, small_corpus_piece
@@ -54,6 +54,7 @@ from ..storage.settings import UNSET, Storage, deprecated, storage_of
 from ..storage.shards import Shard, resolve_shards, source_items
 from ..train.loader import Loader
 from ..world import World, detect_world
+from .base import StreamdsDataset
 from .callers import check_outer_split, loader_len_call
 from .pack import Packed, PackTokens
 
@@ -80,7 +81,7 @@ class _Epoch:
         self.loaded: ReaderState | None = None
 
 
-class StreamingJsonl(IterableDataset):
+class StreamingJsonl(StreamdsDataset):
     """Stream JSON-lines records from files, directories, globs or fsspec URLs.
 
     Each epoch yields every record of the corpus exactly once across all DataLoader workers
@@ -249,18 +250,6 @@ class StreamingJsonl(IterableDataset):
         clone._active = None
         clone._start = self._start.for_new_steps()  # merged tails resolve with the new steps
         return clone
-
-    def map(self, fn: Callable[[Any], Any]) -> StreamingJsonl:
-        """A new dataset whose records are `fn(record)`; None drops the record."""
-        if not callable(fn):
-            raise ValueError(f"map needs a callable, got {fn!r}")
-        return self._with_step(Step("map", fn))
-
-    def filter(self, predicate: Callable[[Any], bool]) -> StreamingJsonl:
-        """A new dataset keeping the records for which `predicate(record)` is true."""
-        if not callable(predicate):
-            raise ValueError(f"filter needs a callable, got {predicate!r}")
-        return self._with_step(Step("filter", predicate))
 
     def pack(self, packer: PackTokens) -> Packed:
         """Tokenized records packed into fixed-length sequences (`streamds.PackTokens`)."""
@@ -542,7 +531,9 @@ class StreamingJsonl(IterableDataset):
         `state_dict()` returns before the first `iter()` of a dataset that finishes one)
         loads as `with_resume` takes it.
         """
-        if isinstance(state, dict) and state.get("format") == MERGED_FORMAT:
+        if isinstance(state, dict):
+            refuse_old(state)
+        if stage_of(state) == MERGED_STATE:
             self._active = None
             self._start = Start(MERGED, Merged(self._check_merged(state)))
             return
@@ -569,6 +560,14 @@ class StreamingJsonl(IterableDataset):
         self._start = self._start.load(copy.deepcopy(loaded))
         self._epoch.loaded = self._start.loaded
 
+    def _epoch_of_state(self, state: dict[str, Any]) -> tuple[int, bool]:
+        """(epoch, finished) of a state this dataset's `state_dict()` returned (a reader's, or
+        the merged state a resumed reader starts from), for a stage built on this one."""
+        if stage_of(state) == MERGED_STATE:
+            return state["epoch"], False
+        loaded = ReaderState.from_dict(state)
+        return loaded.epoch, loaded.finished
+
     def _batching(self) -> str:
         """How this dataset batches, in the words of `_batching(pipeline state)`."""
         if self._batch is None:
@@ -578,7 +577,9 @@ class StreamingJsonl(IterableDataset):
     def _check_merged(self, merged: dict[str, Any] | None) -> dict[str, Any] | None:
         if merged is None:
             return None
-        if not isinstance(merged, dict) or merged.get("format") != MERGED_FORMAT:
+        if isinstance(merged, dict):
+            refuse_old(merged)
+        if stage_of(merged) != MERGED_STATE:
             raise ValueError(
                 "resume_from must be the dict streamds.merge_states() returns; to resume with "
                 "the same world, use load_state_dict() instead"

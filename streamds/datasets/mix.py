@@ -2,28 +2,16 @@
 
 Each source is a `StreamingJsonl` with its own files, transforms and shuffle, and splits itself
 across DataLoader workers and ranks as it always does, so every source keeps its own
-exactly-once split. Draw k of a reader picks a source from the uniform number
-``u_k = f(seed, epoch, rank, worker, k)`` (`_Draws`): the same inputs give the same sequence on
-any machine, and a resume regenerates the draws from k alone.
+exactly-once split. Each reader draws its records from them through a
+`streamds.stages.mixing.MixStage`: the same (seed, epoch, rank, worker) give the same
+sequence on any machine, and a resume regenerates the draws from their count alone.
+`stop` says when a reader's stream ends: "first" (with the first source that runs out), "all"
+(every record of every source exactly once) or "cycle" (sources that run out start a new pass
+until each has run out once); see `streamds.stages.mixing`.
 
-Stopping rules (`stop`):
-
-- ``"first"``: the reader's stream ends when one of its sources runs out;
-- ``"all"``: a source that runs out drops out (the others' weights are renormalised) and the
-  stream ends when all have run out: every record of every source exactly once;
-- ``"cycle"``: a source that runs out starts a new pass in the order of its next epoch
-  (pass p of mix epoch e reads the source's epoch e + p); the stream ends once every source
-  has run out at least once. A source with no records for this reader drops out.
-
-State (``state_dict()``, one per reader)::
-
-    {"format": "streamds.mix/1", "config": [weights, seed, stop, sources], "epoch": e,
-     "world": [rank, world_size, worker, num_workers],
-     "seat": [rank, worker],   # whose draws and shares it continues (plain-loader resume)
-     "draws": k,
-     "passes": [p_i], "taken": [records from source i this epoch], "in_pass": [...],
-     "ran_out": [bool], "dropped": [bool], "finished": bool,
-     "sources": [each source's own state_dict()]}
+State (``state_dict()``, one per reader): the node of its `streamds.stages.mixing.MixStage`
+(the draws made, the pass and records taken of each source, each source's own state nested),
+with the format version at the top.
 
 `streamds.merge_states` merges the states of every reader source by source (elastic resume);
 `resume_after_batches` resumes a plain DataLoader from its batch count by replaying the draws
@@ -32,28 +20,33 @@ over record counts; `streamds.source_counts` sums "taken" over the readers of a 
 
 from __future__ import annotations
 
-import bisect
 import copy
+import dataclasses
 import functools
-import itertools
 import math
 import numbers
-import random
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from torch.utils.data import IterableDataset
-
 from ..checks import check_choice, check_int
 from ..errors import StateMismatchError
-from ..resume.merge import MERGED_MIX_FORMAT, MIX_FORMAT
 from ..resume.plain_loader import batches_after, require_line_per_record
-from ..seeds import rng_for
-from ..stages.state import check_epoch_change, check_state
+from ..stages.mixing import MergedMix, MixStage
+from ..stages.state import (
+    FORMAT,
+    STATE_FORMAT,
+    check_epoch_change,
+    check_state,
+    nested,
+    refuse_old,
+    sealed,
+    stage_of,
+    unnested,
+)
 from ..stages.transform import Step, apply_steps
 from ..world import World, detect_world
+from .base import StreamdsDataset
 
 if TYPE_CHECKING:
     from ..stages.buckets import Rule
@@ -64,74 +57,9 @@ if TYPE_CHECKING:
 __all__ = ["STOPS", "Mix"]
 
 STOPS = ("first", "all", "cycle")
-ROUND = 1024  # draws per generator seed: a resume replays at most this many
 
 
-class _Draws:
-    """The uniform numbers u_k of one reader, from draw index `start` on."""
-
-    def __init__(self, parts: tuple[int | str, ...], start: int) -> None:
-        self.parts = parts
-        self.next = start
-        self._round = -1
-        self._rng = random.Random()
-
-    def __next__(self) -> float:
-        round_, index = divmod(self.next, ROUND)
-        if round_ != self._round:  # a new round: reseed, and skip to `index` after a resume
-            self._rng = rng_for(*self.parts, round_)
-            for _ in range(index):
-                self._rng.random()
-            self._round = round_
-        self.next += 1
-        return self._rng.random()
-
-
-@dataclass
-class _Cursor:
-    """Where one reader of the mix stands (everything but the sources' own states)."""
-
-    epoch: int
-    world: World
-    seat: World  # whose draws it makes: its own, or another worker's (plain-loader resume)
-    draws: int
-    passes: list[int]
-    taken: list[int]
-    in_pass: list[int]  # records from the source's current pass
-    ran_out: list[bool] = field(default_factory=list)  # ran out at least once
-    dropped: list[bool] = field(default_factory=list)  # no more draws for it this epoch
-    finished: bool = False
-
-    @classmethod
-    def fresh(cls, epoch: int, world: World, sources: int) -> _Cursor:
-        zeros = [0] * sources
-        return cls(epoch, world, world, 0, list(zeros), list(zeros), list(zeros),
-                   [False] * sources, [False] * sources)
-
-    @classmethod
-    def from_state(cls, state: dict[str, Any]) -> _Cursor:
-        world = World(*state["world"])
-        rank, worker = state["seat"]
-        seat = World(rank, world.world_size, worker, world.num_workers)
-        return cls(state["epoch"], world, seat, state["draws"], list(state["passes"]),
-                   list(state["taken"]), list(state["in_pass"]), list(state["ran_out"]),
-                   list(state["dropped"]), state["finished"])
-
-    def to_dict(self, config: list[Any], sources: list[Any]) -> dict[str, Any]:
-        w = self.world
-        return {"format": MIX_FORMAT, "config": config, "epoch": self.epoch,
-                "world": [w.rank, w.world_size, w.worker, w.num_workers],
-                "seat": [self.seat.rank, self.seat.worker], "draws": self.draws,
-                "passes": list(self.passes), "taken": list(self.taken),
-                "in_pass": list(self.in_pass), "ran_out": list(self.ran_out),
-                "dropped": list(self.dropped), "finished": self.finished, "sources": sources}
-
-
-_KEYS = frozenset(("format", "config", "epoch", "world", "seat", "draws", "passes", "taken",
-                   "in_pass", "ran_out", "dropped", "finished", "sources"))
-
-
-class Mix(IterableDataset):
+class Mix(StreamdsDataset):
     """Records drawn from several datasets in chosen proportions; exact and elastic resume.
 
     Example::
@@ -146,6 +74,11 @@ class Mix(IterableDataset):
     sources must share the rank and world_size they were given (or all detect them). Use
     `.taken` (this process) or `streamds.source_counts(loader.state_dict())` (every worker)
     for the records each source gave.
+
+    `.map` and `.filter` run on the mixed records, in the reader; a map of the sources runs
+    per chunk and names the file and line of a record it fails on, so prefer that where the
+    function does not depend on the mixing (records a filter drops still count in `.taken`).
+    `.batch` batches the mixed records (Mix refuses batched sources); `.pack` packs them.
     """
 
     def __init__(
@@ -212,10 +145,10 @@ class Mix(IterableDataset):
         self.stop = stop
         self.rank, self.world_size = worlds.pop()
         self.epoch = 0
-        self._pending: dict[str, Any] | None = None  # a loaded state, for the next iterator
-        self._merged: dict[str, Any] | None = None  # a merged state (elastic resume)
-        self._batch_starts: dict[int, dict[str, Any]] = {}  # worker -> state (plain loader)
-        self._active: _Cursor | None = None
+        self._pending: MixStage | None = None  # a loaded state, for the next iterator
+        self._merged: MergedMix | None = None  # a merged state (elastic resume)
+        self._batch_starts: dict[int, MixStage] = {}  # worker -> start (plain loader)
+        self._active: MixStage | None = None
         self._iterators: list[Iterator[Any]] = []  # the sources' iterators, while iterating
         self._held: list[Any] | None = None  # sources' states of a reader that began finished
         self._steps: tuple[Step, ...] = ()  # map and filter of the mixed records (.map/.filter)
@@ -243,40 +176,23 @@ class Mix(IterableDataset):
         clone._active, clone._iterators, clone._held = None, [], None
         return clone
 
-    def map(self, fn: Callable[[Any], Any]) -> Mix:
-        """A new mix whose records are `fn(record)`; None drops the record. It runs on the
-        mixed records, in the reader (the DataLoader worker); a map of the sources runs per
-        chunk and names the file and line of a record it fails on, so prefer that where the
-        function does not depend on the mixing."""
-        if not callable(fn):
-            raise ValueError(f"map needs a callable, got {fn!r}")
-        return self._with_step(Step("map", fn))
+    def batch(
+        self, size: int | Rule, *, collate: Callable[[list[Any]], Any] | None = None,
+        drop_last: bool = False,
+    ) -> Batched:
+        """The mixed records in whole batches, as ``StreamingJsonl.batch``: `size` records
+        per batch or a ``streamds.LengthBuckets`` / ``TokenBudget`` rule; `collate` makes
+        the batch (None: a `streamds.RecordBatch`). Use it with ``DataLoader(ds.batch(n,
+        collate=...), batch_size=None)``; a state taken after any batch resumes exactly."""
+        from .batching import Batched
 
-    def filter(self, predicate: Callable[[Any], bool]) -> Mix:
-        """A new mix keeping the mixed records for which `predicate(record)` is true (its
-        records taken from each source still count in `.taken`)."""
-        if not callable(predicate):
-            raise ValueError(f"filter needs a callable, got {predicate!r}")
-        return self._with_step(Step("filter", predicate))
+        return Batched(self, size, collate=collate, drop_last=drop_last)
 
     def pack(self, packer: PackTokens) -> Packed:
         """The mixed records packed into fixed-length token sequences (`streamds.PackTokens`)."""
         from .pack import Packed
 
         return Packed(self, packer)
-
-    def batch(
-        self, size: int | Rule, *, collate: Callable[[list[Any]], Any] | None = None,
-        drop_last: bool = False,
-    ) -> Batched:
-        """The mixed records in whole batches, as ``StreamingJsonl.batch``: `size` records
-        per batch or a ``streamds.LengthBuckets`` / ``streamds.TokenBudget`` rule; `collate`
-        makes the batch (None: a `streamds.RecordBatch`). Use it with
-        ``DataLoader(mix.batch(n, collate=...), batch_size=None)``; a state taken after any
-        batch resumes exactly. Batch here rather than the sources (Mix refuses batched ones)."""
-        from .batching import Batched
-
-        return Batched(self, size, collate=collate, drop_last=drop_last)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: it seeds the draws and every source's order. Call it rather
@@ -294,38 +210,35 @@ class Mix(IterableDataset):
 
     # -- where a reader starts -----------------------------------------------------------
 
-    def _start(self, world: World) -> tuple[_Cursor, list[Any] | None]:
-        """(cursor, source states to load or None) of the reader `world` for this epoch."""
+    def _start(self, world: World) -> MixStage:
+        """The stage of reader `world` for this epoch; its `sources` are the sources' states
+        to load (None: each source starts its own epoch, or its share of a merged state)."""
         pending = self._pending
-        if pending is not None and pending["finished"] and pending["epoch"] != self.epoch:
+        if pending is not None and pending.finished and pending.epoch != self.epoch:
             pending = None  # that epoch is over and another was chosen: start it afresh
         start = self._batch_starts.get(world.worker)  # after a plain loader's batches
-        if pending is None and start is not None and start["epoch"] == self.epoch:
+        if pending is None and start is not None and start.epoch == self.epoch:
             pending = start
         if pending is not None:
-            cursor = _Cursor.from_state(pending)
-            if cursor.world != world:
+            if pending.world != world:
                 raise StateMismatchError(
                     f"the mix state was taken by reader (rank, world_size, worker, num_workers)"
-                    f"={tuple(pending['world'])} but is loaded by {_tuple(world)}; resume with "
+                    f"={_tuple(pending.world)} but is loaded by {_tuple(world)}; resume with "
                     "the same world, or merge the states of all readers with "
                     "streamds.merge_states() and pass the result as Mix(..., resume_from=)"
                 )
-            return cursor, list(pending["sources"])
-        cursor = _Cursor.fresh(self.epoch, world, len(self.datasets))
-        merged = self._merged
-        if merged is not None and merged["epoch"] == self.epoch:
-            cursor.passes = list(merged["passes"])
-            cursor.ran_out = [p > 0 for p in cursor.passes]
-            if world.reader == 0:  # the records taken before the resume count once
-                cursor.taken = list(merged["taken"])
-        return cursor, None
+            stage = copy.deepcopy(pending)
+            return stage
+        stage = MixStage.fresh(self._config(), self.epoch, world)
+        if self._merged is not None and self._merged.epoch == self.epoch:
+            stage.start_merged(self._merged)
+        return stage
 
-    def _position_sources(self, cursor: _Cursor, states: list[Any] | None) -> None:
+    def _position_sources(self, stage: MixStage) -> None:
         for index, ds in enumerate(self.datasets):
-            ds.set_epoch(cursor.epoch + cursor.passes[index])
-            if states is not None:
-                ds.load_state_dict(states[index])
+            ds.set_epoch(stage.epoch + stage.passes[index])
+            if stage.sources is not None:
+                ds.load_state_dict(unnested(stage.sources[index]))
 
     # -- iteration -----------------------------------------------------------------------
 
@@ -345,81 +258,31 @@ class Mix(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         self._check_source_epochs()
         world = detect_world(self.rank, self.world_size)
-        cursor, states = self._start(world)
+        stage = self._start(world)
         self._pending = None
-        self._active = cursor
+        self._active = stage
         # a reader resumed finished keeps its sources' states as loaded: shown fresh, a merge
         # of its next state_dict() would read them again
-        self._held = states if cursor.finished else None
-        if cursor.finished:
+        self._held = stage.sources if stage.finished else None
+        if stage.finished:
             self._iterators = []
             return iter(())
-        self._position_sources(cursor, states)
+        self._position_sources(stage)
         # -> each source's records, split over this reader's world by the source itself
         self._iterators = [iter(ds) for ds in self.datasets]
-        mixed = self._generate(cursor, self._iterators, functools.partial(self._reopen, cursor))
+        # -> the records drawn from them (`streamds.stages.mixing`)
+        mixed = iter(stage.open(self._iterators, functools.partial(self._reopen, stage)))
         # -> the mix's own map and filter; a state taken between records stays exact (a
         # dropped record was drawn, and counted, before the next one is handed out)
         return apply_steps(mixed, self._steps, "this Mix") if self._steps else mixed
 
-    def _reopen(self, cursor: _Cursor, index: int, epoch: int) -> Iterator[Any]:
+    def _reopen(self, stage: MixStage, index: int, epoch: int) -> Iterator[Any]:
         """Source `index` from the start of `epoch` (a new pass)."""
         ds = self.datasets[index]
         ds.set_epoch(epoch)
-        if cursor.seat != cursor.world:  # a rotated reader keeps reading its seat's shares
-            ds.load_state_dict(ds._state_after_records(epoch, cursor.seat, cursor.world, 0))
+        if stage.seat != stage.world:  # a rotated reader keeps reading its seat's shares
+            ds.load_state_dict(ds._state_after_records(epoch, stage.seat, stage.world, 0))
         return iter(ds)
-
-    def _generate(
-        self, cursor: _Cursor, iterators: list[Iterator[Any]],
-        reopen: Callable[[int, int], Iterator[Any]],
-    ) -> Iterator[Any]:
-        """Records drawn from `iterators` (one per source); `reopen(index, epoch)` starts a
-        source's new pass. The cursor follows every draw."""
-        parts = ("mix", self.seed, cursor.epoch, cursor.seat.rank, cursor.seat.worker)
-        draws = _Draws(parts, cursor.draws)
-        pick = self._picker(cursor.dropped)
-        while not cursor.finished:
-            index = pick(next(draws))
-            cursor.draws = draws.next
-            record = next(iterators[index], _END)
-            if record is not _END:
-                cursor.taken[index] += 1
-                cursor.in_pass[index] += 1
-                yield record
-            elif self._ran_out(index, cursor):  # a new pass in its next epoch's order
-                iterators[index] = reopen(index, cursor.epoch + cursor.passes[index])
-            else:  # it may have dropped out of the draws
-                pick = self._picker(cursor.dropped)
-
-    def _picker(self, dropped: list[bool]) -> Callable[[float], int]:
-        """uniform u -> the source it picks among those still drawn from (weight shares)."""
-        alive = [index for index, out in enumerate(dropped) if not out]
-        if not alive:
-            return lambda u: -1  # never called: the reader has finished
-        bounds = list(itertools.accumulate(self.weights[index] for index in alive))
-        top = len(alive) - 1
-
-        def pick(u: float) -> int:
-            return alive[min(bisect.bisect_right(bounds, u * bounds[-1]), top)]
-
-        return pick
-
-    def _ran_out(self, index: int, cursor: _Cursor) -> bool:
-        """Source `index` ran out: apply the stopping rule; True when it starts a new pass."""
-        empty_pass = cursor.in_pass[index] == 0
-        cursor.ran_out[index] = True
-        if self.stop == "first":
-            cursor.finished = True
-        elif self.stop == "all" or empty_pass:
-            cursor.dropped[index] = True
-        if all(cursor.dropped) or (self.stop == "cycle" and all(cursor.ran_out)):
-            cursor.finished = True
-        if self.stop == "cycle" and not cursor.finished and not cursor.dropped[index]:
-            cursor.passes[index] += 1
-            cursor.in_pass[index] = 0
-            return True
-        return False
 
     # -- resuming a plain DataLoader -----------------------------------------------------
 
@@ -459,25 +322,25 @@ class Mix(IterableDataset):
         for worker in range(readers):
             old = (worker + next_worker) % readers  # the next worker in line becomes worker 0
             seat, world = seats[old], seats[worker]
-            cursor = self._replay(seat, min(taken[old] * batch_size, records[old]))
-            cursor.world = world
-            sources = [ds._state_after_records(self.epoch + cursor.passes[index], seat, world,
-                                               cursor.in_pass[index])
-                       for index, ds in enumerate(self.datasets)]
-            clone._batch_starts[worker] = cursor.to_dict(self._config(), sources)
+            stage = self._replay(seat, min(taken[old] * batch_size, records[old]))
+            stage.world = world
+            stage.sources = [nested(ds._state_after_records(self.epoch + stage.passes[index],
+                                                            seat, world, stage.in_pass[index]))
+                             for index, ds in enumerate(self.datasets)]
+            clone._batch_starts[worker] = stage
         return clone
 
-    def _replay(self, seat: World, records: int | None) -> _Cursor:
-        """The cursor of reader `seat` after `records` records of this epoch (None: all of
+    def _replay(self, seat: World, records: int | None) -> MixStage:
+        """The stage of reader `seat` after `records` records of this epoch (None: all of
         them): the draws replayed over stand-in sources that only count."""
         def share(index: int, epoch: int) -> Iterator[int]:
             return iter(range(self.datasets[index]._share_records(epoch, seat)))
 
-        cursor = _Cursor.fresh(self.epoch, seat, len(self.datasets))
+        stage = MixStage.fresh(self._config(), self.epoch, seat)
         iterators = [share(index, self.epoch) for index in range(len(self.datasets))]
-        for _ in islice(self._generate(cursor, iterators, share), records):
+        for _ in islice(stage.open(iterators, share), records):
             pass
-        return cursor
+        return stage
 
     # -- state ---------------------------------------------------------------------------
 
@@ -485,30 +348,29 @@ class Mix(IterableDataset):
         """This reader's position: a few integers per source plus each source's own state."""
         if self._active is not None:
             sources = (copy.deepcopy(self._held) if self._held is not None
-                       else [ds.state_dict() for ds in self.datasets])
-            return self._active.to_dict(self._config(), sources)
+                       else [nested(ds.state_dict()) for ds in self.datasets])
+            return sealed(self._active.get_state(sources))
         if self._pending is not None:
-            return copy.deepcopy(self._pending)
-        cursor, _ = self._start(detect_world(self.rank, self.world_size))
-        self._position_sources(cursor, None)
-        return cursor.to_dict(self._config(), [ds.state_dict() for ds in self.datasets])
+            return sealed(self._pending.get_state(copy.deepcopy(self._pending.sources)))
+        stage = self._start(detect_world(self.rank, self.world_size))
+        self._position_sources(stage)
+        return sealed(stage.get_state([nested(ds.state_dict()) for ds in self.datasets]))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state` at the next `iter()`; refuses a state of another mix."""
-        check_state(state, MIX_FORMAT, _KEYS, "mix dataset")
-        self._check_config(state["config"])
+        check_state(state, MixStage.STAGE, MixStage.KEYS, "mix dataset")
+        stage = MixStage.load(state, self._config())
+        for source in stage.sources or ():  # loaded at the next iter(); refuse old ones now
+            refuse_old(source)
         self._active = None
-        self._pending = copy.deepcopy(state)
-        if not state["finished"]:  # a finished state leaves the epoch to set_epoch
-            self.epoch = state["epoch"]
+        self._pending = stage
+        if not stage.finished:  # a finished state leaves the epoch to set_epoch
+            self.epoch = stage.epoch
 
-    def _check_config(self, config: list[Any]) -> None:
-        if config != self._config():
-            raise StateMismatchError(
-                f"the state was taken from a mix configured as {config} but this one is "
-                f"{self._config()} (weights, seed, stop, number of datasets); build it with "
-                "the same arguments"
-            )
+    def _epoch_of_state(self, state: dict[str, Any]) -> tuple[int, bool]:
+        """(epoch, finished) of a state this mix's `state_dict()` returned."""
+        stage = MixStage.load(state, self._config())
+        return stage.epoch, stage.finished
 
     def with_resume(self, merged: dict[str, Any]) -> Mix:
         """A copy that finishes the epoch of `merged` (`streamds.merge_states` of the states
@@ -520,25 +382,19 @@ class Mix(IterableDataset):
         return clone
 
     def _resume(self, merged: dict[str, Any]) -> None:
-        if not isinstance(merged, dict) or merged.get("format") != MERGED_MIX_FORMAT:
+        if isinstance(merged, dict):
+            refuse_old(merged)
+        if stage_of(merged) != MixStage.MERGED or merged.get(FORMAT) != STATE_FORMAT:
             raise ValueError(
                 "resume_from must be the dict streamds.merge_states() returns for the states "
                 "of a Mix; to resume with the same world, use load_state_dict() instead"
             )
-        self._check_config(merged["config"])
-        self.datasets = [ds.with_resume(state) for ds, state in
-                         zip(self.datasets, merged["sources"], strict=True)]
-        self.epoch = merged["epoch"]
-        self._merged = copy.deepcopy(merged)
-        self._merged["sources"] = None  # the datasets hold them now
-
-
-class _EndMarker:
-    def __repr__(self) -> str:
-        return "<end of source>"
-
-
-_END: Any = _EndMarker()
+        found = MergedMix.from_node(merged)
+        MixStage.check_config(found.config, self._config())
+        self.datasets = [ds.with_resume(unnested(state)) for ds, state in
+                         zip(self.datasets, found.sources, strict=True)]
+        self.epoch = found.epoch
+        self._merged = dataclasses.replace(found, sources=[])  # the datasets hold them now
 
 
 def _tuple(world: World) -> tuple[int, int, int, int]:

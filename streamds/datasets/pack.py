@@ -1,9 +1,8 @@
 """Packing: tokenized records -> sequences of exactly `seq_len` tokens, no padding between.
 
 `PackTokens` says how (`seq_len`, the separator `eos_id`, where the ids are); `Packed` is the
-stage, a dataset over a `StreamingJsonl` or a `Mix` (``ds.pack(PackTokens(...))``). Each
-document's ids, then `eos_id`, are appended to the current sequence; a document that does
-not fit continues at the start of the next one. Each sequence is a dict of LongTensors:
+dataset over a `StreamingJsonl` or a `Mix` (``ds.pack(PackTokens(...))``) that runs a
+`streamds.stages.packing.PackStage` in each reader. Each sequence is a dict of LongTensors:
 
 - ``input_ids``: the tokens;
 - ``position_ids``: 0, 1, 2, ... restarting at each document (and at the start of a sequence,
@@ -15,67 +14,42 @@ Only the last sequence of an epoch can be short: padded with `pad_id` (or droppe
 ``drop_last=True``). Counts (``.counts``, `streamds.token_counts(state)`): documents, tokens
 read (with separators), tokens packed, padding added, tokens dropped.
 
-State: ``{"format": "streamds.packed/1", "config": [...], "world": [rank, world_size, worker,
-num_workers], "source": <the source's state>, "leftover": [packed ids], "counts": {...}}``;
-the leftover is the unused part of the document the last sequence ended in (at most one
-document's ids, 8 bytes each), so a resume continues mid-document exactly. After an elastic
-merge (`streamds.merge_states`), the leftovers of every old reader are dealt to the new ones.
+State: the packing stage's node (its source's state nested, the unused ids of the document the
+last sequence ended in, the counts) with the format version at the top; see
+`streamds.stages.packing`. After an elastic merge (`streamds.merge_states`), the leftovers of
+every old reader are dealt to the new ones.
 """
 
 from __future__ import annotations
 
 import copy
-from array import array
-from collections import deque
+import dataclasses
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils.data import IterableDataset
 
-from ..checks import check_bool, check_int
 from ..errors import StateMismatchError
-from ..resume.merge import MERGED_PACKED_FORMAT, PACKED_FORMAT
-from ..resume.totals import PACK_COUNTERS
-from ..stages.state import check_state
+from ..stages.packing import PACK_COUNTERS, MergedPack, PackStage, PackTokens
+from ..stages.state import (
+    FORMAT,
+    STATE_FORMAT,
+    check_state,
+    nested,
+    refuse_old,
+    sealed,
+    stage_of,
+    unnested,
+)
 from ..stages.transform import Step, apply_steps
 from ..world import World, detect_world
+from .base import StreamdsDataset
 
 if TYPE_CHECKING:
     from ..stages.buckets import Rule
     from .batching import Batched
 
 __all__ = ["PackTokens", "Packed", "document_mask"]
-
-_KEYS = frozenset(("format", "config", "world", "source", "leftover", "counts"))
-_END = object()  # the source ran out
-
-
-@dataclass(frozen=True)
-class PackTokens:
-    """How to pack: sequences of `seq_len` tokens, documents separated by `eos_id`.
-
-    `key`: the record field holding the token ids (None: the record is the list of ids).
-    `pad_id` fills the short last sequence of an epoch; `drop_last` drops it instead.
-    """
-
-    seq_len: int
-    eos_id: int
-    key: str | None = "input_ids"
-    pad_id: int = 0
-    drop_last: bool = False
-
-    def __post_init__(self) -> None:
-        check_int("seq_len", self.seq_len, 1, "the number of tokens per packed sequence")
-        check_int("eos_id", self.eos_id, 0, "the id of the document separator token")
-        check_int("pad_id", self.pad_id, 0, "the id that fills the short last sequence")
-        check_bool("drop_last", self.drop_last)
-        if self.key is not None and not isinstance(self.key, str):
-            raise ValueError(f"key must be a field name or None, got {self.key!r}")
-
-    def config(self) -> list[Any]:
-        return [self.seq_len, self.eos_id, self.key, self.pad_id, self.drop_last]
 
 
 def document_mask(document_ids: torch.Tensor) -> torch.Tensor:
@@ -88,40 +62,15 @@ def document_mask(document_ids: torch.Tensor) -> torch.Tensor:
     return same & causal & real
 
 
-def _unpack_ids(raw: bytes) -> array[int]:
-    ids = array("q")
-    ids.frombytes(raw)
-    return ids
-
-
-def _tensor(values: array[int]) -> torch.Tensor:
-    """An int64 tensor over the array's memory (no copy; the tensor keeps the array alive)."""
-    return torch.frombuffer(values, dtype=torch.long)
-
-
-@dataclass
-class _Cursor:
-    """One reader's packing position: the documents' ids not yet emitted, and counts."""
-
-    world: World
-    pieces: deque[array[int]] = field(default_factory=deque)  # ids with separators
-    offset: int = 0  # ids of pieces[0] already emitted
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PACK_COUNTERS, 0))
-
-    def leftover(self) -> list[bytes]:
-        if not self.pieces:
-            return []
-        first, *rest = self.pieces
-        return [first[self.offset:].tobytes(), *(piece.tobytes() for piece in rest)]
-
-
-class Packed(IterableDataset):
-    """Stage: records of a `StreamingJsonl` or `Mix` -> packed sequences (see module doc).
+class Packed(StreamdsDataset):
+    """Records of a `StreamingJsonl` or `Mix` -> packed sequences (see the module doc).
 
     Resume exactly with `state_dict()`/`load_state_dict()` (torchdata's StatefulDataLoader),
-    elastically with ``packed.with_resume(streamds.merge_states(states))``. The source's
-    state tells its "epoch" and whether it is "finished", as those of `StreamingJsonl` and
-    `Mix` do: a finished state of another epoch than the source's starts that epoch afresh.
+    elastically with ``packed.with_resume(streamds.merge_states(states))``. A loaded state
+    whose source had finished another epoch than the source's now starts that epoch afresh.
+    `.map` / `.filter` apply to whole sequences (e.g. to add an attention mask; tokens of a
+    dropped sequence still count as packed); `.batch(n, collate=...)` batches them, e.g.
+    with ``torch.utils.data.default_collate`` for stacked tensors; `.pack` is refused.
     """
 
     def __init__(self, source: Any, packer: PackTokens) -> None:
@@ -133,9 +82,10 @@ class Packed(IterableDataset):
             )
         self.source = source
         self.packer = packer
-        self._pending: dict[str, Any] | None = None  # a loaded state, for the next iterator
-        self._merged: dict[str, Any] | None = None  # leftovers of an elastic resume
-        self._active: _Cursor | None = None
+        self._pending: PackStage | None = None  # a loaded state, for the next iterator
+        self._pending_source: Any = None  # the source's node in it
+        self._merged: MergedPack | None = None  # leftovers of an elastic resume
+        self._active: PackStage | None = None
         self._steps: tuple[Step, ...] = ()  # map and filter of the sequences (.map/.filter)
 
     def __repr__(self) -> str:
@@ -173,52 +123,54 @@ class Packed(IterableDataset):
         self, size: int | Rule, *, collate: Callable[[list[Any]], Any] | None = None,
         drop_last: bool = False,
     ) -> Batched:
-        """The packed sequences in whole batches, as ``StreamingJsonl.batch``: `size`
-        sequences per batch (or a ``streamds.LengthBuckets`` / ``TokenBudget`` rule, though
-        packed sequences all have one length); `collate` makes the batch, e.g.
-        ``torch.utils.data.default_collate`` for stacked tensors (None: a
-        `streamds.RecordBatch`). Use it with ``DataLoader(packed.batch(n, ...),
-        batch_size=None)``; a state taken after any batch resumes exactly."""
+        """The packed sequences in whole batches, as ``StreamingJsonl.batch``: `size` sequences
+        per batch or a ``streamds.LengthBuckets`` / ``TokenBudget`` rule; `collate` makes
+        the batch (None: a `streamds.RecordBatch`). Use it with ``DataLoader(ds.batch(n,
+        collate=...), batch_size=None)``; a state taken after any batch resumes exactly."""
         from .batching import Batched
 
         return Batched(self, size, collate=collate, drop_last=drop_last)
 
+    def pack(self, packer: PackTokens) -> Packed:
+        """Refused: packed data is packed already (its sequences join several documents by
+        `eos_id`, so packing them again would cut documents at no separator)."""
+        raise ValueError(
+            f"pack({packer!r}): this dataset is packed already (sequences of "
+            f"{self.packer.seq_len} tokens, documents joined by eos_id={self.packer.eos_id}); "
+            "packing its sequences again would join documents without a separator. Pack the "
+            "source once with the settings you want: source.pack(PackTokens(seq_len=...))"
+        )
+
     # -- iteration -----------------------------------------------------------------------
 
-    def _start(self, world: World) -> _Cursor:
+    def _start(self, world: World) -> PackStage:
         """Where reader `world` starts: a loaded state, else its deal of a merged state's
         leftovers, else nothing. Reads them without using them up (`state_dict` asks too)."""
         pending = self._pending
-        cursor = _Cursor(world)
-        if pending is not None and pending["source"]["finished"] and (
-                pending["source"]["epoch"] != self.source.epoch):
-            pending = None  # that epoch is over and another was chosen: start it afresh
         if pending is not None:
-            if World(*pending["world"]) != world:
+            epoch, finished = _epoch_of(self.source, unnested(self._pending_source))
+            if finished and epoch != self.source.epoch:
+                pending = None  # that epoch is over and another was chosen: start it afresh
+        if pending is not None:
+            if pending.world != world:
                 raise StateMismatchError(
                     f"the packed state was taken by reader (rank, world_size, worker, "
-                    f"num_workers)={tuple(pending['world'])} but is loaded by "
-                    f"{(world.rank, world.world_size, world.worker, world.num_workers)}; "
+                    f"num_workers)={_tuple(pending.world)} but is loaded by {_tuple(world)}; "
                     "resume with the same world, or merge the states of all readers with "
                     "streamds.merge_states() and resume with packed.with_resume(merged)"
                 )
-            cursor.pieces.extend(_unpack_ids(raw) for raw in pending["leftover"])
-            cursor.counts = dict(pending["counts"])
-            return cursor  # taken after an elastic resume, it already holds what was dealt
-        merged = self._merged
-        if merged is not None and merged["epoch"] == self.source.epoch:
-            # this reader's deal of the old readers' leftovers
-            leftovers = merged["leftovers"][world.reader::world.readers]
-            cursor.pieces.extend(_unpack_ids(raw) for raw in leftovers)
-            if world.reader == 0:
-                cursor.counts = dict(merged["counts"])
-        return cursor
+            return copy.deepcopy(pending)  # after an elastic resume it holds what was dealt
+        stage = PackStage(self.packer, world)
+        if self._merged is not None and self._merged.epoch == self.source.epoch:
+            stage.start_merged(self._merged)  # this reader's deal of the old leftovers
+        return stage
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        cursor = self._start(detect_world(self.rank, self.world_size))
-        self._pending = None  # a loaded state starts one iterator
-        self._active = cursor
-        sequences = self._generate(iter(self.source), cursor)
+        stage = self._start(detect_world(self.rank, self.world_size))
+        self._pending = self._pending_source = None  # a loaded state starts one iterator
+        self._active = stage
+        # -> sequences packed from the source's records (`streamds.stages.packing`)
+        sequences = iter(stage.open(iter(self.source)))
         # -> its own map and filter, on whole sequences (a state between them stays exact)
         return apply_steps(sequences, self._steps, "this packed dataset") if self._steps else (
             sequences)
@@ -229,119 +181,28 @@ class Packed(IterableDataset):
         clone._active = None
         return clone
 
-    def map(self, fn: Callable[[Any], Any]) -> Packed:
-        """A new packed dataset whose sequences are `fn(sequence)` (None drops one), e.g. to
-        add an attention mask; tokens of a dropped sequence still count as packed."""
-        if not callable(fn):
-            raise ValueError(f"map needs a callable, got {fn!r}")
-        return self._with_step(Step("map", fn))
-
-    def filter(self, predicate: Callable[[Any], bool]) -> Packed:
-        """A new packed dataset keeping the sequences for which `predicate(sequence)` is
-        true."""
-        if not callable(predicate):
-            raise ValueError(f"filter needs a callable, got {predicate!r}")
-        return self._with_step(Step("filter", predicate))
-
-    def _ids(self, record: Any, number: int) -> array[int]:
-        """The token ids of `record` (document `number` of this reader), then `eos_id`."""
-        key = self.packer.key
-        try:
-            ids = array("q", record if key is None else record[key])
-        except (KeyError, TypeError, IndexError, OverflowError) as err:
-            where = "the record" if key is None else f"record[{key!r}]"
-            raise ValueError(
-                f"PackTokens(key={key!r}): {where} is not a list of token ids ({err!r}); map "
-                "records to {key: ids} first, or pass key=None for records that are id lists"
-            ) from None
-        values = record if key is None else record[key]
-        index = None
-        if isinstance(values, (list, tuple)) and bool in set(map(type, values)):
-            index = next(i for i, v in enumerate(values) if isinstance(v, bool))
-        elif ids and min(ids) < 0:
-            index = next(i for i, v in enumerate(ids) if v < 0)
-        if index is not None:  # array("q") takes both, and an embedding table neither
-            shown = values[index] if isinstance(values, (list, tuple)) else ids[index]
-            where = "the record" if key is None else f"record[{key!r}]"
-            raise ValueError(
-                f"PackTokens(key={key!r}): {where} of document {number} (counted from 1 in "
-                f"this reader's epoch) holds {shown!r} at index {index}: token ids are "
-                "integers >= 0 (a bool is no token id); check the tokenizer's output or the "
-                "map that made the ids"
-            )
-        ids.append(self.packer.eos_id)
-        return ids
-
-    def _generate(self, records: Iterator[Any], cursor: _Cursor) -> Iterator[dict[str, Any]]:
-        length, counts = self.packer.seq_len, cursor.counts
-        pieces = cursor.pieces
-        count_up = array("q", range(length))  # position ids are slices of it
-        while True:
-            ids, positions, documents = array("q"), array("q"), array("q")
-            # -> up to `length` ids: the rest of the current document, then whole documents
-            while len(ids) < length:
-                if not pieces:
-                    record = next(records, _END)
-                    if record is _END:
-                        break
-                    pieces.append(self._ids(record, counts["documents"] + 1))
-                    counts["documents"] += 1
-                    counts["tokens"] += len(pieces[0])
-                piece, start = pieces[0], cursor.offset
-                take = min(length - len(ids), len(piece) - start)
-                documents.extend(array("q", [documents[-1] + 1 if documents else 0]) * take)
-                ids.extend(piece[start : start + take])
-                positions.extend(count_up[:take])
-                if start + take == len(piece):
-                    pieces.popleft()
-                    cursor.offset = 0
-                else:
-                    cursor.offset = start + take
-            real = len(ids)
-            if real == 0:
-                return
-            if real < length:  # the source ran out: the short last sequence
-                if self.packer.drop_last:
-                    counts["dropped"] += real
-                    return
-                short = length - real
-                counts["padded"] += short
-                ids.extend(array("q", [self.packer.pad_id]) * short)
-                positions.extend(array("q", [0]) * short)
-                documents.extend(array("q", [-1]) * short)
-            counts["packed"] += real
-            counts["sequences"] += 1
-            yield {"input_ids": _tensor(ids), "position_ids": _tensor(positions),
-                   "document_ids": _tensor(documents)}
-
     # -- state ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """The source's state plus the unused ids of the current document (O(document))."""
         if self._pending is not None:
-            return copy.deepcopy(self._pending)
-        cursor = self._active or self._start(detect_world(self.rank, self.world_size))
-        w = cursor.world
-        return {"format": PACKED_FORMAT, "config": self.packer.config(),
-                "world": [w.rank, w.world_size, w.worker, w.num_workers],
-                "source": self.source.state_dict(), "leftover": cursor.leftover(),
-                "counts": dict(cursor.counts)}
+            return sealed(self._pending.get_state(copy.deepcopy(self._pending_source)))
+        stage = self._active or self._start(detect_world(self.rank, self.world_size))
+        return sealed(stage.get_state(nested(self.source.state_dict())))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state` at the next `iter()`; refuses a state of another packing."""
-        check_state(state, PACKED_FORMAT, _KEYS, "packed dataset")
-        self._check_config(state["config"])
-        self.source.load_state_dict(state["source"])
+        check_state(state, PackStage.STAGE, PackStage.KEYS, "packed dataset")
+        stage = PackStage(self.packer, PackStage.world_of(state))
+        stage.reset(state)
+        source = PackStage.source_of(state)
+        self.source.load_state_dict(unnested(source))
         self._active = None
-        self._pending = copy.deepcopy(state)
+        self._pending, self._pending_source = stage, copy.deepcopy(source)
 
-    def _check_config(self, config: list[Any]) -> None:
-        if config != self.packer.config():
-            raise StateMismatchError(
-                f"the state was taken with PackTokens settings {config} but this dataset "
-                f"packs with {self.packer.config()} (seq_len, eos_id, key, pad_id, "
-                "drop_last); pack the same way"
-            )
+    def _epoch_of_state(self, state: dict[str, Any]) -> tuple[int, bool]:
+        """(epoch, finished) of a state of this dataset: its source's."""
+        return _epoch_of(self.source, unnested(PackStage.source_of(state)))
 
     def resume_after_batches(self, consumed: int, **loader: Any) -> Packed:
         """Refused: how many documents a plain DataLoader's batches used cannot be told
@@ -355,17 +216,30 @@ class Packed(IterableDataset):
     def with_resume(self, merged: dict[str, Any]) -> Packed:
         """A copy that finishes the epoch of `merged` (`streamds.merge_states` of the packed
         states of every reader) under this dataset's world: every token once."""
-        if not isinstance(merged, dict) or merged.get("format") != MERGED_PACKED_FORMAT:
+        if isinstance(merged, dict):
+            refuse_old(merged)
+        if stage_of(merged) != PackStage.MERGED or merged.get(FORMAT) != STATE_FORMAT:
             raise ValueError(
                 "with_resume needs the dict streamds.merge_states() returns for the states of "
                 "a packed dataset; to resume with the same world, use load_state_dict()"
             )
-        self._check_config(merged["config"])
+        found = MergedPack.from_node(merged, self.packer)
         clone = copy.copy(self)
-        clone.source = self.source.with_resume(merged["source"])
-        clone._merged = {"epoch": merged["source"]["epoch"],
-                         "leftovers": list(merged["leftovers"]),
-                         "counts": dict(merged["counts"])}
-        clone._pending = None
+        clone.source = self.source.with_resume(unnested(PackStage.source_of(merged)))
+        clone._merged = dataclasses.replace(found, epoch=clone.source.epoch)
+        clone._pending = clone._pending_source = None
         clone._active = None
         return clone
+
+
+def _epoch_of(source: Any, state: Any) -> tuple[int, bool]:
+    """(epoch, finished) of a state of `source`: streamds datasets tell it from their own
+    states; any other source's state holds them as "epoch" and "finished" (its protocol)."""
+    own = getattr(source, "_epoch_of_state", None)
+    if own is not None:
+        return own(state)
+    return state["epoch"], state["finished"]
+
+
+def _tuple(world: World) -> tuple[int, int, int, int]:
+    return (world.rank, world.world_size, world.worker, world.num_workers)

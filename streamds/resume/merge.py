@@ -22,11 +22,25 @@ from ..stages.batch import Batch
 from ..stages.buckets import PoolBatch, is_pool_state, pool_rng
 from ..stages.chunks import Chunk, ChunkCursor, Position, WorkItem
 from ..stages.lines import Lines
+from ..stages.mixing import MixStage
+from ..stages.packing import PackStage
 from ..stages.parse import DROPPED, LineNumbers, Marker, Parse
 from ..stages.pipeline import Spec, steps_after_buffer
+from ..stages.pools import PoolStage
+from ..stages.rebatch import Rebatch
 from ..stages.records import fetch_records
 from ..stages.shuffle import Shuffle
-from ..stages.state import BATCHER_FORMAT, OLD_FORMATS, REBATCH_FORMAT, STATE_FORMAT, ReaderState
+from ..stages.state import (
+    FORMAT,
+    READER,
+    STAGE,
+    STATE_FORMAT,
+    ReaderState,
+    check_worlds,
+    find_nodes,
+    nested,
+    sealed,
+)
 from ..stages.transform import AfterBuffer, Composed, Step, Transform
 from ..storage.plan import Plan
 from ..world import World
@@ -34,23 +48,28 @@ from .identity import differences
 from .replay import NEW, replay
 
 __all__ = [
-    "MERGED_FORMAT",
-    "MERGED_MIX_FORMAT",
-    "MERGED_PACKED_FORMAT",
+    "BATCHES",
+    "MERGED_MIX",
+    "MERGED_PACKED",
     "MERGED_READER",
-    "MIX_FORMAT",
-    "PACKED_FORMAT",
+    "MERGED_STATE",
+    "MIX",
+    "PACKED",
+    "REBATCH",
     "START_KEYS",
     "merge_states",
     "resolve_tails",
     "share_of",
 ]
 
-MERGED_FORMAT = "streamds.merged/2"
-MIX_FORMAT = "streamds.mix/1"  # one reader of a `streamds.Mix`
-MERGED_MIX_FORMAT = "streamds.merged-mix/1"
-PACKED_FORMAT = "streamds.packed/1"  # one reader of a `streamds.datasets.pack.Packed`
-MERGED_PACKED_FORMAT = "streamds.merged-packed/1"
+# the stages of the state tree ("stage" key; the format version is `STATE_FORMAT` for all)
+MERGED_STATE = "merged"  # the merged state of every reader of one epoch
+MIX = MixStage.STAGE  # one reader of a `streamds.Mix`
+MERGED_MIX = MixStage.MERGED
+PACKED = PackStage.STAGE  # one reader of a `streamds.datasets.pack.Packed`
+MERGED_PACKED = PackStage.MERGED
+BATCHES = PoolStage.STAGE  # a pool batcher of `streamds.datasets.batching`
+REBATCH = Rebatch.STAGE  # `streamds.Rebatch`
 COUNTERS = ("bad", "blank", "dropped", "corrupt_blocks")
 # what `state_dict()` returns before the first `iter()` of a dataset that finishes a merged
 # state is that state plus these keys: the reader (rank, world_size, worker, num_workers) and
@@ -62,48 +81,21 @@ LOADER_STEPS_SINCE_SNAPSHOT = "_steps_since_snapshot"
 
 
 def _reader_states(found: Any) -> Iterator[dict[str, Any]]:
-    """Every reader state nested anywhere in `found` (StatefulDataLoader states included)."""
-    if isinstance(found, dict):
-        if found.get("format") in (STATE_FORMAT, *OLD_FORMATS):  # old ones: refused by name
-            yield found
-            return  # anything else (a batcher's state, a loader's) may hold reader states
-        for value in found.values():
-            yield from _reader_states(value)
-    elif isinstance(found, (list, tuple)):
-        for value in found:
-            yield from _reader_states(value)
+    """Every reader state nested anywhere in `found` (StatefulDataLoader states included;
+    anything else, a batcher's state or a loader's, may hold reader states)."""
+    return find_nodes(found, (READER,))
 
 
-def _states_of(found: Any, kind: str) -> Iterator[dict[str, Any]]:
-    """Every state of format `kind` nested anywhere in `found` (not looking inside them)."""
-    if isinstance(found, dict):
-        if found.get("format") == kind:
-            yield found
-            return
-        for value in found.values():
-            yield from _states_of(value, kind)
-    elif isinstance(found, (list, tuple)):
-        for value in found:
-            yield from _states_of(value, kind)
+def _states_of(found: Any, stage: str) -> Iterator[dict[str, Any]]:
+    """Every node of stage `stage` nested anywhere in `found` (not looking inside them)."""
+    return find_nodes(found, (stage,))
 
 
 def _check_complete(states: list[ReaderState]) -> None:
     _check_worlds([state.world for state in states])
 
 
-def _check_worlds(worlds: list[World]) -> None:
-    world_size, num_workers = worlds[0].world_size, worlds[0].num_workers
-    expected = {World(r, world_size, w, num_workers) for r in range(world_size)
-                for w in range(num_workers)}
-    missing = sorted((m.rank, m.worker) for m in expected - set(worlds))
-    extra = sorted((e.rank, e.worker) for e in set(worlds) - expected)
-    if missing or extra or len(worlds) != len(set(worlds)):
-        raise ValueError(
-            f"merge_states needs exactly one state per reader of the world "
-            f"(world_size={world_size}, num_workers={num_workers}); missing (rank, worker): "
-            f"{missing}, unexpected or repeated: {extra or 'duplicates'}; pass the loader "
-            "states of every rank"
-        )
+_check_worlds = check_worlds  # the rule lives with the state tree (`stages.state`)
 
 
 def _stage_counts(stage_state: dict[str, Any]) -> Counter[str]:
@@ -286,14 +278,19 @@ def merge_states(states: Any) -> dict[str, Any]:
     _check_batchers(states)
     _check_rebatches(states)
     _check_loader_snapshots(states)
-    packed = list(_states_of(states, PACKED_FORMAT))
-    if packed:
-        return _merge_packed(packed)
-    mixes = list(_states_of(states, MIX_FORMAT))
-    if mixes:
-        return _merge_mixes(mixes)
-    readers = [ReaderState.from_dict(found) for found in _reader_states(states)]
-    unstarted = list(_states_of(states, MERGED_FORMAT))
+    # stages that merge their own nodes (each merges what it nests through `_merge_sources`);
+    # the top-most nodes found name the one stage the states are of
+    found = list(find_nodes(states, tuple(_OWN_MERGE)))
+    if found:
+        stages = sorted({node[STAGE] for node in found})
+        if len(stages) > 1:
+            raise ValueError(
+                f"merge_states takes the states of one dataset, and found states of {stages}; "
+                "merge the states of each dataset on its own"
+            )
+        return sealed(_OWN_MERGE[stages[0]](found, _merge_sources))
+    readers = [ReaderState.from_dict(sealed(found)) for found in _reader_states(states)]
+    unstarted = list(_states_of(states, MERGED_STATE))
     if unstarted:
         before, worlds = _unstarted(unstarted)
         _check_worlds([state.world for state in readers] + worlds)  # every reader's state
@@ -327,7 +324,7 @@ def merge_states(states: Any) -> dict[str, Any]:
     tails: list[dict[str, Any]] = []
     counts: Counter[str] = Counter({name: 0 for name in COUNTERS})
     if unstarted:  # their shares of the earlier merged state, dealt when it is resolved
-        tails.append({"merged": before, "readers": [
+        tails.append({"merged": nested(before), "readers": [
             [world.rank, world.world_size, world.worker, world.num_workers] for world in worlds]})
         if any(world.reader == 0 for world in worlds):  # reader 0 carries the counts
             counts.update(before["counts"])
@@ -341,7 +338,8 @@ def merge_states(states: Any) -> dict[str, Any]:
         if state.pipeline is not None:
             counts.update(_stage_counts(state.pipeline))
     return {
-        "format": MERGED_FORMAT,
+        FORMAT: STATE_FORMAT,
+        STAGE: MERGED_STATE,
         "fingerprint": first.fingerprint,
         "epoch": first.epoch,
         "remaining": [list(item) for item in remaining],
@@ -378,35 +376,15 @@ def _where(state: ReaderState) -> str:
 
 
 def _check_batchers(states: Any) -> None:
-    """Refuse the state of a `BucketBatches`/`TokenBudgetBatches` wrapper that has handed
-    out some batches of its current pool: it keeps only its source's state where that pool
-    began, so merging it would read the batches already handed out a second time."""
-    for batcher in _states_of(states, BATCHER_FORMAT):
-        if batcher["emitted"]:
-            raise ValueError(
-                f"merge_states cannot carry over a pool under way in a batcher wrapper "
-                f"({batcher['config'][0]!r} batches, pool {batcher['pool']}: "
-                f"{batcher['emitted']} of its batches already handed out, and its state "
-                "keeps only where the pool began, so they would be read again); resume in "
-                "the same world with load_state_dict(), or, for a StreamingJsonl, batch "
-                "inside the reader with ds.batch(LengthBuckets(...)) (merge_states carries "
-                "its pools over, with shuffle=True)"
-            )
+    """Refuse what a pool batcher's own rule says cannot be merged (`PoolStage.check_merge`)."""
+    for batcher in _states_of(states, BATCHES):
+        PoolStage.check_merge(batcher)
 
 
 def _check_rebatches(states: Any) -> None:
-    """Refuse a `Rebatch` state inside a big batch: it keeps the loader's state before that
-    batch and how many of its records were yielded, but which reader made the batch (so which
-    records those are) only that loader knows; merging would read them a second time."""
-    for rebatch in _states_of(states, REBATCH_FORMAT):
-        if rebatch["skip"]:
-            raise ValueError(
-                f"merge_states cannot carry over a Rebatch state inside a big batch "
-                f"({rebatch['skip']} of its records already yielded, and only the loader it "
-                "came from knows which); resume in the same world with load_state_dict(), or "
-                "save the states for an elastic resume at a step where every rank's state has "
-                "skip == 0 (a training batch that ends a big batch)"
-            )
+    """Refuse what `Rebatch`'s own rule says cannot be merged (`Rebatch.check_merge`)."""
+    for rebatch in _states_of(states, REBATCH):
+        Rebatch.check_merge(rebatch)
 
 
 def _check_loader_snapshots(found: Any) -> None:
@@ -432,60 +410,18 @@ def _check_loader_snapshots(found: Any) -> None:
         _check_loader_snapshots(value)
 
 
-def _merge_mixes(mixes: list[dict[str, Any]]) -> dict[str, Any]:
-    """The states of every reader of a `Mix` -> one merged state per source, plus the few
-    integers the mix keeps (records taken per source, the pass of a cycling source)."""
-    first = mixes[0]
-    for mix in mixes:
-        if mix["config"] != first["config"] or mix["epoch"] != first["epoch"]:
-            raise StateMismatchError(
-                "the mix states come from different mixes or epochs; merge the states taken "
-                "at one checkpoint of one run"
-            )
-    _check_worlds([World(*mix["world"]) for mix in mixes])
-    sources = len(first["sources"])
-    passes = []
-    for index in range(sources):
-        seen = {mix["passes"][index] for mix in mixes}
-        if len(seen) > 1:
-            raise ValueError(
-                f"the readers of this cycling mix stand in different passes {sorted(seen)} of "
-                f"source {index}, so what remains of it is not one epoch's records; merge at "
-                "a checkpoint where every reader is in the same pass (or use stop='all')"
-            )
-        passes.append(seen.pop())
-    return {
-        "format": MERGED_MIX_FORMAT,
-        "config": first["config"],
-        "epoch": first["epoch"],
-        "passes": passes,
-        "taken": [sum(mix["taken"][index] for mix in mixes) for index in range(sources)],
-        "sources": [merge_states([mix["sources"][index] for mix in mixes])
-                    for index in range(sources)],
-    }
+# stage -> its merge of the nodes of every reader (the reader's own merge is below)
+_OWN_MERGE: dict[str, Callable[[list[dict[str, Any]], Callable[[list[Any]], Any]],
+                               dict[str, Any]]] = {
+    PackStage.STAGE: PackStage.merge,
+    MixStage.STAGE: MixStage.merge,
+}
 
 
-def _merge_packed(packed: list[dict[str, Any]]) -> dict[str, Any]:
-    """The states of every reader of a packed dataset -> the merged state of its source plus
-    every reader's leftover tokens (the unused part of a document)."""
-    first = packed[0]
-    if any(state["config"] != first["config"] for state in packed):
-        raise StateMismatchError(
-            "the packed states come from different PackTokens settings; merge the states "
-            "taken at one checkpoint of one run"
-        )
-    source = merge_states([state["source"] for state in packed])
-    counts: Counter[str] = Counter()
-    for state in packed:
-        counts.update(state["counts"])
-    ordered = sorted(packed, key=lambda state: state["world"])
-    return {
-        "format": MERGED_PACKED_FORMAT,
-        "config": first["config"],
-        "source": source,
-        "leftovers": [chunk for state in ordered for chunk in state["leftover"]],
-        "counts": dict(counts),
-    }
+def _merge_sources(nodes: list[Any]) -> Any:
+    """The nodes of one source of every reader (of a mix, of a packed dataset) merged: the
+    merged node of that source, nested as its owner keeps it."""
+    return nested(merge_states([sealed(node) for node in nodes]))
 
 
 def _before_buffer(spec: Spec, even: bool) -> tuple[Step, ...]:

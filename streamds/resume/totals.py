@@ -11,21 +11,22 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from ..stages.state import STATE_FORMAT
+from ..stages.mixing import MixStage
+from ..stages.packing import PACK_COUNTERS, PackStage
+from ..stages.state import READER, refuse_old, stage_of
 from .merge import (
     COUNTERS,
-    MERGED_FORMAT,
-    MERGED_MIX_FORMAT,
-    MERGED_PACKED_FORMAT,
-    MIX_FORMAT,
-    PACKED_FORMAT,
+    MERGED_MIX,
+    MERGED_PACKED,
+    MERGED_STATE,
+    MIX,
+    PACKED,
     _stage_counts,
     _states_of,
 )
 
 __all__ = ["counts_of", "source_counts", "token_counts"]
 
-PACK_COUNTERS = ("documents", "tokens", "packed", "padded", "dropped", "sequences")
 
 
 def counts_of(state: Any) -> dict[str, int]:
@@ -55,13 +56,14 @@ def counts_of(state: Any) -> dict[str, int]:
 
 def _add(found: Any, totals: Counter[str]) -> None:
     if isinstance(found, dict):
-        kind = found.get("format")
-        if kind == STATE_FORMAT:
+        refuse_old(found)
+        kind = stage_of(found)
+        if kind == READER:
             totals.update(found["carried"])
             if found["pipeline"] is not None:
                 totals.update(_stage_counts(found["pipeline"]))
             return
-        if kind == MERGED_FORMAT:
+        if kind == MERGED_STATE:
             totals.update(found["counts"])
             return
         for value in found.values():
@@ -80,12 +82,13 @@ def source_counts(state: Any) -> list[int]:
         print(streamds.source_counts(loader.state_dict()))  # [7012, 2988]
     """
     totals: list[int] = []
-    for found in (*_states_of(state, MIX_FORMAT), *_states_of(state, MERGED_MIX_FORMAT)):
+    for found in (*_states_of(state, MIX), *_states_of(state, MERGED_MIX)):
+        taken = MixStage.taken_of(found)
         if not totals:
-            totals = [0] * len(found["taken"])
-        if len(found["taken"]) != len(totals):
+            totals = [0] * len(taken)
+        if len(taken) != len(totals):
             raise ValueError("source_counts: the states come from mixes of different sizes")
-        totals = [a + b for a, b in zip(totals, found["taken"], strict=True)]
+        totals = [a + b for a, b in zip(totals, taken, strict=True)]
     if not totals:
         raise ValueError("source_counts found no streamds.Mix state in its argument")
     return totals
@@ -96,9 +99,9 @@ def token_counts(state: Any) -> dict[str, int]:
     separators), packed (tokens in sequences), padded, dropped, sequences. Tokens read but in
     no sequence yet are the leftover of a document cut at a sequence's end."""
     totals: Counter[str] = Counter(dict.fromkeys(PACK_COUNTERS, 0))
-    found = [*_states_of(state, PACKED_FORMAT), *_states_of(state, MERGED_PACKED_FORMAT)]
+    found = [*_states_of(state, PACKED), *_states_of(state, MERGED_PACKED)]
     if not found:
         raise ValueError("token_counts found no packed state (ds.pack(...)) in its argument")
     for packed in found:
-        totals.update(packed["counts"])
+        totals.update(PackStage.counts_of(packed))
     return dict(totals)

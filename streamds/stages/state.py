@@ -7,7 +7,7 @@ a running pipeline.
 
 Dict form (``state_dict()``)::
 
-    {"format": "streamds.reader/3",
+    {"format": "streamds/3", "stage": "reader",
      "fingerprint": {...},                     # the corpus and settings (`resume.identity`)
      "epoch": int,
      "world": [rank, world_size, worker, num_workers],
@@ -24,42 +24,69 @@ The pipeline state nests like the pipeline: [after-buffer map and filter <-] shu
 records) <- even ranks <- transform <- parse <- lines (a shuffling reader without even_ranks
 runs its steps after the buffer: `streamds.stages.pipeline`). Loading is strict: a missing or
 unknown key, or another format, fails.
+
+One format version covers the whole state tree (`STATE_FORMAT`): readers, merged states,
+mixes, packed data, batchers and `Rebatch`. It is carried once, at the top of a state a user
+saves (`sealed`); every node of the tree says which stage it is (its "stage" key), and a node
+nested in another's state (a mix's sources, a packed dataset's source) carries no format of
+its own (`nested` strips it, `unnested` puts it back to load the node on its own). States of
+the formats of earlier streamds versions are refused by name (`refuse_old`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import StateMismatchError
 from ..world import World
 from .chunks import Position, WorkItem
 
 __all__ = [
-    "BATCHER_FORMAT",
+    "FORMAT",
     "OLD_FORMATS",
-    "REBATCH_FORMAT",
+    "READER",
+    "STAGE",
     "STATE_FORMAT",
+    "Positioned",
     "ReaderState",
     "check_epoch_change",
+    "check_node",
     "check_state",
+    "check_worlds",
+    "find_nodes",
+    "nested",
+    "refuse_old",
+    "sealed",
+    "stage_of",
+    "unnested",
 ]
 
-STATE_FORMAT = "streamds.reader/3"
-# the batchers of `streamds.train` keep their states in these formats; they live here, below
-# resume/, so that the merge can tell them apart without importing the training layer
-BATCHER_FORMAT = "streamds.batches/2"  # `streamds.datasets.batching`
-REBATCH_FORMAT = "streamds.rebatch/1"  # `streamds.train.rebatch.Rebatch`
-# formats of earlier versions, refused with the reason
+# the one format version of every state streamds writes, carried at the top of the tree
+STATE_FORMAT = "streamds/3"
+FORMAT = "format"  # the key that carries it
+STAGE = "stage"  # the key by which every node of the tree names its stage
+READER = "reader"  # the stage of a reader's state (`ReaderState`)
+_EARLIER = "written by an earlier streamds version"
+# formats of earlier versions (one per family then), refused with the reason
 _OLD_REASONS = {
     "streamds.state/1": "written by streamds 0.1",
-    "streamds.reader/2": "written by an earlier streamds version, whose states named the "
-                         "files by absolute path (this one names them relative to the source "
-                         "root, so that states survive moving the files)",
+    "streamds.reader/2": f"{_EARLIER}, whose states named the files by absolute path (this one "
+                         "names them relative to the source root, so that states survive "
+                         "moving the files)",
+    "streamds.reader/3": _EARLIER,
+    "streamds.merged/2": _EARLIER,
+    "streamds.mix/1": _EARLIER,
+    "streamds.merged-mix/1": _EARLIER,
+    "streamds.packed/1": _EARLIER,
+    "streamds.merged-packed/1": _EARLIER,
+    "streamds.batches/2": _EARLIER,
+    "streamds.rebatch/1": _EARLIER,
 }
 OLD_FORMATS = tuple(_OLD_REASONS)
-_KEYS = ("format", "fingerprint", "epoch", "world", "plan", "seat", "work", "prefill", "carried",
-         "quota", "finished", "pipeline")
+_KEYS = ("format", "stage", "fingerprint", "epoch", "world", "plan", "seat", "work", "prefill",
+         "carried", "quota", "finished", "pipeline")
 
 
 @dataclass
@@ -92,7 +119,8 @@ class ReaderState:
     def to_dict(self) -> dict[str, Any]:
         w = self.world
         return {
-            "format": STATE_FORMAT, "fingerprint": self.fingerprint, "epoch": self.epoch,
+            FORMAT: STATE_FORMAT, STAGE: READER, "fingerprint": self.fingerprint,
+            "epoch": self.epoch,
             "world": [w.rank, w.world_size, w.worker, w.num_workers], "plan": list(self.plan),
             "seat": [self.share.rank, self.share.worker],
             "work": None if self.work is None else [list(item) for item in self.work],
@@ -103,22 +131,16 @@ class ReaderState:
     @classmethod
     def from_dict(cls, state: Any) -> ReaderState:
         """Strict: the dict `to_dict` made, of this format, with exactly its keys."""
-        if not isinstance(state, dict) or "format" not in state:
+        if not isinstance(state, dict) or FORMAT not in state:
             raise StateMismatchError(
                 f"not a streamds state (format {STATE_FORMAT!r} expected); pass the dict that "
                 "state_dict() returned"
             )
-        if state["format"] in OLD_FORMATS:
+        _check_format(state, "reader")
+        if state.get(STAGE) != READER:
             raise StateMismatchError(
-                f"this state has format {state['format']!r}, {_OLD_REASONS[state['format']]}; "
-                f"this version reads {STATE_FORMAT!r} only. Finish the epoch with the version "
-                "that took the state, or restart the epoch (its records are not lost, only "
-                "re-read)"
-            )
-        if state["format"] != STATE_FORMAT:
-            raise StateMismatchError(
-                f"unknown state format {state['format']!r}; this version reads "
-                f"{STATE_FORMAT!r}; pass the dict that state_dict() returned"
+                f"this is the state of a {state.get(STAGE)!r} stage, not of a reader "
+                "(StreamingJsonl); load it into the object whose state_dict() returned it"
             )
         missing = [key for key in _KEYS if key not in state]
         unknown = sorted(set(state) - set(_KEYS))
@@ -137,17 +159,20 @@ class ReaderState:
         )
 
 
-def check_epoch_change(
-    pending: dict[str, Any] | ReaderState | None, epoch: int, *, or_else: str = ""
-) -> None:
-    """Refuse `set_epoch(epoch)` while a loaded state (a reader's, or a dict with its "epoch"
-    and whether it "finished") is in the middle of another epoch; `or_else`: another fix."""
+class Positioned(Protocol):
+    """A loaded state that says its epoch and whether that epoch ran out (a `ReaderState`,
+    a stage loaded from its node)."""
+
+    epoch: int
+    finished: bool
+
+
+def check_epoch_change(pending: Positioned | None, epoch: int, *, or_else: str = "") -> None:
+    """Refuse `set_epoch(epoch)` while a loaded state is in the middle of another epoch;
+    `or_else`: another fix."""
     if pending is None:
         return
-    if isinstance(pending, ReaderState):
-        loaded, finished = pending.epoch, pending.finished
-    else:
-        loaded, finished = pending["epoch"], pending["finished"]
+    loaded, finished = pending.epoch, pending.finished
     if not finished and loaded != epoch:
         raise ValueError(
             f"set_epoch({epoch}): the loaded state is in the middle of epoch {loaded}; "
@@ -155,15 +180,111 @@ def check_epoch_change(
         )
 
 
-def check_state(state: Any, kind: str, keys: frozenset[str], what: str) -> None:
-    """Strict loading of a mix, packed or rebatch state: format `kind` with exactly `keys`."""
-    if not isinstance(state, dict) or state.get("format") != kind:
+def refuse_old(state: dict[str, Any]) -> None:
+    """Refuse a state of an earlier streamds version, naming its format and what to do."""
+    found = state.get(FORMAT)
+    if isinstance(found, str) and found in _OLD_REASONS:
         raise StateMismatchError(
-            f"not a streamds {what} state (format {kind!r} expected); pass the dict that "
-            f"state_dict() of the {what} returned"
+            f"this state has format {found!r}, {_OLD_REASONS[found]}; this version reads "
+            f"{STATE_FORMAT!r} only. Finish the epoch with the streamds version that took the "
+            "state, or start the epoch afresh (its records are not lost, only read again)"
         )
-    if set(state) != keys:
+
+
+def _check_format(state: dict[str, Any], what: str) -> None:
+    refuse_old(state)
+    if state[FORMAT] != STATE_FORMAT:
         raise StateMismatchError(
-            f"damaged {what} state: missing keys {sorted(keys - set(state))}, unknown keys "
-            f"{sorted(set(state) - keys)}; pass the dict that state_dict() returned"
+            f"unknown state format {state[FORMAT]!r} for a {what} state; this version reads "
+            f"{STATE_FORMAT!r}; pass the dict that state_dict() returned"
+        )
+
+
+def check_state(state: Any, stage: str, keys: frozenset[str], what: str) -> None:
+    """Strict loading of the state a user saved of stage `stage` (`what`, in words): this
+    format version at the top, with exactly `keys` (which hold FORMAT and STAGE)."""
+    if not isinstance(state, dict) or FORMAT not in state:
+        raise StateMismatchError(
+            f"not a streamds {what} state (format {STATE_FORMAT!r} expected); pass the dict "
+            f"that state_dict() of the {what} returned"
+        )
+    _check_format(state, what)
+    check_node(state, stage, keys, what)
+
+
+def check_node(node: Any, stage: str, keys: frozenset[str], what: str) -> None:
+    """Strict loading of one node of the tree: stage `stage` with exactly `keys` (a node
+    nested in another's state lacks FORMAT, which `keys` may hold)."""
+    if not isinstance(node, dict) or node.get(STAGE) != stage:
+        found = node.get(STAGE) if isinstance(node, dict) else type(node).__name__
+        raise StateMismatchError(
+            f"not a streamds {what} state (stage {stage!r} expected, found {found!r}); pass "
+            f"the dict that state_dict() of the {what} returned"
+        )
+    have = set(node) | ({FORMAT} if FORMAT in keys else set())
+    if have != keys:
+        raise StateMismatchError(
+            f"damaged {what} state: missing keys {sorted(keys - have)}, unknown keys "
+            f"{sorted(have - keys)}; pass the dict that state_dict() returned, unchanged"
+        )
+
+
+def sealed(node: dict[str, Any]) -> dict[str, Any]:
+    """`node` as the top of a state a user saves: the format version first."""
+    return {FORMAT: STATE_FORMAT, **{k: v for k, v in node.items() if k != FORMAT}}
+
+
+def nested(state: Any) -> Any:
+    """A state to nest inside another stage's: a streamds state loses its format (the top of
+    the tree carries it); any other object's state (a user's source) stays as it is."""
+    if isinstance(state, dict) and STAGE in state:
+        refuse_old(state)
+        return {k: v for k, v in state.items() if k != FORMAT}
+    return state
+
+
+def unnested(node: Any) -> Any:
+    """A nested node back as a state its own object loads (the inverse of `nested`)."""
+    if isinstance(node, dict) and STAGE in node:
+        return sealed(node)
+    return node
+
+
+def stage_of(found: Any) -> str | None:
+    """The stage a node of a state tree names, None for anything else (a loader's dict)."""
+    if isinstance(found, dict):
+        stage = found.get(STAGE)
+        return stage if isinstance(stage, str) else None
+    return None
+
+
+def find_nodes(found: Any, stages: tuple[str, ...]) -> Iterator[dict[str, Any]]:
+    """Every node of a stage in `stages` nested anywhere in `found` (a StatefulDataLoader's
+    state, a list of them), not looking inside them. A state of an earlier version met on the
+    way is refused by name."""
+    if isinstance(found, dict):
+        refuse_old(found)
+        if stage_of(found) in stages:
+            yield found
+            return
+        for value in found.values():
+            yield from find_nodes(value, stages)
+    elif isinstance(found, (list, tuple)):
+        for value in found:
+            yield from find_nodes(value, stages)
+
+
+def check_worlds(worlds: list[World]) -> None:
+    """Refuse the states of a merge unless they are exactly one per reader of one world."""
+    world_size, num_workers = worlds[0].world_size, worlds[0].num_workers
+    expected = {World(r, world_size, w, num_workers) for r in range(world_size)
+                for w in range(num_workers)}
+    missing = sorted((m.rank, m.worker) for m in expected - set(worlds))
+    extra = sorted((e.rank, e.worker) for e in set(worlds) - expected)
+    if missing or extra or len(worlds) != len(set(worlds)):
+        raise ValueError(
+            f"merge_states needs exactly one state per reader of the world "
+            f"(world_size={world_size}, num_workers={num_workers}); missing (rank, worker): "
+            f"{missing}, unexpected or repeated: {extra or 'duplicates'}; pass the loader "
+            "states of every rank"
         )

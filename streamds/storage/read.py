@@ -110,7 +110,7 @@ def open_decoded_at(
         raise
 
 
-class _Cursor:
+class _NextLine:
     """Where the next unread line of a block begins (None: not yet aligned to a line)."""
 
     def __init__(self, next_line: int | None) -> None:
@@ -140,7 +140,7 @@ def _align(stream: BinaryIO, start: int, end: int | None, read_size: int) -> tup
 
 
 def _line_chunks(
-    opener: Opener, shard: Shard, block: Block, block_id: int, cursor: _Cursor, read_size: int
+    opener: Opener, shard: Shard, block: Block, block_id: int, cursor: _NextLine, read_size: int
 ) -> Iterator[LineChunk]:
     end = block.end
     if cursor.next_line is None and block.start > 0 and shard.frames_end_lines:
@@ -267,7 +267,7 @@ def tar_records(stream: BinaryIO, url: str, first: int = 0) -> Iterator[TarRecor
 
 
 def _tar_chunks(
-    opener: Opener, shard: Shard, block_id: int, cursor: _Cursor, read_size: int
+    opener: Opener, shard: Shard, block_id: int, cursor: _NextLine, read_size: int
 ) -> Iterator[LineChunk]:
     """Records of a tar shard (`tar_records`), a chunk per member.
 
@@ -292,7 +292,7 @@ _DOCUMENT_CHUNK = 1024  # records per chunk of an array document
 
 
 def _json_chunks(
-    opener: Opener, shard: Shard, block: Block, block_id: int, cursor: _Cursor, read_size: int
+    opener: Opener, shard: Shard, block: Block, block_id: int, cursor: _NextLine, read_size: int
 ) -> Iterator[LineChunk]:
     """Records of a ``.json`` shard, by the rule of `streamds.formats.documents`: JSON lines
     (offsets are bytes, as in any JSONL file), or one document (offsets are record
@@ -333,7 +333,7 @@ def read_lines(
     is retried per `retry`, reopening at the first line not yet handed out, so nothing is lost
     or repeated; damaged data raises `CorruptShardError` at once.
     """
-    cursor = _Cursor(resume_at)
+    cursor = _NextLine(resume_at)
     failures, first_failure = 0, 0.0
     while True:
         try:

@@ -1,0 +1,83 @@
+"""`StreamdsDataset`: the methods every dataset type offers, one definition each.
+
+A reader (`StreamingJsonl`), a mix (`Mix`) and packed data (`Packed`) are all thin,
+picklable descriptions that build their stages in each reader, and all offer the same eight
+methods: `map`, `filter`, `batch`, `pack`, `set_epoch`, `state_dict`, `load_state_dict`,
+`with_resume`. `map` and `filter` add a step (`_with_step`, each type's own copy rule);
+`batch` and `pack` are each type's own: a mix and packed data batch with a pool batcher
+(`streamds.datasets.batching.Batched`, itself a dataset of this kind), a reader inside its
+workers; packed data refuses `pack`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Self
+
+from torch.utils.data import IterableDataset
+
+from ..stages.transform import Step
+
+if TYPE_CHECKING:
+    from ..stages.buckets import Rule
+    from ..stages.packing import PackTokens
+    from .pack import Packed
+
+__all__ = ["METHODS", "StreamdsDataset"]
+
+# what every dataset type offers (a test holds each type to it)
+METHODS = ("map", "filter", "batch", "pack", "set_epoch", "state_dict", "load_state_dict",
+           "with_resume")
+
+
+class StreamdsDataset(IterableDataset):
+    """Base of every streamds dataset type: `map`, `filter`, `batch` and `pack` here, the
+    rest (`set_epoch`, `state_dict`, `load_state_dict`, `with_resume`, `_with_step`) in
+    each type."""
+
+    def _with_step(self, step: Step) -> Self:
+        """A copy with `step` after this one's steps, sharing nothing that iterates."""
+        raise NotImplementedError
+
+    def map(self, fn: Callable[[Any], Any]) -> Self:
+        """A new dataset of the same type whose items are `fn(item)`; None drops the item.
+        The original is unchanged. It runs in the reader (the DataLoader worker)."""
+        if not callable(fn):
+            raise ValueError(f"map needs a callable, got {fn!r}")
+        return self._with_step(Step("map", fn))
+
+    def filter(self, predicate: Callable[[Any], bool]) -> Self:
+        """A new dataset of the same type keeping the items for which `predicate(item)` is
+        true. The original is unchanged."""
+        if not callable(predicate):
+            raise ValueError(f"filter needs a callable, got {predicate!r}")
+        return self._with_step(Step("filter", predicate))
+
+    def batch(
+        self, size: int | Rule, *, collate: Callable[[list[Any]], Any] | None = None,
+        drop_last: bool = False,
+    ) -> StreamdsDataset:
+        """The items in whole batches: `size` items per batch or a ``streamds.LengthBuckets``
+        / ``streamds.TokenBudget`` rule; `collate` makes the batch (None: a
+        `streamds.RecordBatch`). Use it with ``DataLoader(ds.batch(n, collate=...),
+        batch_size=None)``; a state taken after any batch resumes exactly. Each type makes
+        its own (`pooled_batches` for a mix or packed data; a reader batches in its workers)."""
+        raise NotImplementedError
+
+    def pack(self, packer: PackTokens) -> Packed:
+        """Tokenized records packed into fixed-length sequences (`streamds.PackTokens`); each
+        type makes its `Packed` (this module sits below `pack` and `batching`, which build on
+        it), or refuses where packing makes no sense."""
+        raise NotImplementedError
+
+    def set_epoch(self, epoch: int) -> None:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def with_resume(self, merged: dict[str, Any]) -> Self:
+        raise NotImplementedError
