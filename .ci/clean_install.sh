@@ -75,7 +75,7 @@ if ! diff "$WORK/checkout-before.txt" "$WORK/checkout-after.txt" >&2; then
 fi
 
 step "no top-level name in site-packages but streamds"
-"$VPY" - <<'EOF'
+(cd "$WORK" && "$VPY" -) <<'EOF'
 from importlib.metadata import distribution
 
 files = distribution("streamds").files
