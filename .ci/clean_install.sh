@@ -186,5 +186,9 @@ assert sorted(ids) == sorted([f"line-{i}" for i in range(12)] + [f"doc-{i}" for 
 print(f"ds.loader: {len(ids)} records, each once across a resume")
 EOF
 
+step "the README's examples as written, with the declared dependencies (plus pytest to run them)"
+"$VPY" -m pip install --quiet --no-compile pytest
+(cd "$REPO" && "$VPY" -m pytest -q -p no:cacheprovider tests/test_docs_blocks.py -k README)
+
 step "done"
 echo "clean-install check passed in $((SECONDS - START)) s"
