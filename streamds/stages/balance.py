@@ -26,7 +26,7 @@ from typing import Any
 
 from ..storage.plan import Plan
 from ..world import World
-from .chunks import Chunk, WorkItem
+from .chunks import SOURCE, Chunk, WorkItem
 from .parse import Marker
 
 __all__ = [
@@ -137,9 +137,17 @@ class EvenRanks:
     needs to know which records were passed on).
     """
 
-    SOURCE = "source"
+    SOURCE = SOURCE
     EMITTED = "emitted"
     CUT = "cut"
+
+    @classmethod
+    def cut_of(cls, state: dict[str, Any]) -> tuple[int, int] | None:
+        """(work item k, offset o) where the quota cut this stage's stream in `state` (the
+        records passed on end before offset o of item k); None while the quota is not
+        reached."""
+        cut = state.get(cls.CUT)  # states taken before streamds kept the cut have none
+        return None if cut is None else (cut[0], cut[1])
 
     def __init__(
         self, source: Any, quota: int | None, *, work_items: int = 0, pad_items: int = 0

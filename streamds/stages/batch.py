@@ -131,6 +131,21 @@ class Batch:
 
     SOURCE = "source"
 
+    @classmethod
+    def state_over(cls, source: Any) -> dict[str, Any]:
+        """The state of this stage over a records stage standing at `source`."""
+        return {cls.SOURCE: source}
+
+    @classmethod
+    def owns(cls, state: Any) -> bool:
+        """Whether a pipeline state is this stage's."""
+        return isinstance(state, dict) and set(state) == {cls.SOURCE}
+
+    @classmethod
+    def source_of(cls, state: dict[str, Any]) -> Any:
+        """The records stage's state under this stage's."""
+        return state[cls.SOURCE]
+
     def __init__(self, source: Any, spec: BatchSpec, collate: Callable[..., Any], *,
                  positions: bool = False) -> None:
         self.source = source

@@ -231,6 +231,41 @@ class PoolBatch:
     EMITTED = "emitted"
     KEYS = (SOURCE, RULE, POOL, EMITTED)
 
+    # -- operations on a state, for resumes computed outside the stage --------------------
+
+    @classmethod
+    def state_over(cls, source: Any, rule: list[Any], pool: int, emitted: int
+                   ) -> dict[str, Any]:
+        """The state of pool number `pool`, cut by the rule of config `rule`, beginning where
+        the source stands at `source`, `emitted` of its batches handed out."""
+        return {cls.SOURCE: source, cls.RULE: rule, cls.POOL: pool, cls.EMITTED: emitted}
+
+    @classmethod
+    def source_of(cls, state: dict[str, Any]) -> Any:
+        """The source's state where the state's pool began."""
+        return state[cls.SOURCE]
+
+    @classmethod
+    def pool_of(cls, state: dict[str, Any]) -> dict[str, Any]:
+        """The state without its source: which pool, cut by which rule, and how many of its
+        batches were handed out (read with `rule_of`, `number_of`, `emitted_of`)."""
+        return {key: state[key] for key in (cls.RULE, cls.POOL, cls.EMITTED)}
+
+    @classmethod
+    def rule_of(cls, pool: dict[str, Any]) -> list[Any]:
+        """The config of the rule that cut the pool of a state or a `pool_of`."""
+        return pool[cls.RULE]
+
+    @classmethod
+    def number_of(cls, pool: dict[str, Any]) -> int:
+        """Which pool of the reader's stream (0, 1, ...), of a state or a `pool_of`."""
+        return int(pool[cls.POOL])
+
+    @classmethod
+    def emitted_of(cls, pool: dict[str, Any]) -> int:
+        """Batches of the pool handed out, of a state or a `pool_of`."""
+        return int(pool[cls.EMITTED])
+
     def __init__(
         self, source: Any, rule: Rule, *, collate: Callable[[list[Any]], Any],
         seed_parts: Sequence[int | str],

@@ -3,15 +3,25 @@
 Stages pass chunks, not records, so per-record Python work happens once, in the stage that
 hands records out. `ChunkCursor` is how that stage keeps an exact position at any record: the
 source's state before the current chunk, plus the work item and offset of the next record.
+
+Every stage's state nests its source's under `SOURCE` and keeps its counters under `COUNTS`
+(the protocol's two keys); `nodes` walks such a state down and `counts_in` sums its counters.
+Every other key belongs to the stage that writes it, and only that stage reads it: callers
+use its operations (`ChunkCursor.at`, `Lines.position_in`, `Shuffle.snapshot_of`, ...).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["Chunk", "ChunkCursor", "ChunkStage", "Position", "WorkItem"]
+__all__ = ["COUNTS", "SOURCE", "Chunk", "ChunkCursor", "ChunkStage", "Position", "WorkItem",
+           "counts_in", "nodes"]
+
+SOURCE = "source"  # the key under which every stage's state nests its source's
+COUNTS = "counts"  # the key under which a stage that counts keeps its counters
 
 # (block id, offset): where the record's line begins in the shard's decoded bytes; in a tar
 # shard or a .json document (chunks with `labels`) the record's ordinal in the shard instead
@@ -52,6 +62,24 @@ class ChunkStage(Protocol):
     def counts(self) -> dict[str, int]: ...
 
 
+def nodes(state: Any) -> Iterator[dict[str, Any]]:
+    """The state of every stage down a nested stage state, the top first (each nests its
+    source's under `SOURCE`; the walk ends at a stage without a source)."""
+    node = state
+    while isinstance(node, dict):
+        yield node
+        node = node.get(SOURCE)
+
+
+def counts_in(state: Any) -> Counter[str]:
+    """The counters of every stage down a nested stage state, summed (not every stage
+    counts)."""
+    counts: Counter[str] = Counter()
+    for node in nodes(state):
+        counts.update(node.get(COUNTS, {}))
+    return counts
+
+
 class ChunkCursor:
     """Pulls chunks from `source` and remembers the source's state before each one.
 
@@ -60,9 +88,36 @@ class ChunkCursor:
     there exactly: the source restarts before that chunk and the chunk is cut at o.
     """
 
-    SOURCE = "source"
+    SOURCE = SOURCE
     ITEM = "item"
     OFFSET = "offset"
+    BETWEEN = -1  # the item of a position between chunks: the source's state says the rest
+
+    @classmethod
+    def at(cls, source: Any, item: int, offset: int | None) -> dict[str, Any]:
+        """The position of the record at `offset` of work item `item` (None: the item's
+        first), the source standing at `source` (its state before that record's chunk)."""
+        return {cls.SOURCE: source, cls.ITEM: item, cls.OFFSET: -1 if offset is None else offset}
+
+    @classmethod
+    def between(cls, source: Any) -> dict[str, Any]:
+        """The position between chunks where the source stands at `source`: its next chunk
+        whole."""
+        return {cls.SOURCE: source, cls.ITEM: cls.BETWEEN, cls.OFFSET: 0}
+
+    @classmethod
+    def source_of(cls, position: dict[str, Any]) -> Any:
+        """The source's state in a position (before the next record's chunk)."""
+        return position[cls.SOURCE]
+
+    @classmethod
+    def next_record(cls, position: dict[str, Any]) -> tuple[int, int] | None:
+        """(work item, offset) of the next record of a position; None between chunks, where
+        the source's state says where it stands."""
+        item = position[cls.ITEM]
+        if item < 0:
+            return None
+        return item, position[cls.OFFSET]
 
     def __init__(self, source: ChunkStage) -> None:
         self.source = source
@@ -98,7 +153,5 @@ class ChunkCursor:
     def position(self, chunk: Chunk | None, index: int) -> dict[str, Any]:
         """Where the record `index` of `chunk` is (None: past the last chunk)."""
         if chunk is None or index >= len(chunk.items):
-            state = self.source.get_state()  # the chunk is spent: after it, exactly
-            return {self.SOURCE: state, self.ITEM: -1, self.OFFSET: 0}
-        return {self.SOURCE: self.before, self.ITEM: chunk.work_index,
-                self.OFFSET: chunk.offsets[index]}
+            return self.between(self.source.get_state())  # the chunk is spent: after it
+        return self.at(self.before, chunk.work_index, chunk.offsets[index])

@@ -8,7 +8,8 @@ work items are fetched ahead (`streamds.storage.readahead`, through the local `c
 given) and handed to the opener as ``ahead=``.
 
 State: ``{"item": k, "offset": o | None, "counts": {"corrupt_blocks": n}}``: continue work
-item k at the line beginning at offset o (None: where the item starts).
+item k at the line beginning at offset o (None: where the item starts). `position_in` finds
+where the line reader stands in any state nested above it; `seek` moves it.
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..errors import CorruptShardError
+from ..errors import CorruptShardError, StateMismatchError
 from ..retry import DEFAULT_RETRY, RetryPolicy
 from ..storage.cache import CacheSpec
 from ..storage.plan import Block
 from ..storage.read import Opener, open_decoded_at, read_lines
 from ..storage.readahead import ReadAhead, Span, block_span, on_fuse
 from ..storage.shards import Shard
-from .chunks import Chunk, WorkItem
+from .chunks import COUNTS, Chunk, WorkItem, nodes
 
 __all__ = ["Lines"]
 
@@ -35,7 +36,20 @@ log = logging.getLogger(__name__)
 class Lines:
     ITEM = "item"
     OFFSET = "offset"
-    COUNTS = "counts"
+    COUNTS = COUNTS
+    KEYS = frozenset((ITEM, OFFSET, COUNTS))
+
+    @classmethod
+    def position_in(cls, state: Any) -> tuple[int, int | None]:
+        """(work item, offset) where the line reader stands in `state`: its own state, or
+        one of a stage nested above it (found down the sources, `chunks.nodes`)."""
+        for node in nodes(state):
+            if set(node) == cls.KEYS:
+                return node[cls.ITEM], node[cls.OFFSET]
+        raise StateMismatchError(
+            "damaged streamds state: no line reader's state below this stage's; pass the "
+            "dict that state_dict() returned, unchanged"
+        )
 
     def __init__(
         self,
@@ -65,6 +79,11 @@ class Lines:
         self._item = 0 if state is None else state[self.ITEM]
         self._offset: int | None = None if state is None else state[self.OFFSET]
         self._corrupt = 0 if state is None else state[self.COUNTS]["corrupt_blocks"]
+
+    def seek(self, item: int, offset: int | None) -> None:
+        """Continue at the line beginning at `offset` of work item `item` (None: the item's
+        start); the counters stay."""
+        self._item, self._offset = item, offset
 
     def get_state(self) -> dict[str, Any]:
         return {self.ITEM: self._item, self.OFFSET: self._offset,

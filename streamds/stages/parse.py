@@ -27,7 +27,7 @@ import orjson
 from ..errors import CorruptRecordError
 from ..formats import values
 from ..storage.read import Opener, count_newlines, open_decoded_at
-from .chunks import Chunk
+from .chunks import COUNTS, SOURCE, Chunk
 
 if TYPE_CHECKING:
     from ..storage.plan import Block
@@ -239,8 +239,8 @@ class Parse:
     State: ``{"source": ..., "counts": {"bad": n, "blank": m}}``, counted as chunks pass.
     """
 
-    SOURCE = "source"
-    COUNTS = "counts"
+    SOURCE = SOURCE
+    COUNTS = COUNTS
 
     def __init__(
         self, source: Any, shards: Sequence[Shard], blocks: Sequence[Block], *,

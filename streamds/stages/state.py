@@ -35,13 +35,14 @@ the formats of earlier streamds versions are refused by name (`refuse_old`).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import StateMismatchError
 from ..world import World
-from .chunks import Position, WorkItem
+from .chunks import Position, WorkItem, counts_in
 
 __all__ = [
     "FORMAT",
@@ -127,6 +128,15 @@ class ReaderState:
             "prefill": [list(p) for p in self.prefill], "carried": dict(self.carried),
             "quota": self.quota, "finished": self.finished, "pipeline": self.pipeline,
         }
+
+    @classmethod
+    def counts_of(cls, node: dict[str, Any]) -> Counter[str]:
+        """The counters of a reader's node (of a state tree): those carried over from another
+        world, plus every stage's down its pipeline."""
+        counts: Counter[str] = Counter(node["carried"])
+        if node["pipeline"] is not None:
+            counts.update(counts_in(node["pipeline"]))
+        return counts
 
     @classmethod
     def from_dict(cls, state: Any) -> ReaderState:

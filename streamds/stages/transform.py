@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from ..errors import StateMismatchError
-from .chunks import Chunk
+from .chunks import COUNTS, SOURCE, Chunk
 from .parse import DROPPED, LineNumbers, Marker
 
 __all__ = [
@@ -204,8 +204,8 @@ class Transform:
     a record whose step raised (without it, the block and byte offset).
     """
 
-    SOURCE = "source"
-    COUNTS = "counts"
+    SOURCE = SOURCE
+    COUNTS = COUNTS
 
     def __init__(
         self, source: Any, steps: Sequence[Step], *, where: LineNumbers | None = None
@@ -283,8 +283,8 @@ class AfterBuffer:
     dropped included, so a resume replays it without running a step.
     """
 
-    SOURCE = "source"
-    COUNTS = "counts"
+    SOURCE = SOURCE
+    COUNTS = COUNTS
 
     def __init__(
         self, source: Any, steps: Sequence[Step], *, where: LineNumbers | None = None,
