@@ -29,7 +29,7 @@ from streamds.datasets.batching import BucketBatches
 from streamds.stages.balance import EvenRanks
 from streamds.stages.batch import Batch
 from streamds.stages.buckets import PoolBatch
-from streamds.stages.chunks import ChunkCursor
+from streamds.stages.chunks import ChunkCursor, nodes
 from streamds.stages.lines import Lines
 from streamds.stages.parse import Parse
 from streamds.stages.shuffle import Shuffle
@@ -285,6 +285,34 @@ def test_no_module_outside_the_reader_stages_reads_their_keys(module: str) -> No
 ])
 def test_the_reader_key_check_catches_a_read_by_hand(by_hand: str) -> None:
     assert reader_key_reads(by_hand)
+
+
+@pytest.mark.parametrize(("make", "names"), [
+    (lambda paths: reader(paths).map(tokens).batch(2),
+     ["batch", "after_buffer", "shuffle", "cursor", "even_ranks", "transform", "parse", "lines"]),
+    (lambda paths: StreamingJsonl(paths[0]),
+     ["cursor", "even_ranks", "transform", "parse", "lines"]),
+], ids=["shuffled-batched", "in-order"])
+def test_every_node_of_a_reader_pipeline_names_its_stage(
+    paths: tuple[str, str], make: Any, names: list[str]
+) -> None:
+    """A walk finds a stage by its name, not by probing for keys."""
+    ds = make(paths)
+    next(iter(ds))
+    assert [node[STAGE] for node in nodes(ds.state_dict()["pipeline"])] == names
+
+
+def test_a_node_of_another_stage_is_refused_by_name(paths: tuple[str, str]) -> None:
+    ds = reader(paths)
+    next(iter(ds))
+    state = ds.state_dict()
+    *_, lines = nodes(state["pipeline"])
+    lines[STAGE] = "cache"
+    fresh = reader(paths)
+    with pytest.raises(StateMismatchError, match="the 'lines' stage was given the state of "
+                                                 "'cache'"):
+        fresh.load_state_dict(state)
+        next(iter(fresh))
 
 
 def test_no_class_named_cursor_remains() -> None:

@@ -18,10 +18,10 @@ except under even_ranks, so that filling it costs a read and a parse per record,
 Filling that takes longer than `SLOW_FILL` seconds is logged once per process (INFO), with
 why and what to do.
 
-State: ``{"source": <position at the snapshot>, "positions": packed, "round": r,
-"since": n, "draining": bool}``. Resumes computed elsewhere (elastic, plain-loader) use the
-stage's operations on it: `source_of`, `snapshot_of` / `restarted` / `since_of` (the buffer
-part without the source), `positions_of` / `moved`.
+State: ``{"stage": "shuffle", "source": <position at the snapshot>, "positions": packed,
+"round": r, "since": n, "draining": bool}``. Resumes computed elsewhere (elastic,
+plain-loader) use the stage's operations on it: `source_of`, `snapshot_of` / `restarted` /
+`since_of` (the buffer part without the source), `positions_of` / `moved`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from itertools import islice
 from typing import Any
 
 from ..seeds import derive_seed
-from .chunks import SOURCE, Chunk, ChunkCursor, ChunkStage, Position
+from .chunks import SOURCE, STAGE, Chunk, ChunkCursor, ChunkStage, Position, checked
 from .parse import Marker
 from .records import PositionedBatch
 
@@ -73,6 +73,7 @@ class Shuffle:
     to the slow-fill log line (what else made the fill slow).
     """
 
+    STAGE = "shuffle"
     SOURCE = SOURCE
     POSITIONS = "positions"
     ROUND = "round"
@@ -101,7 +102,7 @@ class Shuffle:
     def restarted(cls, snapshot: dict[str, Any], source: dict[str, Any]) -> dict[str, Any]:
         """The state with the buffer of `snapshot` (a `snapshot_of`), the source at position
         `source`, and no record handed out since (for replays from a snapshot)."""
-        return {**snapshot, cls.SOURCE: source, cls.SINCE: 0}
+        return {STAGE: cls.STAGE, **snapshot, cls.SOURCE: source, cls.SINCE: 0}
 
     @classmethod
     def positions_of(cls, state: dict[str, Any]) -> list[Position]:
@@ -153,6 +154,7 @@ class Shuffle:
             positions = self.prefill
             self._round, self._draining, replay = 0, False, 0
         else:
+            checked(state, self.STAGE)
             self.cursor.reset(state[self.SOURCE])
             positions = unpack_positions(state[self.POSITIONS])
             self._round, self._draining = state[self.ROUND], state[self.DRAINING]
@@ -176,7 +178,7 @@ class Shuffle:
 
     def _pack(self, source_position: dict[str, Any]) -> dict[str, Any]:
         """A snapshot: O(buffer), taken once per round."""
-        return {self.SOURCE: source_position,
+        return {STAGE: self.STAGE, self.SOURCE: source_position,
                 self.POSITIONS: pack_positions(self._blocks, self._offsets),
                 self.ROUND: self._round, self.DRAINING: self._draining}
 
