@@ -26,7 +26,7 @@ from typing import Any
 
 from ..storage.plan import Plan
 from ..world import World
-from .chunks import SOURCE, STAGE, Chunk, WorkItem, checked
+from .chunks import SOURCE, STAGE, Chunk, WorkItem, checked, find
 from .parse import Marker
 
 __all__ = [
@@ -145,10 +145,10 @@ class EvenRanks:
 
     @classmethod
     def cut_of(cls, state: dict[str, Any]) -> tuple[int, int] | None:
-        """(work item k, offset o) where the quota cut this stage's stream in `state` (the
-        records passed on end before offset o of item k); None while the quota is not
-        reached."""
-        cut = checked(state, cls.STAGE)[cls.CUT]
+        """(work item k, offset o) where the quota cut this stage's stream in `state` (its
+        own state or one nested above it; the records passed on end before offset o of item
+        k); None while the quota is not reached."""
+        cut = find(state, cls.STAGE)[cls.CUT]
         return None if cut is None else (cut[0], cut[1])
 
     def __init__(
