@@ -7,6 +7,7 @@ only. States of the formats of earlier versions are refused, by every loader and
 
 from __future__ import annotations
 
+import ast
 import re
 import warnings
 from collections.abc import Callable
@@ -25,7 +26,15 @@ from streamds import (
     merge_states,
 )
 from streamds.datasets.batching import BucketBatches
+from streamds.stages.balance import EvenRanks
+from streamds.stages.batch import Batch
+from streamds.stages.buckets import PoolBatch
+from streamds.stages.chunks import ChunkCursor, nodes
+from streamds.stages.lines import Lines
+from streamds.stages.parse import Parse
+from streamds.stages.shuffle import Shuffle
 from streamds.stages.state import FORMAT, OLD_FORMATS, STAGE, STATE_FORMAT
+from streamds.stages.transform import AfterBuffer, Transform
 
 EOS = 0
 
@@ -200,6 +209,110 @@ def test_no_module_outside_a_stage_reads_its_keys(module: str) -> None:
                 assert quoted not in text, f"{module} reads {owner}'s key {key!r} ({quoted})"
             # nor writes it into a dict literal
             assert not re.search(rf'[{{,]\s*"{key}":', text), f"{module} forges {key!r}"
+
+
+# the reader's stages: their key constants, and the keys themselves as written in their states
+READER_STAGES = (Lines, ChunkCursor, Parse, Transform, EvenRanks, Shuffle, AfterBuffer, Batch,
+                 PoolBatch)
+READER_KEYS = ("source", "counts", "item", "offset", "emitted", "cut", "positions", "round",
+               "since", "draining", "rule", "pool", "next",
+               # a reader's own node (`ReaderState`: read it with from_dict or counts_of)
+               "pipeline", "carried", "prefill", "quota", "seat")
+# modules that compute resumes, merges and counts from the reader's states; a key they own
+# themselves is named beside them (the counts of merge.py's merged state and the quota of
+# its tails, the next number of replay.py's number source)
+READERS_OF_READER_STATES = {
+    "streamds/resume/merge.py": ("counts", "quota"), "streamds/resume/plain_loader.py": (),
+    "streamds/resume/replay.py": ("next",), "streamds/resume/totals.py": (),
+    "streamds/resume/counts.py": (), "streamds/resume/start.py": (),
+    "streamds/stages/pipeline.py": (),
+}
+
+
+def _key_constants() -> dict[str, set[str]]:
+    """Stage class name -> its constants that name keys of its state."""
+    found: dict[str, set[str]] = {}
+    for stage in READER_STAGES:
+        for name in dir(stage):
+            value = getattr(stage, name)
+            if name.isupper() and (isinstance(value, str) or (
+                    isinstance(value, (tuple, frozenset)) and all(isinstance(v, str)
+                                                                 for v in value))):
+                found.setdefault(stage.__name__, set()).add(name)
+    return found
+
+
+def reader_key_reads(text: str, own: tuple[str, ...] = ()) -> list[str]:
+    """Where `text` names a reader stage's key: a stage's key constant (``Shuffle.SOURCE``),
+    or the key itself as a subscript, a ``.get``/``in`` probe or a dict literal's key."""
+    constants = _key_constants()
+    keys = set(READER_KEYS) - set(own)
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.attr in constants.get(node.value.id, ())):
+            found.append(f"line {node.lineno}: {node.value.id}.{node.attr}")
+        named: list[ast.expr] = []
+        if isinstance(node, ast.Subscript):
+            named = [node.slice]
+        elif isinstance(node, ast.Dict):
+            named = [key for key in node.keys if key is not None]
+        elif isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn)):
+            named = [node.left]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ("get", "pop", "setdefault") and node.args):
+            named = [node.args[0]]
+        for key in named:
+            if isinstance(key, ast.Constant) and key.value in keys:
+                found.append(f"line {node.lineno}: {key.value!r}")
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(READERS_OF_READER_STATES))
+def test_no_module_outside_the_reader_stages_reads_their_keys(module: str) -> None:
+    """Merges, plain-loader resumes, replays, counts and `Reader.position_at` use the reader
+    stages' operations (`Lines.position_in`, `ChunkCursor.at`, `Shuffle.snapshot_of`,
+    `EvenRanks.cut_of`, `PoolBatch.pool_of`, ...) instead of walking and forging their dicts."""
+    root = Path(__file__).resolve().parents[1]
+    found = reader_key_reads((root / module).read_text(), READERS_OF_READER_STATES[module])
+    assert found == [], f"{module} reads or writes a reader stage's keys by hand: {found}"
+
+
+@pytest.mark.parametrize("by_hand", [
+    'lines = state["source"]', "item = position[ChunkCursor.ITEM]",
+    'cut = node.get("cut")', "state[Shuffle.POSITIONS] = packed",
+    'forged = {"item": 0, "offset": None}', 'if "item" in node: pass',
+])
+def test_the_reader_key_check_catches_a_read_by_hand(by_hand: str) -> None:
+    assert reader_key_reads(by_hand)
+
+
+@pytest.mark.parametrize(("make", "names"), [
+    (lambda paths: reader(paths).map(tokens).batch(2),
+     ["batch", "after_buffer", "shuffle", "cursor", "even_ranks", "transform", "parse", "lines"]),
+    (lambda paths: StreamingJsonl(paths[0]),
+     ["cursor", "even_ranks", "transform", "parse", "lines"]),
+], ids=["shuffled-batched", "in-order"])
+def test_every_node_of_a_reader_pipeline_names_its_stage(
+    paths: tuple[str, str], make: Any, names: list[str]
+) -> None:
+    """A walk finds a stage by its name, not by probing for keys."""
+    ds = make(paths)
+    next(iter(ds))
+    assert [node[STAGE] for node in nodes(ds.state_dict()["pipeline"])] == names
+
+
+def test_a_node_of_another_stage_is_refused_by_name(paths: tuple[str, str]) -> None:
+    ds = reader(paths)
+    next(iter(ds))
+    state = ds.state_dict()
+    *_, lines = nodes(state["pipeline"])
+    lines[STAGE] = "cache"
+    fresh = reader(paths)
+    with pytest.raises(StateMismatchError, match="the 'lines' stage was given the state of "
+                                                 "'cache'"):
+        fresh.load_state_dict(state)
+        next(iter(fresh))
 
 
 def test_no_class_named_cursor_remains() -> None:

@@ -689,4 +689,4 @@ def _batching(pipeline: dict[str, Any]) -> str:
     """How the dataset that took a pipeline state batched."""
     if is_pool_state(pipeline):
         return "with .batch(rule)"
-    return "with .batch(n)" if set(pipeline) == {Batch.SOURCE} else "without .batch()"
+    return "with .batch(n)" if Batch.owns(pipeline) else "without .batch()"

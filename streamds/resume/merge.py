@@ -20,7 +20,7 @@ from ..seeds import shuffle_seed_parts
 from ..stages.balance import EvenRanks, pad_work
 from ..stages.batch import Batch
 from ..stages.buckets import PoolBatch, is_pool_state, pool_rng
-from ..stages.chunks import Chunk, ChunkCursor, Position, WorkItem
+from ..stages.chunks import Chunk, ChunkCursor, Position, WorkItem, counts_in
 from ..stages.lines import Lines
 from ..stages.mixing import MixStage
 from ..stages.packing import PackStage
@@ -58,6 +58,7 @@ __all__ = [
     "REBATCH",
     "START_KEYS",
     "merge_states",
+    "merged_counts",
     "resolve_tails",
     "share_of",
 ]
@@ -76,6 +77,8 @@ COUNTERS = ("bad", "blank", "dropped", "corrupt_blocks")
 # its "finished" (False), as a reader's state has them
 MERGED_READER = "reader"
 START_KEYS = (MERGED_READER, "finished")
+# a tail's key for the pool its reader had handed batches out of (`PoolBatch.pool_of`)
+_POOL = "open_pool"
 # torchdata StatefulDataLoader: batches yielded since the worker states in its state were taken
 LOADER_STEPS_SINCE_SNAPSHOT = "_steps_since_snapshot"
 
@@ -98,29 +101,23 @@ def _check_complete(states: list[ReaderState]) -> None:
 _check_worlds = check_worlds  # the rule lives with the state tree (`stages.state`)
 
 
-def _stage_counts(stage_state: dict[str, Any]) -> Counter[str]:
-    """Counters found down a nested stage state."""
-    counts: Counter[str] = Counter()
-    node: Any = stage_state
-    while isinstance(node, dict):
-        counts.update(node.get("counts", {}))  # not every stage counts
-        node = node.get("source")
-    return counts
+def merged_counts(merged: dict[str, Any]) -> dict[str, int]:
+    """The counters a merged state carries over (every reader's, summed)."""
+    return dict(merged["counts"])
 
 
-def _lines_state(position: dict[str, Any]) -> dict[str, Any]:
-    node = position[ChunkCursor.SOURCE]
-    while Lines.ITEM not in node:
-        node = node["source"]
-    return node
+def _next_record(position: dict[str, Any]) -> tuple[int, int | None]:
+    """(work item, offset) of the next record of a `ChunkCursor` position; between chunks,
+    where the line reader below stands."""
+    found = ChunkCursor.next_record(position)
+    if found is not None:
+        return found
+    return Lines.position_in(ChunkCursor.source_of(position))
 
 
 def _from_position(work: list[WorkItem], position: dict[str, Any]) -> list[WorkItem]:
     """The work items left after a `ChunkCursor` position."""
-    item, offset = position[ChunkCursor.ITEM], position[ChunkCursor.OFFSET]
-    if item < 0:  # between chunks: where the line reader stands
-        lines = _lines_state(position)
-        item, offset = lines[Lines.ITEM], lines[Lines.OFFSET]
+    item, offset = _next_record(position)
     if item >= len(work):
         return []
     block, start = work[item]
@@ -140,10 +137,9 @@ def _unfinished(state: ReaderState) -> tuple[list[WorkItem], list[Position], dic
     pipeline = state.pipeline
     pool = None
     if is_pool_state(pipeline):  # batches cut from pools: the pool's start, batches out of it
-        pool = {key: pipeline[key] for key in (PoolBatch.RULE, PoolBatch.POOL,
-                                               PoolBatch.EMITTED)}
-        pipeline = pipeline[PoolBatch.SOURCE]
-        if not pool[PoolBatch.EMITTED]:
+        pool = PoolBatch.pool_of(pipeline)
+        pipeline = PoolBatch.source_of(pipeline)
+        if not PoolBatch.emitted_of(pool):
             pool = None  # nothing handed out of this pool yet: its source state says it all
         elif not shuffle:
             raise ValueError(
@@ -152,25 +148,23 @@ def _unfinished(state: ReaderState) -> tuple[list[WorkItem], list[Position], dic
                 "them); use shuffle=True with .batch(LengthBuckets/TokenBudget), or resume "
                 "in the same world with load_state_dict()"
             )
-    if set(pipeline) == {Batch.SOURCE}:  # a Batch stage wraps the records stage's state
-        pipeline = pipeline[Batch.SOURCE]
+    if Batch.owns(pipeline):  # a Batch stage wraps the records stage's state
+        pipeline = Batch.source_of(pipeline)
     if not shuffle:
         return _from_position(work, pipeline), [], None
     snapshot = pipeline
     if steps_after_buffer(shuffle, state.quota is not None):  # the map and filter stage's
         snapshot = AfterBuffer.source_state(pipeline)  # counts are taken with the others
+    at = Shuffle.source_of(snapshot)  # where the source stood at the buffer's snapshot
     tail = {
-        "work": [list(item) for item in _from_position(work, snapshot[Shuffle.SOURCE])],
-        "even": None if state.quota is None else _even_stream(state, list(work),
-                                                              snapshot[Shuffle.SOURCE]),
-        "snapshot": {key: snapshot[key] for key in
-                     (Shuffle.POSITIONS, Shuffle.ROUND, Shuffle.DRAINING)},
-        "since": snapshot[Shuffle.SINCE],
+        "work": [list(item) for item in _from_position(work, at)],
+        "even": None if state.quota is None else _even_stream(state, list(work), at),
+        "snapshot": Shuffle.snapshot_of(snapshot),  # with the records handed out since
         "seed": list(shuffle_seed_parts(seed, state.epoch, state.share.rank,
                                         state.share.worker)),
     }
     if pool is not None:
-        tail["pool"] = pool
+        tail[_POOL] = pool
     return [], [], tail
 
 
@@ -194,14 +188,13 @@ def _read_up_to(position: dict[str, Any]) -> tuple[int, int | None]:
     """(k, o): the records an even-ranks reader had passed on before a shuffle snapshot are
     those of its stream's items before k, and of item k those before offset o (None: none).
     Between chunks that is where the quota cut the stream, else where the line reader stands."""
-    item, offset = position[ChunkCursor.ITEM], position[ChunkCursor.OFFSET]
-    if item >= 0:
-        return item, offset
-    cut = position[ChunkCursor.SOURCE].get(EvenRanks.CUT)
+    found = ChunkCursor.next_record(position)
+    if found is not None:
+        return found
+    cut = EvenRanks.cut_of(ChunkCursor.source_of(position))
     if cut is not None:
-        return cut[0], cut[1]
-    lines = _lines_state(position)
-    return lines[Lines.ITEM], lines[Lines.OFFSET]
+        return cut
+    return Lines.position_in(ChunkCursor.source_of(position))
 
 
 class _Reads:
@@ -336,7 +329,7 @@ def merge_states(states: Any) -> dict[str, Any]:
             tails.append(tail)
         counts.update(state.carried)
         if state.pipeline is not None:
-            counts.update(_stage_counts(state.pipeline))
+            counts.update(counts_in(state.pipeline))
     return {
         FORMAT: STATE_FORMAT,
         STAGE: MERGED_STATE,
@@ -497,7 +490,7 @@ def _resolve(
     positions, positions of those `then` records in the order they came out)."""
     even = tail.get("even")
     work = [(block, start) for block, start in (even or tail)["work"]]
-    since = tail["since"]
+    since = Shuffle.since_of(tail["snapshot"])
     ahead = since + then + spec.buffer_size  # the most records the buffer can have read
     if even is None:
         found, after_all = _read_after(spec, work, ahead)
@@ -530,11 +523,11 @@ def _resolve_pool(tail: dict[str, Any], spec: Spec
     """A tail whose reader had handed out some batches of a pool -> (work left, buffered
     positions and the pool's records not yet handed out, records the map and filter steps
     after the buffer dropped while the pool filled)."""
-    pool = tail["pool"]
+    pool = tail[_POOL]
     rule = None if spec.batch is None else spec.batch.rule
-    if rule is None or rule.config() != pool[PoolBatch.RULE]:
+    if rule is None or rule.config() != PoolBatch.rule_of(pool):
         raise StateMismatchError(
-            f"the merged state stopped inside a pool of batches cut by {pool[PoolBatch.RULE]}; "
+            f"the merged state stopped inside a pool of batches cut by {PoolBatch.rule_of(pool)}; "
             "resume it with a dataset batched by the same rule (.batch(LengthBuckets(...)) "
             "or .batch(TokenBudget(...)) with the same arguments)"
         )
@@ -562,8 +555,8 @@ def _resolve_pool(tail: dict[str, Any], spec: Spec
     dropped = drawn - len(kept)
     members = [handed[index] for index, _ in kept]
     batches = rule.cut([rule.length(record) for _, record in kept],
-                       pool_rng(tail["seed"], pool[PoolBatch.POOL]))
-    out = {index for batch in batches[: pool[PoolBatch.EMITTED]] for index in batch}
+                       pool_rng(tail["seed"], PoolBatch.number_of(pool)))
+    out = {index for batch in batches[: PoolBatch.emitted_of(pool)] for index in batch}
     return work, buffered + [p for i, p in enumerate(members) if i not in out], dropped
 
 
@@ -599,7 +592,7 @@ def resolve_tails(merged: dict[str, Any], spec: Spec) -> dict[str, Any]:
                 resolved["remaining"].extend(list(item) for item in work)
                 resolved["pending"].extend(list(position) for position in buffered)
             continue
-        if "pool" in tail:
+        if _POOL in tail:
             work, buffered, dropped = _resolve_pool(tail, spec)
             resolved["counts"]["dropped"] += dropped
         else:

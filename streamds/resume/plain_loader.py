@@ -24,11 +24,11 @@ from ..formats.manifest import ManifestError
 from ..stages.chunks import ChunkCursor, WorkItem
 from ..stages.parse import cut_bom
 from ..stages.pipeline import Reader
-from ..stages.shuffle import Shuffle, pack_positions, unpack_positions
+from ..stages.shuffle import Shuffle
 from ..storage.plan import Block
 from ..storage.read import read_lines
 from ..storage.shards import Shard
-from .replay import replay
+from .replay import Numbers, replay
 
 __all__ = [
     "CountMismatchError",
@@ -221,10 +221,10 @@ def _records_state_after(
     replayed, _ = replay(size=buffer_size, seed_parts=seed_parts, handed_out=yielded,
                          total=total)
     state = replayed.get_state()
-    numbers = [number for _, number in unpack_positions(state[Shuffle.POSITIONS])]
+    numbers = [number for _, number in Shuffle.positions_of(state)]
     located = _positions_of(numbers, work, counts, shards, blocks)
-    state[Shuffle.POSITIONS] = pack_positions(
-        [work[located[n][0]][0] for n in numbers], [located[n][1] for n in numbers]
-    )
-    state[Shuffle.SOURCE] = position_of(state[Shuffle.SOURCE][ChunkCursor.SOURCE]["next"])
-    return state
+    # the records read up to the snapshot: the numbers source's next one is where it stood
+    read = Numbers.next_of(ChunkCursor.source_of(Shuffle.source_of(state)))
+    return Shuffle.moved(state, positions=[(work[located[n][0]][0], located[n][1])
+                                           for n in numbers],
+                         source=position_of(read))

@@ -23,17 +23,31 @@ NEW = -1  # block id of a numbered record in a replay: (NEW, n) is the n-th reco
 
 class Numbers:
     """A stand-in chunk source: records (NEW, 0), (NEW, 1), ... up to `total` (None: no end),
-    one per chunk so that the records read are exactly those pulled."""
+    one per chunk so that the records read are exactly those pulled.
+
+    State: ``{"next": n}``, the number of the next record."""
+
+    NEXT = "next"
+
+    @classmethod
+    def state_at(cls, number: int) -> dict[str, Any]:
+        """The state before record `number`."""
+        return {cls.NEXT: number}
+
+    @classmethod
+    def next_of(cls, state: dict[str, Any]) -> int:
+        """The number of the next record of a state."""
+        return int(state[cls.NEXT])
 
     def __init__(self, total: int | None) -> None:
         self.total = total
         self.reset()
 
     def reset(self, state: dict[str, Any] | None = None) -> None:
-        self.next = 0 if state is None else state["next"]
+        self.next = 0 if state is None else self.next_of(state)
 
     def get_state(self) -> dict[str, Any]:
-        return {"next": self.next}
+        return self.state_at(self.next)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -55,7 +69,8 @@ def replay(
     snapshot: dict[str, Any] | None = None, handed: list[Any] | None = None,
 ) -> tuple[Shuffle, Numbers]:
     """A shuffle over numbers that has handed out `handed_out` records, from the start of the
-    epoch or from a `snapshot` (the shuffle state's fields other than its source).
+    epoch or from a `snapshot` (`Shuffle.snapshot_of` a state: the buffer without its source;
+    the records it says were handed out since are among `handed_out`).
 
     Returns the shuffle (its `buffered()` and `get_state()`) and the numbers source (how many
     records it read: `.next`). `handed`, if given, receives the records handed out, in order.
@@ -63,8 +78,8 @@ def replay(
     numbers = Numbers(total)
     shuffle = Shuffle(numbers, size=size, seed_parts=seed_parts, fetch=_identity)
     if snapshot is not None:
-        start = {ChunkCursor.SOURCE: {"next": 0}, ChunkCursor.ITEM: -1, ChunkCursor.OFFSET: 0}
-        shuffle.reset({**snapshot, Shuffle.SOURCE: start, Shuffle.SINCE: 0})
+        start = ChunkCursor.between(Numbers.state_at(0))
+        shuffle.reset(Shuffle.restarted(snapshot, start))
     out = islice(iter(shuffle), handed_out)
     if handed is None:
         for _ in out:

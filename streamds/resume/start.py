@@ -279,11 +279,10 @@ def after_batches(
             seed_parts=shuffle_seed_parts(layout.seed, epoch, here.rank, old),
         )
         if rule is not None:  # the pool's batches handed out: re-read, cut, skip them
-            state.pipeline = {PoolBatch.SOURCE: state.pipeline,
-                              PoolBatch.RULE: rule.config(), PoolBatch.POOL: pool,
-                              PoolBatch.EMITTED: emitted // batch_size}
+            state.pipeline = PoolBatch.state_over(state.pipeline, rule.config(), pool,
+                                                  emitted // batch_size)
         elif batched:  # the Batch stage wraps the records stage's state
-            state.pipeline = {Batch.SOURCE: state.pipeline}
+            state.pipeline = Batch.state_over(state.pipeline)
         starts[worker] = state
     return starts
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..stages.mixing import MixStage
 from ..stages.packing import PACK_COUNTERS, PackStage
-from ..stages.state import READER, refuse_old, stage_of
+from ..stages.state import READER, ReaderState, refuse_old, stage_of
 from .merge import (
     COUNTERS,
     MERGED_MIX,
@@ -21,8 +21,8 @@ from .merge import (
     MERGED_STATE,
     MIX,
     PACKED,
-    _stage_counts,
     _states_of,
+    merged_counts,
 )
 
 __all__ = ["counts_of", "source_counts", "token_counts"]
@@ -59,12 +59,10 @@ def _add(found: Any, totals: Counter[str]) -> None:
         refuse_old(found)
         kind = stage_of(found)
         if kind == READER:
-            totals.update(found["carried"])
-            if found["pipeline"] is not None:
-                totals.update(_stage_counts(found["pipeline"]))
+            totals.update(ReaderState.counts_of(found))
             return
         if kind == MERGED_STATE:
-            totals.update(found["counts"])
+            totals.update(merged_counts(found))
             return
         for value in found.values():
             _add(value, totals)

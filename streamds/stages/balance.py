@@ -26,7 +26,7 @@ from typing import Any
 
 from ..storage.plan import Plan
 from ..world import World
-from .chunks import Chunk, WorkItem
+from .chunks import SOURCE, STAGE, Chunk, WorkItem, checked, find
 from .parse import Marker
 
 __all__ = [
@@ -131,15 +131,25 @@ class EvenRanks:
     """Stage: chunks -> chunks holding exactly `quota` records in all (None: pass through).
 
     Stops mid-chunk when the quota is reached; the source cycles through pad work when it
-    would run short. State: ``{"source": ..., "emitted": n, "cut": [k, o] | None}``: records
+    would run short. State: ``{"stage": "even_ranks", "source": ..., "emitted": n, "cut":
+    [k, o] | None}``: records
     passed on so far, and once the quota is reached, where the last one ends (work item k,
     offset o), since the source has read on to the end of that chunk (an elastic resume
     needs to know which records were passed on).
     """
 
-    SOURCE = "source"
+    STAGE = "even_ranks"
+    SOURCE = SOURCE
     EMITTED = "emitted"
     CUT = "cut"
+
+    @classmethod
+    def cut_of(cls, state: dict[str, Any]) -> tuple[int, int] | None:
+        """(work item k, offset o) where the quota cut this stage's stream in `state` (its
+        own state or one nested above it; the records passed on end before offset o of item
+        k); None while the quota is not reached."""
+        cut = find(state, cls.STAGE)[cls.CUT]
+        return None if cut is None else (cut[0], cut[1])
 
     def __init__(
         self, source: Any, quota: int | None, *, work_items: int = 0, pad_items: int = 0
@@ -157,13 +167,15 @@ class EvenRanks:
         return (item - self.work_items) // self.pad_items
 
     def reset(self, state: dict[str, Any] | None = None) -> None:
+        if state is not None:
+            checked(state, self.STAGE)
         self.source.reset(None if state is None else state[self.SOURCE])
         self._emitted = 0 if state is None else state[self.EMITTED]
-        # states taken before streamds kept the cut have none: read as not cut
-        self._cut_at: list[int] | None = None if state is None else state.get(self.CUT)
+        self._cut_at: list[int] | None = None if state is None else state[self.CUT]
 
     def get_state(self) -> dict[str, Any]:
-        return {self.SOURCE: self.source.get_state(), self.EMITTED: self._emitted,
+        return {STAGE: self.STAGE, self.SOURCE: self.source.get_state(),
+                self.EMITTED: self._emitted,
                 self.CUT: self._cut_at}
 
     @property

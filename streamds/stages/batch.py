@@ -4,8 +4,8 @@ With ``DataLoader(ds.batch(n, collate=...), batch_size=None)`` each message from
 one batch, so pipe and pickling costs are paid per batch, not per record. The state is the
 source's state at the batch boundary, so a state taken after any batch resumes exactly.
 
-State: ``{"source": <the records stage's state>}``. Batches cut by length (a `BatchSpec` with a
-`rule`) come from the `streamds.stages.buckets.PoolBatch` stage instead.
+State: ``{"stage": "batch", "source": <the records stage's state>}``. Batches cut by length
+(a `BatchSpec` with a `rule`) come from the `streamds.stages.buckets.PoolBatch` stage instead.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import get_worker_info
 
 from ..handover import shm_ring
+from .chunks import SOURCE, STAGE, checked
 
 if TYPE_CHECKING:
     from .buckets import Rule
@@ -129,7 +130,23 @@ class Batch:
     record's line is.
     """
 
-    SOURCE = "source"
+    STAGE = "batch"
+    SOURCE = SOURCE
+
+    @classmethod
+    def state_over(cls, source: Any) -> dict[str, Any]:
+        """The state of this stage over a records stage standing at `source`."""
+        return {STAGE: cls.STAGE, cls.SOURCE: source}
+
+    @classmethod
+    def owns(cls, state: Any) -> bool:
+        """Whether a pipeline state is this stage's."""
+        return isinstance(state, dict) and state.get(STAGE) == cls.STAGE
+
+    @classmethod
+    def source_of(cls, state: dict[str, Any]) -> Any:
+        """The records stage's state under this stage's."""
+        return state[cls.SOURCE]
 
     def __init__(self, source: Any, spec: BatchSpec, collate: Callable[..., Any], *,
                  positions: bool = False) -> None:
@@ -139,10 +156,12 @@ class Batch:
         self.positions = positions
 
     def reset(self, state: dict[str, Any] | None = None) -> None:
+        if state is not None:
+            checked(state, self.STAGE)
         self.source.reset(None if state is None else state[self.SOURCE])
 
     def get_state(self) -> dict[str, Any]:
-        return {self.SOURCE: self.source.get_state()}
+        return self.state_over(self.source.get_state())
 
     @property
     def counts(self) -> dict[str, int]:

@@ -15,8 +15,8 @@ from (seed, epoch, rank, worker, pool number). Its state is where its source sto
 current pool began plus how many of the pool's batches were handed out, so it is O(1) to take;
 a resume re-reads that one pool (at most `pool_size` records) and skips those batches.
 
-State: ``{"source": <source state at the pool's start>, "rule": [config], "pool": k,
-"emitted": j}``.
+State: ``{"stage": "pool_batch", "source": <source state at the pool's start>, "rule":
+[config], "pool": k, "emitted": j}``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any
 from ..checks import check_bool, check_int, check_optional_int
 from ..errors import StateMismatchError
 from ..seeds import derive_seed
+from .chunks import SOURCE, STAGE, checked
 
 __all__ = [
     "FieldLength",
@@ -218,18 +219,54 @@ def pool_rng(seed_parts: Sequence[int | str], pool: int) -> random.Random:
 
 def is_pool_state(state: Any) -> bool:
     """Whether a pipeline state is a `PoolBatch` stage's."""
-    return isinstance(state, dict) and set(state) == set(PoolBatch.KEYS)
+    return isinstance(state, dict) and state.get(STAGE) == PoolBatch.STAGE
 
 
 class PoolBatch:
     """Stage: records -> `collate(batch)` for each batch `rule` cuts from each pool of
     `rule.pool_size` records. `seed_parts`: the reader's (seed, epoch, rank, worker)."""
 
-    SOURCE = "source"
+    STAGE = "pool_batch"
+    SOURCE = SOURCE
     RULE = "rule"
     POOL = "pool"
     EMITTED = "emitted"
-    KEYS = (SOURCE, RULE, POOL, EMITTED)
+
+    # -- operations on a state, for resumes computed outside the stage --------------------
+
+    @classmethod
+    def state_over(cls, source: Any, rule: list[Any], pool: int, emitted: int
+                   ) -> dict[str, Any]:
+        """The state of pool number `pool`, cut by the rule of config `rule`, beginning where
+        the source stands at `source`, `emitted` of its batches handed out."""
+        return {STAGE: cls.STAGE, cls.SOURCE: source, cls.RULE: rule, cls.POOL: pool,
+                cls.EMITTED: emitted}
+
+    @classmethod
+    def source_of(cls, state: dict[str, Any]) -> Any:
+        """The source's state where the state's pool began."""
+        return state[cls.SOURCE]
+
+    @classmethod
+    def pool_of(cls, state: dict[str, Any]) -> dict[str, Any]:
+        """The state without its source: which pool, cut by which rule, and how many of its
+        batches were handed out (read with `rule_of`, `number_of`, `emitted_of`)."""
+        return {key: state[key] for key in (cls.RULE, cls.POOL, cls.EMITTED)}
+
+    @classmethod
+    def rule_of(cls, pool: dict[str, Any]) -> list[Any]:
+        """The config of the rule that cut the pool of a state or a `pool_of`."""
+        return pool[cls.RULE]
+
+    @classmethod
+    def number_of(cls, pool: dict[str, Any]) -> int:
+        """Which pool of the reader's stream (0, 1, ...), of a state or a `pool_of`."""
+        return int(pool[cls.POOL])
+
+    @classmethod
+    def emitted_of(cls, pool: dict[str, Any]) -> int:
+        """Batches of the pool handed out, of a state or a `pool_of`."""
+        return int(pool[cls.EMITTED])
 
     def __init__(
         self, source: Any, rule: Rule, *, collate: Callable[[list[Any]], Any],
@@ -242,7 +279,7 @@ class PoolBatch:
         self.reset()
 
     def reset(self, state: dict[str, Any] | None = None) -> None:
-        if state is not None and state[self.RULE] != self.rule.config():
+        if state is not None and checked(state, self.STAGE)[self.RULE] != self.rule.config():
             raise StateMismatchError(
                 f"the state was taken with batches cut by {state[self.RULE]} but this dataset "
                 f"cuts them by {self.rule.config()}; build it with the same .batch() rule"
@@ -258,11 +295,9 @@ class PoolBatch:
     def get_state(self) -> dict[str, Any]:
         """O(1): the source state where the pool began (or, once it is spent, ended)."""
         if self._count is not None and self._emitted >= self._count:
-            return {self.SOURCE: self._after, self.RULE: self.rule.config(),
-                    self.POOL: self._pool + 1, self.EMITTED: 0}
+            return self.state_over(self._after, self.rule.config(), self._pool + 1, 0)
         start = self.source.get_state() if self._start is None else self._start
-        return {self.SOURCE: start, self.RULE: self.rule.config(), self.POOL: self._pool,
-                self.EMITTED: self._emitted}
+        return self.state_over(start, self.rule.config(), self._pool, self._emitted)
 
     @property
     def done(self) -> bool:

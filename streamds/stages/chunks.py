@@ -3,15 +3,30 @@
 Stages pass chunks, not records, so per-record Python work happens once, in the stage that
 hands records out. `ChunkCursor` is how that stage keeps an exact position at any record: the
 source's state before the current chunk, plus the work item and offset of the next record.
+
+Every stage's state names its stage under `STAGE`, nests its source's under `SOURCE` and
+keeps its counters under `COUNTS` (the protocol's keys); `nodes` walks such a state down,
+`find` finds the node of a stage by its name, and `counts_in` sums the counters.
+Every other key belongs to the stage that writes it, and only that stage reads it: callers
+use its operations (`ChunkCursor.at`, `Lines.position_in`, `Shuffle.snapshot_of`, ...).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["Chunk", "ChunkCursor", "ChunkStage", "Position", "WorkItem"]
+from ..errors import StateMismatchError
+
+__all__ = ["COUNTS", "SOURCE", "STAGE", "Chunk", "ChunkCursor", "ChunkStage", "Position",
+           "WorkItem", "checked", "counts_in", "find", "nodes"]
+
+STAGE = "stage"  # the key by which every node of a state tree names its stage
+
+SOURCE = "source"  # the key under which every stage's state nests its source's
+COUNTS = "counts"  # the key under which a stage that counts keeps its counters
 
 # (block id, offset): where the record's line begins in the shard's decoded bytes; in a tar
 # shard or a .json document (chunks with `labels`) the record's ordinal in the shard instead
@@ -52,17 +67,87 @@ class ChunkStage(Protocol):
     def counts(self) -> dict[str, int]: ...
 
 
+def nodes(state: Any) -> Iterator[dict[str, Any]]:
+    """The state of every stage down a nested stage state, the top first (each nests its
+    source's under `SOURCE`; the walk ends at a stage without a source)."""
+    node = state
+    while isinstance(node, dict):
+        yield node
+        node = node.get(SOURCE)
+
+
+def checked(state: Any, stage: str) -> dict[str, Any]:
+    """`state` as the node of stage `stage`; strict: another stage's node, or no node, fails."""
+    if isinstance(state, dict) and state.get(STAGE) == stage:
+        return state
+    found = state.get(STAGE) if isinstance(state, dict) else type(state).__name__
+    raise StateMismatchError(
+        f"damaged streamds state: the {stage!r} stage was given the state of {found!r}; pass "
+        "the dict that state_dict() returned, unchanged, to a dataset built the same way"
+    )
+
+
+def find(state: Any, stage: str) -> dict[str, Any]:
+    """The node of stage `stage` down a nested stage state (strict: it must be there)."""
+    for node in nodes(state):
+        if node.get(STAGE) == stage:
+            return node
+    raise StateMismatchError(
+        f"damaged streamds state: no {stage!r} stage's state below this one; pass the dict "
+        "that state_dict() returned, unchanged"
+    )
+
+
+def counts_in(state: Any) -> Counter[str]:
+    """The counters of every stage down a nested stage state, summed (not every stage
+    counts)."""
+    counts: Counter[str] = Counter()
+    for node in nodes(state):
+        counts.update(node.get(COUNTS, {}))
+    return counts
+
+
 class ChunkCursor:
     """Pulls chunks from `source` and remembers the source's state before each one.
 
-    Position: ``{"source": <source state before the chunk>, "item": k, "offset": o}``: the
+    Position: ``{"stage": "cursor", "source": <source state before the chunk>, "item": k,
+    "offset": o}``: the
     next record is the one at offset o of work item k. A position taken at any record resumes
     there exactly: the source restarts before that chunk and the chunk is cut at o.
     """
 
-    SOURCE = "source"
+    STAGE = "cursor"
+    SOURCE = SOURCE
     ITEM = "item"
     OFFSET = "offset"
+    BETWEEN = -1  # the item of a position between chunks: the source's state says the rest
+
+    @classmethod
+    def at(cls, source: Any, item: int, offset: int | None) -> dict[str, Any]:
+        """The position of the record at `offset` of work item `item` (None: the item's
+        first), the source standing at `source` (its state before that record's chunk)."""
+        return {STAGE: cls.STAGE, cls.SOURCE: source, cls.ITEM: item,
+                cls.OFFSET: -1 if offset is None else offset}
+
+    @classmethod
+    def between(cls, source: Any) -> dict[str, Any]:
+        """The position between chunks where the source stands at `source`: its next chunk
+        whole."""
+        return {STAGE: cls.STAGE, cls.SOURCE: source, cls.ITEM: cls.BETWEEN, cls.OFFSET: 0}
+
+    @classmethod
+    def source_of(cls, position: dict[str, Any]) -> Any:
+        """The source's state in a position (before the next record's chunk)."""
+        return position[cls.SOURCE]
+
+    @classmethod
+    def next_record(cls, position: dict[str, Any]) -> tuple[int, int] | None:
+        """(work item, offset) of the next record of a position; None between chunks, where
+        the source's state says where it stands."""
+        item = position[cls.ITEM]
+        if item < 0:
+            return None
+        return item, position[cls.OFFSET]
 
     def __init__(self, source: ChunkStage) -> None:
         self.source = source
@@ -74,6 +159,7 @@ class ChunkCursor:
             self.source.reset(None)
             self._cut = None
         else:
+            checked(position, self.STAGE)
             self.source.reset(position[self.SOURCE])
             self._cut = (position[self.ITEM], position[self.OFFSET])
         self.before = None
@@ -98,7 +184,5 @@ class ChunkCursor:
     def position(self, chunk: Chunk | None, index: int) -> dict[str, Any]:
         """Where the record `index` of `chunk` is (None: past the last chunk)."""
         if chunk is None or index >= len(chunk.items):
-            state = self.source.get_state()  # the chunk is spent: after it, exactly
-            return {self.SOURCE: state, self.ITEM: -1, self.OFFSET: 0}
-        return {self.SOURCE: self.before, self.ITEM: chunk.work_index,
-                self.OFFSET: chunk.offsets[index]}
+            return self.between(self.source.get_state())  # the chunk is spent: after it
+        return self.at(self.before, chunk.work_index, chunk.offsets[index])

@@ -7,8 +7,10 @@ on_error="skip" is counted and left. With `readahead` bytes, the stored bytes of
 work items are fetched ahead (`streamds.storage.readahead`, through the local `cache` when
 given) and handed to the opener as ``ahead=``.
 
-State: ``{"item": k, "offset": o | None, "counts": {"corrupt_blocks": n}}``: continue work
-item k at the line beginning at offset o (None: where the item starts).
+State: ``{"stage": "lines", "item": k, "offset": o | None, "counts": {"corrupt_blocks": n}}``:
+continue work
+item k at the line beginning at offset o (None: where the item starts). `position_in` finds
+where the line reader stands in any state nested above it; `seek` moves it.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from ..storage.plan import Block
 from ..storage.read import Opener, open_decoded_at, read_lines
 from ..storage.readahead import ReadAhead, Span, block_span, on_fuse
 from ..storage.shards import Shard
-from .chunks import Chunk, WorkItem
+from .chunks import COUNTS, STAGE, Chunk, WorkItem, checked, find
 
 __all__ = ["Lines"]
 
@@ -33,9 +35,17 @@ log = logging.getLogger(__name__)
 
 
 class Lines:
+    STAGE = "lines"
     ITEM = "item"
     OFFSET = "offset"
-    COUNTS = "counts"
+    COUNTS = COUNTS
+
+    @classmethod
+    def position_in(cls, state: Any) -> tuple[int, int | None]:
+        """(work item, offset) where the line reader stands in `state`: its own state, or
+        one of a stage nested above it (found down the sources, `chunks.find`)."""
+        node = find(state, cls.STAGE)
+        return node[cls.ITEM], node[cls.OFFSET]
 
     def __init__(
         self,
@@ -62,12 +72,19 @@ class Lines:
         self.reset()
 
     def reset(self, state: dict[str, Any] | None = None) -> None:
+        if state is not None:
+            checked(state, self.STAGE)
         self._item = 0 if state is None else state[self.ITEM]
         self._offset: int | None = None if state is None else state[self.OFFSET]
         self._corrupt = 0 if state is None else state[self.COUNTS]["corrupt_blocks"]
 
+    def seek(self, item: int, offset: int | None) -> None:
+        """Continue at the line beginning at `offset` of work item `item` (None: the item's
+        start); the counters stay."""
+        self._item, self._offset = item, offset
+
     def get_state(self) -> dict[str, Any]:
-        return {self.ITEM: self._item, self.OFFSET: self._offset,
+        return {STAGE: self.STAGE, self.ITEM: self._item, self.OFFSET: self._offset,
                 self.COUNTS: {"corrupt_blocks": self._corrupt}}
 
     @property

@@ -27,7 +27,7 @@ import orjson
 from ..errors import CorruptRecordError
 from ..formats import values
 from ..storage.read import Opener, count_newlines, open_decoded_at
-from .chunks import Chunk
+from .chunks import COUNTS, SOURCE, STAGE, Chunk, checked
 
 if TYPE_CHECKING:
     from ..storage.plan import Block
@@ -239,8 +239,9 @@ class Parse:
     State: ``{"source": ..., "counts": {"bad": n, "blank": m}}``, counted as chunks pass.
     """
 
-    SOURCE = "source"
-    COUNTS = "counts"
+    STAGE = "parse"
+    SOURCE = SOURCE
+    COUNTS = COUNTS
 
     def __init__(
         self, source: Any, shards: Sequence[Shard], blocks: Sequence[Block], *,
@@ -257,12 +258,14 @@ class Parse:
         self.reset()
 
     def reset(self, state: dict[str, Any] | None = None) -> None:
+        if state is not None:
+            checked(state, self.STAGE)
         self.source.reset(None if state is None else state[self.SOURCE])
         counts = {"bad": 0, "blank": 0} if state is None else state[self.COUNTS]
         self._bad, self._blank = counts["bad"], counts["blank"]
 
     def get_state(self) -> dict[str, Any]:
-        return {self.SOURCE: self.source.get_state(),
+        return {STAGE: self.STAGE, self.SOURCE: self.source.get_state(),
                 self.COUNTS: {"bad": self._bad, "blank": self._blank}}
 
     @property

@@ -261,14 +261,9 @@ class Reader:
     def position_at(self, item: int, offset: int | None) -> dict[str, Any]:
         """A `ChunkCursor` position at work item `item`, offset `offset`, with counters at 0
         (for resumes computed from record counts)."""
-        self.even.reset(None)
-        source = self.even.get_state()
-        lines = source
-        while Lines.ITEM not in lines:
-            lines = lines["source"]
-        lines[Lines.ITEM], lines[Lines.OFFSET] = item, offset
-        return {ChunkCursor.SOURCE: source, ChunkCursor.ITEM: item,
-                ChunkCursor.OFFSET: -1 if offset is None else offset}
+        self.even.reset(None)  # every stage below the records stage at its start
+        self.lines.seek(item, offset)
+        return ChunkCursor.at(self.even.get_state(), item, offset)
 
 
 def describe_counts(counts: dict[str, int]) -> str:

@@ -18,8 +18,10 @@ except under even_ranks, so that filling it costs a read and a parse per record,
 Filling that takes longer than `SLOW_FILL` seconds is logged once per process (INFO), with
 why and what to do.
 
-State: ``{"source": <position at the snapshot>, "positions": packed, "round": r,
-"since": n, "draining": bool}``.
+State: ``{"stage": "shuffle", "source": <position at the snapshot>, "positions": packed,
+"round": r, "since": n, "draining": bool}``. Resumes computed elsewhere (elastic,
+plain-loader) use the stage's operations on it: `source_of`, `snapshot_of` / `restarted` /
+`since_of` (the buffer part without the source), `positions_of` / `moved`.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from itertools import islice
 from typing import Any
 
 from ..seeds import derive_seed
-from .chunks import Chunk, ChunkCursor, ChunkStage, Position
+from .chunks import SOURCE, STAGE, Chunk, ChunkCursor, ChunkStage, Position, checked
 from .parse import Marker
 from .records import PositionedBatch
 
@@ -71,11 +73,50 @@ class Shuffle:
     to the slow-fill log line (what else made the fill slow).
     """
 
-    SOURCE = "source"
+    STAGE = "shuffle"
+    SOURCE = SOURCE
     POSITIONS = "positions"
     ROUND = "round"
     SINCE = "since"
     DRAINING = "draining"
+
+    # -- operations on a state, for resumes computed outside the stage --------------------
+
+    @classmethod
+    def source_of(cls, state: dict[str, Any]) -> dict[str, Any]:
+        """The `ChunkCursor` position of the source at the state's snapshot."""
+        return state[cls.SOURCE]
+
+    @classmethod
+    def snapshot_of(cls, state: dict[str, Any]) -> dict[str, Any]:
+        """The state without where its source stood: the buffer at the snapshot, its round,
+        whether it drained, and the records handed out since (`since_of`)."""
+        return {key: state[key] for key in (cls.POSITIONS, cls.ROUND, cls.DRAINING, cls.SINCE)}
+
+    @classmethod
+    def since_of(cls, state: dict[str, Any]) -> int:
+        """Records handed out since the snapshot, of a state or a `snapshot_of`."""
+        return int(state[cls.SINCE])
+
+    @classmethod
+    def restarted(cls, snapshot: dict[str, Any], source: dict[str, Any]) -> dict[str, Any]:
+        """The state with the buffer of `snapshot` (a `snapshot_of`), the source at position
+        `source`, and no record handed out since (for replays from a snapshot)."""
+        return {STAGE: cls.STAGE, **snapshot, cls.SOURCE: source, cls.SINCE: 0}
+
+    @classmethod
+    def positions_of(cls, state: dict[str, Any]) -> list[Position]:
+        """The positions of the records buffered at the state's snapshot, in slot order."""
+        return unpack_positions(state[cls.POSITIONS])
+
+    @classmethod
+    def moved(cls, state: dict[str, Any], *, positions: Sequence[Position],
+              source: dict[str, Any]) -> dict[str, Any]:
+        """The state with its buffered positions and its source's position replaced (a replay
+        on record numbers, put where those records are)."""
+        return {**state, cls.POSITIONS: pack_positions([block for block, _ in positions],
+                                                       [offset for _, offset in positions]),
+                cls.SOURCE: source}
 
     def __init__(
         self,
@@ -113,6 +154,7 @@ class Shuffle:
             positions = self.prefill
             self._round, self._draining, replay = 0, False, 0
         else:
+            checked(state, self.STAGE)
             self.cursor.reset(state[self.SOURCE])
             positions = unpack_positions(state[self.POSITIONS])
             self._round, self._draining = state[self.ROUND], state[self.DRAINING]
@@ -132,12 +174,11 @@ class Shuffle:
         )
 
     def _start_position(self) -> dict[str, Any]:
-        return {ChunkCursor.SOURCE: self.cursor.source.get_state(), ChunkCursor.ITEM: -1,
-                ChunkCursor.OFFSET: 0}
+        return ChunkCursor.between(self.cursor.source.get_state())
 
     def _pack(self, source_position: dict[str, Any]) -> dict[str, Any]:
         """A snapshot: O(buffer), taken once per round."""
-        return {self.SOURCE: source_position,
+        return {STAGE: self.STAGE, self.SOURCE: source_position,
                 self.POSITIONS: pack_positions(self._blocks, self._offsets),
                 self.ROUND: self._round, self.DRAINING: self._draining}
 

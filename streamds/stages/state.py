@@ -20,10 +20,12 @@ Dict form (``state_dict()``)::
      "finished": bool,                         # the epoch's iterator ran out
      "pipeline": <nested stage state> | None}  # None: not started
 
-The pipeline state nests like the pipeline: [after-buffer map and filter <-] shuffle (or
-records) <- even ranks <- transform <- parse <- lines (a shuffling reader without even_ranks
-runs its steps after the buffer: `streamds.stages.pipeline`). Loading is strict: a missing or
-unknown key, or another format, fails.
+The pipeline state nests like the pipeline, each node naming its stage ("stage" key):
+[batch or pool_batch <-] [after_buffer <-] [shuffle <-] cursor <- even_ranks <- transform <-
+parse <- lines (the in-order records stage's state is its cursor; a shuffling reader without
+even_ranks runs its steps after the buffer: `streamds.stages.pipeline`). Each node is read by
+its own stage only; others use its operations (`streamds.stages.chunks`). Loading is strict:
+a missing or unknown key, another stage's node, or another format, fails.
 
 One format version covers the whole state tree (`STATE_FORMAT`): readers, merged states,
 mixes, packed data, batchers and `Rebatch`. It is carried once, at the top of a state a user
@@ -35,13 +37,14 @@ the formats of earlier streamds versions are refused by name (`refuse_old`).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import StateMismatchError
 from ..world import World
-from .chunks import Position, WorkItem
+from .chunks import STAGE, Position, WorkItem, counts_in
 
 __all__ = [
     "FORMAT",
@@ -66,7 +69,6 @@ __all__ = [
 # the one format version of every state streamds writes, carried at the top of the tree
 STATE_FORMAT = "streamds/3"
 FORMAT = "format"  # the key that carries it
-STAGE = "stage"  # the key by which every node of the tree names its stage
 READER = "reader"  # the stage of a reader's state (`ReaderState`)
 _EARLIER = "written by an earlier streamds version"
 # formats of earlier versions (one per family then), refused with the reason
@@ -127,6 +129,15 @@ class ReaderState:
             "prefill": [list(p) for p in self.prefill], "carried": dict(self.carried),
             "quota": self.quota, "finished": self.finished, "pipeline": self.pipeline,
         }
+
+    @classmethod
+    def counts_of(cls, node: dict[str, Any]) -> Counter[str]:
+        """The counters of a reader's node (of a state tree): those carried over from another
+        world, plus every stage's down its pipeline."""
+        counts: Counter[str] = Counter(node["carried"])
+        if node["pipeline"] is not None:
+            counts.update(counts_in(node["pipeline"]))
+        return counts
 
     @classmethod
     def from_dict(cls, state: Any) -> ReaderState:

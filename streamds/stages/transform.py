@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from ..errors import StateMismatchError
-from .chunks import Chunk
+from .chunks import COUNTS, SOURCE, STAGE, Chunk, checked
 from .parse import DROPPED, LineNumbers, Marker
 
 __all__ = [
@@ -200,12 +200,14 @@ def apply_steps(records: Iterable[Any], steps: Sequence[Step], where: str) -> It
 class Transform:
     """Stage: chunks of records -> chunks of transformed records (DROPPED where removed).
 
-    State: ``{"source": ..., "counts": {"dropped": n}}``. `where` names the file and line of
+    State: ``{"stage": "transform", "source": ..., "counts": {"dropped": n}}``. `where`
+    names the file and line of
     a record whose step raised (without it, the block and byte offset).
     """
 
-    SOURCE = "source"
-    COUNTS = "counts"
+    STAGE = "transform"
+    SOURCE = SOURCE
+    COUNTS = COUNTS
 
     def __init__(
         self, source: Any, steps: Sequence[Step], *, where: LineNumbers | None = None
@@ -217,11 +219,14 @@ class Transform:
         self.reset()
 
     def reset(self, state: dict[str, Any] | None = None) -> None:
+        if state is not None:
+            checked(state, self.STAGE)
         self.source.reset(None if state is None else state[self.SOURCE])
         self._dropped = 0 if state is None else state[self.COUNTS]["dropped"]
 
     def get_state(self) -> dict[str, Any]:
-        return {self.SOURCE: self.source.get_state(), self.COUNTS: {"dropped": self._dropped}}
+        return {STAGE: self.STAGE, self.SOURCE: self.source.get_state(),
+                self.COUNTS: {"dropped": self._dropped}}
 
     @property
     def counts(self) -> dict[str, int]:
@@ -278,13 +283,14 @@ class AfterBuffer:
     short). Without steps it passes the source's records and lists on at the source's speed.
     `on_end` is called once when the source's last record has gone through.
 
-    State: ``{"source": <the source's state>, "counts": {"dropped": n}}`` (the shape of
-    `Transform`'s). The source's state counts every record it handed out, those the steps
+    State: ``{"stage": "after_buffer", "source": <the source's state>, "counts":
+    {"dropped": n}}``. The source's state counts every record it handed out, those the steps
     dropped included, so a resume replays it without running a step.
     """
 
-    SOURCE = "source"
-    COUNTS = "counts"
+    STAGE = "after_buffer"
+    SOURCE = SOURCE
+    COUNTS = COUNTS
 
     def __init__(
         self, source: Any, steps: Sequence[Step], *, where: LineNumbers | None = None,
@@ -300,15 +306,16 @@ class AfterBuffer:
     @classmethod
     def state_over(cls, source_state: Any, dropped: int = 0) -> dict[str, Any]:
         """The state of this stage over a source standing at `source_state`."""
-        return {cls.SOURCE: source_state, cls.COUNTS: {"dropped": dropped}}
+        return {STAGE: cls.STAGE, cls.SOURCE: source_state, cls.COUNTS: {"dropped": dropped}}
 
     @classmethod
     def source_state(cls, state: dict[str, Any]) -> Any:
         """The source's part of a state of this stage (strict)."""
-        if set(state) != {cls.SOURCE, cls.COUNTS}:
+        if not isinstance(state, dict) or state.get(STAGE) != cls.STAGE:
+            found = state.get(STAGE) if isinstance(state, dict) else type(state).__name__
             raise StateMismatchError(
-                f"this state has no map/filter stage after the shuffle buffer (keys "
-                f"{sorted(state)}); it was taken by a streamds version that ran the map and "
+                f"this state has no map/filter stage after the shuffle buffer (it holds the "
+                f"state of {found!r}); it was taken by a streamds version that ran the map and "
                 "filter steps before the shuffle buffer, or by a dataset with other steps or "
                 "settings. Finish the epoch with the version and dataset that took it, or "
                 "restart the epoch"
