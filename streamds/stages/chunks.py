@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["Chunk", "ChunkCursor", "ChunkStage", "Position", "WorkItem"]
+__all__ = ["Chunk", "ChunkCursor", "ChunkStage", "Position", "Stored", "WorkItem", "is_stored"]
 
 # (block id, offset): where the record's line begins in the shard's decoded bytes; in a tar
 # shard or a .json document (chunks with `labels`) the record's ordinal in the shard instead
@@ -40,6 +40,26 @@ class Chunk:
         labels = None if self.labels is None else self.labels[first:]
         return Chunk(self.work_index, self.block, self.offsets[first:], self.items[first:],
                      self.clean, labels)
+
+
+class Stored:
+    """A placeholder for the entry `ordinal` of a block `ds.cache` holds (`held`: the open
+    block, `streamds.stages.cache`): small, so a shuffle buffer holds these, not records."""
+
+    __slots__ = ("held", "ordinal")
+
+    def __init__(self, held: Any, ordinal: int) -> None:
+        self.held = held
+        self.ordinal = ordinal
+
+    def __repr__(self) -> str:
+        return f"<stored {self.held.block}:{self.ordinal}>"
+
+
+def is_stored(chunk: Chunk) -> bool:
+    """Whether `chunk` holds placeholders of a stored block (not lines or records)."""
+    items = chunk.items
+    return bool(items) and items[0].__class__ is Stored
 
 
 class ChunkStage(Protocol):
@@ -92,6 +112,8 @@ class ChunkCursor:
                 self._cut = None
                 if chunk.work_index == item:
                     chunk = chunk.starting_at(offset)
+                    if not chunk.items:  # the record is in a later chunk of the item (the
+                        self._cut = (item, offset)  # source cut its chunks elsewhere)
             self.before = before
             yield chunk
 

@@ -26,11 +26,15 @@ import logging
 import pickle
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import StateMismatchError
-from .chunks import Chunk
+from ..storage.records_cache import UncacheableRecordError
+from .chunks import Chunk, Stored, is_stored
 from .parse import DROPPED, LineNumbers, Marker
+
+if TYPE_CHECKING:
+    from .cache import BlockCache
 
 __all__ = [
     "AfterBuffer",
@@ -208,12 +212,18 @@ class Transform:
     COUNTS = "counts"
 
     def __init__(
-        self, source: Any, steps: Sequence[Step], *, where: LineNumbers | None = None
+        self, source: Any, steps: Sequence[Step], *, where: LineNumbers | None = None,
+        cache: BlockCache | None = None, cached_steps: int = 0,
     ) -> None:
         self.source = source
         self.steps = tuple(steps)
         self.apply = compose(steps)
         self.where = where
+        # `ds.cache`: the first `cached_steps` steps make what the cache stores; the rest run
+        # on the records, computed or stored
+        self.cache = cache
+        self.before_cache = compose(self.steps[:cached_steps])
+        self.after_cache = compose(self.steps[cached_steps:])
         self.reset()
 
     def reset(self, state: dict[str, Any] | None = None) -> None:
@@ -227,9 +237,11 @@ class Transform:
     def counts(self) -> dict[str, int]:
         return {**self.source.counts, "dropped": self._dropped}
 
-    def transform(self, chunk: Chunk) -> Chunk:
-        """`chunk` with the steps applied (also used to re-read buffered records)."""
-        apply = self.apply
+    def transform(self, chunk: Chunk, apply: Composed | str | None = "all") -> Chunk:
+        """`chunk` with the steps applied (also used to re-read buffered records); `apply`:
+        some of them (`compose`)."""
+        if apply == "all":
+            apply = self.apply
         if apply is None:
             return chunk
         before = apply.dropped
@@ -258,7 +270,30 @@ class Transform:
             place = f"{self.where.url(chunk.block)}: {self.where.describe(chunk, index)[1]}"
         return f"streamds: raised in the transform stage, {which}, on the record at {place}"
 
+    def _cached(self, cache: BlockCache) -> Iterator[Chunk]:
+        """`__iter__` with `ds.cache`: stored blocks' records come from the store, the
+        others are computed and handed to it."""
+        for chunk in self.source:
+            if is_stored(chunk):
+                if cache.late:  # the steps run after the buffer: placeholders go on
+                    yield chunk
+                    continue
+                items = [cache.resolve(item) for item in chunk.items]
+                clean = not any(item is DROPPED for item in items)
+                out = Chunk(chunk.work_index, chunk.block, chunk.offsets, items, clean)
+                out = self.transform(out, self.after_cache)
+            else:
+                out = self.transform(chunk, self.before_cache)
+                cache.seen(out)
+                out = self.transform(out, self.after_cache)
+            if not out.clean:
+                self._dropped += sum(1 for item in out.items if item is DROPPED)
+            yield out
+
     def __iter__(self) -> Iterator[Chunk]:
+        if self.cache is not None:
+            yield from self._cached(self.cache)
+            return
         apply = self.apply
         for chunk in self.source:
             before = 0 if apply is None else apply.dropped
@@ -288,13 +323,19 @@ class AfterBuffer:
 
     def __init__(
         self, source: Any, steps: Sequence[Step], *, where: LineNumbers | None = None,
-        on_end: Callable[[], None] | None = None,
+        on_end: Callable[[], None] | None = None, cache: BlockCache | None = None,
+        cached_steps: int = 0,
     ) -> None:
         self.source = source
         self.steps = tuple(steps)
         self.apply = Composed(steps)
         self.where = where
         self.on_end = on_end
+        # `ds.cache`: the first `cached_steps` steps make what the cache stores (as records
+        # leave the buffer), the rest run on the records, computed or stored
+        self.cache = cache
+        self.before_cache = Composed(self.steps[:cached_steps])
+        self.after_cache = Composed(self.steps[cached_steps:])
         self.reset()
 
     @classmethod
@@ -334,6 +375,10 @@ class AfterBuffer:
         return bool(self.source.done)
 
     def __iter__(self) -> Iterator[Any]:
+        if self.cache is not None:
+            yield from self._cached(self.cache)
+            self._end()
+            return
         if not self.steps:  # nothing to run: the source's records, at its speed
             yield from self.source
             self._end()
@@ -353,6 +398,31 @@ class AfterBuffer:
             yield out
         self._end()
 
+    def _cached(self, cache: BlockCache) -> Iterator[Any]:
+        """`__iter__` with `ds.cache`: placeholders of stored blocks become their stored
+        records; the others go through the cached steps and into the store."""
+        source, before, after = self.source, self.before_cache, self.after_cache
+        for record in source:
+            try:
+                if record.__class__ is Stored:
+                    out = cache.resolve(record)
+                else:
+                    out = before(record) if before.steps else record
+                    cache.put(*source.last_position, out)
+                if out is not DROPPED and after.steps:
+                    out = after(out)
+            except UncacheableRecordError:
+                raise
+            except Exception as err:
+                wrapped = _annotated(err, self._note(before.failed or after.failed))
+                if wrapped is None:
+                    raise
+                raise wrapped from err
+            if out is DROPPED:
+                self._dropped += 1
+                continue
+            yield out
+
     def _end(self) -> None:
         if self.on_end is not None:
             self.on_end()
@@ -360,7 +430,7 @@ class AfterBuffer:
     def batches(self, size: int) -> Iterator[list[Any]]:
         """The records in lists of `size` (the last may be short), with the same state after
         each list as `size` steps of iteration."""
-        if not self.steps:
+        if not self.steps and self.cache is None:
             yield from self.source.batches(size)
             self._end()
             return
