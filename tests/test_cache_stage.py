@@ -129,6 +129,53 @@ def test_exact_resume_in_a_cached_epoch(corpus: Path, tmp_path: Path, shuffle: b
     assert ids(got) == want
 
 
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cache") / "big"
+    write_mixed(root, scale=5)  # past a shuffle round (1024 records): buffers re-read
+    return root
+
+
+@pytest.mark.parametrize("filled", [False, True], ids=["filling", "cached"])
+def test_exact_resume_past_a_shuffle_round_rereads_the_buffer(big: Path, tmp_path: Path,
+                                                              filled: bool) -> None:
+    if filled:
+        epoch(dataset(big, tmp_path), 0)
+    made = iter(range(1000))
+
+    def make() -> StreamingJsonl:
+        return dataset(big, tmp_path if filled else tmp_path / f"fresh-{next(made)}")
+
+    want = epoch(dataset(big, None), 0)
+    assert len(want) > 1100
+    CALLS["map"] = 0
+    assert ids(run_test_save_load_state(make, [1030, len(want) - 3])) == want
+    assert (CALLS["map"] == 0) == filled
+
+
+def batch_ids(batch: list[dict[str, Any]]) -> list[int]:
+    return [record["id"] for record in batch]
+
+
+@pytest.mark.parametrize("filled", [False, True], ids=["filling", "cached"])
+def test_exact_resume_of_a_loader_with_two_workers(corpus: Path, tmp_path: Path,
+                                                   filled: bool) -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    if filled:
+        epoch(dataset(corpus, tmp_path), 0, workers=2)
+    made = iter(range(1000))
+
+    def make() -> StatefulDataLoader:
+        where = tmp_path if filled else tmp_path / f"fresh-{next(made)}"
+        return StatefulDataLoader(dataset(corpus, where), batch_size=8, num_workers=2,
+                                  collate_fn=batch_ids)
+
+    want = list(StatefulDataLoader(dataset(corpus, None), batch_size=8, num_workers=2,
+                                   collate_fn=batch_ids))
+    assert run_test_save_load_state(make, [1, 9, 20]) == want
+
+
 @pytest.mark.parametrize("piece", [PIECE, 16])
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_a_state_moves_between_cached_and_uncached_datasets(
