@@ -13,6 +13,11 @@ as every reader does without a shuffle: a reader's quota counts records after th
 a record dropped after the buffer would leave its rank short. A step that drops records
 changes which records the buffer draws from, so the shuffled order for a seed differs from
 that of streamds versions that mapped before the buffer (the records do not).
+
+With `ds.cache` (`Spec.records_cache`), one `BlockCache` per reader is shared by the lines
+stage (stored blocks are not read: placeholders of their records' positions flow instead) and
+the stage that runs the steps (placeholders become stored records; computed records are
+stored); every stage's state is what it is without the cache (`streamds.stages.cache`).
 """
 
 from __future__ import annotations

@@ -9,6 +9,11 @@ Where a reader shuffles, the steps run on records as they leave the shuffle buff
 resume, costs a read and a parse per record, not a map (`streamds.stages.pipeline` says
 where each runs).
 
+With `ds.cache` (`streamds.stages.cache`), the stage that runs the steps also resolves the
+placeholders of stored blocks into their stored records (the steps before the cache are not
+run for them) and hands what the steps before the cache made of the other records to the
+store; the steps after the cache run on both.
+
 A step that raises keeps its exception type; the exception gains a note naming the file, the
 1-based line, the stage and the step (``err.add_note``; before Python 3.11 an exception of
 the same type, chained, where one can be built from a message). Finding the record costs
@@ -237,11 +242,12 @@ class Transform:
     def counts(self) -> dict[str, int]:
         return {**self.source.counts, "dropped": self._dropped}
 
-    def transform(self, chunk: Chunk, apply: Composed | str | None = "all") -> Chunk:
-        """`chunk` with the steps applied (also used to re-read buffered records); `apply`:
-        some of them (`compose`)."""
-        if apply == "all":
-            apply = self.apply
+    def transform(self, chunk: Chunk) -> Chunk:
+        """`chunk` with the steps applied (also used to re-read buffered records)."""
+        return self.run(chunk, self.apply)
+
+    def run(self, chunk: Chunk, apply: Composed | None) -> Chunk:
+        """`chunk` with `apply` (some of the steps, `compose`) applied."""
         if apply is None:
             return chunk
         before = apply.dropped
@@ -281,11 +287,11 @@ class Transform:
                 items = [cache.resolve(item) for item in chunk.items]
                 clean = not any(item is DROPPED for item in items)
                 out = Chunk(chunk.work_index, chunk.block, chunk.offsets, items, clean)
-                out = self.transform(out, self.after_cache)
+                out = self.run(out, self.after_cache)
             else:
-                out = self.transform(chunk, self.before_cache)
+                out = self.run(chunk, self.before_cache)
                 cache.seen(out)
-                out = self.transform(out, self.after_cache)
+                out = self.run(out, self.after_cache)
             if not out.clean:
                 self._dropped += sum(1 for item in out.items if item is DROPPED)
             yield out
