@@ -223,6 +223,37 @@ def test_even_ranks_cached_as_without_the_cache(corpus: Path, tmp_path: Path) ->
     assert CALLS["map"] == 0
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_counts_of_a_cached_epoch_are_those_of_the_source(tmp_path: Path, shuffle: bool
+                                                         ) -> None:
+    source = tmp_path / "a.jsonl"
+    lines = []
+    for i in range(400):
+        lines.append(f'{{"id": {i}, "text": "{"w" * (i % 9)}"}}')
+        if i % 31 == 0:
+            lines.append("")  # blank
+        if i % 47 == 5:
+            lines.append('{"id": "cut')  # malformed, skipped
+    source.write_text("\n".join(lines) + "\n")
+
+    def make(cache: Path | None) -> StreamingJsonl:
+        ds = StreamingJsonl(str(source), shuffle=shuffle, buffer_size=30, on_error="skip")
+        ds = ds.map(tokenize)
+        return ds if cache is None else ds.cache(cache, key="k")
+
+    want = ids(make(None))
+    plain = make(None)
+    list(plain)
+    counts = plain.counts
+    assert counts["bad"] and counts["blank"] and counts["dropped"]
+    for number in (0, 1):  # fills, then from the store
+        cached = make(tmp_path / "c")
+        assert ids(cached) == want and cached.counts == counts, number
+    got = run_test_save_load_state(lambda: make(tmp_path / "c"), range(0, len(want), 37),
+                                   after=lambda ds: ds.counts)
+    assert ids(got) == want
+
+
 def test_a_changed_file_or_another_key_is_never_served(tmp_path: Path) -> None:
     source = tmp_path / "src"
     source.mkdir()

@@ -4,24 +4,27 @@
 shared by the stages that fill and read it:
 
 - `Lines` asks `open(block)` before reading a block. A stored block is not read or parsed:
-  `pieces` hands its positions on in chunks of `Stored` placeholders (`PIECE` at most), the
-  same positions reading the source gives, so the shuffle buffer draws the same order and a
-  state says the same as without the cache. A block not stored, started from its beginning,
-  gets a writer (`begin`; one per block across the processes of the machine: a process that
-  does not get it just computes) and, once read, its count (`finish`).
+  `pieces` hands its positions on in chunks of `Stored` placeholders (`PIECE` at most; blank
+  and skipped lines as their markers), the same positions reading the source gives, so the
+  shuffle buffer draws the same order and a state says the same as without the cache. A
+  block not stored, started from its beginning, gets a writer (`begin`; one per block across
+  the processes of the machine: a process that does not get it just computes) and, once
+  read, its count (`finish`).
 - Where the steps run before the buffer (no shuffle, or even_ranks), `Transform` resolves
-  placeholders (`resolve`) and hands each computed chunk to `seen`, which stores its records
-  and drops in order. Where they run after the buffer, `Transform` only counts the block's
-  records (`seen`), and `AfterBuffer` resolves placeholders and `put`s each record the steps
-  made (or their drop) at its position as it leaves the buffer; the block completes when
-  its last record has left.
+  placeholders (`resolve`) and hands each computed chunk to `seen`, which stores its records,
+  drops and lines without a record in order. Where they run after the buffer, `Transform`
+  hands `seen` the parsed chunks (it counts them and stores the lines without a record),
+  and `AfterBuffer` resolves placeholders and `put`s each record the steps made (or their
+  drop) at its position as it leaves the buffer; the block completes when its last record
+  has left.
 - A resumed reader never sees the records handed out before its state, so a block it was
   filling does not complete; `close()` (at the epoch's end, or when the reader is dropped)
   gives up every open writer: a later epoch stores the block.
 
-Counters: a stored block counts its drops as the steps did; malformed lines skipped under
-on_error="skip" and blank lines are counted in the epoch that reads the source, not in the
-epochs served from the store (the store keeps records and drops, not lines).
+Counters are the same as without the cache: a stored block keeps its drops and its lines
+without a record (blank, or malformed and skipped under on_error="skip") as entries, which
+come back as the markers the parse and the steps made (only the first epoch logs the
+malformed lines one by one).
 
 A stored block that turns out damaged (`CachedBlockError`) is logged and its records are
 computed from the source at the same positions.
@@ -38,17 +41,17 @@ from typing import Any
 
 from ..errors import StateMismatchError
 from ..storage.records_cache import (
-    DROPPED as STORED_DROP,
-)
-from ..storage.records_cache import (
+    BAD_LINE,
+    BLANK_LINE,
     BlockReader,
     BlockWriter,
     CachedBlockError,
     RecordStore,
     UncacheableRecordError,
 )
+from ..storage.records_cache import DROPPED as STORED_DROP
 from .chunks import Chunk, Position, Stored
-from .parse import DROPPED, LineNumbers, Marker
+from .parse import BAD, BLANK, DROPPED, LineNumbers, Marker
 
 __all__ = ["PIECE", "BlockCache", "RecordsCache"]
 
@@ -79,6 +82,9 @@ class _Held:
         self.reader = reader
         self.out = 0
         self.reading = True  # `Lines` is still handing out its positions
+
+
+_MARKS = {DROPPED: STORED_DROP, BLANK: BLANK_LINE, BAD: BAD_LINE}  # stage marker -> entry
 
 
 class _Filling:
@@ -139,9 +145,13 @@ class BlockCache:
                 # past the last: a state never holds it (`Lines` moves to the next block
                 # before handing the last piece on)
                 offsets.append(reader.position(high) if high < count else offsets[-1] + 1)
-                items = [Stored(held, i) for i in range(low, high)]
-                held.out += len(items)
-                yield Chunk(work_index, held.block, offsets, items, True), high == count
+                marks = reader.line_marks(low, high)
+                items: list[Any] = [Stored(held, i) for i in range(low, high)]
+                for ordinal, mark in marks.items():
+                    items[ordinal - low] = BLANK if mark is BLANK_LINE else BAD
+                held.out += len(items) - len(marks)
+                chunk = Chunk(work_index, held.block, offsets, items, not marks, stored=True)
+                yield chunk, high == count
         finally:
             held.reading = False
             self._release(held)
@@ -240,17 +250,15 @@ class BlockCache:
         if filling is None:
             return
         items = chunk.items
-        if self.late:
-            filling.count += len(items) if chunk.clean else sum(
-                1 for item in items if item.__class__ is not Marker)
-            return
         put = filling.writer.put_at
+        filling.count += len(items)
+        if self.late and chunk.clean:  # records: put as they leave the buffer
+            return
         for offset, item in zip(chunk.offsets, items, strict=False):
             if item.__class__ is Marker:
-                if item is not DROPPED:
-                    continue  # a blank or malformed line: no record, no entry
-                item = STORED_DROP
-            filling.count += 1
+                item = _MARKS[item]
+            elif self.late:
+                continue
             self._put(put, chunk.block, offset, item)
         self._settle(chunk.block, filling)
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["Chunk", "ChunkCursor", "ChunkStage", "Position", "Stored", "WorkItem", "is_stored"]
+__all__ = ["Chunk", "ChunkCursor", "ChunkStage", "Position", "Stored", "WorkItem"]
 
 # (block id, offset): where the record's line begins in the shard's decoded bytes; in a tar
 # shard or a .json document (chunks with `labels`) the record's ordinal in the shard instead
@@ -31,6 +31,7 @@ class Chunk:
     items: list[Any]
     clean: bool
     labels: list[str] | None = None  # tar member or JSON document, for errors; None: lines
+    stored: bool = False  # `Stored` placeholders (and line markers) of a block ds.cache holds
 
     def starting_at(self, offset: int) -> Chunk:
         """The part of the chunk from the line at `offset` on."""
@@ -54,12 +55,6 @@ class Stored:
 
     def __repr__(self) -> str:
         return f"<stored {self.held.block}:{self.ordinal}>"
-
-
-def is_stored(chunk: Chunk) -> bool:
-    """Whether `chunk` holds placeholders of a stored block (not lines or records)."""
-    items = chunk.items
-    return bool(items) and items[0].__class__ is Stored
 
 
 class ChunkStage(Protocol):

@@ -27,7 +27,7 @@ import orjson
 from ..errors import CorruptRecordError
 from ..formats import values
 from ..storage.read import Opener, count_newlines, open_decoded_at
-from .chunks import Chunk, is_stored
+from .chunks import Chunk
 
 if TYPE_CHECKING:
     from ..storage.plan import Block
@@ -282,8 +282,13 @@ class Parse:
 
     def __iter__(self) -> Iterator[Chunk]:
         for raw in self.source:
-            if raw.items and raw.items[0].__class__ is not bytes and is_stored(raw):
-                yield raw  # a stored block's placeholders (`ds.cache`): nothing to parse
+            if raw.stored:  # a stored block's placeholders (`ds.cache`): nothing to parse
+                if not raw.clean:  # its lines without a record, counted as when read
+                    bad = raw.items.count(BAD)
+                    self._bad += bad
+                    self._blank += raw.items.count(BLANK)
+                    self.skipped[self.where.url(raw.block)] += bad
+                yield raw
                 continue
             chunk = self.parse(raw)
             if not chunk.clean:  # the slow path: count (and log) what holds no record

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import StateMismatchError
 from ..storage.records_cache import UncacheableRecordError
-from .chunks import Chunk, Stored, is_stored
+from .chunks import Chunk, Stored
 from .parse import DROPPED, LineNumbers, Marker
 
 if TYPE_CHECKING:
@@ -280,12 +280,13 @@ class Transform:
         """`__iter__` with `ds.cache`: stored blocks' records come from the store, the
         others are computed and handed to it."""
         for chunk in self.source:
-            if is_stored(chunk):
+            if chunk.stored:
                 if cache.late:  # the steps run after the buffer: placeholders go on
                     yield chunk
                     continue
-                items = [cache.resolve(item) for item in chunk.items]
-                clean = not any(item is DROPPED for item in items)
+                items = [item if item.__class__ is Marker else cache.resolve(item)
+                         for item in chunk.items]
+                clean = not any(item.__class__ is Marker for item in items)
                 out = Chunk(chunk.work_index, chunk.block, chunk.offsets, items, clean)
                 out = self.run(out, self.after_cache)
             else:
