@@ -282,9 +282,8 @@ class StreamingJsonl(IterableDataset):
         writer per block). Shards whose storage gives no modification time and no manifest
         checksum cannot be told stale: they are read as without a cache (logged once).
         What the steps make must be dicts of str, int, float, bool, None, lists, bytes,
-        numpy arrays or torch tensors (`streamds.storage.records_cache`). Blank lines and
-        lines skipped under on_error="skip" are counted in the epoch that reads the source,
-        not in epochs served from the cache.
+        numpy arrays or torch tensors (`streamds.storage.records_cache`). Counts (dropped,
+        blank and skipped lines) are the same as without the cache.
 
         ``ds.map(tokenize).cache("/content/cache", key="bpe-32k")``
         """
