@@ -4,7 +4,9 @@ without it; nothing stale served (`streamds.stages.cache`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
+import logging
 import os
 from collections.abc import Callable
 from itertools import islice
@@ -278,6 +280,24 @@ def test_a_changed_file_or_another_key_is_never_served(tmp_path: Path) -> None:
     assert CALLS["map"] == 50
     assert [r["ids"] for r in got] == [[ord(c) for c in f"u{r['id']}"[: r["id"] % 11]]
                                        for r in got]
+
+
+def test_a_shard_that_cannot_be_told_stale_is_read_uncached(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    source = tmp_path / "a.jsonl"
+    source.write_text("".join(f'{{"id": {i}, "text": "t{i}"}}\n' for i in range(30)))
+    ds = StreamingJsonl(str(source)).map(tokenize)
+    ds._shards = [dataclasses.replace(shard, version=None, checksum=None)
+                  for shard in ds._shards]  # as a storage without mtimes or ETags gives them
+    with caplog.at_level(logging.WARNING, logger="streamds"):
+        cached = ds.cache(tmp_path / "c", key="k")
+    assert "1 of 1 shards are read without the cache" in caplog.text
+    want = ids(StreamingJsonl(str(source)).map(tokenize))
+    for _ in range(2):
+        CALLS["map"] = 0
+        assert ids(cached) == want
+        assert CALLS["map"] == 30
+    assert not (tmp_path / "c").exists()  # nothing stored, nothing locked
 
 
 def test_two_readers_share_a_directory_one_writer_per_block(corpus: Path, tmp_path: Path
