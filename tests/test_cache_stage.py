@@ -300,6 +300,25 @@ def test_a_shard_that_cannot_be_told_stale_is_read_uncached(
     assert not (tmp_path / "c").exists()  # nothing stored, nothing locked
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_damaged_stored_block_is_computed_and_stored_again(
+        corpus: Path, tmp_path: Path, shuffle: bool, caplog: pytest.LogCaptureFixture) -> None:
+    want = epoch(dataset(corpus, None, shuffle=shuffle), 0)
+    epoch(dataset(corpus, tmp_path, shuffle=shuffle), 0)
+    biggest = max(stored(tmp_path), key=lambda name: os.path.getsize(tmp_path / name))
+    with open(tmp_path / biggest, "r+b") as f:  # one byte of an entry flipped
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with caplog.at_level(logging.WARNING, logger="streamds"):
+        assert epoch(dataset(corpus, tmp_path, shuffle=shuffle), 0) == want
+    assert "does not match its checksum" in caplog.text
+    assert biggest not in stored(tmp_path)
+    assert epoch(dataset(corpus, tmp_path, shuffle=shuffle), 0) == want  # stores it again
+    assert biggest in stored(tmp_path)
+
+
 def test_two_readers_share_a_directory_one_writer_per_block(corpus: Path, tmp_path: Path
                                                             ) -> None:
     want = epoch(dataset(corpus, None, shuffle=False), 0)

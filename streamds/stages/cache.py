@@ -112,15 +112,22 @@ class BlockCache:
         self.where = where
         self.compute = compute
         self._held: dict[int, _Held] = {}
+        self._damaged: list[_Held] = []
         self._filling: dict[int, _Filling] = {}
 
     # -- reading (Lines) ---------------------------------------------------------------------
 
     def open(self, block: int) -> _Held | None:
-        """The stored block, held open while its placeholders are out (None: not stored)."""
-        held = self._held.get(block)
+        """The stored block, held open while `Lines` hands out its positions and while its
+        placeholders are out (None: not stored)."""
+        held = self._open(block)
         if held is not None:
             held.reading = True
+        return held
+
+    def _open(self, block: int) -> _Held | None:
+        held = self._held.get(block)
+        if held is not None:
             return held
         key = self.spec.keys[block]
         if key is None:
@@ -129,6 +136,7 @@ class BlockCache:
         if reader is None:
             return None
         held = self._held[block] = _Held(block, key, reader)
+        held.reading = False
         return held
 
     def pieces(self, held: _Held, work_index: int, start: int | None
@@ -180,7 +188,8 @@ class BlockCache:
         path = self.spec.store.path_of(held.key)
         if self._held.get(held.block) is held:
             del self._held[held.block]
-        held.out = 1 << 62  # its reader stays open for the placeholders still out
+        held.out = 1 << 62  # its reader stays open for the placeholders still out (until
+        self._damaged.append(held)  # `close`)
         path.unlink(missing_ok=True)
 
     def fetch(self, positions: Sequence[Position],
@@ -193,7 +202,7 @@ class BlockCache:
         for index, (block, _) in enumerate(positions):
             wanted[block].append(index)
         for block, indexes in wanted.items():
-            held = self.open(block)
+            held = self._open(block)
             if held is None:
                 rest += indexes
                 continue
@@ -208,7 +217,6 @@ class BlockCache:
                         "or the steps changed since the state was taken")
                 out[index] = Stored(held, ordinal)
                 held.out += 1
-            held.reading = False
             self._release(held)
         if rest:
             for index, record in zip(rest, source([positions[i] for i in rest]), strict=True):
@@ -292,9 +300,10 @@ class BlockCache:
         for filling in self._filling.values():
             filling.writer.abort()
         self._filling.clear()
-        for held in self._held.values():
+        for held in [*self._held.values(), *self._damaged]:
             held.reader.close()
         self._held.clear()
+        self._damaged.clear()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # at exit: the descriptors go with the process
