@@ -102,6 +102,19 @@ def test_same_records_in_the_same_order_as_without_the_cache(
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
+def test_every_rank_of_a_world_reads_as_without_the_cache(corpus: Path, tmp_path: Path,
+                                                          shuffle: bool) -> None:
+    seen = []
+    for number in (0, 1):
+        for rank in range(3):
+            world = {"rank": rank, "world_size": 3, "shuffle": shuffle}
+            got = epoch(dataset(corpus, tmp_path, **world), number)
+            assert got == epoch(dataset(corpus, None, **world), number)
+            seen += got
+    assert sorted(seen) == sorted(2 * epoch(dataset(corpus, None), 0))
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
 def test_exact_resume_in_the_filling_epoch(corpus: Path, tmp_path: Path, shuffle: bool
                                            ) -> None:
     made = iter(range(1000))
