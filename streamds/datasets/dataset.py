@@ -274,13 +274,15 @@ class StreamingJsonl(IterableDataset):
         of reading, parsing and mapping again: the same records in the same order, with the
         same states, as without it. Steps added after `.cache()` run on the stored records.
 
-        `key` names what the steps compute (the tokenizer and its settings): another key, a
-        changed source file (name, size, manifest checksum, or modification time) or other
-        steps never read records stored under the old one. `limit`: bytes the directory may
-        hold (an int or a size such as "10GB"; None: no bound); least recently used blocks
-        go first. The directory is shared by the workers and ranks of one machine (one
-        writer per block). Shards whose storage gives no modification time and no manifest
-        checksum cannot be told stale: they are read as without a cache (logged once).
+        `key` names what the steps compute (the tokenizer and its settings: steps are told
+        apart by their names only, not their code or a partial's arguments): another key, a
+        changed source file (name, size, manifest checksum, or modification time), another
+        on_error or steps of other names never read records stored under the old one.
+        `limit`: bytes the directory may hold (an int or a size such as "10GB"; None: no
+        bound); least recently used blocks go first. The directory is shared by the workers
+        and ranks of one machine (one writer per block). Shards whose storage gives no
+        modification time and no manifest checksum cannot be told stale: they are read as
+        without a cache (logged once).
         What the steps make must be dicts of str, int, float, bool, None, lists, bytes,
         numpy arrays or torch tensors (`streamds.storage.records_cache`). Counts (dropped,
         blank and skipped lines) are the same as without the cache.
