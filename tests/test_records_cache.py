@@ -23,6 +23,8 @@ from hypothesis import strategies as st
 
 from streamds.storage.plan import Block
 from streamds.storage.records_cache import (
+    BAD_LINE,
+    BLANK_LINE,
     DROPPED,
     CachedBlockError,
     RecordStore,
@@ -119,6 +121,19 @@ def test_round_trip_of_a_bare_value_and_dropped() -> None:
     assert encode_record(DROPPED) != encode_record(None)
     assert decode_record(encode_record(DROPPED)) is DROPPED
     assert same(decode_record(encode_record([1, "a", None])), [1, "a", None])
+
+
+def test_lines_without_a_record_are_entries_read_apart(tmp_path: Path) -> None:
+    assert len({encode_record(mark) for mark in (DROPPED, BLANK_LINE, BAD_LINE, None)}) == 4
+    store = RecordStore(str(tmp_path))
+    entries = [{"i": 0}, BLANK_LINE, True, DROPPED, BAD_LINE, {}, "x"]
+    with store.start(KEY, len(entries)) as writer:
+        for index, entry in enumerate(entries):
+            writer.put(index, entry)
+    with store.get(KEY) as reader:
+        assert [reader.record(i) for i in range(len(entries))] == entries
+        assert reader.line_marks(0, len(entries)) == {1: BLANK_LINE, 4: BAD_LINE}
+        assert reader.line_marks(2, 4) == {}
 
 
 def test_decoded_arrays_are_writable_copies() -> None:

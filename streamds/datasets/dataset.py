@@ -18,7 +18,7 @@ from typing import Any
 
 from torch.utils.data import get_worker_info
 
-from ..checks import check_bool, check_choice, check_int
+from ..checks import check_bool, check_choice, check_int, size_setting
 from ..errors import StateMismatchError
 from ..resume.counts import count_block_records, listed_counts
 from ..resume.identity import Identity, check_identity, relative_names, source_root
@@ -41,15 +41,17 @@ from ..retry import RetryPolicy
 from ..stages.balance import EVEN_RANKS
 from ..stages.batch import Batch, BatchSpec, RecordBatch
 from ..stages.buckets import RULES, LengthBuckets, TokenBudget, is_pool_state
+from ..stages.cache import RecordsCache
 from ..stages.cpus import WORKER_CPUS
 from ..stages.parse import ON_ERROR
 from ..stages.pipeline import Reader, Spec
 from ..stages.state import ReaderState, check_epoch_change, refuse_old, stage_of
 from ..stages.timing import StageTimer
-from ..stages.transform import Step
+from ..stages.transform import Step, describe_step
 from ..storage.plan import Plan, make_blocks, small_corpus_piece
 from ..storage.read import open_decoded_at
 from ..storage.readahead import DEFAULT_READAHEAD, wants_readahead
+from ..storage.records_cache import RecordStore, block_key, uncacheable
 from ..storage.settings import UNSET, Storage, deprecated, storage_of
 from ..storage.shards import Shard, resolve_shards, source_items
 from ..train.loader import Loader
@@ -169,6 +171,7 @@ class StreamingJsonl(StreamdsDataset):
         self._epoch = _Epoch(0)
         self._steps: tuple[Step, ...] = (Step("map", transform),) if transform is not None else ()
         self._batch: BatchSpec | None = None  # whole batches out of the workers (.batch)
+        self._records_cache: RecordsCache | None = None  # stored records (.cache)
         self._shards: list[Shard] = resolve_shards(source, storage_options, on_error=on_error)
         # even ranks cut a small corpus finer, so that ranks' shares differ by little
         self._fine_piece = small_corpus_piece(self._shards) if even_ranks is not None else None
@@ -242,13 +245,69 @@ class StreamingJsonl(StreamdsDataset):
         opener = functools.partial(open_decoded_at, retry=self.retry, cache=self._cache)
         return Spec(self._shards, self._block_list, self._plan, self._steps, self.on_error,
                     self.buffer_size, self.retry, opener, batch=self._batch,
-                    readahead=self.readahead, cache=self._cache, worker_cpus=self.worker_cpus)
+                    readahead=self.readahead, cache=self._cache, worker_cpus=self.worker_cpus,
+                    records_cache=self._records_cache)
 
     def _with_step(self, step: Step) -> StreamingJsonl:
         clone = copy.copy(self)
         clone._steps = (*self._steps, step)
         clone._active = None
         clone._start = self._start.for_new_steps()  # merged tails resolve with the new steps
+        return clone
+
+    def cache(self, directory: str | os.PathLike, *, key: str,
+              limit: int | str | None = None) -> StreamingJsonl:
+        """A new dataset that stores the records the steps so far make (the parse and the
+        `.map`/`.filter` steps added before it) in `directory` on local disk, in the first
+        epoch that reads each block, and reads them back in later epochs and resumes instead
+        of reading, parsing and mapping again: the same records in the same order, with the
+        same states, as without it. Steps added after `.cache()` run on the stored records.
+
+        `key` names what the steps compute (the tokenizer and its settings: steps are told
+        apart by their names only, not their code or a partial's arguments): another key, a
+        changed source file (name, size, manifest checksum, or modification time), another
+        on_error or steps of other names never read records stored under the old one.
+        `limit`: bytes the directory may hold (an int or a size such as "10GB"; None: no
+        bound); least recently used blocks go first. The directory is shared by the workers
+        and ranks of one machine (one writer per block). Shards whose storage gives no
+        modification time and no manifest checksum cannot be told stale: they are read as
+        without a cache (logged once).
+        What the steps make must be dicts of str, int, float, bool, None, lists, bytes,
+        numpy arrays or torch tensors (`streamds.storage.records_cache`). Counts (dropped,
+        blank and skipped lines) are the same as without the cache.
+
+        ``ds.map(tokenize).cache("/content/cache", key="bpe-32k")``
+        """
+        if self._records_cache is not None:
+            raise ValueError("cache() was called twice on this dataset; call it once, after "
+                             "the steps whose records are worth storing")
+        if not isinstance(directory, (str, os.PathLike)) or "://" in os.fspath(directory):
+            raise ValueError(f"cache directory must be a local path, got {directory!r}; "
+                             "put the cache on the machine's own disk (e.g. /content/cache "
+                             "on Colab), not on a remote or mounted source")
+        directory = os.fspath(directory)
+        if os.path.exists(directory) and not os.path.isdir(directory):
+            raise ValueError(f"cache directory {directory!r} is a file; pass a directory "
+                             "(made if missing)")
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"cache key must be a non-empty str naming what the steps "
+                             f"compute (e.g. the tokenizer and its settings), got {key!r}")
+        limit = None if limit is None else size_setting(
+            "limit", limit, "the bytes the cache directory may hold, or None for no bound")
+        steps = self._steps
+        upstream = "; ".join([f"on_error={self.on_error}"]
+                             + [describe_step(steps, step) for step in steps])
+        names = [name for name, _, _ in self._identity.files]
+        keys = tuple(block_key(self._shards[block.shard], block, name=names[block.shard],
+                               key=key, upstream=upstream) for block in self._block_list)
+        stale = [i for i, shard in enumerate(self._shards) if uncacheable(shard)]
+        if stale:
+            log.warning("ds.cache: %d of %d shards are read without the cache, every epoch "
+                        "(the first: %s): %s", len(stale), len(self._shards),
+                        names[stale[0]], uncacheable(self._shards[stale[0]]))
+        clone = copy.copy(self)
+        clone._records_cache = RecordsCache(RecordStore(directory, limit), keys, len(steps))
+        clone._active = None
         return clone
 
     def pack(self, packer: PackTokens) -> Packed:

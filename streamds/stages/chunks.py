@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from ..errors import StateMismatchError
 
 __all__ = ["COUNTS", "SOURCE", "STAGE", "Chunk", "ChunkCursor", "ChunkStage", "Position",
-           "WorkItem", "checked", "counts_in", "find", "nodes"]
+           "Stored", "WorkItem", "checked", "counts_in", "find", "nodes"]
 
 STAGE = "stage"  # the key by which every node of a state tree names its stage
 
@@ -46,6 +46,7 @@ class Chunk:
     items: list[Any]
     clean: bool
     labels: list[str] | None = None  # tar member or JSON document, for errors; None: lines
+    stored: bool = False  # `Stored` placeholders (and line markers) of a block ds.cache holds
 
     def starting_at(self, offset: int) -> Chunk:
         """The part of the chunk from the line at `offset` on."""
@@ -55,6 +56,20 @@ class Chunk:
         labels = None if self.labels is None else self.labels[first:]
         return Chunk(self.work_index, self.block, self.offsets[first:], self.items[first:],
                      self.clean, labels)
+
+
+class Stored:
+    """A placeholder for the entry `ordinal` of a block `ds.cache` holds (`held`: the open
+    block, `streamds.stages.cache`): small, so a shuffle buffer holds these, not records."""
+
+    __slots__ = ("held", "ordinal")
+
+    def __init__(self, held: Any, ordinal: int) -> None:
+        self.held = held
+        self.ordinal = ordinal
+
+    def __repr__(self) -> str:
+        return f"<stored {self.held.block}:{self.ordinal}>"
 
 
 class ChunkStage(Protocol):
@@ -178,6 +193,8 @@ class ChunkCursor:
                 self._cut = None
                 if chunk.work_index == item:
                     chunk = chunk.starting_at(offset)
+                    if not chunk.items:  # the record is in a later chunk of the item (the
+                        self._cut = (item, offset)  # source cut its chunks elsewhere)
             self.before = before
             yield chunk
 

@@ -5,7 +5,9 @@ lines on in chunks of one read each. With `pad_work` (even ranks), after `work` 
 through `pad_work` for as long as the consumer pulls. A damaged block under
 on_error="skip" is counted and left. With `readahead` bytes, the stored bytes of the coming
 work items are fetched ahead (`streamds.storage.readahead`, through the local `cache` when
-given) and handed to the opener as ``ahead=``.
+given) and handed to the opener as ``ahead=``. With `stored` (`ds.cache`), a block the
+cache holds is not read: its stored positions come as chunks of placeholders
+(`streamds.stages.cache`), and a block read from its start is filled.
 
 State: ``{"stage": "lines", "item": k, "offset": o | None, "counts": {"corrupt_blocks": n}}``:
 continue work
@@ -18,7 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CorruptShardError
 from ..retry import DEFAULT_RETRY, RetryPolicy
@@ -28,6 +30,9 @@ from ..storage.read import Opener, open_decoded_at, read_lines
 from ..storage.readahead import ReadAhead, Span, block_span, on_fuse
 from ..storage.shards import Shard
 from .chunks import COUNTS, STAGE, Chunk, WorkItem, checked, find
+
+if TYPE_CHECKING:
+    from .cache import BlockCache
 
 __all__ = ["Lines"]
 
@@ -59,6 +64,7 @@ class Lines:
         pad_work: Sequence[WorkItem] = (),
         readahead: int = 0,
         cache: CacheSpec | None = None,
+        stored: BlockCache | None = None,
     ) -> None:
         self.shards = shards
         self.blocks = blocks
@@ -69,6 +75,7 @@ class Lines:
         self.retry = retry
         self.readahead = readahead
         self.cache = cache
+        self.stored = stored
         self.reset()
 
     def reset(self, state: dict[str, Any] | None = None) -> None:
@@ -136,13 +143,26 @@ class Lines:
                     return
                 lines_in_pass = 0
             block_id, start = self.work_item(k)
+            resume_at = start if self._offset is None else self._offset
+            stored = self.stored
+            held = None if stored is None else stored.open(block_id)
+            if held is not None:  # not read: its stored positions, as placeholders
+                for chunk, last in stored.pieces(held, k, resume_at):
+                    if lines_in_pass is not None:
+                        lines_in_pass += len(chunk.items)
+                    if last:  # a state taken from here on starts at the next block
+                        self._item, self._offset = k + 1, None
+                    else:
+                        self._offset = chunk.offsets[-1]
+                    yield chunk
+                self._item, self._offset = k + 1, None
+                continue
+            if stored is not None and resume_at is None:
+                stored.begin(block_id)
             block = self.blocks[block_id]
             shard = self.shards[block.shard]
-            chunks = read_lines(
-                shard, block, block_id,
-                resume_at=start if self._offset is None else self._offset,
-                opener=opener, retry=self.retry,
-            )
+            chunks = read_lines(shard, block, block_id, resume_at=resume_at, opener=opener,
+                                retry=self.retry)
             try:
                 for raw in chunks:
                     self._offset = raw.offsets[-1]
@@ -150,8 +170,12 @@ class Lines:
                         lines_in_pass += len(raw.lines)
                     yield Chunk(k, block_id, raw.offsets, raw.lines, False, raw.labels)
             except CorruptShardError as err:
+                if stored is not None:
+                    stored.abandon(block_id)
                 if self.on_error == "raise":
                     raise
                 self._corrupt += 1
                 log.warning("skipping the rest of a damaged block: %s", err)
+            if stored is not None:
+                stored.finish(block_id)
             self._item, self._offset = k + 1, None

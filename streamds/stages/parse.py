@@ -285,6 +285,14 @@ class Parse:
 
     def __iter__(self) -> Iterator[Chunk]:
         for raw in self.source:
+            if raw.stored:  # a stored block's placeholders (`ds.cache`): nothing to parse
+                if not raw.clean:  # its lines without a record, counted as when read
+                    bad = raw.items.count(BAD)
+                    self._bad += bad
+                    self._blank += raw.items.count(BLANK)
+                    self.skipped[self.where.url(raw.block)] += bad
+                yield raw
+                continue
             chunk = self.parse(raw)
             if not chunk.clean:  # the slow path: count (and log) what holds no record
                 bad = chunk.items.count(BAD)

@@ -61,7 +61,7 @@ def parses_later(spec: Spec, collate: Any) -> bool:
     return (
         get_worker_info() is not None
         and batch is not None and batch.rule is None and collate is RecordBatch
-        and not spec.steps and spec.on_error == "raise"
+        and not spec.steps and spec.on_error == "raise" and spec.records_cache is None
         and all(shard.format == "jsonl" for shard in spec.shards)
     )
 

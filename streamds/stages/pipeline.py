@@ -13,6 +13,11 @@ as every reader does without a shuffle: a reader's quota counts records after th
 a record dropped after the buffer would leave its rank short. A step that drops records
 changes which records the buffer draws from, so the shuffled order for a seed differs from
 that of streamds versions that mapped before the buffer (the records do not).
+
+With `ds.cache` (`Spec.records_cache`), one `BlockCache` per reader is shared by the lines
+stage (stored blocks are not read: placeholders of their records' positions flow instead) and
+the stage that runs the steps (placeholders become stored records; computed records are
+stored); every stage's state is what it is without the cache (`streamds.stages.cache`).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any
 
 from torch.utils.data import get_worker_info
 
+from ..errors import StateMismatchError
 from ..handover.shm_tensors import leave_as_tensor_batches
 from ..retry import DEFAULT_RETRY, RetryPolicy
 from ..seeds import shuffle_seed_parts
@@ -37,16 +43,17 @@ from .ahead import AHEAD, MadeAhead
 from .balance import EvenRanks
 from .batch import Batch, BatchSpec
 from .buckets import PoolBatch
-from .chunks import Chunk, ChunkCursor, Position, WorkItem
+from .cache import BlockCache, RecordsCache
+from .chunks import Chunk, ChunkCursor, Position, Stored, WorkItem
 from .cpus import TUNE, on_planned_cpus, worker_plan
 from .lines import Lines
-from .parse import WARN_BAD_LINES, LineNumbers, Parse
+from .parse import DROPPED, WARN_BAD_LINES, LineNumbers, Parse
 from .parse_later import LineBatch, ParseLater, parses_later
 from .records import Records, fetch_records
 from .shuffle import Shuffle
 from .state import ReaderState
 from .timing import StageTimer, Timed
-from .transform import AfterBuffer, Step, Transform
+from .transform import AfterBuffer, Step, Transform, compose
 
 __all__ = ["Reader", "Spec", "describe_counts", "steps_after_buffer"]
 
@@ -78,6 +85,7 @@ class Spec:
     readahead: int = 0  # stored bytes fetched ahead of each reader (0: none)
     cache: CacheSpec | None = None  # the local copy of remote or mounted shards
     worker_cpus: str = "auto"  # workers leave the main process a CPU (streamds.stages.cpus); "all"
+    records_cache: RecordsCache | None = None  # `ds.cache`: stored records of the first steps
 
 
 def steps_after_buffer(shuffle: bool, even_ranks: bool) -> bool:
@@ -113,11 +121,17 @@ class Reader:
         world = state.share
         work = state.work if state.work is not None else spec.plan.work(state.epoch, world)
         pad = list(pad_work) if state.quota is not None else []
-        # -> chunks of raw lines of this reader's blocks (then pad blocks, under even ranks)
+        where = LineNumbers(spec.shards, spec.blocks, spec.opener)  # for messages
+        self.late = steps_after_buffer(spec.plan.shuffle, state.quota is not None)
+        # `ds.cache`: the store of the records the first steps make, per block
+        cached = spec.records_cache
+        self.cache = None if cached is None else BlockCache(
+            cached, late=self.late, where=where, compute=self._compute)
+        # -> chunks of raw lines of this reader's blocks (then pad blocks, under even ranks);
+        #    a block the cache holds: chunks of placeholders of its stored records instead
         self.lines = Lines(spec.shards, spec.blocks, work, on_error=spec.on_error,
                            opener=spec.opener, retry=spec.retry, pad_work=pad,
-                           readahead=spec.readahead, cache=spec.cache)
-        where = LineNumbers(spec.shards, spec.blocks, spec.opener)  # for messages
+                           readahead=spec.readahead, cache=spec.cache, stored=self.cache)
         collate = None if spec.batch is None else spec.batch.collate
         later = parses_later(spec, collate)
         # -> chunks of JSON values; BAD and BLANK markers where a line holds no record
@@ -126,24 +140,24 @@ class Reader:
             ParseLater(timed(self.lines, "lines")) if later else
             Parse(timed(self.lines, "lines"), spec.shards, spec.blocks,
                   on_error=spec.on_error, opener=spec.opener, where=where))
-        self.late = steps_after_buffer(spec.plan.shuffle, state.quota is not None)
         # -> chunks of the user's records after map and filter; DROPPED where removed (none:
         #    the steps run after the shuffle buffer, `late`)
+        cached_steps = 0 if cached is None else cached.steps
         self.transform = Transform(timed(self.parse, "parse"), () if self.late else spec.steps,
-                                   where=where)
+                                   where=where, cache=self.cache, cached_steps=cached_steps)
         # -> chunks holding exactly `quota` records in all (even ranks), else all of them
         quota = None if state.quota is None else max(0, state.quota - len(state.prefill))
         mapped = self.transform if self.late else timed(self.transform, "transform")
         self.even = EvenRanks(mapped, quota, work_items=len(work), pad_items=len(pad))
         # -> records one at a time: in order, or through the seeded shuffle buffer
         self.records: Records | Shuffle
-        end = None if self.late else self.log_summary  # called by the stage that ends last
+        end = None if self.late else self._end  # called by the stage that ends last
         if spec.plan.shuffle:
             parts = shuffle_seed_parts(spec.plan.seed, state.epoch, world.rank, world.worker)
             self.records = Shuffle(
                 timed(self.even, "even_ranks"), size=spec.buffer_size, seed_parts=parts,
                 fetch=self.fetch, prefill=state.prefill, on_end=end,
-                tell=self.late and bool(spec.steps),
+                tell=self.late and (bool(spec.steps) or cached is not None),
                 fill_note="" if self.late or not spec.steps else _MAPPED_FIRST)
         elif state.prefill:
             raise ValueError("buffered records to carry over need shuffle=True")
@@ -153,7 +167,8 @@ class Reader:
         self.top: Records | Shuffle | AfterBuffer = self.records
         if self.late:
             self.top = AfterBuffer(timed(self.records, "emit"), spec.steps, where=where,
-                                   on_end=self.log_summary)
+                                   on_end=self._end, cache=self.cache,
+                                   cached_steps=cached_steps)
         # -> whole batches, when the dataset was made with .batch(n) or .batch(rule)
         emit = timed(self.top, "transform" if self.late else "emit")
         self.out: Any = emit
@@ -183,9 +198,48 @@ class Reader:
         return AfterBuffer.state_over(state) if self.late else state
 
     def fetch(self, positions: Sequence[Position]) -> list[Any]:
+        """The records at `positions` as the shuffle buffer holds them (for resumes)."""
+        if self.cache is None:
+            return self._fetch(positions)
+        items = self.cache.fetch(positions, self._fetch)
+        if self.late:  # placeholders of stored blocks: resolved as they leave the buffer
+            return items
+        after = self.transform.after_cache
+        out = []
+        for (block, offset), item in zip(positions, items, strict=True):
+            if item.__class__ is Stored:
+                item = self.cache.resolve(item)
+                if item is not DROPPED and after is not None:
+                    item = after(item)
+                if item is DROPPED:
+                    raise StateMismatchError(
+                        f"block {block}, offset {offset}: a buffered record of the state is a "
+                        "drop in the cache; the data or the steps changed since the state was "
+                        "taken")
+            out.append(item)
+        return out
+
+    def _fetch(self, positions: Sequence[Position]) -> list[Any]:
         return fetch_records(positions, shards=self.spec.shards, blocks=self.spec.blocks,
                              prepare=self.prepare, opener=self.spec.opener,
                              retry=self.spec.retry)
+
+    def _compute(self, positions: Sequence[Position]) -> list[Any]:
+        """The records at `positions` after the steps before the cache (DROPPED where those
+        drop one), from the source: where a stored block turns out damaged."""
+        cached = self.spec.records_cache
+        steps = () if cached is None else self.spec.steps[:cached.steps]
+        spec = self.spec
+        records = fetch_records(positions, shards=spec.shards, blocks=spec.blocks,
+                                prepare=self.parse.parse, opener=spec.opener, retry=spec.retry)
+        apply = compose(steps)
+        return records if apply is None else [apply(record) for record in records]
+
+    def _end(self) -> None:
+        """The epoch is over: log what was counted, give up the blocks not filled."""
+        self.log_summary()
+        if self.cache is not None:
+            self.cache.close()
 
     def __iter__(self) -> Iterator[Any]:
         if self.finished:

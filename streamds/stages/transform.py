@@ -9,6 +9,11 @@ Where a reader shuffles, the steps run on records as they leave the shuffle buff
 resume, costs a read and a parse per record, not a map (`streamds.stages.pipeline` says
 where each runs).
 
+With `ds.cache` (`streamds.stages.cache`), the stage that runs the steps also resolves the
+placeholders of stored blocks into their stored records (the steps before the cache are not
+run for them) and hands what the steps before the cache made of the other records to the
+store; the steps after the cache run on both.
+
 A step that raises keeps its exception type; the exception gains a note naming the file, the
 1-based line, the stage and the step (``err.add_note``; before Python 3.11 an exception of
 the same type, chained, where one can be built from a message). Finding the record costs
@@ -26,11 +31,15 @@ import logging
 import pickle
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import StateMismatchError
-from .chunks import COUNTS, SOURCE, STAGE, Chunk, checked
+from ..storage.records_cache import UncacheableRecordError
+from .chunks import COUNTS, SOURCE, STAGE, Chunk, Stored, checked
 from .parse import DROPPED, LineNumbers, Marker
+
+if TYPE_CHECKING:
+    from .cache import BlockCache
 
 __all__ = [
     "AfterBuffer",
@@ -210,12 +219,18 @@ class Transform:
     COUNTS = COUNTS
 
     def __init__(
-        self, source: Any, steps: Sequence[Step], *, where: LineNumbers | None = None
+        self, source: Any, steps: Sequence[Step], *, where: LineNumbers | None = None,
+        cache: BlockCache | None = None, cached_steps: int = 0,
     ) -> None:
         self.source = source
         self.steps = tuple(steps)
         self.apply = compose(steps)
         self.where = where
+        # `ds.cache`: the first `cached_steps` steps make what the cache stores; the rest run
+        # on the records, computed or stored
+        self.cache = cache
+        self.before_cache = compose(self.steps[:cached_steps])
+        self.after_cache = compose(self.steps[cached_steps:])
         self.reset()
 
     def reset(self, state: dict[str, Any] | None = None) -> None:
@@ -234,7 +249,10 @@ class Transform:
 
     def transform(self, chunk: Chunk) -> Chunk:
         """`chunk` with the steps applied (also used to re-read buffered records)."""
-        apply = self.apply
+        return self.run(chunk, self.apply)
+
+    def run(self, chunk: Chunk, apply: Composed | None) -> Chunk:
+        """`chunk` with `apply` (some of the steps, `compose`) applied."""
         if apply is None:
             return chunk
         before = apply.dropped
@@ -263,7 +281,31 @@ class Transform:
             place = f"{self.where.url(chunk.block)}: {self.where.describe(chunk, index)[1]}"
         return f"streamds: raised in the transform stage, {which}, on the record at {place}"
 
+    def _cached(self, cache: BlockCache) -> Iterator[Chunk]:
+        """`__iter__` with `ds.cache`: stored blocks' records come from the store, the
+        others are computed and handed to it."""
+        for chunk in self.source:
+            if chunk.stored:
+                if cache.late:  # the steps run after the buffer: placeholders go on
+                    yield chunk
+                    continue
+                items = [item if item.__class__ is Marker else cache.resolve(item)
+                         for item in chunk.items]
+                clean = not any(item.__class__ is Marker for item in items)
+                out = Chunk(chunk.work_index, chunk.block, chunk.offsets, items, clean)
+                out = self.run(out, self.after_cache)
+            else:
+                out = self.run(chunk, self.before_cache)
+                cache.seen(out)
+                out = self.run(out, self.after_cache)
+            if not out.clean:
+                self._dropped += sum(1 for item in out.items if item is DROPPED)
+            yield out
+
     def __iter__(self) -> Iterator[Chunk]:
+        if self.cache is not None:
+            yield from self._cached(self.cache)
+            return
         apply = self.apply
         for chunk in self.source:
             before = 0 if apply is None else apply.dropped
@@ -294,13 +336,19 @@ class AfterBuffer:
 
     def __init__(
         self, source: Any, steps: Sequence[Step], *, where: LineNumbers | None = None,
-        on_end: Callable[[], None] | None = None,
+        on_end: Callable[[], None] | None = None, cache: BlockCache | None = None,
+        cached_steps: int = 0,
     ) -> None:
         self.source = source
         self.steps = tuple(steps)
         self.apply = Composed(steps)
         self.where = where
         self.on_end = on_end
+        # `ds.cache`: the first `cached_steps` steps make what the cache stores (as records
+        # leave the buffer), the rest run on the records, computed or stored
+        self.cache = cache
+        self.before_cache = Composed(self.steps[:cached_steps])
+        self.after_cache = Composed(self.steps[cached_steps:])
         self.reset()
 
     @classmethod
@@ -341,6 +389,10 @@ class AfterBuffer:
         return bool(self.source.done)
 
     def __iter__(self) -> Iterator[Any]:
+        if self.cache is not None:
+            yield from self._cached(self.cache)
+            self._end()
+            return
         if not self.steps:  # nothing to run: the source's records, at its speed
             yield from self.source
             self._end()
@@ -360,6 +412,31 @@ class AfterBuffer:
             yield out
         self._end()
 
+    def _cached(self, cache: BlockCache) -> Iterator[Any]:
+        """`__iter__` with `ds.cache`: placeholders of stored blocks become their stored
+        records; the others go through the cached steps and into the store."""
+        source, before, after = self.source, self.before_cache, self.after_cache
+        for record in source:
+            try:
+                if record.__class__ is Stored:
+                    out = cache.resolve(record)
+                else:
+                    out = before(record) if before.steps else record
+                    cache.put(*source.last_position, out)
+                if out is not DROPPED and after.steps:
+                    out = after(out)
+            except UncacheableRecordError:
+                raise
+            except Exception as err:
+                wrapped = _annotated(err, self._note(before.failed or after.failed))
+                if wrapped is None:
+                    raise
+                raise wrapped from err
+            if out is DROPPED:
+                self._dropped += 1
+                continue
+            yield out
+
     def _end(self) -> None:
         if self.on_end is not None:
             self.on_end()
@@ -367,7 +444,7 @@ class AfterBuffer:
     def batches(self, size: int) -> Iterator[list[Any]]:
         """The records in lists of `size` (the last may be short), with the same state after
         each list as `size` steps of iteration."""
-        if not self.steps:
+        if not self.steps and self.cache is None:
             yield from self.source.batches(size)
             self._end()
             return

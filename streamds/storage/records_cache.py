@@ -3,9 +3,9 @@
 The records of one block (`plan.Block`), as the stages before the cache made them (parsed,
 tokenized by a `.map`), go into one file per block, ``<key>.records``, in a directory shared
 by the workers and ranks of one machine. A block's file holds one entry per ordinal of the
-block (the n-th line of the block is ordinal n): the record, or `DROPPED` where a filter or a
-map removed it, so reading the block back gives the same count, the same drops, the same
-order.
+block (the n-th line of the block is ordinal n): the record, `DROPPED` where a filter or a
+map removed it, or `BLANK_LINE` / `BAD_LINE` for a line that held no record, so reading the
+block back gives the same count, the same drops and skipped lines, the same order.
 
 Keys (`block_key`): a digest of the store's format version, the shard's identity (its name
 relative to the source root, size, manifest checksum, or without one the version the storage
@@ -55,7 +55,7 @@ Not thread-safe: one store, writer or reader per thread. Readers and writers bel
 process that opened them: open them in the worker, never before a fork (a forked copy of a
 lock descriptor holds the lock until the child closes it).
 
-How the cache stage is meant to use this (a plan for the stage, not yet built). The chain
+How the cache stage (`streamds.stages.cache`) uses this. The chain
 with a shuffle is lines -> parse -> shuffle buffer (parsed records, with positions) ->
 map/filter (`stages.transform.AfterBuffer`). The cache stage takes the place of the steps
 after the buffer, and a stored block skips the read and the parse as well:
@@ -87,8 +87,8 @@ after the buffer, and a stored block skips the read and the parse as well:
 - Errors: an `UncacheableRecordError` goes to the user with the file and line of the
   record (`LineNumbers`); a `CachedBlockError` while reading a stored block: warn, compute
   that block from the source (the same positions) and let the next epoch store it again.
-  Lines skipped as malformed (on_error="skip") are stored as `DROPPED`, so the skip counts
-  of a cached epoch need their own count kept beside the block (not built).
+  Blank lines and lines skipped as malformed (on_error="skip") are stored as `BLANK_LINE`
+  and `BAD_LINE`, so a cached epoch counts them as the epoch that read the source did.
 """
 
 from __future__ import annotations
@@ -122,6 +122,8 @@ except ImportError:  # not POSIX: the store refuses to open
     fcntl = None  # type: ignore[assignment]
 
 __all__ = [
+    "BAD_LINE",
+    "BLANK_LINE",
     "DROPPED",
     "FORMAT_VERSION",
     "BlockReader",
@@ -169,6 +171,24 @@ class _Dropped:
 
 
 DROPPED = _Dropped()
+
+
+class _LineMark:
+    """The entry of a line that held no record: `BLANK_LINE`, or `BAD_LINE` (malformed,
+    skipped under on_error="skip"); kept so that a stored block gives the same counts."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+    def __reduce__(self) -> str:
+        return self.name
+
+
+BLANK_LINE = _LineMark("BLANK_LINE")
+BAD_LINE = _LineMark("BAD_LINE")
 
 
 class UncacheableRecordError(TypeError):
@@ -247,6 +267,8 @@ _INT32S_LIST, _INT32S_TUPLE = b"J", b"W"  # ints that all fit in 32 bits (token 
 _INT32 = (-(1 << 31), (1 << 31) - 1)
 _INT32_CODE = "i" if array("i").itemsize == 4 else "l"  # array's 32-bit signed typecode
 _NDARRAY, _NPSCALAR, _TENSOR, _DROP = b"a", b"g", b"x", b"z"
+_BLANK, _BAD = b"_", b"!"  # lines without a record (entries of one byte, as `_DROP`)
+_MARKS = {_DROP: DROPPED, _BLANK: BLANK_LINE, _BAD: BAD_LINE}
 
 _ALLOWED = ("dict, list, tuple, str, int, float, bool, None, bytes, numpy arrays and scalars "
             "(of numeric, bool, str or bytes dtypes) and torch tensors (dense)")
@@ -402,6 +424,8 @@ def encode_record(record: Any) -> bytes:
     """
     if record is DROPPED:
         return _DROP
+    if record is BLANK_LINE or record is BAD_LINE:
+        return _BLANK if record is BLANK_LINE else _BAD
     out: list[bytes] = []
     try:
         _encode(record, out, 0)
@@ -515,8 +539,8 @@ def _decode(view: memoryview, pos: int) -> tuple[Any, int]:
             return torch.empty(shape, dtype=dtype), pos
         raw = torch.frombuffer(bytearray(view[pos: pos + size]), dtype=torch.uint8)
         return raw.view(dtype).reshape(shape), pos + size
-    if tag == _DROP:
-        return DROPPED, pos
+    if tag in _MARKS:
+        return _MARKS[tag], pos
     raise _Corrupt(f"an unknown tag {tag!r}")
 
 
@@ -922,6 +946,18 @@ class BlockReader:
     def __iter__(self) -> Iterator[Any]:
         for index in range(self._count):
             yield self.record(index)
+
+    def line_marks(self, low: int, high: int) -> dict[int, Any]:
+        """Ordinal -> `BLANK_LINE` or `BAD_LINE` for the lines without a record among
+        ordinals `low`..`high`-1: only entries of one byte are read."""
+        marks = {}
+        unpack, size = _ENTRY.unpack_from, _ENTRY.size
+        for index in range(low, high):
+            if unpack(self._index, index * size)[1] == 1:
+                entry = self.record(index)
+                if entry is BLANK_LINE or entry is BAD_LINE:
+                    marks[index] = entry
+        return marks
 
     def position(self, index: int) -> int:
         """The position the writer gave ordinal `index`."""
