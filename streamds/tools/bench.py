@@ -313,8 +313,9 @@ def _stage_fix(name: str, report: dict[str, Any]) -> tuple[str, str]:
         return chosen[0] if len(chosen) == 1 else f"{', '.join(chosen[:-1])} or {chosen[-1]}"
 
     if name == "transform":
-        return ("your transform", fixes("make it cheaper", "run it once at conversion time "
-                                        "(streamds convert --transform)",
+        return ("your transform", fixes("store its output once with ds.cache(directory, "
+                                        "key=...) so later epochs and resumes read it back",
+                                        "make it cheaper",
                                         workers="add workers (it runs in them)"))
     if name == "parse":
         return ("JSON parsing", fixes("drop the fields you do not use when converting"))
@@ -410,11 +411,10 @@ def _first_batch_note(report: dict[str, Any], first: float | None) -> list[str]:
         f"the first batch takes {first:.1f} s, every epoch and after every resume: a reader "
         f"fills its shuffle buffer ({buffer}) before it yields a record, and {mapped:.1f} s "
         f"of the {waited:.1f} s that the pass in one process waited for its first batch went "
-        "to your transform over those records. What removes that wait is a transform that "
-        "does not run before the buffer: applied after the shuffle buffer (then only the "
-        "records handed out are transformed), or run once and stored, its output read back "
-        "(streamds convert --transform writes transformed shards, and later epochs skip the "
-        "work too); a smaller buffer_size shortens it"
+        "to your transform over those records (it runs before the buffer under even_ranks, "
+        "where each rank's quota counts what it keeps). ds.cache(directory, key=...) stores "
+        "its output in the first epoch, so later epochs and resumes fill the buffer from "
+        "disk; a smaller buffer_size shortens the first epoch's wait"
     ]
 
 
