@@ -145,7 +145,8 @@ def shuffle_map(args: argparse.Namespace) -> int:
     )
     every_run = [{"buffer_size": size, "workers": workers, "runs": r}
                  for (size, workers), r in runs.items()]
-    publish("first_batch_shuffle_map", body, every_run)
+    publish("first_batch_shuffle_map", body, every_run,
+            "first-batch-map" if args.write_docs else None)
     return 0
 
 

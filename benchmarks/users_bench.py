@@ -21,6 +21,7 @@ that it saw each record exactly once.
 
     .venv/bin/python benchmarks/users_bench.py           # ~300 MB, 3 rounds: ~6 min on 2 cores
     .venv/bin/python benchmarks/users_bench.py --quick   # ~40 MB, 1 round
+    .venv/bin/python benchmarks/users_bench.py --write-docs  # the docs' performance page
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import child_result, command_line, machine, publish, pubmed_corpus
+from common import add_write_docs, child_result, command_line, machine, publish, pubmed_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = ("easy", "framework", "batch", "loader")
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency", type=float, default=0.02)
     parser.add_argument("--buffer", type=int, default=BUFFER)
     parser.add_argument("--quick", action="store_true")
+    add_write_docs(parser, "users")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -135,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.buffer:,}, state_dict() every {STATE_EVERY} batches, 2 workers; whole epochs "
         "timed from building the loader, medians of the rounds, rows interleaved."
     )
-    publish("users_bench", body, results)
+    publish("users_bench", body, results, "users" if args.write_docs else None)
     return 0
 
 

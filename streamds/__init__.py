@@ -14,40 +14,30 @@ import importlib
 import warnings
 from typing import TYPE_CHECKING, Any
 
+# what the README's examples and most training scripts use, and the error classes
 __all__ = [
     "CorruptRecordError",
     "CorruptShardError",
-    "DevicePrefetcher",
     "DoubleSplitError",
     "LengthBuckets",
     "MissingCodecError",
     "Mix",
     "PackTokens",
     "PadCollate",
-    "PaddingStats",
     "Rebatch",
-    "RecordBatch",
-    "RetryPolicy",
-    "StallMeter",
     "StateMismatchError",
     "Storage",
     "StreamingJsonl",
     "TokenBudget",
-    "World",
     "as_list",
-    "counts_of",
-    "detect_world",
-    "document_mask",
-    "load_loader_state",
     "merge_states",
-    "padding_of",
-    "source_counts",
-    "token_counts",
 ]
 
 __version__ = "0.1.0"
 
-# public name -> the module that defines it
+# name -> the module that defines it. The names outside __all__ live in those named
+# sub-modules (`streamds.train.stall.StallMeter`, `streamds.resume.totals.counts_of`, ...);
+# ``streamds.NAME`` still reaches them for code written against earlier releases.
 _HOMES = {
     "PaddingStats": "datasets.batching",
     "padding_of": "datasets.batching",
