@@ -24,8 +24,8 @@ from ..stages.chunks import Chunk, ChunkCursor, Position, WorkItem, counts_in
 from ..stages.lines import Lines
 from ..stages.mixing import MixStage
 from ..stages.packing import PackStage
-from ..stages.parse import DROPPED, LineNumbers, Marker, Parse
-from ..stages.pipeline import Spec, steps_after_buffer
+from ..stages.parse import DROPPED, Marker
+from ..stages.pipeline import Spec, reading_front, steps_after_buffer
 from ..stages.pools import PoolStage
 from ..stages.rebatch import Rebatch
 from ..stages.records import fetch_records
@@ -41,7 +41,7 @@ from ..stages.state import (
     nested,
     sealed,
 )
-from ..stages.transform import AfterBuffer, Composed, Step, Transform
+from ..stages.transform import AfterBuffer, Composed, Step
 from ..storage.plan import Plan
 from ..world import World
 from .identity import differences
@@ -427,11 +427,7 @@ def _read_after(
 ) -> tuple[list[tuple[int, Position]], list[WorkItem]]:
     """(work item, position) of the first `limit` records of `work` that a shuffling
     reader's buffer takes in (one not under even_ranks), and the work left after them."""
-    lines = Lines(spec.shards, spec.blocks, work, on_error=spec.on_error, opener=spec.opener,
-                  retry=spec.retry)
-    chunks = Transform(Parse(lines, spec.shards, spec.blocks, on_error=spec.on_error,
-                             opener=spec.opener), _before_buffer(spec, even=False),
-                       where=LineNumbers(spec.shards, spec.blocks, spec.opener))
+    *_, chunks = reading_front(spec, work, _before_buffer(spec, even=False))
     found: list[tuple[int, Position]] = []
     if limit == 0:
         return found, list(work)
@@ -455,13 +451,8 @@ def _read_even(
     found: what the quota would have dropped is left to read, pad work never is."""
     work = [(block, start) for block, start in even["work"]]
     pad = [(block, start) for block, start in even["pad"]]
-    lines = Lines(spec.shards, spec.blocks, work, on_error=spec.on_error, opener=spec.opener,
-                  retry=spec.retry, pad_work=pad)
-    where = LineNumbers(spec.shards, spec.blocks, spec.opener)
-    chunks = EvenRanks(Transform(Parse(lines, spec.shards, spec.blocks, on_error=spec.on_error,
-                                       opener=spec.opener, where=where),
-                                 _before_buffer(spec, even=True), where=where),
-                       even["quota"], work_items=len(work), pad_items=len(pad))
+    *_, mapped = reading_front(spec, work, _before_buffer(spec, even=True), pad_work=pad)
+    chunks = EvenRanks(mapped, even["quota"], work_items=len(work), pad_items=len(pad))
     cursor = ChunkCursor(chunks)
     cursor.reset(even["position"])
     found: list[tuple[int, Position]] = []
@@ -569,12 +560,7 @@ def _passing(records: list[Any], steps: tuple[Step, ...]) -> list[tuple[int, Any
 
 def _preparer(spec: Spec, steps: tuple[Step, ...]) -> Callable[[Chunk], Chunk]:
     """Raw lines -> the records the reader's pipeline makes of them (parse, then `steps`)."""
-    where = LineNumbers(spec.shards, spec.blocks, spec.opener)
-    lines = Lines(spec.shards, spec.blocks, [], on_error=spec.on_error, opener=spec.opener,
-                  retry=spec.retry)
-    parse = Parse(lines, spec.shards, spec.blocks, on_error=spec.on_error, opener=spec.opener,
-                  where=where)
-    transform = Transform(parse, steps, where=where)
+    _, parse, transform = reading_front(spec, [], steps)
     return lambda chunk: transform.transform(parse.parse(chunk))
 
 

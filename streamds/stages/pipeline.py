@@ -55,7 +55,7 @@ from .state import ReaderState
 from .timing import StageTimer, Timed
 from .transform import AfterBuffer, Step, Transform, compose
 
-__all__ = ["Reader", "Spec", "describe_counts", "steps_after_buffer"]
+__all__ = ["Reader", "Spec", "describe_counts", "reading_front", "steps_after_buffer"]
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,21 @@ def steps_after_buffer(shuffle: bool, even_ranks: bool) -> bool:
 _MAPPED_FIRST = ("; under even_ranks the map and filter steps run before the buffer (each "
                  "reader's quota counts the records they keep), so every buffered record was "
                  "mapped first")
+
+
+def reading_front(
+    spec: Spec, work: Sequence[WorkItem], steps: Sequence[Step], *,
+    pad_work: Sequence[WorkItem] = (),
+) -> tuple[Lines, Parse, Transform]:
+    """Lines -> Parse -> Transform over `work` (then `pad_work`) with `steps`, as a reader's
+    pipeline reads its records (no cache, no timing): for the resumes that read a share of
+    the records again to find their positions (`streamds.resume.merge`)."""
+    where = LineNumbers(spec.shards, spec.blocks, spec.opener)  # for messages
+    lines = Lines(spec.shards, spec.blocks, work, on_error=spec.on_error, opener=spec.opener,
+                  retry=spec.retry, pad_work=pad_work)
+    parse = Parse(lines, spec.shards, spec.blocks, on_error=spec.on_error, opener=spec.opener,
+                  where=where)
+    return lines, parse, Transform(parse, tuple(steps), where=where)
 
 
 class Reader:

@@ -4,7 +4,7 @@
 `StatefulDataLoader` whose workers hand over batches in few, large messages: torchdata takes
 every worker's state after each message, a fixed cost per message that small records would pay
 thousands of times a second. Two routes, chosen by the records' mean size where the dataset
-knows it (`record_bytes()`: a converted corpus's manifest):
+says it (`record_bytes()`: a converted corpus's manifest, or the first lines of a JSONL file):
 
 - small records (under SMALL_RECORD bytes): the workers hand over MESSAGE_RECORDS records at a
   time (``ds.batch(2048)``) and the main process cuts the training batches from them and
@@ -64,8 +64,8 @@ def stateful_loader(dataset: Any, **options: Any) -> Any:
         from torchdata.stateful_dataloader import StatefulDataLoader
     except ImportError as err:
         raise ImportError(
-            "a StatefulDataLoader needs torchdata, which is not installed; pip install "
-            "torchdata (or pip install 'streamds[frameworks]')"
+            "a StatefulDataLoader needs torchdata, a dependency of streamds that is missing "
+            "here; pip install torchdata"
         ) from err
     with torchdata_set_vital_ignored():
         return StatefulDataLoader(dataset, **options)
