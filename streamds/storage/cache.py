@@ -46,12 +46,8 @@ from pathlib import Path
 from typing import Protocol
 
 from ..redact import redact
+from .locks import fcntl, remove_if_unused, try_lock
 from .shards import Shard
-
-try:
-    import fcntl
-except ImportError:  # not POSIX: everything but the cache works
-    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["CLAIMS", "Cache", "CacheSpec", "namespace_of", "pread_full"]
 
@@ -274,15 +270,6 @@ def _checksum(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _try_lock(fd: int, kind: int) -> bool:
-    try:
-        fcntl.flock(fd, kind | fcntl.LOCK_NB)
-    except OSError as err:
-        if err.errno in (errno.EAGAIN, errno.EACCES):
-            return False
-        raise
-    return True
-
 
 class Cache:
     """One process's use of a `CacheSpec`: thread-safe; `close()` releases its copies."""
@@ -352,7 +339,7 @@ class Cache:
         if not path.exists():
             return None
         lock = self._lock_fd(path)
-        if not _try_lock(lock, fcntl.LOCK_SH):  # being written or removed right now
+        if not try_lock(lock, fcntl.LOCK_SH):  # being written or removed right now
             os.close(lock)
             return None
         try:
@@ -363,7 +350,7 @@ class Cache:
             if problem != "gone":
                 log.warning("%s: cached copy %s is damaged (%s); reading the source",
                             shard.url, path, problem)
-                _remove_if_unused(path, lock)
+                remove_if_unused(path, lock)
             os.close(lock)
             return None
         fd = os.open(path, os.O_RDONLY)
@@ -392,7 +379,7 @@ class Cache:
             return
         path = self.path_of(shard)
         lock = self._lock_fd(path)
-        if not _try_lock(lock, fcntl.LOCK_EX):  # another process is copying it
+        if not try_lock(lock, fcntl.LOCK_EX):  # another process is copying it
             os.close(lock)
             return
         partial = Path(f"{path}{_PARTIAL}{secrets.token_hex(4)}")
@@ -485,7 +472,7 @@ class Cache:
                 return
             lock = os.open(f"{entry}{_LOCK}", os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                if _remove_if_unused(entry, lock):
+                if remove_if_unused(entry, lock):
                     used -= size
             finally:
                 os.close(lock)
@@ -502,12 +489,3 @@ class Cache:
             os.close(lock)  # releases the shared lock
 
 
-def _remove_if_unused(path: Path, lock: int) -> bool:
-    """Remove `path` if nobody else holds its lock (`lock`: our descriptor of it)."""
-    if not _try_lock(lock, fcntl.LOCK_EX):
-        return False
-    try:
-        path.unlink(missing_ok=True)
-        return True
-    finally:
-        fcntl.flock(lock, fcntl.LOCK_UN)

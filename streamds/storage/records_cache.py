@@ -113,13 +113,9 @@ from urllib.parse import urlsplit, urlunsplit
 import xxhash
 
 from ..redact import redact
+from .locks import fcntl, remove_if_unused, try_lock
 from .plan import Block
 from .shards import Shard
-
-try:
-    import fcntl
-except ImportError:  # not POSIX: the store refuses to open
-    fcntl = None  # type: ignore[assignment]
 
 __all__ = [
     "BAD_LINE",
@@ -563,15 +559,6 @@ def decode_record(data: bytes) -> Any:
 # the store
 
 
-def _try_lock(fd: int, kind: int) -> bool:
-    try:
-        fcntl.flock(fd, kind | fcntl.LOCK_NB)
-    except OSError as err:
-        if err.errno in (errno.EAGAIN, errno.EACCES):
-            return False
-        raise
-    return True
-
 
 def _checksum(data: bytes) -> int:
     return xxhash.xxh3_64_intdigest(data)
@@ -618,7 +605,7 @@ class RecordStore:
         if not path.exists():
             return None
         lock = self._lock_fd(path)
-        if not _try_lock(lock, fcntl.LOCK_SH):
+        if not try_lock(lock, fcntl.LOCK_SH):
             os.close(lock)
             return None
         try:
@@ -632,7 +619,7 @@ class RecordStore:
             log.warning("%s; removing it (its block is computed again)", err)
             os.close(fd)
             fcntl.flock(lock, fcntl.LOCK_UN)
-            _remove_if_unused(path, lock)
+            remove_if_unused(path, lock)
             os.close(lock)
             return None
         except BaseException:
@@ -652,7 +639,7 @@ class RecordStore:
         """
         path = self.path_of(key)
         lock = self._lock_fd(path)
-        if not _try_lock(lock, fcntl.LOCK_EX):
+        if not try_lock(lock, fcntl.LOCK_EX):
             os.close(lock)
             return None
         try:
@@ -707,7 +694,7 @@ class RecordStore:
                 break
             lock = os.open(f"{path}{_LOCK}", os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                if _remove_if_unused(path, lock):
+                if remove_if_unused(path, lock):
                     log.debug("removed %s (%d bytes), least recently used", path, size)
                     used -= size
             finally:
@@ -715,15 +702,6 @@ class RecordStore:
         return used + needed <= self.limit
 
 
-def _remove_if_unused(path: Path, lock: int) -> bool:
-    """Remove `path` if nobody else holds its lock (`lock`: our descriptor of it)."""
-    if not _try_lock(lock, fcntl.LOCK_EX):
-        return False
-    try:
-        path.unlink(missing_ok=True)
-        return True
-    finally:
-        fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 class BlockWriter:
