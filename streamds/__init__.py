@@ -97,26 +97,32 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .datasets.batching import PaddingStats, padding_of
+    # `NAME as NAME`: names that live in sub-modules, still reached as streamds.NAME
+    from .datasets.batching import PaddingStats as PaddingStats
+    from .datasets.batching import padding_of as padding_of
     from .datasets.callers import DoubleSplitError
     from .datasets.dataset import StreamingJsonl
     from .datasets.mix import Mix
-    from .datasets.pack import PackTokens, document_mask
+    from .datasets.pack import PackTokens
+    from .datasets.pack import document_mask as document_mask
     from .errors import (
         CorruptRecordError,
         CorruptShardError,
         MissingCodecError,
         StateMismatchError,
     )
-    from .resume.loader_state import load_loader_state
+    from .resume.loader_state import load_loader_state as load_loader_state
     from .resume.merge import merge_states
-    from .resume.totals import counts_of, source_counts, token_counts
-    from .retry import RetryPolicy
-    from .stages.batch import RecordBatch
+    from .resume.totals import counts_of as counts_of
+    from .resume.totals import source_counts as source_counts
+    from .resume.totals import token_counts as token_counts
+    from .retry import RetryPolicy as RetryPolicy
+    from .stages.batch import RecordBatch as RecordBatch
     from .stages.buckets import LengthBuckets, TokenBudget
     from .stages.rebatch import Rebatch
     from .storage.settings import Storage
     from .train.collate import PadCollate, as_list
-    from .train.prefetch import DevicePrefetcher
-    from .train.stall import StallMeter
-    from .world import World, detect_world
+    from .train.prefetch import DevicePrefetcher as DevicePrefetcher
+    from .train.stall import StallMeter as StallMeter
+    from .world import World as World
+    from .world import detect_world as detect_world

@@ -103,3 +103,22 @@ def test_auto_workers_follow_the_usable_cpus() -> None:
 def test_bad_options_are_refused_naming_them(source: Path, options: dict, says: str) -> None:
     with pytest.raises(ValueError, match=says):
         StreamingJsonl(str(source)).loader(8, **options)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_mix_has_the_loader_too(tmp_path: Path, workers: int) -> None:
+    from streamds import Mix
+
+    paths = []
+    for start in (0, 1000):
+        path = tmp_path / f"{start}.jsonl"
+        corpus.write_plain(path, corpus.jsonl(records(60, start)))
+        paths.append(str(path))
+
+    def make() -> Loader:
+        mix = Mix([StreamingJsonl(p, shuffle=True) for p in paths], weights=[1, 1], seed=1)
+        return mix.loader(8, num_workers=workers, collate=ids)
+
+    batches = list(make())
+    assert sorted(i for batch in batches for i in batch) == [*range(60), *range(1000, 1060)]
+    run_test_save_load_state(make, [0, 3, 7], expected=batches)

@@ -1,10 +1,11 @@
 """`StreamdsDataset`: the methods every dataset type offers, one definition each.
 
 A reader (`StreamingJsonl`), a mix (`Mix`) and packed data (`Packed`) are all thin,
-picklable descriptions that build their stages in each reader, and all offer the same eight
-methods: `map`, `filter`, `batch`, `pack`, `set_epoch`, `state_dict`, `load_state_dict`,
-`with_resume`. `map` and `filter` add a step (`_with_step`, each type's own copy rule);
-`batch` and `pack` are each type's own: a mix and packed data batch with a pool batcher
+picklable descriptions that build their stages in each reader, and all offer the same
+methods: `map`, `filter`, `batch`, `pack`, `loader` (the one-call loader,
+`streamds.train.loader`), `set_epoch`, `state_dict`, `load_state_dict`, `with_resume`.
+`map` and `filter` add a step (`_with_step`, each type's own copy rule); `batch` and `pack`
+are each type's own: a mix and packed data batch with a pool batcher
 (`streamds.datasets.batching.Batched`, itself a dataset of this kind), a reader inside its
 workers; packed data refuses `pack`.
 """
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Self
 from torch.utils.data import IterableDataset
 
 from ..stages.transform import Step
+from ..train.loader import Loader
 
 if TYPE_CHECKING:
     from ..stages.buckets import Rule
@@ -26,8 +28,8 @@ if TYPE_CHECKING:
 __all__ = ["METHODS", "StreamdsDataset"]
 
 # what every dataset type offers (a test holds each type to it)
-METHODS = ("map", "filter", "batch", "pack", "set_epoch", "state_dict", "load_state_dict",
-           "with_resume")
+METHODS = ("map", "filter", "batch", "pack", "loader", "set_epoch", "state_dict",
+           "load_state_dict", "with_resume")
 
 
 class StreamdsDataset(IterableDataset):
@@ -69,6 +71,16 @@ class StreamdsDataset(IterableDataset):
         type makes its `Packed` (this module sits below `pack` and `batching`, which build on
         it), or refuses where packing makes no sense."""
         raise NotImplementedError
+
+    def loader(self, batch_size: int, **options: Any) -> Loader:
+        """The fast, exactly resumable loader of this dataset: batches of `batch_size`
+        records made in the workers, with `state_dict` / `load_state_dict` / `set_epoch`.
+
+        ``for batch in ds.loader(32, num_workers=2, collate=PadCollate(pad_id=0)): ...``;
+        the options (`num_workers`, `collate`, `drop_last`, `small_records`, `pin_memory`,
+        ...) are `streamds.train.loader.Loader`'s.
+        """
+        return Loader(self, batch_size, **options)
 
     def set_epoch(self, epoch: int) -> None:
         raise NotImplementedError

@@ -54,7 +54,6 @@ from ..storage.readahead import DEFAULT_READAHEAD, wants_readahead
 from ..storage.records_cache import RecordStore, block_key, uncacheable
 from ..storage.settings import UNSET, Storage, deprecated, storage_of
 from ..storage.shards import Shard, resolve_shards, source_items
-from ..train.loader import Loader
 from ..world import World, detect_world
 from .base import StreamdsDataset
 from .callers import check_outer_split, loader_len_call
@@ -380,16 +379,6 @@ class StreamingJsonl(StreamdsDataset):
         clone._batch = spec
         clone._active = None
         return clone
-
-    def loader(self, batch_size: int, **options: Any) -> Loader:
-        """The fast, exactly resumable loader of this dataset: batches of `batch_size`
-        records made in the workers, with `state_dict` / `load_state_dict` / `set_epoch`.
-
-        ``for batch in ds.loader(32, num_workers=2, collate=PadCollate(pad_id=0)): ...``;
-        the options (`num_workers`, `collate`, `drop_last`, `small_records`, `pin_memory`,
-        ...) are `streamds.train.loader.Loader`'s.
-        """
-        return Loader(self, batch_size, **options)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: it seeds the block order and the shuffle buffer.

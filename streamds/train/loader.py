@@ -149,7 +149,11 @@ class Loader:
 
     def __len__(self) -> int:
         """Batches per epoch for this rank, where the dataset knows its record counts."""
-        per_worker = self.dataset.worker_records(self.num_workers)
+        per_worker_of = getattr(self.dataset, "worker_records", None)
+        if per_worker_of is None:  # a mix or packed data: as its batches say
+            return len(self.loader.dataset) if not self.small_records else -(
+                -len(self.dataset) // self.batch_size)
+        per_worker = per_worker_of(self.num_workers)
         if self.small_records:  # only the epoch's last batch is short
             per_worker = [sum(per_worker)]
         size, keep_short = self.batch_size, not self.drop_last
