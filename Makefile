@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_PIN := torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint demo bench docs clean
+.PHONY: setup test test-slow lint demo bench docs clean
 
 setup: $(STAMP)
 
@@ -17,9 +17,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev,remote,tar,bench,example,cluster,frameworks,docs]"
 	touch $(STAMP)
 
+# the suite without the real frameworks under torchrun (marked slow: tens of seconds each),
+# which test-slow runs; CI runs both
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
