@@ -90,9 +90,14 @@ def test_the_route_follows_the_mean_record_size(tmp_path: Path) -> None:
         assert StreamingJsonl(plain).loader(8, num_workers=0).small_records is small
 
 
-def test_auto_workers_follow_the_usable_cpus() -> None:
-    cpus = usable_cpus()
-    assert auto_workers() == (0 if cpus < 2 else min(cpus, 8))
+@pytest.mark.parametrize(("cpus", "workers"), [(1, 0), (2, 2), (6, 6), (32, 8)])
+def test_auto_workers_follow_the_usable_cpus(monkeypatch: pytest.MonkeyPatch, cpus: int,
+                                             workers: int) -> None:
+    # the affinity mask, not the machine's CPU count: a launcher may bind a rank to a few
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert usable_cpus() == cpus
+    assert auto_workers() == workers
 
 
 @pytest.mark.parametrize(("options", "says"), [
