@@ -95,7 +95,7 @@ def text_of(record: dict[str, Any]) -> str:
 def corpus_source(args: argparse.Namespace, out: Path) -> str:
     if args.data is not None:
         return args.data
-    from corpora.synthetic import write_pubmed_splits
+    from streamds.tools.synthetic import write_pubmed_splits
 
     directory = out / "corpus"
     marker = directory / "corpus.txt"

@@ -1,6 +1,6 @@
 """Tests for the shard converter (preprocess.convert, sources, writers) and the manifest.
 
-Corpora are generated per module with corpora.synthetic plus hand-written odd cases
+Corpora are generated per module with streamds.tools.synthetic plus hand-written odd cases
 (pretty-printed JSON, tar shards, every codec). Expected records are computed independently
 of the converter: from the plain bytes, and file order from a natural sort of full paths.
 """
@@ -29,7 +29,6 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from corpora.synthetic import write_pubmed, write_small_files, write_small_lines
 from streamds.formats.manifest import MANIFEST_NAME, read_manifest
 from streamds.formats.seekable import decompress_frames, read_seek_table
 from streamds.preprocess import convert as convert_module
@@ -37,6 +36,7 @@ from streamds.preprocess.convert import JOURNAL_NAME, ConversionError, convert, 
 from streamds.preprocess.identity import INPUTS_NAME
 from streamds.preprocess.sources import Inputs
 from streamds.storage.shards import natural_key
+from streamds.tools.synthetic import write_pubmed, write_small_files, write_small_lines
 
 REPO = Path(__file__).resolve().parents[1]
 ZSTD = shutil.which("zstd")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import corpus
 import pytest
+import torch
 
 from streamds import StreamingJsonl, World
 from streamds.integrations import require
@@ -182,3 +183,42 @@ def test_loaders_are_built_without_torchdatas_set_vital_warning(source: str) -> 
         messages = caught(lambda build=build: build(ds, batch_size=4, num_workers=many))
         assert len(messages) == 1 and "worker processes" in messages[0], messages
     assert caught(lambda: StatefulDataLoader(range(4)))  # the filter ended with the call
+
+
+def test_lightning_does_not_warn_that_an_exact_len_could_be_inaccurate(tmp_path: Path) -> None:
+    """The documented setup (StreamdsCallback + StreamdsLoader over a corpus with a length)
+    fits without Lightning's "`__len__` could be inaccurate" warning, which it gives for any
+    IterableDataset with a len()."""
+    pl = pytest.importorskip("lightning.pytorch")
+    import framework_worker as worker
+
+    from streamds.integrations.lightning import StreamdsCallback
+    from streamds.preprocess.convert import convert
+
+    (tmp_path / "in.jsonl").write_bytes(corpus.jsonl(corpus.make_records(24)))
+    convert([str(tmp_path / "in.jsonl")], tmp_path / "shards")
+    loader = StreamdsLoader(StreamingJsonl(tmp_path / "shards"), batch_size=4, num_workers=0,
+                            collate_fn=worker.collate)
+    assert len(loader) == 6
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(worker.SEQ, 1)
+
+        def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+            return self.layer(batch["input_ids"].float()).pow(2).mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False,
+                         callbacks=[StreamdsCallback()], enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False,
+                         default_root_dir=str(tmp_path))
+    with warnings.catch_warnings(record=True) as found:
+        warnings.simplefilter("always")
+        trainer.fit(Module(), train_dataloaders=loader)
+    said = [str(w.message) for w in found]
+    assert trainer.global_step == 6
+    assert not any("could be inaccurate" in message for message in said), said

@@ -183,6 +183,12 @@ def test_pretty_array_in_jsonl_hint(tmp_path):
     assert "pretty-printed JSON" in message and "name it .json" in message
 
 
+def test_a_truncated_last_line_is_called_cut_short_not_pretty_printed(tmp_path):
+    message = _error(tmp_path, "cut.jsonl", b'{"a": 1}\n{"a": 2}\n{"a": [3, 4, "fi')
+    assert "line 3" in message and "cut short" in message and "on_error='skip'" in message
+    assert "pretty-printed" not in message
+
+
 def test_one_line_array_in_jsonl_is_refused(tmp_path):
     message = _error(tmp_path, "array.jsonl", b'[{"a": 1}, {"a": 2}]\n')
     assert "holds a JSON array, not a JSON object" in message and "named .json" in message

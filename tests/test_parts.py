@@ -21,13 +21,13 @@ import orjson
 import pytest
 from test_convert import read_output
 
-from corpora.synthetic import write_pubmed, write_small_files
 from streamds.formats.manifest import read_manifest
 from streamds.formats.seekable import SeekableWriter
 from streamds.preprocess.command import main as cli_main
 from streamds.preprocess.convert import ConversionError, convert, convert_part, merge_parts
 from streamds.preprocess.parts_plan import PLAN_NAME, read_plan
 from streamds.preprocess.sources import Inputs, Meter
+from streamds.tools.synthetic import write_pubmed, write_small_files
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -445,12 +445,22 @@ def main(argv: Sequence[str] | None = None, *,
     try:
         return _train(argv, command)
     except KeyboardInterrupt:
-        print(f"\ninterrupted; to continue from the last checkpoint, run: "
-              f"{again(command, '--resume')}", file=sys.stderr, flush=True)
+        print(f"\n{interrupted(argv, command)}", file=sys.stderr, flush=True)
         raise
     finally:
         if not frozen_before:
             gc.unfreeze()
+
+
+def interrupted(argv: Sequence[str] | None, command: list[str]) -> str:
+    """What to say after Ctrl-C: how to continue from the checkpoint, or, where none was
+    saved yet, that a run with --resume starts at step 0 again (reusing the corpus made)."""
+    checkpoint = Path(parse_args(argv).out) / CHECKPOINT
+    if checkpoint.exists():
+        return (f"interrupted; to continue from the last checkpoint ({shown(checkpoint)}), "
+                f"run: {again(command, '--resume')}")
+    return (f"interrupted before the first checkpoint was saved; {again(command, '--resume')} "
+            "starts again at step 0 with the corpus and tokenizer already made")
 
 
 def _train(argv: Sequence[str] | None, command: list[str]) -> dict[str, Any]:
@@ -462,8 +472,8 @@ def _train(argv: Sequence[str] | None, command: list[str]) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     log(f"output folder: {shown(out)}{os.sep} (corpus{os.sep}, tokenizer.json, {CHECKPOINT} "
         f"every {args.ckpt_every} steps, {RESULTS})")
-    log(f"stop it at any time (Ctrl-C or kill); to continue from its last checkpoint, run: "
-        f"{again(command, '--resume')}")
+    log(f"stop it at any time (Ctrl-C or kill); once a checkpoint is saved, this continues "
+        f"from it: {again(command, '--resume')}")
     if args.num_workers != args.asked_workers:
         log(f"{args.num_workers} loader worker(s) instead of {args.asked_workers}: this "
             f"process may use {usable_cpus()} CPU(s)")

@@ -1,4 +1,4 @@
-"""The ``streamds`` command: convert, inspect, verify, bench.
+"""The ``streamds`` command: convert, inspect, verify, bench, synthetic.
 
 ::
 
@@ -10,6 +10,7 @@
     streamds inspect DIR_OR_FILE [--no-count] [--quiet]
     streamds verify DIR_OR_FILE [--quiet]
     streamds bench SOURCE [...]
+    streamds synthetic {pubmed,small-lines,splits,small-files} OUT ...
 
 Exit status: 0 on success, 1 when `verify` finds damage, 2 for bad arguments or input.
 The library never prints; this module does (results on stdout, progress on stderr).
@@ -21,6 +22,7 @@ imported only when asked for, and no other module of streamds imports the conver
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -38,12 +40,13 @@ from ..units import human_bytes
 
 __all__ = ["main"]
 
-_USAGE = """usage: streamds {convert,inspect,verify,bench} ...
+_USAGE = """usage: streamds {convert,inspect,verify,bench,synthetic} ...
 
   convert INPUT... --output DIR   JSONL files, small-file trees, tar shards -> seekable shards
   inspect DIR_OR_FILE             shards, records, bytes, frames, codec, ratio, a sample record
   verify DIR_OR_FILE              re-read every shard against manifest.json (exit 1 on damage)
   bench SOURCE [...]              loader throughput and where the time goes
+  synthetic pubmed OUT --bytes 8MB   a PubMed-layout sample corpus to try things on
 
 Run `streamds COMMAND --help` for a command's options."""
 
@@ -369,11 +372,18 @@ def _cmd_bench(argv: Sequence[str]) -> int:
     return int(bench.main(list(argv)) or 0)
 
 
+def _cmd_synthetic(argv: Sequence[str]) -> int:
+    from . import synthetic
+
+    return synthetic.main(list(argv))
+
+
 _COMMANDS = {
     "convert": _cmd_convert,
     "inspect": _cmd_inspect,
     "verify": _cmd_verify,
     "bench": _cmd_bench,
+    "synthetic": _cmd_synthetic,
 }
 
 
@@ -392,7 +402,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command is None:
         print(f"{_USAGE}\n\nstreamds: error: unknown command {argv[0]!r}", file=sys.stderr)
         return 2
-    return command(argv[1:])
+    try:
+        status = command(argv[1:])
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+    except BrokenPipeError:
+        return _output_closed()
+    return status
+
+
+def _output_closed() -> int:
+    """The reader of stdout went away (`streamds inspect DIR | head -1`): stop quietly, with
+    the status a shell gives a command ended by SIGPIPE, and send what is still buffered
+    to /dev/null so that the interpreter's last flush does not fail again."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return 128 + 13  # SIGPIPE
 
 
 if __name__ == "__main__":
