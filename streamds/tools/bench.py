@@ -256,7 +256,7 @@ def measure_loader(
                             collate_fn=as_list)
     else:
         big_batches = DataLoader(dataset.batch(big), batch_size=None, num_workers=num_workers)
-        loader = Rebatch(big_batches, batch_size, collate_fn=as_list)
+        loader = Rebatch(big_batches, batch_size, collate=as_list)
     timer = time.perf_counter
     count = batches = 0
     first = None

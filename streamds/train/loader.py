@@ -135,7 +135,7 @@ class Loader:
             big = dataset.batch(max(batch_size, MESSAGE_RECORDS))
             self.loader = stateful_loader(big, batch_size=None, num_workers=num_workers,
                                           **loader_options)
-            self._batches = Rebatch(self.loader, batch_size, collate_fn=collate,
+            self._batches = Rebatch(self.loader, batch_size, collate=collate,
                                     drop_last=drop_last)
         else:  # training batches made and collated in the workers
             batches = dataset.batch(batch_size, collate=collate or as_list,
