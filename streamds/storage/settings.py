@@ -42,7 +42,7 @@ class Storage:
     def __post_init__(self) -> None:
         if self.options is not None and not isinstance(self.options, dict):
             raise ValueError(  # its value is not shown: it may hold keys
-                f"Storage options must be a dict, got {type(self.options).__name__}; pass "
+                f"Storage(options=) must be a dict, got {type(self.options).__name__}; pass "
                 "e.g. {'anon': True} (parse a JSON string with json.loads first)")
         if self.readahead != "auto":
             size_setting("readahead", self.readahead,
