@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 import subprocess
 import sys
@@ -23,9 +24,19 @@ def test_every_top_level_name_is_public():
     assert set(streamds._HOMES) == set(streamds.__all__)
 
 
+def test_streaming_jsonl_takes_at_most_ten_keywords():
+    """DESIGN.md: the contract's eight (shuffle ... storage) and at most two more."""
+    keywords = [p.name for p in inspect.signature(streamds.StreamingJsonl).parameters.values()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert {"shuffle", "seed", "buffer_size", "on_error", "rank", "world_size", "even_ranks",
+            "storage"} <= set(keywords)
+    assert len(keywords) <= 10, keywords
+
+
 def user_texts() -> list[Path]:
+    examples = ROOT / "examples"
     return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")),
-            *sorted((ROOT / "examples").rglob("*.py")), *sorted((ROOT / "examples").rglob("*.ipynb"))]
+            *sorted(examples.rglob("*.py")), *sorted(examples.rglob("*.ipynb"))]
 
 
 # where users are sent on purpose: the framework integrations (they import their framework)

@@ -112,7 +112,6 @@ class StreamingJsonl(StreamdsDataset):
         world_size: int | None = None,
         even_ranks: str | None = None,
         storage: Storage | None = None,
-        worker_cpus: str = "auto",
     ) -> None:
         super().__init__()
         check_bool("shuffle", shuffle)
@@ -121,9 +120,6 @@ class StreamingJsonl(StreamdsDataset):
         check_int("buffer_size", buffer_size, 1, "use shuffle=False to disable shuffling")
         storage = storage_of(storage)
         check_choice("on_error", on_error, ON_ERROR)
-        check_choice("worker_cpus", worker_cpus, WORKER_CPUS,
-                     "'auto' leaves the main process a CPU where that pays, 'all' lets the OS "
-                     "place the workers")
         if world_size is not None:
             check_int("world_size", world_size, 1, "the number of distributed processes")
         if rank is not None:
@@ -145,7 +141,7 @@ class StreamingJsonl(StreamdsDataset):
         self.rank = rank
         self.world_size = world_size
         self.even_ranks = even_ranks
-        self.worker_cpus = worker_cpus
+        self.worker_cpus = "auto"  # where the workers run (`.batch(worker_cpus=)`)
         self.retry = RetryPolicy() if storage.retry is None else storage.retry
         self._epoch = _Epoch(0)
         self._steps: tuple[Step, ...] = ()  # map and filter of the records (.map/.filter)
@@ -302,7 +298,7 @@ class StreamingJsonl(StreamdsDataset):
     def batch(
         self, size: int | LengthBuckets | TokenBudget, *,
         collate: Callable[[list[Any]], Any] | None = None, drop_last: bool = False,
-        ahead: int | str = "auto",
+        ahead: int | str = "auto", worker_cpus: str = "auto",
     ) -> StreamingJsonl:
         """A new dataset that yields whole batches, made in the workers.
 
@@ -333,6 +329,11 @@ class StreamingJsonl(StreamdsDataset):
         turns on a CPU), else none, and none under a CPU quota or on one CPU (there the
         workers have no idle CPU time to use: `streamds.stages.cpus`). They are held in the worker's
         memory, on top of the loader's ``prefetch_factor`` batches.
+
+        `worker_cpus`: "auto" leaves the main process a CPU where that pays (workers that fit
+        beside it keep off one CPU; workers that do not measure both ways and keep the
+        faster: `streamds.stages.cpus`); "all" lets the OS place the workers, as torch does.
+        A dataset without `.batch()` places its workers as "auto" does.
         """
         if collate is not None and not callable(collate):
             raise ValueError(f"collate must be callable or None, got {collate!r}")
@@ -340,6 +341,9 @@ class StreamingJsonl(StreamdsDataset):
         if ahead != "auto":
             check_int("ahead", ahead, 0, "'auto', or the batches a worker makes ahead of "
                       "requests (0: none)")
+        check_choice("worker_cpus", worker_cpus, WORKER_CPUS,
+                     "'auto' leaves the main process a CPU where that pays, 'all' lets the OS "
+                     "place the workers")
         collate = RecordBatch if collate is None else collate
         if isinstance(size, RULES):
             if drop_last:
@@ -355,6 +359,7 @@ class StreamingJsonl(StreamdsDataset):
             spec = BatchSpec(size, collate, drop_last, ahead=ahead)
         clone = copy.copy(self)
         clone._batch = spec
+        clone.worker_cpus = worker_cpus
         clone._active = None
         return clone
 
