@@ -40,7 +40,6 @@ __all__ = [
     "cpu_quota",
     "detect_world",
     "document_mask",
-    "load_loader_state",
     "merge_states",
     "padding_of",
     "source_counts",
@@ -76,7 +75,6 @@ _HOMES = {
     "cpu_quota": "stages.cpus",
     "detect_world": "world",
     "document_mask": "datasets.pack",
-    "load_loader_state": "resume.loader_state",
     "merge_states": "resume.merge",
     "padding_of": "datasets.batching",
     "source_counts": "resume.totals",
@@ -110,7 +108,6 @@ if TYPE_CHECKING:
         MissingCodecError,
         StateMismatchError,
     )
-    from .resume.loader_state import load_loader_state
     from .resume.merge import merge_states
     from .resume.totals import counts_of, source_counts, token_counts
     from .retry import RetryPolicy

@@ -129,6 +129,12 @@ class Rebatch:
         self._position = None
         self._generation += 1
 
+    @classmethod
+    def loader_state_of(cls, state: dict[str, Any]) -> Any:
+        """The state of the loader inside a Rebatch `state` (to check it before loading)."""
+        check_state(state, cls.STAGE, cls.KEYS, "Rebatch")
+        return state[cls.LOADER]
+
     # the stage protocol's names for the same two operations
     def get_state(self) -> dict[str, Any]:
         return self.state_dict()

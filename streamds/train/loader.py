@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..checks import check_bool, check_int
+from ..resume.loader_state import check_num_workers
 from .collate import as_list
 from .rebatch import Rebatch
 
@@ -168,5 +169,8 @@ class Loader:
         return self._batches.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at `state` (from `state_dict()` of a Loader made the same way)."""
+        """Resume at `state` (from `state_dict()` of a Loader made the same way); a state
+        taken with another `num_workers` is refused naming `merge_states` (elastic resume)."""
+        taken = Rebatch.loader_state_of(state) if self.small_records else state
+        check_num_workers(taken, self.num_workers)
         self._batches.load_state_dict(state)
