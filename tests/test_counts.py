@@ -25,7 +25,6 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 import streamds
 import streamds.stages.transform
 from streamds import Storage, StreamingJsonl
-from streamds.datasets.batching import Batches
 
 BAD_LINE = b'{"id": "cut'
 START = (1000, 5000)  # the first record id of each shard
@@ -237,7 +236,6 @@ def test_counts_survive_a_resume_and_count_the_whole_epoch(defects, shuffle, cap
     assert (counts["bad"], counts["blank"]) == (defects["bad"], defects["blank"])
 
 
-@pytest.mark.filterwarnings("ignore:streamds Batches is deprecated:DeprecationWarning")
 def test_counts_of_batcher_rank_and_merged_states(defects):
     def ranks(shuffle: bool) -> list[StreamingJsonl]:
         return [skipping(defects["root"], rank=rank, world_size=2, shuffle=shuffle)
@@ -245,7 +243,7 @@ def test_counts_of_batcher_rank_and_merged_states(defects):
 
     states = []
     for ds in ranks(True):
-        batches = Batches(ds, batch_size=8, length=len)
+        batches = streamds.Mix([ds], [1.0], seed=0).batch(8)  # a pool batcher's nested state
         loader = StatefulDataLoader(batches, batch_size=None, num_workers=1)
         for _ in loader:
             pass

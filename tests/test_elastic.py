@@ -33,7 +33,6 @@ from streamds import StateMismatchError, StreamingJsonl, merge_states
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
     pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
-    pytest.mark.filterwarnings("ignore:streamds .*Batches is deprecated:DeprecationWarning"),
 ]
 
 BATCH = 8
@@ -251,28 +250,27 @@ def test_merge_refuses_states_of_different_runs(source: tuple[str, list[int]]) -
         merge_states([first[0], other_seed[1]])
 
 
-def test_merge_finds_reader_states_inside_a_batchers_loader_state(tmp_path) -> None:
-    """A batcher's state (its own format) holds the dataset's reader state: merge_states
-    looks inside it rather than refusing it as an unknown reader state."""
-    from streamds import as_list
-    from streamds.datasets.batching import Batches
+def test_merge_finds_the_states_inside_a_batchers_loader_state(tmp_path) -> None:
+    """A batcher's state (a Mix's `.batch`) holds the mix's state, and that its readers':
+    merge_states looks inside it rather than refusing it as an unknown state."""
+    from streamds import Mix, as_list
 
     directory = tmp_path / "mixed"
     write_mixed(directory)
-    batcher = Batches(StreamingJsonl(str(directory), shuffle=True, buffer_size=16),
-                      batch_size=8, length="text")
+    batcher = Mix([StreamingJsonl(str(directory), shuffle=True, buffer_size=16)], [1.0],
+                  seed=0).batch(8)
     loader = StatefulDataLoader(batcher, batch_size=None, num_workers=2, collate_fn=as_list)
     iterator = iter(loader)
     for _ in range(3):
         next(iterator)
     merged = merge_states([loader.state_dict()])
-    assert merged["epoch"] == 0 and (merged["remaining"] or merged["tails"])
+    assert merged["stage"] == "merged-mix" and merged["epoch"] == 0
 
 
 # -- even ranks: exact at every cut, the shuffle buffer's drain included (issue 26) --------------
 #
 # What merge_states promises under even_ranks, checked below: the rest (what the new world
-# yields after resume_from=merged) never holds a record read before the checkpoint, and never
+# yields after with_resume(merged)) never holds a record read before the checkpoint, and never
 # one twice unless the new world's own split pads. With "drop", before + rest hold every record
 # the uninterrupted epoch would have read (records an old reader would have dropped at its
 # quota may be read too: they are left to read, never read twice). With "pad", before + rest

@@ -206,9 +206,6 @@ def test_a_merged_state_and_merge_states_name_the_difference(drive, local):
     (local / "train" / "part-4.tar").unlink()
     with pytest.raises(StateMismatchError, match=r"missing here .*'train/part-4.tar'"):
         StreamingJsonl(str(local), **OPTIONS).with_resume(merged)
-    with pytest.raises(StateMismatchError, match=r"missing here .*'train/part-4.tar'"), \
-            pytest.deprecated_call(match="resume_from="):
-        StreamingJsonl(str(local), resume_from=merged, **OPTIONS)
     other = StreamingJsonl(str(local), rank=1, world_size=2, **OPTIONS)
     next(iter(other))
     with pytest.raises(StateMismatchError, match=r"missing in reader \(rank 1, worker 0\) "
@@ -365,11 +362,11 @@ def test_a_state_taken_over_http_with_a_signed_url_resumes_from_local_disk(drive
 
 
 def test_a_merged_mix_state_finishes_over_the_moved_files(drive, local):
-    def mix(root: Path, rank: int | None = None, **options: Any) -> Mix:
+    def mix(root: Path, rank: int | None = None) -> Mix:
         world = {} if rank is None else {"rank": rank, "world_size": 2}
         a = StreamingJsonl(str(root / "train" / "part-0.jsonl"), **OPTIONS, **world)
         b = StreamingJsonl(str(root / "train"), **OPTIONS, **world)
-        return Mix([a, b], [0.3, 0.7], seed=1, **options)
+        return Mix([a, b], [0.3, 0.7], seed=1)
 
     seen: list[int] = []
     states = []
@@ -379,6 +376,6 @@ def test_a_merged_mix_state_finishes_over_the_moved_files(drive, local):
         seen += [next(iterator)["id"] for _ in range(25)]
         states.append(checkpoint(ranked.state_dict()))
     merged = checkpoint(merge_states(states))
-    rest = [record["id"] for record in mix(local, resume_from=merged)]
+    rest = [record["id"] for record in mix(local).with_resume(merged)]
     every = [record["id"] for record in mix(drive)]
     assert sorted(seen + rest) == sorted(every)

@@ -48,14 +48,19 @@ from tokenizers import Tokenizer
 
 from examples.summarization import corpus, rouge
 from examples.summarization.model import PointerGenerator
-from streamds import LengthBuckets, Mix, StreamingJsonl, TokenBudget
-from streamds.datasets.batching import padding_of
-from streamds.integrations.loader import stateful_loader
-from streamds.stages.buckets import Rule
-from streamds.stages.cpus import cpu_quota
-from streamds.train.collate import PadCollate, as_list
-from streamds.train.prefetch import DevicePrefetcher
-from streamds.train.stall import StallMeter
+from streamds import (
+    DevicePrefetcher,
+    LengthBuckets,
+    Mix,
+    PadCollate,
+    StallMeter,
+    StreamingJsonl,
+    TokenBudget,
+    as_list,
+    cpu_quota,
+    padding_of,
+    stateful_loader,
+)
 
 CHECKPOINT = "checkpoint.pt"
 RESULTS = "results.json"
@@ -257,7 +262,7 @@ def make_batcher(args: argparse.Namespace, corpora: dict[str, dict[str, str]],
     return features.batch(batch_rule(args) or args.batch_size, collate=collate)
 
 
-def batch_rule(args: argparse.Namespace) -> Rule | None:
+def batch_rule(args: argparse.Namespace) -> LengthBuckets | TokenBudget | None:
     """The --batching rule: LengthBuckets, a TokenBudget, or None for plain batches."""
     if args.batching == "bucket":
         return LengthBuckets(args.batch_size, buffer_size=args.bucket_buffer)
@@ -266,8 +271,8 @@ def batch_rule(args: argparse.Namespace) -> Rule | None:
     return None
 
 
-def cut_batches(records: list[dict[str, Any]], rule: Rule | None, size: int,
-                seed: int) -> list[list[dict[str, Any]]]:
+def cut_batches(records: list[dict[str, Any]], rule: LengthBuckets | TokenBudget | None,
+                size: int, seed: int) -> list[list[dict[str, Any]]]:
     """`records` (a list in memory) in batches: `rule` cuts each pool, None cuts by `size`."""
     if rule is None:
         return [records[start : start + size] for start in range(0, len(records), size)]

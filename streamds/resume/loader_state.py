@@ -4,8 +4,10 @@ torchdata's `StatefulDataLoader` keeps one dataset state per worker, so its stat
 loader with the `num_workers` that took it. Between two loaders with workers, each worker's
 dataset refuses a state of another world (`StateMismatchError`, naming `merge_states`); between
 a single-process loader (``num_workers=0``) and one with workers, torchdata fails first, with a
-bare ``AssertionError``, before the dataset sees the state. `load_loader_state` checks before
-loading, and says how to change the number of workers: merge the states (elastic resume).
+bare ``AssertionError``, before the dataset sees the state. `check_num_workers` says so before
+loading (``ds.loader(...).load_state_dict`` calls it: ``num_workers="auto"`` gives another
+count on another machine), and how to change the number of workers: merge the states
+(elastic resume).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 from ..errors import StateMismatchError
 
-__all__ = ["load_loader_state", "saved_num_workers"]
+__all__ = ["check_num_workers", "saved_num_workers"]
 
 _SNAPSHOT = "_snapshot"  # torchdata's keys: a loader with workers ...
 _MAIN_SNAPSHOT = "_main_snapshot"
@@ -34,21 +36,15 @@ def saved_num_workers(state: Any) -> int:
     )
 
 
-def load_loader_state(loader: Any, state: dict[str, Any]) -> None:
-    """`loader.load_state_dict(state)`, refused when `state` was taken with another num_workers.
-
-    Example::
-
-        loader = StatefulDataLoader(dataset, batch_size=32, num_workers=4)
-        load_loader_state(loader, checkpoint["loader"])
-    """
-    saved, have = saved_num_workers(state), loader.num_workers
-    if saved != have:
+def check_num_workers(state: Any, num_workers: int) -> None:
+    """Refuse a StatefulDataLoader `state` taken with another number of workers than
+    `num_workers`, naming both and the fix."""
+    saved = saved_num_workers(state)
+    if saved != num_workers:
         raise StateMismatchError(
             f"the loader state was taken with num_workers={saved}, but this loader has "
-            f"num_workers={have}; resume with num_workers={saved}, or finish the epoch with "
-            "any number of workers: merged = streamds.merge_states([...]) over the loader "
-            "states of every rank, then a fresh loader over StreamingJsonl(...)"
-            ".with_resume(merged) (without load_state_dict)"
+            f"num_workers={num_workers}; resume with num_workers={saved}, or finish the epoch "
+            "with any number of workers: merged = streamds.merge_states([...]) over the "
+            "loader states of every rank, then a fresh loader over "
+            "dataset.with_resume(merged) (without load_state_dict)"
         )
-    loader.load_state_dict(state)

@@ -257,7 +257,7 @@ def merge_states(states: Any) -> dict[str, Any]:
     a list; reader states are found wherever they nest. Load the result with
     ``StreamingJsonl(source, ..., rank=r, world_size=n).with_resume(merged)``.
 
-    States of a `streamds.Mix` merge source by source (load with ``Mix(..., resume_from=)``);
+    States of a `streamds.Mix` merge source by source (load with ``mix.with_resume(merged)``);
     states of a packed dataset keep every reader's leftover tokens (load with
     ``packed.with_resume(merged)``).
 
@@ -350,7 +350,7 @@ def _unstarted(starts: list[dict[str, Any]]) -> tuple[dict[str, Any], list[World
         if MERGED_READER not in start:
             raise ValueError(
                 "merge_states takes the states of the readers of one checkpoint, not a merged "
-                "state; resume from a merged state with resume_from= / with_resume()"
+                "state; resume from a merged state with with_resume()"
             )
         state = {key: value for key, value in start.items() if key not in START_KEYS}
         if before is not None and state != before:

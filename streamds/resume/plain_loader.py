@@ -65,7 +65,7 @@ def require_line_per_record(
     if "filter" in kinds:
         why.append("a .filter() step")
     if "map" in kinds:
-        why.append("a .map() or transform= step (one that returns None drops its record)")
+        why.append("a .map() step (one that returns None drops its record)")
     if on_error == "skip":
         why.append('on_error="skip" (malformed lines are skipped)')
     if why:

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..checks import check_bool, check_int
+from ..resume.loader_state import check_num_workers
 from .collate import as_list
 from .rebatch import Rebatch
 
@@ -135,7 +136,7 @@ class Loader:
             big = dataset.batch(max(batch_size, MESSAGE_RECORDS))
             self.loader = stateful_loader(big, batch_size=None, num_workers=num_workers,
                                           **loader_options)
-            self._batches = Rebatch(self.loader, batch_size, collate_fn=collate,
+            self._batches = Rebatch(self.loader, batch_size, collate=collate,
                                     drop_last=drop_last)
         else:  # training batches made and collated in the workers
             batches = dataset.batch(batch_size, collate=collate or as_list,
@@ -168,5 +169,8 @@ class Loader:
         return self._batches.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at `state` (from `state_dict()` of a Loader made the same way)."""
+        """Resume at `state` (from `state_dict()` of a Loader made the same way); a state
+        taken with another `num_workers` is refused naming `merge_states` (elastic resume)."""
+        taken = Rebatch.loader_state_of(state) if self.small_records else state
+        check_num_workers(taken, self.num_workers)
         self._batches.load_state_dict(state)
