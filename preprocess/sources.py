@@ -69,7 +69,7 @@ from streamds.formats.trees import (
     has_magic,
     natural_key,
 )
-from streamds.redact import redact, safe_cause, scrubbed
+from streamds.redact import guard_source, redact, safe_cause, scrubbed
 from streamds.retry import (
     DEFAULT_RETRY,
     PERMANENT_ERRORS,
@@ -529,6 +529,7 @@ class Inputs:
             raise ValueError("no inputs given; name JSONL files, directories, globs or tar files")
         self.items = tuple(source_items(items, name="inputs"))
         self.storage_options = dict(storage_options or {})
+        guard_source(self.items, self.storage_options)  # the storage libraries' log records
         self.read_ahead = read_ahead
         self.read_ahead_bytes = read_ahead_bytes
         self.retry = retry

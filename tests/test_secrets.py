@@ -29,8 +29,10 @@ from testbed.http import Faults, RangeServer, serve
 
 pytest.importorskip("aiohttp", reason="HTTP needs the 'remote' extra (aiohttp)")
 
-PASSWORD, SIGNATURE, CREDENTIAL, TOKEN = "PWsecret1", "SIGsecret2", "CREDsecret3", "TOKsecret4"
-SECRETS = (PASSWORD, SIGNATURE, CREDENTIAL, TOKEN)
+# the password holds a quote, which ends a quoted URL in a message: everything after it is
+# the marker the checks look for (a redaction that stopped at the quote would show it)
+PASSWORD, SIGNATURE, CREDENTIAL, TOKEN = "p'PWsecret1", "SIGsecret2", "CREDsecret3", "TOKsecret4"
+SECRETS = ("PWsecret1", SIGNATURE, CREDENTIAL, TOKEN)
 RECORDS = [{"id": i, "text": "word " * (i % 30)} for i in range(3000)]
 FAST = RetryPolicy(attempts=3, backoff=0.001, jitter=0.0)
 

@@ -57,7 +57,7 @@ from ..formats.trees import (
     remote_is_folder,
     remote_record_files,
 )
-from ..redact import guard_loggers, redact, safe_cause, scrubbed
+from ..redact import guard_loggers, guard_source, redact, safe_cause, scrubbed
 from ..retry import DEFAULT_RETRY, lookup_error, option_error, retrying
 
 __all__ = [
@@ -527,6 +527,7 @@ def list_source(
     """The shards of `source` (`resolve_shards`) and what its listings left out, and why."""
     items = source_items(source)
     options = dict(storage_options or {})
+    guard_source(items, options)  # the storage libraries' log records: these secrets redacted
     shards: list[Shard] = []
     listed: list[Shard] = []  # found by a folder or glob listing (not named themselves)
     left_out = LeftOut()
