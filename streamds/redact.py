@@ -68,22 +68,23 @@ _NOT_A_PORT = re.compile(r"^[^:]*:(?!\d*$).+$")
 # or space; a quote ends it only where the quoted text ends (before a space, ")", "," ...)
 _PARAM = re.compile(
     r"""([?&;#])([^=&;#\s'"<>?]+)=((?:[^&;#\s'"<>]|['"](?![\s),\]}>:;]|$))*)""")
-_SECRET_MIN = 16  # characters of a value that may look like a key or signature
+_RUN = re.compile(r"[A-Za-z0-9+/]{16,}")  # a run of base64 characters as long as a key
 _SECRET_BITS = 3.0  # Shannon entropy per character from which such a value looks random
 _LITERAL_MIN = 4  # characters of a known secret that the log filter replaces wherever it shows
 
 
 def looks_secret(value: str) -> bool:
-    """Whether a query value looks like a key, token or signature whatever its name: at least
-    16 characters, letters and digits mixed, and high entropy (a JWT, a base64 or hex digest,
-    an access key id), not a word, a number, a date or a file name."""
-    if len(value) < _SECRET_MIN or not any(c.isdigit() for c in value) or not any(
-        c.isalpha() for c in value
-    ):
-        return False
-    counts = Counter(value)
-    bits = -sum(n / len(value) * math.log2(n / len(value)) for n in counts.values())
-    return bits >= _SECRET_BITS
+    """Whether a query value looks like a key, token or signature whatever its name: it holds
+    a run of 16 or more base64 characters mixing letters and digits at high entropy (a JWT's
+    parts, a base64 or hex digest, an access key id), not words, numbers, dates or file names
+    (``train-00001-of-00010.jsonl``: short runs)."""
+    for run in _RUN.findall(value):
+        if any(c.isdigit() for c in run) and any(c.isalpha() for c in run):
+            counts = Counter(run)
+            bits = -sum(n / len(run) * math.log2(n / len(run)) for n in counts.values())
+            if bits >= _SECRET_BITS:
+                return True
+    return False
 
 
 def _secret_name(name: str) -> bool:
