@@ -121,6 +121,30 @@ def test_an_unknown_storage_option_is_named(server, tmp_path, opener):
     assert "VALUEsecret" not in text and "does not exist" not in text
 
 
+@pytest.mark.parametrize("source", ["a.jsonl", ""])
+def test_a_listing_that_fails_follows_the_retry_policy(server, source):
+    """A source answering 500 is retried as `Storage(retry=...)` says (2 attempts here), not
+    for the default 5 minutes."""
+    from streamds.retry import GaveUpError
+
+    server.faults.status_for[f"/{source}"] = 500
+    with pytest.raises(GaveUpError, match="failed 2 times") as caught:
+        StreamingJsonl(with_password(f"{server.url}/{source}"), storage=Storage(retry=FAST))
+    _message(caught.value)
+    looks = [r for r in server.log if r.path == f"/{source}"]  # fsspec: a HEAD, then a GET
+    assert 0 < len(looks) <= 2 * FAST.attempts
+
+
+@pytest.mark.parametrize("options", [{"headers": "Authorization: Bearer HDRsecret"},
+                                     {"client_kwargs": {"headers": "HDRsecret"}}])
+def test_headers_given_as_a_string_are_refused_naming_the_option(server, options):
+    with pytest.raises(TypeError, match=r"\['headers'\] must be a dict.*'Authorization'"
+                       ) as caught:
+        read(f"{server.url}/a.jsonl", options=options)
+    text = str(caught.value)
+    assert "HDRsecret" not in text and "does not exist" not in text
+
+
 @pytest.mark.parametrize("opener", sorted(OPENERS))
 def test_a_missing_file_still_does_not_exist(server, tmp_path, opener):
     with pytest.raises(FileNotFoundError, match=r"nope\.jsonl.*does not exist") as caught:
