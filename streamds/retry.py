@@ -52,9 +52,11 @@ class RangeNotSupportedError(PermanentReadError):
         super().__init__(
             errno.EIO,
             f"{redact(url)}: the server ignores HTTP Range requests (asked for part of the file, "
-            "it sends all of it); streamds reads remote files by byte ranges: serve the file "
-            "from a server that honours Range (object stores and common web servers do), or "
-            "download it (e.g. with `curl -O` or fsspec's `get`) and read the local copy",
+            "it sends all of it), though it honoured them when the dataset was made, so the "
+            "file was cut into blocks read by ranges; make the dataset again (a file from a "
+            "server without Range is read as one stream, by one reader), serve the file from a "
+            "server that honours Range (object stores and common web servers do), or download "
+            "it (e.g. with `curl -O` or fsspec's `get`) and read the local copy",
         )
 
 

@@ -59,6 +59,7 @@ from ..formats.trees import (
 )
 from ..redact import guard_loggers, guard_source, redact, safe_cause, scrubbed
 from ..retry import DEFAULT_RETRY, RetryPolicy, lookup_error, option_error, retrying
+from .range_probe import RangeAnswers
 
 __all__ = [
     "Listing",
@@ -118,6 +119,9 @@ class Shard:
     checksum: str | None = None  # the manifest's xxh64 hex digest of the stored file
     # what the storage said identifies this content (ETag, Last-Modified, mtime: `_version_of`)
     version: str | None = field(default=None, compare=False)
+    # the storage serves parts of the file (False: an HTTP server that ignores Range; the
+    # file is then one block, read as one stream: `range_probe`)
+    ranged: bool = field(default=True, compare=False)
     fs: fsspec.AbstractFileSystem = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
     @property
@@ -447,7 +451,7 @@ def _json_format(
 
 def _shard_of(
     fs: fsspec.AbstractFileSystem, info: dict, given: str, known: dict, on_error: str,
-    retry: RetryPolicy,
+    retry: RetryPolicy, answers: RangeAnswers,
 ) -> Shard:
     path = info["name"]
     url = _url_of(fs, path, given)
@@ -459,17 +463,21 @@ def _shard_of(
     require_codec(codec, url)
     size = info.get("size")
     frames = frame_records = checksum = None
+    ranged = answers.honours_range(fs, path)  # else one stream: no probe, no seek table
     if fmt == "jsonl" and is_document_name(name):
-        fmt = _json_format(fs, path, size, codec, url, retry)
+        fmt = _json_format(fs, path, size, codec, url, retry) if ranged else "json"
     if codec == "zst" and fmt == "jsonl":
         listed = known.get(path)
         if listed is not None and listed[0] == size:
             frames, frame_records, checksum = listed[1], listed[2] or None, listed[3]
-        else:
+        elif ranged:
             frames = _frames_of(fs, path, size, url, on_error, retry)
+        if not ranged:
+            frames = frame_records = None
     return Shard(
         url=url, path=path, size=size, format=fmt, codec=codec, frames=frames,
-        frame_records=frame_records, checksum=checksum, version=_version_of(info), fs=fs,
+        frame_records=frame_records, checksum=checksum, version=_version_of(info),
+        ranged=ranged, fs=fs,
     )
 
 
@@ -560,6 +568,7 @@ def list_source(
     shards: list[Shard] = []
     listed: list[Shard] = []  # found by a folder or glob listing (not named themselves)
     left_out = LeftOut()
+    answers = RangeAnswers()  # which HTTP servers ignore Range, asked once each
     named: dict[str, str] = {}  # identity -> the URL that first named it
     real_dirs: dict[str, str] = {}
     for given in items:
@@ -582,7 +591,7 @@ def list_source(
             _report_left_out(given, found.left_out)
             left_out.extend(found.left_out)
         known = _manifest_frames(fs, infos)
-        made = [_shard_of(fs, info, given, known, on_error, retry) for info in infos]
+        made = [_shard_of(fs, info, given, known, on_error, retry, answers) for info in infos]
         shards.extend(made)
         if found.left_out is not None:
             listed.extend(made)
