@@ -89,7 +89,8 @@ def open_decoded_at(
     Plain files start at `offset`; seekable zstd files at the frame holding `offset`,
     decoding from there; other compressed files decode from the start and discard `offset`
     bytes. Stored bytes come from `ahead`'s prefetched pieces when it holds them, else by
-    ranged requests retried per `retry`, through `cache` when given.
+    ranged requests retried per `retry`, through `cache` when given; a file from a server
+    that ignores Range (`Shard.ranged` false) comes as one stream, uncached.
     """
     stored_start, decoded_start, stored_end = stored_span(shard, offset, end)
     stop = None  # a seekable file's data ends at its last frame (its seek table follows)
