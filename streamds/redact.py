@@ -63,7 +63,7 @@ SECRET_NAMES = frozenset({"sig", "key", "k", "pwd", "pass", "googleaccessid", "c
 # scheme://: where a URL's authority starts
 _SCHEME = re.compile(r"(?i)\b[a-z][a-z0-9+.\-]*://")
 # the authority's "user:x" with x no port (empty, or digits): a password ran past a "/"
-_NOT_A_PORT = re.compile(r"^[^:]*:(?!\d*$).+$")
+_NOT_A_PORT = re.compile(r"^[^:\[]*:(?!\d*$).+$")
 # ?name=value, &name=value, ;name=value or #name=value: the value runs to the next separator
 # or space; a quote ends it only where the quoted text ends (before a space, ")", "," ...)
 _PARAM = re.compile(

@@ -138,6 +138,7 @@ def test_redact_hides_query_values_by_name_or_by_shape(query):
     "/data/train.jsonl", "data/a@b.jsonl", "https://host/p@v1/a.jsonl?part=1&n=2",
     "bytes 0-100 of s3://bucket/key.jsonl", "options format=jsonl.zst shard_size=256",
     "hf://datasets/org/name@main/train.jsonl", "http://host:8080/a@b/c.jsonl",
+    "http://[::1]:8080/a@b/c.jsonl",
     # ordinary query values stay readable: short ones, words, numbers, dates, file names
     "https://h/a.jsonl?split=train&revision=main&X-Amz-Date=20240101T000000Z"
     "&X-Amz-Expires=3600&file=train-00001-of-00010.jsonl&offset=123456789012345678",
