@@ -193,6 +193,16 @@ def test_files_from_a_server_without_range_are_dealt_whole_to_workers(server):
     assert all(r.range is None for r in server.log if r.method == "GET")
 
 
+def test_a_split_a_server_without_range_cannot_give_is_refused_naming_the_fix(server):
+    """Two ranks with even_ranks='drop' over one file that cannot be split: refused, saying
+    that the server ignores Range and what to do."""
+    server.faults.ignore_range = True
+    ds = StreamingJsonl(f"{server.url}/a.jsonl", rank=1, world_size=2, even_ranks="drop",
+                        storage=Storage(retry=FAST, block_size=64 << 10))
+    with pytest.raises(ValueError, match=r"ignores HTTP Range.*honours Range"):
+        next(iter(ds))
+
+
 @pytest.mark.parametrize("name", ["s.jsonl.zst", "a.jsonl"])
 def test_a_server_that_stops_honouring_range_is_named_with_the_fix(server, name):
     """A server that answered ranges when the dataset was made and ignores them later: the

@@ -73,6 +73,7 @@ __all__ = [
     "resolve_shards",
     "same_file_error",
     "source_items",
+    "unsplit_note",
 ]
 
 log = logging.getLogger(__name__)
@@ -479,6 +480,18 @@ def _shard_of(
         frame_records=frame_records, checksum=checksum, version=_version_of(info),
         ranged=ranged, fs=fs,
     )
+
+
+def unsplit_note(shards: Sequence[Shard]) -> str:
+    """What to add to a refusal of a split that blocks cannot give (an empty rank, ranks
+    without records) when some files are whole because their server ignores Range."""
+    whole = [shard.url for shard in shards if not shard.ranged]
+    if not whole:
+        return ""
+    return (f"; {len(whole)} file(s) ({whole[0]!r}{' ...' if len(whole) > 1 else ''}) come "
+            "from a server that ignores HTTP Range, so each is one block read by one reader: "
+            "serve them from a server that honours Range (an object store, nginx, Apache) or "
+            "download them, and they split across readers")
 
 
 def source_items(source: Any, *, name: str = "source") -> list[str]:
