@@ -340,6 +340,13 @@ def test_convert_records_no_credential_and_reruns_with_a_new_signature(served, t
     assert_logs_clean(caplog)
 
 
+def test_inspect_of_a_url_prints_no_credential(served, capsys):
+    assert streamds_main(["inspect", secret_url(served, "a.jsonl")]) == 0
+    printed = capsys.readouterr()
+    assert "a.jsonl" in printed.out
+    assert_clean(printed.out + printed.err, "streamds inspect")
+
+
 def test_convert_in_parts_records_no_credential(served, tmp_path):
     out = tmp_path / "parts"
     convert([secret_url(served, "a.jsonl")], out, parts=2, shard_size=40_000, progress=None)
