@@ -271,6 +271,24 @@ def test_tokens_of_any_name_are_hidden_in_refused_reads(served, caplog, status):
     assert not [value for value in tokens.values() if value in records]
 
 
+def test_a_stream_from_a_server_without_range_shows_no_credential(tmp_path, caplog):
+    """A server that ignores Range is read as one stream (fsspec's stream file, whose errors
+    show the URL as given): its records, and its 404, without the credentials."""
+    caplog.set_level(logging.DEBUG)
+    (tmp_path / "a.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in RECORDS))
+    with serve(tmp_path, Faults(ignore_range=True)) as server:
+        ds = StreamingJsonl(secret_url(server, "a.jsonl"),
+                            storage=Storage(retry=FAST, block_size=64 << 10))
+        assert not ds.shards[0].ranged
+        assert list(ds) == RECORDS
+        server.faults.status_for["/a.jsonl"] = 404
+        with pytest.raises(FileNotFoundError) as caught:
+            list(ds)
+    assert "a.jsonl" in str(caught.value)
+    assert_error_clean(caught.value)
+    assert_logs_clean(caplog)
+
+
 def test_a_state_resumes_under_a_url_signed_anew(served):
     """The state names no credential, so a checkpoint resumes with the URL signed again."""
     first = StreamingJsonl(secret_url(served, "a.jsonl"), shuffle=True, seed=4)

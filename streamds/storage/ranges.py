@@ -28,7 +28,7 @@ from typing import Protocol
 from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import CorruptShardError
-from ..redact import describe_error, redact, safe_cause
+from ..redact import describe_error, redact, safe_cause, scrubbed
 from ..retry import DEFAULT_RETRY, RangeNotSupportedError, RetryPolicy, as_os_error, retrying
 from .cache import Cache, CacheSpec, pread_full
 from .mounts import on_fuse_mount
@@ -229,6 +229,8 @@ class StreamFile(io.RawIOBase):
 
     def _raise(self, err: BaseException) -> None:
         converted = as_os_error(err, self._shard.url)
+        if isinstance(converted, Exception) and safe_cause(converted) is None:
+            raise scrubbed(converted) from None  # fsspec's text shows the URL as given
         if converted is err:
             raise
         raise converted from safe_cause(err)
