@@ -135,12 +135,14 @@ def test_a_listing_that_fails_follows_the_retry_policy(server, source):
     assert 0 < len(looks) <= 2 * FAST.attempts
 
 
+@pytest.mark.parametrize("opener", sorted(OPENERS))
 @pytest.mark.parametrize("options", [{"headers": "Authorization: Bearer HDRsecret"},
                                      {"client_kwargs": {"headers": "HDRsecret"}}])
-def test_headers_given_as_a_string_are_refused_naming_the_option(server, options):
+def test_headers_given_as_a_string_are_refused_naming_the_option(server, tmp_path, opener,
+                                                                 options):
     with pytest.raises(TypeError, match=r"\['headers'\] must be a dict.*'Authorization'"
                        ) as caught:
-        read(f"{server.url}/a.jsonl", options=options)
+        OPENERS[opener](tmp_path, f"{server.url}/a.jsonl", storage_options=options)
     text = str(caught.value)
     assert "HDRsecret" not in text and "does not exist" not in text
 
