@@ -225,8 +225,8 @@ def check_converted(job: Job, counts: Counts, skipped: list[str]) -> None:
            "again)")
     if counts.records_in == 0:
         raise ConversionError(
-            f"nothing to convert: the inputs ({', '.join(job.inputs)}) hold no records (empty "
-            f"files or only blank lines){fix}"
+            f"nothing to convert: the inputs ({', '.join(job.recorded_inputs)}) hold no "
+            f"records (empty files or only blank lines){fix}"
         )
     if counts.dropped:
         raise ConversionError(

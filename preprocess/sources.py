@@ -69,7 +69,7 @@ from streamds.formats.trees import (
     has_magic,
     natural_key,
 )
-from streamds.redact import redact, safe_cause, scrubbed
+from streamds.redact import guard_source, redact, safe_cause, scrubbed
 from streamds.retry import (
     DEFAULT_RETRY,
     PERMANENT_ERRORS,
@@ -81,7 +81,7 @@ from streamds.retry import (
 from streamds.stages.parse import without_bom
 from streamds.storage.plan import Block
 from streamds.storage.read import LineChunk, Opener, read_lines, tar_records
-from streamds.storage.shards import Shard, same_file_error, source_items
+from streamds.storage.shards import Shard, check_options, same_file_error, source_items
 
 from .files_ahead import FilesAhead
 from .listing import ListingWalk, RemoteTree, remote_tree, remote_version
@@ -529,6 +529,8 @@ class Inputs:
             raise ValueError("no inputs given; name JSONL files, directories, globs or tar files")
         self.items = tuple(source_items(items, name="inputs"))
         self.storage_options = dict(storage_options or {})
+        check_options(self.storage_options)  # headers as a string: refused, not "missing"
+        guard_source(self.items, self.storage_options)  # the storage libraries' log records
         self.read_ahead = read_ahead
         self.read_ahead_bytes = read_ahead_bytes
         self.retry = retry

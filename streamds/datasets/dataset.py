@@ -147,7 +147,8 @@ class StreamingJsonl(StreamdsDataset):
         self._steps: tuple[Step, ...] = ()  # map and filter of the records (.map/.filter)
         self._batch: BatchSpec | None = None  # whole batches out of the workers (.batch)
         self._records_cache: RecordsCache | None = None  # stored records (.cache)
-        self._shards: list[Shard] = resolve_shards(source, storage_options, on_error=on_error)
+        self._shards: list[Shard] = resolve_shards(source, storage_options, on_error=on_error,
+                                                   retry=self.retry)
         # even ranks cut a small corpus finer, so that ranks' shares differ by little
         self._fine_piece = small_corpus_piece(self._shards) if even_ranks is not None else None
         # what a state says about the corpus (names under the source root, sizes, checksums)

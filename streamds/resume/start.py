@@ -25,7 +25,7 @@ from ..stages.chunks import Position, WorkItem
 from ..stages.pipeline import Reader, Spec
 from ..stages.state import ReaderState
 from ..storage.plan import Block, Plan
-from ..storage.shards import Shard
+from ..storage.shards import Shard, unsplit_note
 from ..world import World
 from .counts import count_from
 from .merge import MERGED_READER, share_of
@@ -213,8 +213,11 @@ def with_quota(state: ReaderState, layout: Layout, resolve: Resolve, *,
         assert layout.block_counts is not None
         counts = layout.plan.reader_records(state.epoch, world, layout.block_counts)
     shares = quotas(counts, world.world_size, layout.even_ranks)
-    said = check_split(counts, shares, world.world_size, layout.even_ranks,
-                       blocks=layout.plan.num_blocks, resumed=merged is not None)
+    try:
+        said = check_split(counts, shares, world.world_size, layout.even_ranks,
+                           blocks=layout.plan.num_blocks, resumed=merged is not None)
+    except ValueError as err:  # a split the blocks cannot give: say when Range is why
+        raise ValueError(f"{err}{unsplit_note(layout.shards)}") from None
     if said is not None and report and world.reader == 0:
         log.warning("epoch %d: %s", state.epoch, said)
     return replace(state, quota=shares[world.reader])
@@ -225,6 +228,7 @@ def _check_rank_has_work(layout: Layout, world: World) -> None:
                       corpus_bytes=sum(shard.size for shard in layout.shards))
     if said is None:
         return
+    said += unsplit_note(layout.shards)
     if not layout.world_given:
         raise ValueError(said)
     key = (layout.fingerprint["corpus"], world.rank, world.world_size)

@@ -52,7 +52,7 @@ class Block:
 
 def _splittable_size(shard: Shard) -> int:
     """Decoded bytes of a shard that can be cut into blocks (0: it is read whole)."""
-    if shard.format != "jsonl":
+    if shard.format != "jsonl" or not shard.ranged:
         return 0
     if shard.codec is None and shard.size is not None:
         return shard.size
@@ -116,7 +116,7 @@ def make_blocks(
     small = small_corpus_piece(shards) if fine else None
     blocks: list[Block] = []
     for index, shard in enumerate(shards):
-        if shard.format != "jsonl":  # tar, or any format read whole: one block
+        if shard.format != "jsonl" or not shard.ranged:  # read whole (tar; no Range): one block
             blocks.append(Block(index))
         elif shard.codec is None and shard.size is not None:
             blocks.extend(_byte_ranges(index, shard.size, block_size, small))

@@ -31,7 +31,7 @@ from ..formats.samples import SampleKeys
 from ..retry import DEFAULT_RETRY, GaveUpError, RetryPolicy, is_transient
 from .cache import CacheSpec
 from .plan import Block
-from .ranges import RangeFile, RangeReader, stored_span
+from .ranges import RangeFile, RangeReader, StreamFile, stored_span
 from .readahead import ReadAhead
 from .shards import Shard
 
@@ -89,13 +89,16 @@ def open_decoded_at(
     Plain files start at `offset`; seekable zstd files at the frame holding `offset`,
     decoding from there; other compressed files decode from the start and discard `offset`
     bytes. Stored bytes come from `ahead`'s prefetched pieces when it holds them, else by
-    ranged requests retried per `retry`, through `cache` when given.
+    ranged requests retried per `retry`, through `cache` when given; a file from a server
+    that ignores Range (`Shard.ranged` false) comes as one stream, uncached.
     """
     stored_start, decoded_start, stored_end = stored_span(shard, offset, end)
     stop = None  # a seekable file's data ends at its last frame (its seek table follows)
     if shard.frames:
         stop = shard.frames[-1].compressed_offset + shard.frames[-1].compressed_size
-    if ahead is not None:
+    if not shard.ranged:  # a server that ignores Range: one stream, read by its one reader
+        raw: BinaryIO = StreamFile(shard, stored_start)  # type: ignore[assignment]
+    elif ahead is not None:
         raw = RangeFile(ahead.reader, shard, stored_start, stored_end, stop=stop, ahead=ahead)
     else:
         raw = RangeFile(RangeReader(retry, cache), shard, stored_start, stored_end, stop=stop,

@@ -77,7 +77,10 @@ def block_span(shard: Shard, start: int, end: int | None, *, at_line: bool) -> S
     """The stored bytes a reader reads for decoded bytes [start, end) of a block of `shard`
     (tar and ``.json`` shards: the whole file); None when the file's size is unknown.
     `at_line`: a line begins at `start` (a resume point); else, unless the shard's frames
-    end lines, the reader looks for the newline before `start` first."""
+    end lines, the reader looks for the newline before `start` first. None for a file read as
+    one stream (`Shard.ranged` false): nothing can be fetched ahead by ranges."""
+    if not shard.ranged:
+        return None
     if shard.format != "jsonl":
         first, last = 0, shard.size
     else:

@@ -19,7 +19,7 @@ import functools
 import logging
 import os
 import pickle
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -57,13 +57,15 @@ from ..formats.trees import (
     remote_is_folder,
     remote_record_files,
 )
-from ..redact import guard_loggers, redact, safe_cause, scrubbed
-from ..retry import DEFAULT_RETRY, lookup_error, option_error, retrying
+from ..redact import guard_loggers, guard_source, redact, safe_cause, scrubbed
+from ..retry import DEFAULT_RETRY, RetryPolicy, lookup_error, option_error, retrying
+from .range_probe import RangeAnswers
 
 __all__ = [
     "Listing",
     "Shard",
     "canonical_path",
+    "check_options",
     "has_magic",
     "list_source",
     "natural_key",
@@ -71,6 +73,7 @@ __all__ = [
     "resolve_shards",
     "same_file_error",
     "source_items",
+    "unsplit_note",
 ]
 
 log = logging.getLogger(__name__)
@@ -117,6 +120,9 @@ class Shard:
     checksum: str | None = None  # the manifest's xxh64 hex digest of the stored file
     # what the storage said identifies this content (ETag, Last-Modified, mtime: `_version_of`)
     version: str | None = field(default=None, compare=False)
+    # the storage serves parts of the file (False: an HTTP server that ignores Range; the
+    # file is then one block, read as one stream: `range_probe`)
+    ranged: bool = field(default=True, compare=False)
     fs: fsspec.AbstractFileSystem = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
     @property
@@ -375,7 +381,8 @@ def _read_frames(fs: fsspec.AbstractFileSystem, path: str, size: int, url: str):
 
 
 def _frames_of(
-    fs: fsspec.AbstractFileSystem, path: str, size: int | None, url: str, on_error: str
+    fs: fsspec.AbstractFileSystem, path: str, size: int | None, url: str, on_error: str,
+    retry: RetryPolicy,
 ) -> tuple[Frame, ...] | None:
     """The seek table of a .zst file (None: a foreign .zst). Transient errors are retried.
 
@@ -386,7 +393,7 @@ def _frames_of(
         return None
     try:
         frames = retrying(
-            lambda: _read_frames(fs, path, size, url), DEFAULT_RETRY, f"{url}: seek table"
+            lambda: _read_frames(fs, path, size, url), retry, f"{url}: seek table"
         )
     except SeekTableError as err:
         if on_error == "skip":
@@ -430,7 +437,8 @@ def _probe_plain(fs: fsspec.AbstractFileSystem, path: str) -> str:
 
 
 def _json_format(
-    fs: fsspec.AbstractFileSystem, path: str, size: int | None, codec: str | None, url: str
+    fs: fsspec.AbstractFileSystem, path: str, size: int | None, codec: str | None, url: str,
+    retry: RetryPolicy,
 ) -> str:
     """The format of a ``.json`` file (`streamds.formats.documents`): "jsonl" for a large
     plain file of JSON lines, which then splits into blocks; otherwise "json", one block
@@ -438,12 +446,13 @@ def _json_format(
     files opens none of them)."""
     if codec is not None or size is None or size <= RESOLVE_ABOVE:
         return "json"
-    found = retrying(lambda: _probe_plain(fs, path), DEFAULT_RETRY, f"{url}: first line")
+    found = retrying(lambda: _probe_plain(fs, path), retry, f"{url}: first line")
     return "jsonl" if found == LINES else "json"
 
 
 def _shard_of(
-    fs: fsspec.AbstractFileSystem, info: dict, given: str, known: dict, on_error: str
+    fs: fsspec.AbstractFileSystem, info: dict, given: str, known: dict, on_error: str,
+    retry: RetryPolicy, answers: RangeAnswers,
 ) -> Shard:
     path = info["name"]
     url = _url_of(fs, path, given)
@@ -455,18 +464,34 @@ def _shard_of(
     require_codec(codec, url)
     size = info.get("size")
     frames = frame_records = checksum = None
+    ranged = answers.honours_range(fs, path)  # else one stream: no probe, no seek table
     if fmt == "jsonl" and is_document_name(name):
-        fmt = _json_format(fs, path, size, codec, url)
+        fmt = _json_format(fs, path, size, codec, url, retry) if ranged else "json"
     if codec == "zst" and fmt == "jsonl":
         listed = known.get(path)
         if listed is not None and listed[0] == size:
             frames, frame_records, checksum = listed[1], listed[2] or None, listed[3]
-        else:
-            frames = _frames_of(fs, path, size, url, on_error)
+        elif ranged:
+            frames = _frames_of(fs, path, size, url, on_error, retry)
+        if not ranged:
+            frames = frame_records = None
     return Shard(
         url=url, path=path, size=size, format=fmt, codec=codec, frames=frames,
-        frame_records=frame_records, checksum=checksum, version=_version_of(info), fs=fs,
+        frame_records=frame_records, checksum=checksum, version=_version_of(info),
+        ranged=ranged, fs=fs,
     )
+
+
+def unsplit_note(shards: Sequence[Shard]) -> str:
+    """What to add to a refusal of a split that blocks cannot give (an empty rank, ranks
+    without records) when some files are whole because their server ignores Range."""
+    whole = [shard.url for shard in shards if not shard.ranged]
+    if not whole:
+        return ""
+    return (f"; {len(whole)} file(s) ({whole[0]!r}{' ...' if len(whole) > 1 else ''}) come "
+            "from a server that ignores HTTP Range, so each is one block read by one reader: "
+            "serve them from a server that honours Range (an object store, nginx, Apache) or "
+            "download them, and they split across readers")
 
 
 def source_items(source: Any, *, name: str = "source") -> list[str]:
@@ -521,20 +546,47 @@ class Listing:
     left_out: LeftOut
 
 
+# storage options the filesystems take as mappings (HTTP's headers, the clients' keyword
+# arguments): anything else fails deep inside the client, where it reads as a missing file
+_MAPPING_OPTIONS = ("headers", "client_kwargs", "config_kwargs", "s3_additional_kwargs")
+
+
+def check_options(options: Mapping[str, Any], where: str = "storage_options") -> None:
+    """Refuse an option that must be a mapping given as something else (a header line as a
+    string), naming the option and the fix; its value is never shown (it may be a secret)."""
+    for name in _MAPPING_OPTIONS:
+        value = options.get(name)
+        if value is not None and not isinstance(value, Mapping):
+            raise TypeError(
+                f"{where}[{name!r}] must be a dict, got a {type(value).__name__} (not shown: it "
+                "may hold a secret); pass one entry per name, e.g. Storage(options={'headers': "
+                "{'Authorization': 'Bearer TOKEN'}}) for HTTP headers"
+            )
+    nested = options.get("client_kwargs")
+    if isinstance(nested, Mapping):
+        check_options(nested, f"{where}['client_kwargs']")
+
+
 def list_source(
-    source: Source, storage_options: dict[str, Any] | None = None, *, on_error: str = "raise"
+    source: Source, storage_options: dict[str, Any] | None = None, *, on_error: str = "raise",
+    retry: RetryPolicy = DEFAULT_RETRY,
 ) -> Listing:
-    """The shards of `source` (`resolve_shards`) and what its listings left out, and why."""
+    """The shards of `source` (`resolve_shards`) and what its listings left out, and why.
+    A listing or a look at a file that fails for a transient cause (a 5xx, a dropped
+    connection) is retried per `retry`, the dataset's policy."""
     items = source_items(source)
     options = dict(storage_options or {})
+    check_options(options)
+    guard_source(items, options)  # the storage libraries' log records: these secrets redacted
     shards: list[Shard] = []
     listed: list[Shard] = []  # found by a folder or glob listing (not named themselves)
     left_out = LeftOut()
+    answers = RangeAnswers()  # which HTTP servers ignore Range, asked once each
     named: dict[str, str] = {}  # identity -> the URL that first named it
     real_dirs: dict[str, str] = {}
     for given in items:
         try:
-            found = retrying(functools.partial(_list_files, given, options), DEFAULT_RETRY,
+            found = retrying(functools.partial(_list_files, given, options), retry,
                              redact(given))
         except Exception as err:  # what the storage raised, showing a credential: redacted
             if safe_cause(err) is not None:
@@ -552,7 +604,7 @@ def list_source(
             _report_left_out(given, found.left_out)
             left_out.extend(found.left_out)
         known = _manifest_frames(fs, infos)
-        made = [_shard_of(fs, info, given, known, on_error) for info in infos]
+        made = [_shard_of(fs, info, given, known, on_error, retry, answers) for info in infos]
         shards.extend(made)
         if found.left_out is not None:
             listed.extend(made)
@@ -562,7 +614,8 @@ def list_source(
 
 
 def resolve_shards(
-    source: Source, storage_options: dict[str, Any] | None = None, *, on_error: str = "raise"
+    source: Source, storage_options: dict[str, Any] | None = None, *, on_error: str = "raise",
+    retry: RetryPolicy = DEFAULT_RETRY,
 ) -> list[Shard]:
     """All files `source` names, in natural order of their URLs, each file once.
 
@@ -573,7 +626,7 @@ def resolve_shards(
     lists that is missing (`MissingShardError`), and ValueError when one file is named twice
     under any spelling (see `canonical_path`) or is in a format streamds does not read.
     """
-    return list_source(source, storage_options, on_error=on_error).shards
+    return list_source(source, storage_options, on_error=on_error, retry=retry).shards
 
 
 # -- copies ------------------------------------------------------------------------------

@@ -168,7 +168,7 @@ def _inspect_files(target: str, count: bool, quiet: bool) -> list[str]:
 
     listing = list_source(target)
     shards = listing.shards
-    out = [f"{target}: {len(shards)} file{'s' * (len(shards) != 1)}"]
+    out = [f"{redact(target)}: {len(shards)} file{'s' * (len(shards) != 1)}"]
     out.append(f"  {'file':<40}{'codec':>6}{'seekable':>9}{'frames':>8}{'records':>12}"
                f"{'bytes':>11}{'decoded':>11}{'ratio':>7}")
     total_records = total_bytes = total_decoded = 0
