@@ -31,6 +31,7 @@ from .counts import Counts, Progress
 from .errors import ConversionError
 from .identity import InputFiles
 from .journal import Journal
+from .lock import output_lock
 from .preflight import OUTPUT_MARKERS
 from .recovery import prepare_output
 from .run import ConversionRun
@@ -183,28 +184,30 @@ def convert_directory(
     keys stay unique).
     """
     started = time.perf_counter()
-    journal = Journal(out, fingerprint)
-    reused = prepare_output(out, journal, job.format, files)
-    meter = Meter()
-    commits = CommitQueue(journal, job.workers)
-    if not journal.complete:
-        ConversionRun(
-            source, out, format=job.format, level=job.level, frame_size=job.frame_size,
-            shard_size=job.shard_size, apply=apply, skip_errors=job.on_error == "skip",
-            workers=job.workers, commits=commits, meter=meter, progress=progress, span=span,
-            tar_prefix=tar_prefix,
-        ).run()
-    counts = Counts(**(journal.end or {}))
-    if span is None:
-        check_converted(job, counts, journal.skipped)
-    manifest = Manifest(
-        shard_format=job.format,
-        shards=tuple(ShardEntry.from_json(item["shard"]) for item in journal.shards),
-        counts=dict(journal.end or {}),
-        options=fingerprint["options"],
-        inputs=job.recorded_inputs,
-    )
-    write_manifest(out, manifest)
+    out.mkdir(parents=True, exist_ok=True)
+    with output_lock(out):  # one run at a time: a second would delete this one's shards
+        journal = Journal(out, fingerprint)
+        reused = prepare_output(out, journal, job.format, files)
+        meter = Meter()
+        commits = CommitQueue(journal, job.workers)
+        if not journal.complete:
+            ConversionRun(
+                source, out, format=job.format, level=job.level, frame_size=job.frame_size,
+                shard_size=job.shard_size, apply=apply, skip_errors=job.on_error == "skip",
+                workers=job.workers, commits=commits, meter=meter, progress=progress,
+                span=span, tar_prefix=tar_prefix,
+            ).run()
+        counts = Counts(**(journal.end or {}))
+        if span is None:
+            check_converted(job, counts, journal.skipped)
+        manifest = Manifest(
+            shard_format=job.format,
+            shards=tuple(ShardEntry.from_json(item["shard"]) for item in journal.shards),
+            counts=dict(journal.end or {}),
+            options=fingerprint["options"],
+            inputs=job.recorded_inputs,
+        )
+        write_manifest(out, manifest)
     return ConvertResult(
         output=out,
         manifest=manifest,

@@ -58,6 +58,7 @@ from .job import (
     job_fingerprint,
 )
 from .journal import JOURNAL_NAME, Journal
+from .lock import LOCK_NAME
 from .parts_plan import PLAN_NAME, Part, Plan, make_plan, read_plan, write_plan
 from .recovery import is_temporary
 from .run import SKIPPED_SHOWN
@@ -221,7 +222,7 @@ def _check_unused(out: Path, fmt: str) -> None:
     the temporary files of a run killed before its first shard."""
     leftovers = sorted(
         name for name in os.listdir(out)
-        if not (name in (PLAN_NAME, INPUTS_NAME) or name.startswith(f".{PLAN_NAME}.")
+        if not (name in (PLAN_NAME, INPUTS_NAME, LOCK_NAME) or name.startswith(f".{PLAN_NAME}.")
                 or name.startswith("part-") or is_temporary(name, fmt))
     )
     if leftovers:

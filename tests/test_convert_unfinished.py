@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from streamds.formats.manifest import MANIFEST_NAME
 from streamds.formats.unfinished import UnfinishedConversionError
 from streamds.preprocess.convert import ConversionError, convert
 from streamds.preprocess.journal import JOURNAL_NAME
+from streamds.preprocess.lock import OutputBusyError
 from streamds.preprocess.parts_plan import PLAN_NAME
 from streamds.tools.cli import main as cli_main
 
@@ -112,3 +114,37 @@ def test_a_leftover_journal_without_a_manifest_is_refused_in_a_nested_folder(tmp
 def _write(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
+
+
+# -- two conversions into one folder ---------------------------------------------------
+
+
+def test_a_second_conversion_into_a_busy_folder_is_refused_naming_the_first(tmp_path):
+    """The first run waits in its transform (an event, no sleep) after shards are written;
+    the second is refused at once, naming the first's process; nothing of the first is lost."""
+    source, out = tmp_path / "train.jsonl", tmp_path / "out"
+    source.write_bytes(records(3000))
+    reached, release = threading.Event(), threading.Event()
+
+    def wait_at_2000(record: dict[str, Any]) -> dict[str, Any]:
+        if record["i"] == 2000:
+            reached.set()
+            release.wait(60)
+        return record
+
+    first: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: first.update(
+        result=convert([source], out, transform=wait_at_2000, **OPTIONS)))
+    thread.start()
+    try:
+        assert reached.wait(60)
+        with pytest.raises(OutputBusyError, match=f"pid {os.getpid()} on ") as caught:
+            convert([source], out, transform=wait_at_2000, **OPTIONS)
+        assert "being converted by another run" in str(caught.value)
+    finally:
+        release.set()
+        thread.join(60)
+    assert first["result"].manifest.totals["records"] == 3000
+    assert [record["i"] for record in StreamingJsonl(str(out))] == list(range(3000))
+    again = convert([source], out, transform=wait_at_2000, **OPTIONS)  # the lock went with it
+    assert again.shards_written == 0
