@@ -10,6 +10,18 @@ plan of parts hold its digest. A rerun lists and stats the inputs again and refu
 different digest (`check_inputs`), naming the files that were added, removed or changed, so
 an output never mixes records of two versions of its inputs. Stats run `threads` at a time:
 on a mount they cost a round trip each.
+
+A file's modification time ticks coarsely (a few milliseconds, seconds on some mounts), so
+a rewrite at the same size within one tick keeps its stamp. As git does for its index, a
+local file modified within `RACY_NS` of its stat is "racy": its version also holds its
+xxh64 checksum, and every later look at it (a rerun, the checks during a conversion)
+checksums it again while its size and time still match. Only files written just before a
+conversion pay that read.
+
+During a conversion (`InputsWatch`) each JSON lines or tar file is checked again after it is
+read, and every file before the manifest is written: a file rewritten meanwhile fails the
+run (InputsChangedError naming it) with no manifest, and the rerun is refused as above, so
+an output never holds records of two versions of a file.
 """
 
 from __future__ import annotations
@@ -17,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,14 +37,18 @@ from pathlib import Path
 
 import orjson
 
+from streamds.formats.manifest import file_checksum
+
 from .errors import ConversionError
 from .sources import Leaf
 
 __all__ = [
     "INPUTS_FORMAT",
     "INPUTS_NAME",
+    "RACY_NS",
     "InputFiles",
     "InputsChangedError",
+    "InputsWatch",
     "check_inputs",
     "check_part_files",
     "is_inputs_temporary",
@@ -40,6 +57,8 @@ __all__ = [
 INPUTS_NAME = ".streamds-inputs.json"
 INPUTS_FORMAT = "streamds.convert-inputs/1"
 SHOWN = 3  # files named per kind of difference in a message
+RACY_NS = 2_000_000_000  # modified this close to its stat: the file may change in one tick
+CHECKSUMMED = " xxh64:"  # joins a racy file's modification time and its checksum
 
 Stamp = tuple[int | None, str | None]  # (stored size, version)
 
@@ -53,7 +72,17 @@ def is_inputs_temporary(name: str) -> bool:
     return name.startswith(f"{INPUTS_NAME}.") and name.endswith(".tmp")
 
 
-def _stamp(leaf: Leaf) -> Stamp:
+Key = tuple[int, str]  # (input index, path under the input)
+
+
+def _key(leaf: Leaf) -> Key:
+    return leaf.input, "" if leaf.rel is None else "/".join(leaf.rel)
+
+
+def _stamp(leaf: Leaf, before: str | None = None, now_ns: int | None = None) -> Stamp:
+    """(size, version) of `leaf`; a local file's version is its modification time, with its
+    checksum when it is racy (see the module) or `before` (its recorded version) holds one
+    for the same time."""
     if leaf.fs is not None:
         return leaf.size, leaf.version
     try:
@@ -64,7 +93,12 @@ def _stamp(leaf: Leaf) -> Stamp:
         raise ConversionError(
             f"{leaf.path}: the input file is {why}; fix or remove it, then rerun"
         ) from err
-    return info.st_size, str(info.st_mtime_ns)
+    version = str(info.st_mtime_ns)
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    racy = info.st_mtime_ns >= now_ns - RACY_NS
+    if racy or (before is not None and before.startswith(version + CHECKSUMMED)):
+        version += CHECKSUMMED + file_checksum(leaf.path)
+    return info.st_size, version
 
 
 @dataclass(frozen=True)
@@ -76,19 +110,32 @@ class InputFiles:
     items: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, items: Sequence[str], leaves: Sequence[Leaf], threads: int = 1) -> InputFiles:
+    def of(cls, items: Sequence[str], leaves: Sequence[Leaf], threads: int = 1,
+           before: InputFiles | None = None) -> InputFiles:
         """The identity of `leaves` (of the inputs `items`): one stat per local file,
-        `threads` at a time."""
+        `threads` at a time; a racy file, or one `before` (the recorded identity)
+        checksummed at the same time, is checksummed."""
+        recorded = {} if before is None else before.versions
+        now_ns = time.time_ns()
+
+        def stamp(leaf: Leaf) -> Stamp:
+            return _stamp(leaf, recorded.get(_key(leaf)), now_ns)
+
         if threads > 1 and len(leaves) > threads:
             with ThreadPoolExecutor(threads, "streamds-stat") as pool:
-                stamps = list(pool.map(_stamp, leaves))
+                stamps = list(pool.map(stamp, leaves))
         else:
-            stamps = [_stamp(leaf) for leaf in leaves]
+            stamps = [stamp(leaf) for leaf in leaves]
         files = tuple(
-            (leaf.input, "" if leaf.rel is None else "/".join(leaf.rel), size, version)
+            (*_key(leaf), size, version)
             for leaf, (size, version) in zip(leaves, stamps, strict=True)
         )
         return cls(files, tuple(items))
+
+    @property
+    def versions(self) -> dict[Key, str | None]:
+        """(input index, path under it) -> the recorded version."""
+        return {(i, rel): version for i, rel, _size, version in self.files}
 
     @property
     def digest(self) -> str:
@@ -179,7 +226,7 @@ def check_part_files(directory: Path, items: Sequence[str], leaves: Sequence[Lea
     recorded = InputFiles.read(directory)
     if recorded is None:
         return
-    now = InputFiles.of(items, leaves)
+    now = InputFiles.of(items, leaves, before=recorded)
     then = {(i, rel): (size, version) for i, rel, size, version in recorded.files}
     changed = [now.name(i, rel) for i, rel, size, version in now.files
                if then.get((i, rel)) != (size, version)]
@@ -190,3 +237,39 @@ def check_part_files(directory: Path, items: Sequence[str], leaves: Sequence[Lea
             f"of this part's: {', '.join(changed[:SHOWN])}{more}), so the part is not "
             f"converted: its records would mix with the earlier files' in the other parts; {fix}"
         )
+
+
+class InputsWatch:
+    """The checks during a conversion that its inputs stay as `files` (the identity recorded
+    when it began) says: `check_file` after a file is read, `check_files` before the
+    manifest. InputsChangedError naming the files (of the inputs `items`) that changed and
+    `fix`."""
+
+    def __init__(self, files: InputFiles, items: Sequence[str], *, fix: str,
+                 threads: int = 1) -> None:
+        self.files = InputFiles(files.files, tuple(items))  # `items` name the files
+        self.fix = fix
+        self.threads = threads
+        self._stamps = {(i, rel): (size, version) for i, rel, size, version in files.files}
+
+    def check_file(self, leaf: Leaf) -> None:
+        """After `leaf` is read: a JSON lines or tar file, read over time, must not have
+        changed meanwhile (small .json files, read in one go, wait for `check_files`)."""
+        if leaf.fs is None and leaf.kind != "json":
+            self.check_files([leaf])
+
+    def check_files(self, leaves: Sequence[Leaf]) -> None:
+        """Every local file of `leaves` must be as recorded (remote files are not asked
+        again: that would cost a request each)."""
+        local = [leaf for leaf in leaves if leaf.fs is None]
+        now = InputFiles.of(self.files.items, local, self.threads, before=self.files)
+        changed = [now.name(i, rel) for i, rel, size, version in now.files
+                   if self._stamps.get((i, rel)) != (size, version)]
+        if changed:
+            more = f" and {len(changed) - SHOWN:,} more" if len(changed) > SHOWN else ""
+            raise InputsChangedError(
+                f"input files changed while they were converted ({', '.join(changed[:SHOWN])}"
+                f"{more}): the shards may hold records of two versions of them, so no "
+                f"manifest is written and the output is not read; once the inputs stay "
+                f"unchanged, {self.fix}"
+            )

@@ -721,9 +721,11 @@ class Inputs:
         span: Span | None = None,
         meter: Meter | None = None,
         on_corrupt: Callable[[Leaf, CorruptShardError], None] | None = None,
+        after_file: Callable[[Leaf], None] | None = None,
     ) -> Iterator[RawRecord]:
         """Raw records in input order, from `start` on (a position a record began at), or
-        those of one part, `span`, from `start` (within it) or its beginning.
+        those of one part, `span`, from `start` (within it) or its beginning. `after_file`
+        is called with each file once its records are read (before the next file's).
 
         ``.json`` files are read ahead (see the class). A damaged compressed or tar file
         raises CorruptShardError naming it, or, with `on_corrupt`, is reported there and
@@ -749,6 +751,8 @@ class Inputs:
         )
         for leaf, fetched in ahead:
             yield from self._leaf_records(leaf, start, meter, fetched, on_corrupt, span)
+            if after_file is not None:
+                after_file(leaf)
 
     def _span_leaves(self, start: Position, end: Cut | None) -> Iterator[Leaf]:
         """The leaves from the one holding `start` up to the one `end` cuts (included when
