@@ -46,10 +46,12 @@ discard up to it). This is what makes an interrupted conversion resume.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import itertools
 import os
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO, NamedTuple
 
@@ -225,10 +227,29 @@ class RawRecord(NamedTuple):
             return f"{self.leaf.path}: element {self.element} of the JSON array"
         if self.leaf.kind == "json":
             return self.leaf.path
-        if self.leaf.lines_from:
-            return (f"{self.leaf.path}: byte {self.offset} (line {self.line} of the part that "
-                    f"begins at byte {self.leaf.lines_from})")
+        if self.leaf.lines_from:  # a part cut inside the file numbers from its cut
+            before = _newlines_before(self.leaf)
+            if before is None:
+                return (f"{self.leaf.path}: byte {self.offset} (line {self.line} of the part "
+                        f"that begins at byte {self.leaf.lines_from})")
+            return f"{self.leaf.path}: line {before + self.line}"
         return f"{self.leaf.path}: line {self.line}"
+
+
+@functools.lru_cache(maxsize=8)
+def _newlines_before(leaf: Leaf) -> int | None:
+    """The newlines in `leaf`'s decoded bytes before `leaf.lines_from` (where a part cut
+    inside it begins), so a message names the file's line; None where the file cannot be
+    read. Reads the file up to there: only messages (an error, a skipped record) ask."""
+    try:
+        with closing(decode(_Reopening(leaf, DEFAULT_RETRY), leaf.codec, leaf.path)) as stream:
+            count, left = 0, leaf.lines_from
+            while left > 0 and (data := stream.read(min(left, READ_SIZE))):
+                count += data.count(b"\n")
+                left -= len(data)
+            return count if left == 0 else None
+    except (OSError, ValueError):
+        return None
 
 
 class Meter:
