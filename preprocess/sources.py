@@ -63,6 +63,7 @@ from streamds.formats.codecs import decode, require_codec, strip_codec
 from streamds.formats.documents import LINES, document_records, probe
 from streamds.formats.filenames import format_of
 from streamds.formats.samples import TarSampleError
+from streamds.formats.tar_links import TarLinkError
 from streamds.formats.trees import (
     Rel,
     canonical_path,
@@ -488,12 +489,17 @@ def _read_tar(leaf: Leaf, first: int, meter: Meter, policy: RetryPolicy) -> Iter
     (`streamds.storage.read.tar_records`: same members, same numbers, same damage checks)."""
     raw = _Reopening(leaf, policy, meter=meter)
     stream = io.BufferedReader(decode(raw, leaf.codec, leaf.path), READ_SIZE)  # type: ignore[arg-type]
+
+    def reopen() -> BinaryIO:  # the tar again from its start, to follow a link member
+        again = _Reopening(leaf, policy)
+        return io.BufferedReader(decode(again, leaf.codec, leaf.path), READ_SIZE)  # type: ignore[arg-type]
+
     try:
-        for member in tar_records(stream, leaf.path, first):
+        for member in tar_records(stream, leaf.path, first, reopen):
             for ordinal, data in enumerate(member.records, member.first):
                 if data and not data.isspace():
                     yield RawRecord(data, leaf, ordinal, ordinal + 1, member.member)
-    except TarSampleError as err:
+    except (TarSampleError, TarLinkError) as err:
         raise SourceError(str(err)) from err
     finally:
         stream.close()
