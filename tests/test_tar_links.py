@@ -88,6 +88,7 @@ def test_a_resume_after_a_link_member_continues_exactly(tmp_path):
     path = tmp_path / "links.tar"
     path.write_bytes(tar_of(LINKED))
     full = list(StreamingJsonl(str(path)))
+    assert len(full) == 9  # the link members included
     for taken in range(1, len(full)):
         ds = StreamingJsonl(str(path))
         it = iter(ds)
