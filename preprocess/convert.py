@@ -52,6 +52,7 @@ from .job import (
     job_fingerprint,
 )
 from .journal import JOURNAL_NAME
+from .lock import output_lock
 from .parts import PARTS_FIX, PartTask, merge, prepare, run_part, run_plan
 from .parts_plan import MAX_PARTS, Plan
 from .preflight import check_listing, check_output_outside, check_output_path
@@ -225,9 +226,10 @@ def _prepared(job: Job, output: str | os.PathLike, parts: int | None, *,
     check_listing(source, leaves)
     before = None if overwrite or not out.is_dir() else InputFiles.read(out)
     files = InputFiles.of(job.inputs, leaves, threads=job.read_ahead, before=before)
-    if overwrite:
-        clear_output(out)
-    else:
+    if not overwrite:
         check_inputs(out, files, fix=fix)
+    elif out.is_dir():
+        with output_lock(out):  # never under a run converting into it now
+            clear_output(out)
     out.mkdir(parents=True, exist_ok=True)
     return _Ready(prepare(job, out, parts, source, files), source, apply, files)

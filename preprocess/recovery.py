@@ -90,12 +90,12 @@ def clear_output(output: Path) -> int:
         path = output / name
         if _part_folder(path):
             for inner in os.listdir(path):
-                if _converter_file(inner):
+                if _converter_file(inner) and inner != LOCK_NAME:
                     (path / inner).unlink()
                     deleted += 1
             if not os.listdir(path):
                 path.rmdir()
-        elif _converter_file(name):
+        elif _converter_file(name) and name != LOCK_NAME:  # a lock file stays: it is held
             path.unlink()
             deleted += 1
     log.info("%s: deleted %d files of an earlier conversion (--overwrite)", output, deleted)

@@ -141,6 +141,8 @@ def test_a_second_conversion_into_a_busy_folder_is_refused_naming_the_first(tmp_
         with pytest.raises(OutputBusyError, match=f"pid {os.getpid()} on ") as caught:
             convert([source], out, transform=wait_at_2000, **OPTIONS)
         assert "being converted by another run" in str(caught.value)
+        with pytest.raises(OutputBusyError):  # --overwrite deletes nothing under a run
+            convert([source], out, overwrite=True, **OPTIONS)
     finally:
         release.set()
         thread.join(60)

@@ -12,6 +12,7 @@ or plan recorded (inputs as given, credentials already redacted; the options).
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -30,6 +31,7 @@ __all__ = [
 JOURNAL_NAME = ".streamds-convert.json"  # the converter's journal (preprocess.journal)
 PLAN_NAME = "_plan.json"  # the plan of a conversion in parts (preprocess.parts_plan)
 MARKER_NAMES = (JOURNAL_NAME, PLAN_NAME)
+_PART = re.compile(r"part-\d{5}")  # a part's folder (preprocess.parts_plan.Part.folder)
 
 # command-line flag of each recorded option (preprocess.command)
 _FLAGS = (("format", "--format"), ("shard_size", "--shard-size"), ("level", "--level"),
@@ -68,7 +70,12 @@ def check_finished(markers: Iterable[str], manifests: Iterable[str],
     folder in messages. The outermost such folder is named (a conversion in parts has its
     plan above the parts' journals)."""
     finished = {_split(path)[0] for path in manifests}
-    stopped = sorted((_split(path) for path in markers if _split(path)[0] not in finished),
+
+    def done(folder: str) -> bool:  # a part folder is covered by its merged conversion's
+        parent, name = _split(folder)
+        return folder in finished or (bool(_PART.fullmatch(name)) and parent in finished)
+
+    stopped = sorted((_split(path) for path in markers if not done(_split(path)[0])),
                      key=lambda found: (len(found[0]), found[1] != PLAN_NAME))
     if not stopped:
         return
