@@ -283,7 +283,8 @@ def _tar_chunks(
     """
     first = cursor.next_line or 0
     cursor.next_line = first
-    def reopen() -> BinaryIO:
+
+    def reopen() -> BinaryIO:  # the shard again from its start, to follow a link member
         return io.BufferedReader(opener(shard, 0), buffer_size=read_size)  # type: ignore[arg-type]
 
     stream = reopen()
