@@ -71,7 +71,7 @@ def clear_output(output: Path) -> int:
     Returns the number of files deleted. ConversionError when `output` holds files but no
     conversion: nothing is deleted that the converter did not write."""
     try:
-        names = sorted(os.listdir(output))
+        names = sorted(name for name in os.listdir(output) if name != LOCK_NAME)  # held
     except FileNotFoundError:
         return 0
     ours = {JOURNAL_NAME, PLAN_NAME} & set(names) or all(
@@ -95,7 +95,7 @@ def clear_output(output: Path) -> int:
                     deleted += 1
             if not os.listdir(path):
                 path.rmdir()
-        elif _converter_file(name) and name != LOCK_NAME:  # a lock file stays: it is held
+        elif _converter_file(name):
             path.unlink()
             deleted += 1
     log.info("%s: deleted %d files of an earlier conversion (--overwrite)", output, deleted)
