@@ -46,10 +46,12 @@ discard up to it). This is what makes an interrupted conversion resume.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import itertools
 import os
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO, NamedTuple
 
@@ -61,6 +63,7 @@ from streamds.formats.codecs import decode, require_codec, strip_codec
 from streamds.formats.documents import LINES, document_records, probe
 from streamds.formats.filenames import format_of
 from streamds.formats.samples import TarSampleError
+from streamds.formats.tar_links import TarLinkError
 from streamds.formats.trees import (
     Rel,
     canonical_path,
@@ -225,10 +228,29 @@ class RawRecord(NamedTuple):
             return f"{self.leaf.path}: element {self.element} of the JSON array"
         if self.leaf.kind == "json":
             return self.leaf.path
-        if self.leaf.lines_from:
-            return (f"{self.leaf.path}: byte {self.offset} (line {self.line} of the part that "
-                    f"begins at byte {self.leaf.lines_from})")
+        if self.leaf.lines_from:  # a part cut inside the file numbers from its cut
+            before = _newlines_before(self.leaf)
+            if before is None:
+                return (f"{self.leaf.path}: byte {self.offset} (line {self.line} of the part "
+                        f"that begins at byte {self.leaf.lines_from})")
+            return f"{self.leaf.path}: line {before + self.line}"
         return f"{self.leaf.path}: line {self.line}"
+
+
+@functools.lru_cache(maxsize=8)
+def _newlines_before(leaf: Leaf) -> int | None:
+    """The newlines in `leaf`'s decoded bytes before `leaf.lines_from` (where a part cut
+    inside it begins), so a message names the file's line; None where the file cannot be
+    read. Reads the file up to there: only messages (an error, a skipped record) ask."""
+    try:
+        with closing(decode(_Reopening(leaf, DEFAULT_RETRY), leaf.codec, leaf.path)) as stream:
+            count, left = 0, leaf.lines_from
+            while left > 0 and (data := stream.read(min(left, READ_SIZE))):
+                count += data.count(b"\n")
+                left -= len(data)
+            return count if left == 0 else None
+    except (OSError, ValueError):
+        return None
 
 
 class Meter:
@@ -467,12 +489,17 @@ def _read_tar(leaf: Leaf, first: int, meter: Meter, policy: RetryPolicy) -> Iter
     (`streamds.storage.read.tar_records`: same members, same numbers, same damage checks)."""
     raw = _Reopening(leaf, policy, meter=meter)
     stream = io.BufferedReader(decode(raw, leaf.codec, leaf.path), READ_SIZE)  # type: ignore[arg-type]
+
+    def reopen() -> BinaryIO:  # the tar again from its start, to follow a link member
+        again = _Reopening(leaf, policy)
+        return io.BufferedReader(decode(again, leaf.codec, leaf.path), READ_SIZE)  # type: ignore[arg-type]
+
     try:
-        for member in tar_records(stream, leaf.path, first):
+        for member in tar_records(stream, leaf.path, first, reopen):
             for ordinal, data in enumerate(member.records, member.first):
                 if data and not data.isspace():
                     yield RawRecord(data, leaf, ordinal, ordinal + 1, member.member)
-    except TarSampleError as err:
+    except (TarSampleError, TarLinkError) as err:
         raise SourceError(str(err)) from err
     finally:
         stream.close()
@@ -723,9 +750,11 @@ class Inputs:
         span: Span | None = None,
         meter: Meter | None = None,
         on_corrupt: Callable[[Leaf, CorruptShardError], None] | None = None,
+        after_file: Callable[[Leaf], None] | None = None,
     ) -> Iterator[RawRecord]:
         """Raw records in input order, from `start` on (a position a record began at), or
-        those of one part, `span`, from `start` (within it) or its beginning.
+        those of one part, `span`, from `start` (within it) or its beginning. `after_file`
+        is called with each file once its records are read (before the next file's).
 
         ``.json`` files are read ahead (see the class). A damaged compressed or tar file
         raises CorruptShardError naming it, or, with `on_corrupt`, is reported there and
@@ -751,6 +780,8 @@ class Inputs:
         )
         for leaf, fetched in ahead:
             yield from self._leaf_records(leaf, start, meter, fetched, on_corrupt, span)
+            if after_file is not None:
+                after_file(leaf)
 
     def _span_leaves(self, start: Position, end: Cut | None) -> Iterator[Leaf]:
         """The leaves from the one holding `start` up to the one `end` cuts (included when

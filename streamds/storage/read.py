@@ -28,6 +28,7 @@ from ..formats.codecs import READ_SIZE, decode
 from ..formats.documents import LINES, document_records, probe
 from ..formats.filenames import TAR_LINES_MEMBERS, TAR_RECORD_MEMBERS
 from ..formats.samples import SampleKeys
+from ..formats.tar_links import LinkTargets, is_link
 from ..retry import DEFAULT_RETRY, GaveUpError, RetryPolicy, is_transient
 from .cache import CacheSpec
 from .plan import Block
@@ -224,7 +225,8 @@ class TarRecords(NamedTuple):
     records: list[bytes]
 
 
-def tar_records(stream: BinaryIO, url: str, first: int = 0) -> Iterator[TarRecords]:
+def tar_records(stream: BinaryIO, url: str, first: int = 0,
+                reopen: Callable[[], BinaryIO] | None = None) -> Iterator[TarRecords]:
     """The records of a tar shard, member by member, from record number `first` on.
 
     `stream` holds the shard's decoded bytes from its start. A ``.json`` member is one record
@@ -232,14 +234,17 @@ def tar_records(stream: BinaryIO, url: str, first: int = 0) -> Iterator[TarRecor
     line (blank lines count, so numbers match the reader's; parsing skips them). Members are
     read forward only, one at a time. A cut or damaged header or member raises
     `CorruptShardError` naming `url` and the record it follows: never a silently short shard.
-    The library's reader and the converter both read tar shards here.
+    The library's reader and the converter both read tar shards here. A hard or symbolic
+    link member reads as the file it points to (`formats.tar_links`; `reopen`: the shard's
+    decoded bytes again from its start), or raises TarLinkError naming it.
     """
     ordinal = 0
     samples = SampleKeys(url)
+    links = LinkTargets(reopen, url)
     try:
         with tarfile.open(fileobj=stream, mode="r|") as tar:
             for member in _tar_members(tar, url):
-                if not member.isfile():
+                if not member.isfile() and not is_link(member):
                     continue
                 if member.name.endswith(TAR_RECORD_MEMBERS):
                     samples.check(member.name)  # one JSON member per webdataset sample
@@ -251,8 +256,11 @@ def tar_records(stream: BinaryIO, url: str, first: int = 0) -> Iterator[TarRecor
                 if one_record and ordinal < first:
                     ordinal += 1
                     continue
-                extracted = tar.extractfile(member)
-                data = extracted.read() if extracted is not None else b""
+                if is_link(member):
+                    data = links.data(member)
+                else:
+                    extracted = tar.extractfile(member)
+                    data = extracted.read() if extracted is not None else b""
                 records = [data] if one_record else data.split(b"\n")
                 if not one_record and records and not records[-1]:
                     records.pop()
@@ -278,9 +286,13 @@ def _tar_chunks(
     """
     first = cursor.next_line or 0
     cursor.next_line = first
-    stream = io.BufferedReader(opener(shard, 0), buffer_size=read_size)  # type: ignore[arg-type]
+
+    def reopen() -> BinaryIO:  # the shard again from its start, to follow a link member
+        return io.BufferedReader(opener(shard, 0), buffer_size=read_size)  # type: ignore[arg-type]
+
+    stream = reopen()
     with closing(stream):
-        for member in tar_records(stream, shard.url, first):
+        for member in tar_records(stream, shard.url, first, reopen):
             end = member.first + len(member.records)
             cursor.next_line = end
             yield LineChunk(

@@ -57,6 +57,7 @@ from ..formats.trees import (
     remote_is_folder,
     remote_record_files,
 )
+from ..formats.unfinished import check_finished
 from ..redact import guard_loggers, guard_source, redact, safe_cause, scrubbed
 from ..retry import DEFAULT_RETRY, RetryPolicy, lookup_error, option_error, retrying
 from .range_probe import RangeAnswers
@@ -258,6 +259,9 @@ def _list_files(item: str, storage_options: dict[str, Any]) -> _Found:
         infos = [_local_info(fs, os.path.join(walk.root, *rel), item) for rel in rels]
     else:
         infos = _remote_files(fs, path, glob, left_out, storage_options)
+    if left_out.markers:  # a conversion that stopped: its shards hold only some records
+        check_finished(left_out.markers, left_out.manifests, fs.cat_file,
+                       lambda folder: folder if _is_local(fs) else redact(folder))
     if not infos and glob:
         raise FileNotFoundError(
             f"no files match the pattern {shown!r}; check the glob (wildcards skip hidden "

@@ -35,6 +35,7 @@ import orjson
 
 from ..formats.filenames import is_record_name
 from ..formats.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest, verify_shard
+from ..formats.unfinished import MARKER_NAMES, UnfinishedConversionError, check_finished
 from ..redact import redact
 from ..units import human_bytes
 
@@ -316,6 +317,13 @@ def _cmd_verify(argv: Sequence[str]) -> int:
     try:
         manifest = read_manifest(directory)
     except FileNotFoundError:
+        try:  # a conversion that stopped: name the command that finishes it
+            check_finished([str(directory / name) for name in MARKER_NAMES
+                            if (directory / name).is_file()], [],
+                           lambda path: Path(path).read_bytes(), str)
+        except UnfinishedConversionError as err:
+            print(f"streamds verify: error: {err}", file=sys.stderr)
+            return 1
         print(f"streamds verify: error: {directory} has no {MANIFEST_NAME}; verify works on "
               "directories written by `streamds convert`, and on single files", file=sys.stderr)
         return 2
