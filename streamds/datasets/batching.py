@@ -31,10 +31,10 @@ from ..seeds import derive_seed
 from ..stages.batch import RecordBatch
 from ..stages.buckets import RULES, Length, Rule, as_length
 from ..stages.pools import PoolStage
-from ..stages.state import check_epoch_change, check_state, sealed
+from ..stages.state import check_state, sealed
 from ..stages.transform import Step, apply_steps
 from ..world import detect_world
-from .base import StreamdsDataset
+from .base import StreamdsDataset, batches_of
 
 __all__ = ["Batched", "PaddingStats", "padding_of"]
 
@@ -156,14 +156,12 @@ class Batched(StreamdsDataset):
         state["_active"] = None  # a live iterator stays in the process that made it
         return state
 
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch (for the batch order and the source's own order).
+    # the epoch is the source's, so that set_epoch on either one moves both
+    def _epoch_source(self) -> StreamdsDataset:
+        return self.source
 
-        A loaded state in the middle of another epoch refuses: finish that epoch first.
-        """
-        check_int("epoch", epoch, 0, "epochs count from 0")
-        check_epoch_change(self._pending, epoch)
-        self.source.set_epoch(epoch)
+    def _loaded_position(self) -> PoolStage | None:
+        return self._pending
 
     @property
     def stats(self) -> PaddingStats:
@@ -201,13 +199,6 @@ class Batched(StreamdsDataset):
         clone._active = clone._pending = None
         return clone
 
-    def batch(
-        self, size: int | Rule, *, collate: Callable[[list[Any]], Any] | None = None,
-        drop_last: bool = False,
-    ) -> Batched:
-        """These batches in batches of batches (`size` of them, or a rule)."""
-        return Batched(self, size, collate=collate, drop_last=drop_last)
-
     def pack(self, packer: Any) -> Any:
         """Refused: a batch is no document; pack before batching."""
         raise ValueError(
@@ -217,16 +208,6 @@ class Batched(StreamdsDataset):
 
     def __repr__(self) -> str:
         return f"{self.source!r}.batch({self.size!r}, drop_last={self.drop_last})"
-
-    # the epoch is the source's, so that set_epoch on either one moves both
-    @property  # type: ignore[override]
-    def epoch(self) -> int:
-        return self.source.epoch
-
-    @epoch.setter
-    def epoch(self, value: int) -> None:
-        if value != self.source.epoch:
-            self.source.set_epoch(value)
 
     @property
     def rank(self) -> int | None:
@@ -246,6 +227,24 @@ class Batched(StreamdsDataset):
         if self.drop_last and len(lengths) < self.pool_size:
             return []
         return [list(range(len(lengths)))]
+
+    def _with_cache(self, directory: str, key: str, limit: int | None) -> Batched:
+        """The source stores its readers' records (`.cache` of a mix or packed data) and the
+        batches are cut from them as from the source's: the same batches and states. The
+        batches themselves are not stored, nor what their own `.map`/`.filter` make
+        (refused after them)."""
+        self._cache_refused_after_steps(self._steps, "batches")
+        return Batched(self.source.cache(directory, key=key, limit=limit), self.size,
+                       collate=self.collate, drop_last=self.drop_last)
+
+    def _worker_items(self, num_workers: int) -> list[int]:
+        """Batches of each worker: its source's items cut `size` at a time (a pool is one
+        batch); unknown for a rule, whose batches follow the records' lengths."""
+        if self.rule is not None:
+            raise TypeError("len() is unknown for batches cut by a LengthBuckets or "
+                            "TokenBudget rule")
+        return [batches_of(count, self.size, self.drop_last)  # type: ignore[arg-type]
+                for count in self.source._worker_items(num_workers)]
 
     def resume_after_batches(self, consumed: int, **loader: Any) -> Batched:
         """Refused: a plain DataLoader's batch count does not tell where the pools of the

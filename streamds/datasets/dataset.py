@@ -18,7 +18,7 @@ from typing import Any
 
 from torch.utils.data import get_worker_info
 
-from ..checks import check_bool, check_choice, check_int, size_setting
+from ..checks import check_bool, check_choice, check_int
 from ..errors import StateMismatchError
 from ..resume.counts import count_block_records, listed_counts
 from ..resume.identity import Identity, check_identity, relative_names, source_root
@@ -43,9 +43,10 @@ from ..stages.batch import Batch, BatchSpec, RecordBatch
 from ..stages.buckets import RULES, LengthBuckets, TokenBudget, is_pool_state
 from ..stages.cache import RecordsCache
 from ..stages.cpus import WORKER_CPUS
+from ..stages.description import ReaderDescription
 from ..stages.parse import ON_ERROR
-from ..stages.pipeline import Reader, Spec
-from ..stages.state import ReaderState, check_epoch_change, refuse_other_version, stage_of
+from ..stages.pipeline import Reader
+from ..stages.state import ReaderState, refuse_other_version, stage_of
 from ..stages.timing import StageTimer
 from ..stages.transform import Step, describe_step
 from ..storage.plan import Plan, make_blocks, small_corpus_piece
@@ -55,9 +56,8 @@ from ..storage.records_cache import RecordStore, block_key, uncacheable
 from ..storage.settings import Storage, storage_of
 from ..storage.shards import Shard, resolve_shards, source_items
 from ..world import World, detect_world
-from .base import StreamdsDataset
-from .callers import check_outer_split, loader_len_call
-from .pack import Packed, PackTokens
+from .base import EpochCell, StreamdsDataset, batches_of
+from .callers import check_outer_split
 
 __all__ = ["StreamingJsonl"]
 
@@ -66,20 +66,6 @@ log = logging.getLogger(__name__)
 MAX_SEED = (1 << 64) - 1  # seeds are 64-bit, as torch's and numpy's are
 SAMPLE_BYTES = 1 << 16  # read to guess the size of records where no manifest says it
 
-
-
-class _Epoch:
-    """The epoch of a dataset and of every copy derived from it (`map`, `filter`, `batch`,
-    `pack`, `with_resume`, `resume_after_batches`): `set_epoch` on any of them reaches them
-    all, so a loader over ``base.map(f)`` follows ``base.set_epoch(e)``. `loaded`: a state
-    loaded into one of them in the middle of its epoch, until its iterator starts (the
-    epoch may not change under it)."""
-
-    __slots__ = ("loaded", "value")
-
-    def __init__(self, value: int) -> None:
-        self.value = value
-        self.loaded: ReaderState | None = None
 
 
 class StreamingJsonl(StreamdsDataset):
@@ -99,6 +85,8 @@ class StreamingJsonl(StreamdsDataset):
     ``storage=Storage(options={"anon": True})``. Steps are added with `.map` / `.filter`, an
     elastic resume with `.with_resume(merged)`.
     """
+
+    KIND = "reader"
 
     def __init__(
         self,
@@ -143,7 +131,7 @@ class StreamingJsonl(StreamdsDataset):
         self.even_ranks = even_ranks
         self.worker_cpus = "auto"  # where the workers run (`.batch(worker_cpus=)`)
         self.retry = RetryPolicy() if storage.retry is None else storage.retry
-        self._epoch = _Epoch(0)
+        self._epoch = EpochCell(0)
         self._steps: tuple[Step, ...] = ()  # map and filter of the records (.map/.filter)
         self._batch: BatchSpec | None = None  # whole batches out of the workers (.batch)
         self._records_cache: RecordsCache | None = None  # stored records (.cache)
@@ -197,30 +185,22 @@ class StreamingJsonl(StreamdsDataset):
         state["_active"] = None  # a live pipeline stays in the process that made it
         return state
 
-    @property
-    def epoch(self) -> int:
-        return self._epoch.value
-
-    @epoch.setter
-    def epoch(self, value: int) -> None:
-        self._epoch.value = value
-
     def _detached(self) -> StreamingJsonl:
         """A copy with an epoch of its own, for a `streamds.Mix`, which sets the epochs of
         its sources itself (each source's pass may be in another epoch)."""
         clone = copy.copy(self)
-        clone._epoch = _Epoch(self.epoch)
+        clone._epoch = EpochCell(self.epoch)
         clone._epoch.loaded = clone._start.loaded
         clone._active = None
         clone._in_mix = True
         return clone
 
-    def _spec(self) -> Spec:
+    def _spec(self) -> ReaderDescription:
         opener = functools.partial(open_decoded_at, retry=self.retry, cache=self._cache)
-        return Spec(self._shards, self._block_list, self._plan, self._steps, self.on_error,
-                    self.buffer_size, self.retry, opener, batch=self._batch,
-                    readahead=self.readahead, cache=self._cache, worker_cpus=self.worker_cpus,
-                    records_cache=self._records_cache)
+        return ReaderDescription(
+            self._shards, self._block_list, self._plan, self._steps, self.on_error,
+            self.buffer_size, self.retry, opener, batch=self._batch, readahead=self.readahead,
+            cache=self._cache, worker_cpus=self.worker_cpus, records_cache=self._records_cache)
 
     def _with_step(self, step: Step) -> StreamingJsonl:
         clone = copy.copy(self)
@@ -229,45 +209,14 @@ class StreamingJsonl(StreamdsDataset):
         clone._start = self._start.for_new_steps()  # merged tails resolve with the new steps
         return clone
 
-    def cache(self, directory: str | os.PathLike, *, key: str,
-              limit: int | str | None = None) -> StreamingJsonl:
-        """A new dataset that stores the records the steps so far make (the parse and the
-        `.map`/`.filter` steps added before it) in `directory` on local disk, in the first
-        epoch that reads each block, and reads them back in later epochs and resumes instead
-        of reading, parsing and mapping again: the same records in the same order, with the
-        same states, as without it. Steps added after `.cache()` run on the stored records.
-
-        `key` names what the steps compute (the tokenizer and its settings: steps are told
-        apart by their names only, not their code or a partial's arguments): another key, a
-        changed source file (name, size, manifest checksum, or modification time), another
-        on_error or steps of other names never read records stored under the old one.
-        `limit`: bytes the directory may hold (an int or a size such as "10GB"; None: no
-        bound); least recently used blocks go first. The directory is shared by the workers
-        and ranks of one machine (one writer per block). Shards whose storage gives no
-        modification time and no manifest checksum cannot be told stale: they are read as
-        without a cache (logged once).
-        What the steps make must be dicts of str, int, float, bool, None, lists, bytes,
-        numpy arrays or torch tensors (`streamds.storage.records_cache`). Counts (dropped,
-        blank and skipped lines) are the same as without the cache.
-
-        ``ds.map(tokenize).cache("/content/cache", key="bpe-32k")``
-        """
+    def _with_cache(self, directory: str, key: str, limit: int | None) -> StreamingJsonl:
+        """A copy that stores the records the steps so far make (the parse and the
+        `.map`/`.filter` steps added before `.cache`) in `directory`, in the first epoch that
+        reads each block, and reads them back in later epochs and resumes instead of reading
+        and parsing the source and running those steps again (`streamds.stages.cache`)."""
         if self._records_cache is not None:
             raise ValueError("cache() was called twice on this dataset; call it once, after "
                              "the steps whose records are worth storing")
-        if not isinstance(directory, (str, os.PathLike)) or "://" in os.fspath(directory):
-            raise ValueError(f"cache directory must be a local path, got {directory!r}; "
-                             "put the cache on the machine's own disk (e.g. /content/cache "
-                             "on Colab), not on a remote or mounted source")
-        directory = os.fspath(directory)
-        if os.path.exists(directory) and not os.path.isdir(directory):
-            raise ValueError(f"cache directory {directory!r} is a file; pass a directory "
-                             "(made if missing)")
-        if not isinstance(key, str) or not key:
-            raise ValueError(f"cache key must be a non-empty str naming what the steps "
-                             f"compute (e.g. the tokenizer and its settings), got {key!r}")
-        limit = None if limit is None else size_setting(
-            "limit", limit, "the bytes the cache directory may hold, or None for no bound")
         steps = self._steps
         upstream = "; ".join([f"on_error={self.on_error}"]
                              + [describe_step(steps, step) for step in steps])
@@ -283,10 +232,6 @@ class StreamingJsonl(StreamdsDataset):
         clone._records_cache = RecordsCache(RecordStore(directory, limit), keys, len(steps))
         clone._active = None
         return clone
-
-    def pack(self, packer: PackTokens) -> Packed:
-        """Tokenized records packed into fixed-length sequences (`streamds.PackTokens`)."""
-        return Packed(self, packer)
 
     def with_resume(self, merged: dict[str, Any]) -> StreamingJsonl:
         """A copy that finishes the epoch of `merged` (from `streamds.merge_states`) under this
@@ -364,27 +309,17 @@ class StreamingJsonl(StreamdsDataset):
         clone._active = None
         return clone
 
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch: it seeds the block order and the shuffle buffer.
+    # -- epochs (`StreamdsDataset.set_epoch`) ----------------------------------------------
 
-        A dataset and every copy derived from it (`map`, `filter`, `batch`, `pack`,
-        `with_resume`, `resume_after_batches`) share one epoch: ``base.set_epoch(e)`` reaches
-        a loader over ``base.map(f)``. A `streamds.Mix` sets its sources' epochs itself: call
-        ``mix.set_epoch(e)`` (a source's own call that the mix would ignore is refused).
+    _EPOCH_FIX = "or build a fresh dataset to skip its remaining records"
 
-        A loaded state in the middle of another epoch refuses: finish that epoch first.
-        DataLoader workers copy the dataset when they start, so call it before the loader
-        starts its workers: with ``persistent_workers=True`` they start once, the call does
-        not reach them, and every epoch repeats the first one's order (a worker that starts
-        the same shuffled epoch twice logs a warning). Leave persistent_workers off, or build
-        a new DataLoader after each set_epoch().
-        """
-        check_int("epoch", epoch, 0, "epochs count from 0")
-        check_epoch_change(self._epoch.loaded, epoch,
-                           or_else="or build a fresh dataset to skip its remaining records")
-        # accelerate's loaders call this on every process before an epoch's first batch
-        check_outer_split(self, lambda: detect_world(self.rank, self.world_size).world_size)
-        self.epoch = epoch
+    def _loaded_position(self) -> ReaderState | None:
+        return self._epoch.loaded
+
+    def _check_epoch_call(self) -> None:
+        # accelerate's loaders call set_epoch on every process before an epoch's first batch
+        check_outer_split(self, lambda: detect_world(self.rank, self.world_size).world_size,
+                          depth=4)
 
     # -- where a reader starts (`streamds.resume.start`) ------------------------------------------
 
@@ -516,26 +451,15 @@ class StreamingJsonl(StreamdsDataset):
         return [sum(counts[block] for block, _ in self._plan.work(self.epoch, seat))
                 for seat in seats]
 
-    def __len__(self) -> int:
-        """This rank's records per epoch (batches after `.batch(n)`), where known.
-
-        Seen from a DataLoader with workers and a batch_size, which divides len() by its
-        batch_size while each worker's last batch is short, every worker's short batch counts
-        as a whole one, so that `len(loader)` is the number of batches the loader yields (what
-        Trainer and progress bars use it for). See `worker_records` for when it is known.
-        """
-        call = loader_len_call()
-        records = self.worker_records(0 if call is None else call.num_workers)
-        if self._batch is not None:
-            if self._batch.size is None or self._batch.rule is not None:
-                raise TypeError("len() is unknown for batches cut by a LengthBuckets or "
-                                "TokenBudget rule")
-            return sum(_batches(count, self._batch.size, self._batch.drop_last)
-                       for count in records)
-        if call is not None and call.batch_size is not None and len(records) > 1:
-            return call.batch_size * sum(_batches(count, call.batch_size, call.drop_last)
-                                         for count in records)
-        return sum(records)
+    def _worker_items(self, num_workers: int) -> list[int]:
+        """Records (batches after `.batch(n)`) of each worker: see `worker_records`."""
+        records = self.worker_records(num_workers)
+        if self._batch is None:
+            return records
+        if self._batch.size is None or self._batch.rule is not None:
+            raise TypeError("len() is unknown for batches cut by a LengthBuckets or "
+                            "TokenBudget rule")
+        return [batches_of(count, self._batch.size, self._batch.drop_last) for count in records]
 
     # -- state ---------------------------------------------------------------------------
 
@@ -712,10 +636,6 @@ class StreamingJsonl(StreamdsDataset):
             )
         self._share_records(epoch, seat)  # the record counts, taken once
         return after_records(self._layout(), self._spec(), epoch, seat, world, yielded).to_dict()
-
-def _batches(records: int, size: int, drop_last: bool) -> int:
-    return records // size if drop_last else -(-records // size)
-
 
 def _batching(pipeline: dict[str, Any]) -> str:
     """How the dataset that took a pipeline state batched."""

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -44,10 +44,6 @@ from ..stages.state import (
 from ..stages.transform import Step, apply_steps
 from ..world import World, detect_world
 from .base import StreamdsDataset
-
-if TYPE_CHECKING:
-    from ..stages.buckets import Rule
-    from .batching import Batched
 
 __all__ = ["PackTokens", "Packed", "document_mask"]
 
@@ -70,8 +66,12 @@ class Packed(StreamdsDataset):
     whose source had finished another epoch than the source's now starts that epoch afresh.
     `.map` / `.filter` apply to whole sequences (e.g. to add an attention mask; tokens of a
     dropped sequence still count as packed); `.batch(n, collate=...)` batches them, e.g.
-    with ``torch.utils.data.default_collate`` for stacked tensors; `.pack` is refused.
+    with ``torch.utils.data.default_collate`` for stacked tensors; `.pack` is refused;
+    `.cache` stores the source's records (packing runs again on them); `len()` is refused
+    (the sequences' number follows the documents' token counts).
     """
+
+    KIND = "packed"
 
     def __init__(self, source: Any, packer: PackTokens) -> None:
         super().__init__()
@@ -111,25 +111,25 @@ class Packed(StreamdsDataset):
             return dict.fromkeys(PACK_COUNTERS, 0)
         return dict(self._active.counts)
 
-    @property
-    def epoch(self) -> int:
-        """The source's epoch (packing follows it)."""
-        return self.source.epoch
+    def _epoch_source(self) -> StreamdsDataset:
+        return self.source  # packing follows the source's epoch
 
-    def set_epoch(self, epoch: int) -> None:
-        self.source.set_epoch(epoch)
+    def _with_cache(self, directory: str, key: str, limit: int | None) -> Packed:
+        """The source stores its records (`StreamingJsonl.cache`, `Mix.cache`) and packing
+        runs on them as on the source's: the same sequences and states. The sequences are
+        not stored (how records fill them depends on the reader's world), nor what this
+        dataset's own `.map`/`.filter` make (refused after them)."""
+        self._cache_refused_after_steps(self._steps, "packed data")
+        clone = copy.copy(self)
+        clone.source = self.source.cache(directory, key=key, limit=limit)
+        clone._active = None
+        return clone
 
-    def batch(
-        self, size: int | Rule, *, collate: Callable[[list[Any]], Any] | None = None,
-        drop_last: bool = False,
-    ) -> Batched:
-        """The packed sequences in whole batches, as ``StreamingJsonl.batch``: `size` sequences
-        per batch or a ``streamds.LengthBuckets`` / ``TokenBudget`` rule; `collate` makes
-        the batch (None: a `streamds.RecordBatch`). Use it with ``DataLoader(ds.batch(n,
-        collate=...), batch_size=None)``; a state taken after any batch resumes exactly."""
-        from .batching import Batched
-
-        return Batched(self, size, collate=collate, drop_last=drop_last)
+    def _worker_items(self, num_workers: int) -> list[int]:
+        raise TypeError(
+            "len() of packed data is unknown: how many sequences a reader's documents fill "
+            "follows their token counts, known only by tokenizing them; pass max_steps to the "
+            "trainer")
 
     def pack(self, packer: PackTokens) -> Packed:
         """Refused: packed data is packed already (its sequences join several documents by

@@ -22,7 +22,8 @@ from ..stages.balance import check_split, empty_rank, pad_work, quotas
 from ..stages.batch import Batch
 from ..stages.buckets import LengthBuckets, PoolBatch
 from ..stages.chunks import Position, WorkItem
-from ..stages.pipeline import Reader, Spec
+from ..stages.description import ReaderDescription
+from ..stages.pipeline import Reader
 from ..stages.state import ReaderState
 from ..storage.plan import Block, Plan
 from ..storage.shards import Shard, unsplit_note
@@ -254,7 +255,7 @@ def pad_work_of(plan: Plan, state: ReaderState) -> list[WorkItem]:
 
 
 def after_batches(
-    layout: Layout, spec: Spec, epoch: int, here: World, *, taken: Sequence[int],
+    layout: Layout, spec: ReaderDescription, epoch: int, here: World, *, taken: Sequence[int],
     next_worker: int, batch_size: int, rule: LengthBuckets | None, batched: bool,
 ) -> dict[int, ReaderState]:
     """{worker: state} of every worker of rank `here` for a plain loader that resumes after
@@ -291,7 +292,7 @@ def after_batches(
     return starts
 
 
-def after_records(layout: Layout, spec: Spec, epoch: int, seat: World, world: World,
+def after_records(layout: Layout, spec: ReaderDescription, epoch: int, seat: World, world: World,
                   yielded: int) -> ReaderState:
     """The state of reader `world`, reading the share (and shuffle seed) of `seat`, once it
     has yielded `yielded` records of `epoch` (0: not started): exact when every line is a

@@ -1,6 +1,6 @@
 """The reader: one `ReaderState` -> the stages that yield its records.
 
-`Spec` is what every reader of a dataset shares (shards, blocks, plan, steps, options);
+`ReaderDescription` (`streamds.stages.description`) is what every reader of a dataset shares;
 `Reader` builds one reader's pipeline from a `ReaderState` and gives its state back. When its
 epoch ends, a reader logs what it counted (skipped, blank and dropped lines, damaged blocks):
 a warning when lines were lost to errors, else an info line.
@@ -14,10 +14,11 @@ a record dropped after the buffer would leave its rank short. A step that drops 
 changes which records the buffer draws from, so the shuffled order for a seed differs from
 that of streamds versions that mapped before the buffer (the records do not).
 
-With `ds.cache` (`Spec.records_cache`), one `BlockCache` per reader is shared by the lines
-stage (stored blocks are not read: placeholders of their records' positions flow instead) and
-the stage that runs the steps (placeholders become stored records; computed records are
-stored); every stage's state is what it is without the cache (`streamds.stages.cache`).
+With `ds.cache` (`ReaderDescription.records_cache`), one `BlockCache` per reader is shared by
+the lines stage (stored blocks are not read: placeholders of their records' positions flow
+instead) and the stage that runs the steps (placeholders become stored records; computed
+records are stored); every stage's state is what it is without the cache
+(`streamds.stages.cache`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -33,19 +33,15 @@ from torch.utils.data import get_worker_info
 
 from ..errors import StateMismatchError
 from ..handover.shm_tensors import leave_as_tensor_batches
-from ..retry import DEFAULT_RETRY, RetryPolicy
 from ..seeds import shuffle_seed_parts
-from ..storage.cache import CacheSpec
-from ..storage.plan import Block, Plan
-from ..storage.read import Opener, open_decoded_at
-from ..storage.shards import Shard
 from .ahead import AHEAD, MadeAhead
 from .balance import EvenRanks
-from .batch import Batch, BatchSpec
+from .batch import Batch
 from .buckets import PoolBatch
-from .cache import BlockCache, RecordsCache
+from .cache import BlockCache
 from .chunks import Chunk, ChunkCursor, Position, Stored, WorkItem
 from .cpus import TUNE, on_planned_cpus, worker_plan
+from .description import ReaderDescription
 from .lines import Lines
 from .parse import DROPPED, WARN_BAD_LINES, LineNumbers, Parse
 from .parse_later import LineBatch, ParseLater, parses_later
@@ -55,7 +51,7 @@ from .state import ReaderState
 from .timing import StageTimer, Timed
 from .transform import AfterBuffer, Step, Transform, compose
 
-__all__ = ["Reader", "Spec", "describe_counts", "reading_front", "steps_after_buffer"]
+__all__ = ["Reader", "describe_counts", "reading_front", "steps_after_buffer"]
 
 log = logging.getLogger(__name__)
 
@@ -67,25 +63,6 @@ _COUNTED = {
     "dropped": "records dropped by map (None) or filter",
 }
 _LOST = ("bad", "corrupt_blocks")  # counters of data lost to errors: a warning
-
-
-@dataclass(frozen=True)
-class Spec:
-    """What every reader of one dataset shares."""
-
-    shards: Sequence[Shard]
-    blocks: Sequence[Block]
-    plan: Plan
-    steps: tuple[Step, ...]
-    on_error: str
-    buffer_size: int
-    retry: RetryPolicy = DEFAULT_RETRY
-    opener: Opener = open_decoded_at
-    batch: BatchSpec | None = None  # whole batches out of the reader (`StreamingJsonl.batch`)
-    readahead: int = 0  # stored bytes fetched ahead of each reader (0: none)
-    cache: CacheSpec | None = None  # the local copy of remote or mounted shards
-    worker_cpus: str = "auto"  # workers leave the main process a CPU (streamds.stages.cpus); "all"
-    records_cache: RecordsCache | None = None  # `ds.cache`: stored records of the first steps
 
 
 def steps_after_buffer(shuffle: bool, even_ranks: bool) -> bool:
@@ -101,7 +78,7 @@ _MAPPED_FIRST = ("; under even_ranks the map and filter steps run before the buf
 
 
 def reading_front(
-    spec: Spec, work: Sequence[WorkItem], steps: Sequence[Step], *,
+    spec: ReaderDescription, work: Sequence[WorkItem], steps: Sequence[Step], *,
     pad_work: Sequence[WorkItem] = (),
 ) -> tuple[Lines, Parse, Transform]:
     """Lines -> Parse -> Transform over `work` (then `pad_work`) with `steps`, as a reader's
@@ -123,7 +100,7 @@ class Reader:
     STAGES = ("lines", "parse", "transform", "even_ranks", "emit")
 
     def __init__(
-        self, spec: Spec, state: ReaderState, *, pad_work: Sequence[WorkItem] = (),
+        self, spec: ReaderDescription, state: ReaderState, *, pad_work: Sequence[WorkItem] = (),
         timer: StageTimer | None = None,
     ) -> None:
         self.spec = spec
