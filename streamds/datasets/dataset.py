@@ -5,6 +5,12 @@ Nothing opens in the constructor beyond listing the source. The dataset holds on
 each iterator (one per DataLoader worker) detects its world, turns that into one `ReaderState`
 (`streamds.resume.start.choose`) and builds its pipeline from it: one path. How the files are
 reached is one `streamds.Storage`.
+
+This module holds the description (its checks, the listing, identity, blocks and plan built
+once in the constructor), the builders (`_spec`, `_layout`) and iteration; the rest of the
+class is one module a job: `reader_length` (len, record counts), `reader_state` (state_dict,
+load_state_dict, with_resume), `reader_plain_loader` (resume_after_batches, the counts a
+Mix replays); what every dataset type shares is `base.StreamdsDataset`.
 """
 
 from __future__ import annotations
@@ -19,34 +25,20 @@ from typing import Any
 from torch.utils.data import get_worker_info
 
 from ..checks import check_bool, check_choice, check_int
-from ..errors import StateMismatchError
-from ..resume.counts import count_block_records, listed_counts
-from ..resume.identity import Identity, check_identity, relative_names, source_root
-from ..resume.merge import MERGED_STATE, START_KEYS, resolve_tails
-from ..resume.plain_loader import batches_after, require_line_per_record
-from ..resume.start import (
-    AFTER_BATCHES,
-    MERGED,
-    Layout,
-    Merged,
-    Start,
-    after_batches,
-    after_records,
-    choose,
-    describe,
-    pad_work_of,
-    with_quota,
-)
+from ..resume.counts import count_block_records
+from ..resume.identity import Identity, relative_names, source_root
+from ..resume.merge import resolve_tails
+from ..resume.start import Layout, Start, choose, pad_work_of
 from ..retry import RetryPolicy
 from ..stages.balance import EVEN_RANKS
-from ..stages.batch import Batch, BatchSpec, RecordBatch
-from ..stages.buckets import RULES, LengthBuckets, TokenBudget, is_pool_state
+from ..stages.batch import BatchSpec, RecordBatch
+from ..stages.buckets import RULES, LengthBuckets, TokenBudget
 from ..stages.cache import RecordsCache
 from ..stages.cpus import WORKER_CPUS
 from ..stages.description import ReaderDescription
 from ..stages.parse import ON_ERROR
 from ..stages.pipeline import Reader
-from ..stages.state import ReaderState, refuse_other_version, stage_of
+from ..stages.state import ReaderState
 from ..stages.timing import StageTimer
 from ..stages.transform import Step, describe_step
 from ..storage.plan import Plan, make_blocks, small_corpus_piece
@@ -56,19 +48,20 @@ from ..storage.records_cache import RecordStore, block_key, uncacheable
 from ..storage.settings import Storage, storage_of
 from ..storage.shards import Shard, resolve_shards, source_items
 from ..world import World, detect_world
-from .base import EpochCell, StreamdsDataset, batches_of
+from .base import EpochCell, StreamdsDataset
 from .callers import check_outer_split
+from .reader_length import ReaderLength
+from .reader_plain_loader import PlainLoaderResume
+from .reader_state import ReaderCheckpoints
 
 __all__ = ["StreamingJsonl"]
 
 log = logging.getLogger(__name__)
 
 MAX_SEED = (1 << 64) - 1  # seeds are 64-bit, as torch's and numpy's are
-SAMPLE_BYTES = 1 << 16  # read to guess the size of records where no manifest says it
 
 
-
-class StreamingJsonl(StreamdsDataset):
+class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, StreamdsDataset):
     """Stream JSON-lines records from files, directories, globs or fsspec URLs.
 
     Each epoch yields every record of the corpus exactly once across all DataLoader workers
@@ -233,14 +226,6 @@ class StreamingJsonl(StreamdsDataset):
         clone._active = None
         return clone
 
-    def with_resume(self, merged: dict[str, Any]) -> StreamingJsonl:
-        """A copy that finishes the epoch of `merged` (from `streamds.merge_states`) under this
-        dataset's world (elastic resume)."""
-        clone = copy.copy(self)
-        clone._start = Start(MERGED, Merged(clone._check_merged(merged)))
-        clone._active = None
-        return clone
-
     def batch(
         self, size: int | LengthBuckets | TokenBudget, *,
         collate: Callable[[list[Any]], Any] | None = None, drop_last: bool = False,
@@ -389,256 +374,3 @@ class StreamingJsonl(StreamdsDataset):
                 "log line, or iterate with num_workers=0 to read ds.counts"
             )
         return self._active.counts
-
-    # -- length: where the record count is known ----------------------------------------
-
-    def record_bytes(self) -> float | None:
-        """Mean bytes of a record's JSON line: from decoded sizes and record counts (a
-        converted corpus), else from the lines in the first SAMPLE_BYTES of the first
-        shard; None when neither says (no whole line there)."""
-        counts = self._block_counts or listed_counts(self._shards, self._block_list)
-        sizes = [shard.decoded_size for shard in self._shards]
-        if counts is not None and sum(counts) and all(size is not None for size in sizes):
-            return sum(sizes) / sum(counts)  # type: ignore[arg-type]
-        if not self._shards or self._shards[0].format != "jsonl":
-            return None
-        with open_decoded_at(self._shards[0], 0, SAMPLE_BYTES) as stream:
-            head = stream.read(SAMPLE_BYTES)
-        lines = head.count(b"\n")
-        return head.rindex(b"\n") / lines if lines else None
-
-    def worker_records(self, num_workers: int = 0) -> list[int]:
-        """Records each DataLoader worker of this rank yields in every epoch, for a loader
-        with `num_workers` (0: one list entry, the main process).
-
-        Known from the manifest's records per frame (shards from `streamds convert`) or from a
-        count already taken (even_ranks, `resume_after_batches`), and only where every epoch
-        gives the same counts (Trainer and Lightning take the first epoch's length for all):
-        shuffle=False, one reader in all, or blocks that all hold as many records. Never
-        guessed: a TypeError otherwise, and for a dataset with a `.filter()` (it may drop any
-        number). Under even_ranks these are the quotas. A map that returns None, or bad lines
-        skipped under on_error="skip", make the epoch shorter than this.
-        """
-        check_int("num_workers", num_workers, 0, "the DataLoader's num_workers")
-        if any(step.kind == "filter" for step in self._steps):
-            raise TypeError("len() is unknown for a StreamingJsonl with a .filter(): it may "
-                            "drop any number of records")
-        if self._block_counts is None:
-            self._block_counts = listed_counts(self._shards, self._block_list)
-        if self._block_counts is None:
-            raise TypeError(
-                "len() of this StreamingJsonl is unknown: its shards list no record counts; "
-                "convert them with `streamds convert` (the manifest lists them), or pass "
-                "max_steps to the trainer"
-            )
-        here = detect_world(self.rank, self.world_size)
-        readers = max(1, num_workers)
-        if (self.shuffle and here.world_size * readers > 1
-                and len(set(self._block_counts)) > 1):
-            raise TypeError(
-                f"len() differs from epoch to epoch here: shuffle=True deals blocks of unequal "
-                f"record counts to {here.world_size * readers} readers (ranks x workers) anew "
-                "each epoch; Trainer and Lightning would take the first epoch's length for "
-                "all. Pass max_steps to the trainer (StreamdsTrainer then streams epoch after "
-                "epoch), or use shuffle=False"
-            )
-        seats = [World(here.rank, here.world_size, worker, readers) for worker in range(readers)]
-        if self.even_ranks is not None:
-            layout = self._layout()
-            return [with_quota(self._fresh(seat), layout, self._resolve).quota  # type: ignore[misc]
-                    for seat in seats]
-        counts = self._block_counts
-        return [sum(counts[block] for block, _ in self._plan.work(self.epoch, seat))
-                for seat in seats]
-
-    def _worker_items(self, num_workers: int) -> list[int]:
-        """Records (batches after `.batch(n)`) of each worker: see `worker_records`."""
-        records = self.worker_records(num_workers)
-        if self._batch is None:
-            return records
-        if self._batch.size is None or self._batch.rule is not None:
-            raise TypeError("len() is unknown for batches cut by a LengthBuckets or "
-                            "TokenBudget rule")
-        return [batches_of(count, self._batch.size, self._batch.drop_last) for count in records]
-
-    # -- state ---------------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """The position of this process's iterator, for torchdata's StatefulDataLoader.
-
-        O(1) to take: positions of buffered records are packed once per buffer's worth of
-        records (see `streamds.stages.shuffle`), never per call. Before the first `iter()` it is
-        where that iterator will start, as described (a loaded state, a merged state as
-        merged, a plain-loader start, or a fresh epoch): taking it reads no data and refuses
-        nothing, and loading it starts the same way.
-        """
-        if self._active is not None:
-            return self._active.reader_state().to_dict()
-        world = detect_world(self.rank, self.world_size)
-        return describe(self._start, self._layout(), self.epoch, world)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from `state` at the next `iter()`; refuses a state of another dataset.
-
-        A state taken in the middle of an epoch sets the epoch to its own. A state taken after
-        its epoch ran out leaves the epoch as it is: the next iterator of that same epoch yields
-        nothing (it is finished), and any other epoch (`set_epoch`, before or after loading)
-        starts at its beginning, as an uninterrupted run would. A merged state (what
-        `state_dict()` returns before the first `iter()` of a dataset that finishes one)
-        loads as `with_resume` takes it.
-        """
-        if isinstance(state, dict):
-            refuse_other_version(state)
-        if stage_of(state) == MERGED_STATE:
-            self._active = None
-            self._start = Start(MERGED, Merged(self._check_merged(state)))
-            return
-        loaded = ReaderState.from_dict(state)
-        check_identity(loaded.fingerprint, self._identity, "the state")
-        if loaded.plan[0] != self._plan.num_blocks:
-            raise StateMismatchError(
-                f"the state was taken with the corpus cut into {loaded.plan[0]} blocks, but "
-                f"this dataset cuts it into {self._plan.num_blocks} (another streamds "
-                "version?); finish the epoch with the version that took the state, or "
-                "restart the epoch"
-            )
-        if loaded.pipeline is not None:
-            made, taking = _batching(loaded.pipeline), self._batching()
-            if made != taking:
-                raise StateMismatchError(
-                    f"the state was taken from a dataset {made} but is loaded into one "
-                    f"{taking}; build the dataset the same way (streamds.merge_states() of it "
-                    "resumes a dataset batched any way)"
-                )
-        self._active = None
-        if not loaded.finished:
-            self.epoch = loaded.epoch
-        self._start = self._start.load(copy.deepcopy(loaded))
-        self._epoch.loaded = self._start.loaded
-
-    def _epoch_of_state(self, state: dict[str, Any]) -> tuple[int, bool]:
-        """(epoch, finished) of a state this dataset's `state_dict()` returned (a reader's, or
-        the merged state a resumed reader starts from), for a stage built on this one."""
-        if stage_of(state) == MERGED_STATE:
-            return state["epoch"], False
-        loaded = ReaderState.from_dict(state)
-        return loaded.epoch, loaded.finished
-
-    def _batching(self) -> str:
-        """How this dataset batches, in the words of `_batching(pipeline state)`."""
-        if self._batch is None:
-            return "without .batch()"
-        return "with .batch(n)" if self._batch.rule is None else "with .batch(rule)"
-
-    def _check_merged(self, merged: dict[str, Any] | None) -> dict[str, Any] | None:
-        if merged is None:
-            return None
-        if isinstance(merged, dict):
-            refuse_other_version(merged)
-        if stage_of(merged) != MERGED_STATE:
-            raise ValueError(
-                "with_resume needs the dict streamds.merge_states() returns; to resume with "
-                "the same world, use load_state_dict() instead"
-            )
-        check_identity(merged["fingerprint"], self._identity, "the merged state")
-        self.epoch = merged["epoch"]
-        # a reader's start (state_dict() before iter()) loads as the merged state it names
-        return {key: copy.deepcopy(value) for key, value in merged.items()
-                if key not in START_KEYS}
-
-    # -- resuming a plain DataLoader -----------------------------------------------------
-
-    def resume_after_batches(
-        self, consumed: int, *, batch_size: int, num_workers: int, drop_last: bool = False,
-        every_line_yields: bool = False,
-    ) -> StreamingJsonl:
-        """A copy that continues this epoch after a plain DataLoader yielded `consumed` batches.
-
-        Pass the `batch_size`, `num_workers` and `drop_last` of that DataLoader and use the same
-        again. Computed from record counts per block (one counting pass over the data, kept
-        for later calls), never by reading and discarding records; the resumed loader yields
-        exactly what the interrupted one would have, in the same order. Exact only when
-        every line yields a record, so a dataset with a `.filter`, a `.map` (returning None
-        drops a record) or `on_error="skip"` is refused unless
-        `every_line_yields=True` says each non-blank line yields exactly one record; use
-        torchdata's StatefulDataLoader with `state_dict()` for those. A dataset batched by
-        `LengthBuckets` resumes at its pool (re-read and cut again, the batches already
-        yielded skipped); one batched by `TokenBudget` is refused (its batch count depends on
-        the records' lengths).
-
-        Example::
-
-            loader = DataLoader(ds.resume_after_batches(step, batch_size=32, num_workers=4),
-                                batch_size=32, num_workers=4)
-        """
-        check_int("consumed", consumed, 0, "pass the number of batches the loader yielded")
-        check_int("batch_size", batch_size, 1, "pass the DataLoader's batch_size")
-        check_int("num_workers", num_workers, 0, "pass the DataLoader's num_workers")
-        self._require_line_per_record(every_line_yields)
-        rule = None if self._batch is None else self._batch.rule
-        if isinstance(rule, TokenBudget):
-            raise ValueError(
-                "resume_after_batches cannot count batches cut by a token budget (how many a "
-                "worker yields depends on the lengths of its records); use torchdata's "
-                "StatefulDataLoader and state_dict(), or LengthBuckets"
-            )
-        if self._batch is not None and (batch_size, drop_last) != (self._batch.size,
-                                                                   self._batch.drop_last):
-            raise ValueError(
-                f"batch_size={batch_size}, drop_last={drop_last}: this dataset makes batches of "
-                f"{self._batch.size} (drop_last={self._batch.drop_last}) itself; pass those"
-            )
-        if self.even_ranks is not None or self._start.merged is not None:
-            raise ValueError(
-                "resume_after_batches does not combine with even_ranks or with_resume; use "
-                "torchdata's StatefulDataLoader and state_dict() for those"
-            )
-        if self._block_counts is None:
-            self._block_counts = count_block_records(self._shards, self._block_list)
-        here = detect_world(self.rank, self.world_size)
-        readers = max(1, num_workers)
-        seats = [World(here.rank, here.world_size, worker, readers) for worker in range(readers)]
-        records = [sum(self._block_counts[block] for block, _ in self._plan.work(self.epoch, seat))
-                   for seat in seats]
-        taken, next_worker = batches_after(
-            records, consumed, epoch=self.epoch, batch_size=batch_size, num_workers=num_workers,
-            drop_last=drop_last,
-        )
-        starts = after_batches(
-            self._layout(), self._spec(), self.epoch, here, taken=taken, next_worker=next_worker,
-            batch_size=batch_size, rule=rule, batched=self._batch is not None)
-        clone = copy.copy(self)
-        clone._start = self._start.under(Start(AFTER_BATCHES, starts))
-        return clone
-
-    def _require_line_per_record(self, every_line_yields: bool) -> None:
-        """Refuse a plain-loader resume this pipeline may make inexact (it can drop lines)."""
-        require_line_per_record(self._steps, self.on_error, every_line_yields)
-
-    # -- record counts, for the plain-loader resume of a streamds.Mix ---------------------
-
-    def _share_records(self, epoch: int, seat: World) -> int:
-        """Records of the share of reader `seat` in `epoch` (one counting pass, kept)."""
-        if self._block_counts is None:
-            self._block_counts = count_block_records(self._shards, self._block_list)
-        return sum(self._block_counts[block] for block, _ in self._plan.work(epoch, seat))
-
-    def _state_after_records(self, epoch: int, seat: World, world: World,
-                             yielded: int) -> dict[str, Any]:
-        """The state of reader `world`, reading the share (and shuffle seed) of `seat`, once
-        it has yielded `yielded` records of `epoch` (0: not started): exact when every line
-        is a record."""
-        if (self._batch is not None or self.even_ranks is not None
-                or self._start.merged is not None):
-            raise ValueError(
-                "a plain-loader resume of a Mix needs sources without .batch(), even_ranks or "
-                "with_resume; use torchdata's StatefulDataLoader and state_dict() for those"
-            )
-        self._share_records(epoch, seat)  # the record counts, taken once
-        return after_records(self._layout(), self._spec(), epoch, seat, world, yielded).to_dict()
-
-def _batching(pipeline: dict[str, Any]) -> str:
-    """How the dataset that took a pipeline state batched."""
-    if is_pool_state(pipeline):
-        return "with .batch(rule)"
-    return "with .batch(n)" if Batch.owns(pipeline) else "without .batch()"
