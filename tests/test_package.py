@@ -40,8 +40,8 @@ def user_texts() -> list[Path]:
 
 
 # where users are sent on purpose: the framework integrations (they import their framework)
-# and the writing side (`streamds convert`'s functions)
-OWN_NAMESPACES = ("streamds.integrations", "streamds.preprocess")
+# the writing side (`streamds convert`'s functions) and the sample generator (`streamds synthetic`)
+OWN_NAMESPACES = ("streamds.integrations", "streamds.preprocess", "streamds.tools.synthetic")
 
 
 def test_users_import_streamds_names_from_the_top_level():
