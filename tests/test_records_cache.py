@@ -1,4 +1,4 @@
-"""The store of blocks of records behind `ds.cache` (`streamds.storage.records_cache`).
+"""The store of blocks of records behind `ds.cache` (`streamds.storage.record_store`).
 
 Processes that race or crash are forked children synchronised by pipes (no sleeps); a crash
 is a SIGKILL while the child holds a partial block.
@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamds.storage.plan import Block
-from streamds.storage.records_cache import (
+from streamds.storage.record_store import (
     BAD_LINE,
     BLANK_LINE,
     DROPPED,

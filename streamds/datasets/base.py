@@ -151,7 +151,7 @@ class StreamdsDataset(IterableDataset):
         modification time and no manifest checksum cannot be told stale: they are read as
         without a cache (logged once).
         What the steps make must be dicts of str, int, float, bool, None, lists, bytes,
-        numpy arrays or torch tensors (`streamds.storage.records_cache`). Counts (dropped,
+        numpy arrays or torch tensors (`streamds.storage.record_store`). Counts (dropped,
         blank and skipped lines) are the same as without the cache.
 
         A mix, packed data and batches store the records of their readers (each source of

@@ -25,26 +25,26 @@ from typing import Any
 from torch.utils.data import get_worker_info
 
 from ..checks import check_bool, check_choice, check_int
-from ..resume.counts import count_block_records
+from ..resume.block_counts import count_block_records
 from ..resume.identity import Identity, relative_names, source_root
 from ..resume.merge import resolve_tails
 from ..resume.start import Layout, Start, choose, pad_work_of
 from ..retry import RetryPolicy
 from ..stages.balance import EVEN_RANKS
-from ..stages.batch import BatchSpec, RecordBatch
+from ..stages.batch import BatchSettings, RecordBatch
 from ..stages.buckets import RULES, LengthBuckets, TokenBudget
-from ..stages.cache import RecordsCache
 from ..stages.cpus import WORKER_CPUS
 from ..stages.description import ReaderDescription
 from ..stages.parse import ON_ERROR
 from ..stages.pipeline import Reader
+from ..stages.record_cache import RecordsCache
 from ..stages.state import ReaderState
 from ..stages.timing import StageTimer
 from ..stages.transform import Step, describe_step
 from ..storage.plan import Plan, make_blocks, small_corpus_piece
 from ..storage.read import open_decoded_at
 from ..storage.readahead import DEFAULT_READAHEAD, wants_readahead
-from ..storage.records_cache import RecordStore, block_key, uncacheable
+from ..storage.record_store import RecordStore, block_key, uncacheable
 from ..storage.settings import Storage, storage_of
 from ..storage.shards import Shard, resolve_shards, source_items
 from ..world import World, detect_world
@@ -126,7 +126,7 @@ class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, Streamd
         self.retry = RetryPolicy() if storage.retry is None else storage.retry
         self._epoch = EpochCell(0)
         self._steps: tuple[Step, ...] = ()  # map and filter of the records (.map/.filter)
-        self._batch: BatchSpec | None = None  # whole batches out of the workers (.batch)
+        self._batch: BatchSettings | None = None  # whole batches out of the workers (.batch)
         self._records_cache: RecordsCache | None = None  # stored records (.cache)
         self._shards: list[Shard] = resolve_shards(source, storage_options, on_error=on_error,
                                                    retry=self.retry)
@@ -206,7 +206,7 @@ class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, Streamd
         """A copy that stores the records the steps so far make (the parse and the
         `.map`/`.filter` steps added before `.cache`) in `directory`, in the first epoch that
         reads each block, and reads them back in later epochs and resumes instead of reading
-        and parsing the source and running those steps again (`streamds.stages.cache`)."""
+        and parsing the source and running those steps again (`streamds.stages.record_cache`)."""
         if self._records_cache is not None:
             raise ValueError("cache() was called twice on this dataset; call it once, after "
                              "the steps whose records are worth storing")
@@ -282,12 +282,12 @@ class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, Streamd
                     f"drop_last=True with {size!r}: pass drop_last to LengthBuckets instead "
                     "(a token budget drops nothing)"
                 )
-            spec = BatchSpec(getattr(size, "batch_size", None), collate,
+            spec = BatchSettings(getattr(size, "batch_size", None), collate,
                              getattr(size, "drop_last", False), rule=size, ahead=ahead)
         else:
             check_int("size", size, 1, "the number of records per batch, or a "
                       "streamds.LengthBuckets / TokenBudget rule")
-            spec = BatchSpec(size, collate, drop_last, ahead=ahead)
+            spec = BatchSettings(size, collate, drop_last, ahead=ahead)
         clone = copy.copy(self)
         clone._batch = spec
         clone.worker_cpus = worker_cpus

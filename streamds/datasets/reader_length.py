@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..checks import check_int
-from ..resume.counts import listed_counts
+from ..resume.block_counts import listed_counts
 from ..resume.start import with_quota
 from ..storage.read import open_decoded_at
 from ..world import World, detect_world

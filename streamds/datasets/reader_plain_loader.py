@@ -12,7 +12,7 @@ import copy
 from typing import Any, Self
 
 from ..checks import check_int
-from ..resume.counts import count_block_records
+from ..resume.block_counts import count_block_records
 from ..resume.plain_loader import batches_after, require_line_per_record
 from ..resume.start import AFTER_BATCHES, Start, after_batches, after_records
 from ..stages.buckets import TokenBudget

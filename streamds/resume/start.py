@@ -28,7 +28,7 @@ from ..stages.state import ReaderState
 from ..storage.plan import Block, Plan
 from ..storage.shards import Shard, unsplit_note
 from ..world import World
-from .counts import count_from
+from .block_counts import count_from
 from .merge import MERGED_READER, share_of
 from .plain_loader import pipeline_state_after
 

@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..retry import DEFAULT_RETRY, RetryPolicy
-from ..storage.cache import CacheSpec
 from ..storage.plan import Block, Plan
 from ..storage.read import Opener, open_decoded_at
+from ..storage.shard_cache import ShardCacheSettings
 from ..storage.shards import Shard
-from .batch import BatchSpec
-from .cache import RecordsCache
+from .batch import BatchSettings
+from .record_cache import RecordsCache
 from .transform import Step
 
 __all__ = ["ReaderDescription"]
@@ -35,8 +35,8 @@ class ReaderDescription:
     buffer_size: int
     retry: RetryPolicy = DEFAULT_RETRY
     opener: Opener = open_decoded_at
-    batch: BatchSpec | None = None  # whole batches out of the reader (`StreamingJsonl.batch`)
+    batch: BatchSettings | None = None  # whole batches out of the reader (`StreamingJsonl.batch`)
     readahead: int = 0  # stored bytes fetched ahead of each reader (0: none)
-    cache: CacheSpec | None = None  # the local copy of remote or mounted shards
+    cache: ShardCacheSettings | None = None  # the local copy of remote or mounted shards
     worker_cpus: str = "auto"  # workers leave the main process a CPU (streamds.stages.cpus); "all"
     records_cache: RecordsCache | None = None  # `ds.cache`: stored records of the first steps

@@ -18,7 +18,7 @@ With `ds.cache` (`ReaderDescription.records_cache`), one `BlockCache` per reader
 the lines stage (stored blocks are not read: placeholders of their records' positions flow
 instead) and the stage that runs the steps (placeholders become stored records; computed
 records are stored); every stage's state is what it is without the cache
-(`streamds.stages.cache`).
+(`streamds.stages.record_cache`).
 """
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ from .ahead import AHEAD, MadeAhead
 from .balance import EvenRanks
 from .batch import Batch
 from .buckets import PoolBatch
-from .cache import BlockCache
 from .chunks import Chunk, ChunkCursor, Position, Stored, WorkItem
 from .cpus import TUNE, on_planned_cpus, worker_plan
 from .description import ReaderDescription
 from .lines import Lines
 from .parse import DROPPED, WARN_BAD_LINES, LineNumbers, Parse
 from .parse_later import LineBatch, ParseLater, parses_later
+from .record_cache import BlockCache
 from .records import Records, fetch_records
 from .shuffle import Shuffle
 from .state import ReaderState

@@ -30,10 +30,10 @@ from ..formats.filenames import TAR_LINES_MEMBERS, TAR_RECORD_MEMBERS
 from ..formats.samples import SampleKeys
 from ..formats.tar_links import LinkTargets, is_link
 from ..retry import DEFAULT_RETRY, GaveUpError, RetryPolicy, is_transient
-from .cache import CacheSpec
 from .plan import Block
 from .ranges import RangeFile, RangeReader, StreamFile, stored_span
 from .readahead import ReadAhead
+from .shard_cache import ShardCacheSettings
 from .shards import Shard
 
 __all__ = [
@@ -82,7 +82,7 @@ def _skip(stream: BinaryIO, count: int, url: str) -> None:
 
 def open_decoded_at(
     shard: Shard, offset: int, end: int | None = None, *, retry: RetryPolicy = DEFAULT_RETRY,
-    cache: CacheSpec | None = None, ahead: ReadAhead | None = None,
+    cache: ShardCacheSettings | None = None, ahead: ReadAhead | None = None,
 ) -> BinaryIO:
     """The shard's decoded bytes from `offset` on; the caller means to read up to `end`
     (None: to the end), so storage is asked for no more than that (`ranges.stored_span`).

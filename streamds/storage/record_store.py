@@ -55,7 +55,7 @@ Not thread-safe: one store, writer or reader per thread. Readers and writers bel
 process that opened them: open them in the worker, never before a fork (a forked copy of a
 lock descriptor holds the lock until the child closes it).
 
-How the cache stage (`streamds.stages.cache`) uses this. The chain
+How the cache stage (`streamds.stages.record_cache`) uses this. The chain
 with a shuffle is lines -> parse -> shuffle buffer (parsed records, with positions) ->
 map/filter (`stages.transform.AfterBuffer`). The cache stage takes the place of the steps
 after the buffer, and a stored block skips the read and the parse as well:

@@ -1,6 +1,6 @@
 """Cache: the records the stages before `ds.cache(...)` made, stored per block and read back.
 
-`BlockCache` is one reader's view of a `RecordStore` (`streamds.storage.records_cache`),
+`BlockCache` is one reader's view of a `RecordStore` (`streamds.storage.record_store`),
 shared by the stages that fill and read it:
 
 - `Lines` asks `open(block)` before reading a block. A stored block is not read or parsed:
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import StateMismatchError
-from ..storage.records_cache import (
+from ..storage.record_store import (
     BAD_LINE,
     BLANK_LINE,
     BlockReader,
@@ -49,7 +49,7 @@ from ..storage.records_cache import (
     RecordStore,
     UncacheableRecordError,
 )
-from ..storage.records_cache import DROPPED as STORED_DROP
+from ..storage.record_store import DROPPED as STORED_DROP
 from .chunks import Chunk, Position, Stored
 from .parse import BAD, BLANK, DROPPED, LineNumbers, Marker
 
