@@ -220,3 +220,36 @@ def _epoch(dataset: Any, epoch: int) -> list[Any]:
 
 def _same(batch: Any) -> Any:
     return batch
+
+
+# -- state and start, once in the base ----------------------------------------------------------
+
+
+def reader(paths: tuple[str, str]) -> StreamingJsonl:
+    return sources(paths)[0]
+
+
+@pytest.mark.parametrize("make", [reader, *MAKERS], ids=["reader", *IDS])
+def test_every_type_refuses_a_state_of_another_version_by_name(paths: tuple[str, str],
+                                                               make: Any) -> None:
+    dataset = make(paths)
+    old = {**dataset.state_dict(), "format": "streamds/2"}
+    with pytest.raises(Exception, match="a state from another version of streamds"):
+        dataset.load_state_dict(old)
+    with pytest.raises(Exception, match="a state from another version of streamds"):
+        dataset.with_resume(old)
+
+
+@pytest.mark.parametrize("make", [reader, *MAKERS], ids=["reader", *IDS])
+def test_a_copy_or_a_pickle_leaves_the_running_iterator_behind(paths: tuple[str, str],
+                                                               make: Any) -> None:
+    import pickle
+
+    dataset = make(paths)
+    iterator = iter(dataset)
+    next(iterator)
+    fresh = make(paths).state_dict()
+    assert dataset.state_dict() != fresh  # it moved
+    assert pickle.loads(pickle.dumps(dataset)).state_dict() == fresh
+    if make in (reader, mix):  # packed data and batches share their source with a copy
+        assert dataset.map(_same).state_dict() == fresh

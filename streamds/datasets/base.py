@@ -14,7 +14,12 @@ reader, and all offer the same methods (`METHODS`), defined here once:
   DataLoader worker yields), where they are known exactly; a TypeError saying why elsewhere;
 - `epoch` / `set_epoch`: a reader and a mix own an epoch cell (`EpochCell`: shared by the
   copies derived from a reader), packed data and batches follow their source's;
-- `state_dict`, `load_state_dict`, `with_resume`: each type's own (its stage's state).
+- iteration: each type opens its stage (`_open`) and the base runs the type's own
+  `.map`/`.filter` steps on what it yields (a reader runs them inside its pipeline instead);
+- `state_dict`, `load_state_dict`, `with_resume`: the base refuses a state of another
+  streamds version, then each type says where its stage stands (`_state`), loads a state
+  into its next iterator (`_load`) and makes the copy that finishes a merged epoch
+  (`_resumed`); `__getstate__` and copies leave out what iterates (`_live`).
 
 The types know each other only through this base: each registers under its `KIND`
 (`__init_subclass__`), and `batch` / `pack` build the registered type, so no module of a type
@@ -24,8 +29,9 @@ imports another type's module (`tests/test_import_cycles.py` counts type-only im
 
 from __future__ import annotations
 
+import copy
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar, Self
 
 from torch.utils.data import IterableDataset
@@ -33,8 +39,8 @@ from torch.utils.data import IterableDataset
 from ..checks import check_int, size_setting
 from ..stages.buckets import Rule
 from ..stages.packing import PackTokens
-from ..stages.state import Positioned, check_epoch_change
-from ..stages.transform import Step
+from ..stages.state import Positioned, check_epoch_change, refuse_other_version
+from ..stages.transform import Step, apply_steps
 from ..train.loader import Loader
 from .callers import loader_len_call
 
@@ -67,14 +73,18 @@ def batches_of(items: int, size: int, drop_last: bool) -> int:
 class StreamdsDataset(IterableDataset):
     """Base of every streamds dataset type (see the module doc).
 
-    A type supplies `KIND`, `__iter__`, `_with_step`, `_with_cache`, `_worker_items` (or
-    leaves `len()` unknown), its epoch (`_epoch`, an `EpochCell`, or `_epoch_source`) and its
-    state (`state_dict`, `load_state_dict`, `with_resume`).
+    A type supplies `KIND`, `_open` (its stage's iterator; or `__iter__` where the steps
+    run inside), `_with_cache`, `_worker_items` (or leaves `len()` unknown), its epoch
+    (`_epoch`, an `EpochCell`, or `_epoch_source`), its state (`_state`, `_load`,
+    `_resumed`) and what must not be shared (`_live`, `_copy`).
     """
 
     KIND: ClassVar[str] = ""
+    _ITEMS: ClassVar[str] = "this dataset"  # its items, in a step's error message
     _KINDS: ClassVar[dict[str, type[StreamdsDataset]]] = {}
     _epoch: EpochCell
+    _steps: tuple[Step, ...]
+    _active: Any
 
     def __init_subclass__(cls, **options: Any) -> None:
         super().__init_subclass__(**options)
@@ -93,11 +103,38 @@ class StreamdsDataset(IterableDataset):
             raise LookupError(f"no dataset type {kind!r} is registered; import streamds.datasets")
         return found
 
-    # -- steps ---------------------------------------------------------------------------
+    # -- iteration and copies ------------------------------------------------------------
+
+    def _open(self) -> Iterator[Any]:
+        """This dataset's items before its own steps: its stage, started where it starts."""
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[Any]:
+        items = self._open()
+        # -> the type's own map and filter, on what its stage yields; a state taken between
+        # items stays exact (an item a step drops was counted before the next is handed out)
+        return apply_steps(items, self._steps, self._ITEMS) if self._steps else items
+
+    def _live(self) -> dict[str, Any]:
+        """Attributes that iterate, as a copy or a pickled dataset (a DataLoader worker's)
+        starts them: they stay with the object and process that made them."""
+        return {"_active": None}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, **self._live()}
+
+    def _copy(self) -> Self:
+        """A copy that shares nothing that iterates (a type adds what else it must not
+        share, e.g. a mix's sources)."""
+        clone = copy.copy(self)
+        clone.__dict__.update(self._live())
+        return clone
 
     def _with_step(self, step: Step) -> Self:
         """A copy with `step` after this one's steps, sharing nothing that iterates."""
-        raise NotImplementedError
+        clone = self._copy()
+        clone._steps = (*self._steps, step)
+        return clone
 
     def map(self, fn: Callable[[Any], Any]) -> Self:
         """A new dataset of the same type whose items are `fn(item)`; None drops the item.
@@ -276,13 +313,37 @@ class StreamdsDataset(IterableDataset):
         else:
             source.set_epoch(epoch)
 
-    # -- state (each type's own stage) ----------------------------------------------------
+    # -- state and start ---------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """Where this process's iterator stands, for torchdata's StatefulDataLoader: one tree
+        of its stages' nodes with the format version at the top, cheap to take after every
+        item (small integers and positions, never records). Before the first `iter()`, where
+        that iterator will start (a loaded state, a merged state, a fresh epoch): taking it
+        reads no data and refuses nothing, and loading it starts the same way."""
+        return self._state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        raise NotImplementedError
+        """Continue from `state` at the next `iter()`; a state of another streamds version
+        or of another dataset is refused, saying what to do. A state taken in the middle of
+        an epoch sets the epoch to its own; one taken after its epoch ran out leaves the
+        epoch to `set_epoch` (the next iterator of that epoch yields nothing)."""
+        if isinstance(state, dict):
+            refuse_other_version(state)
+        self._load(state)
 
     def with_resume(self, merged: dict[str, Any]) -> Self:
+        """A copy that finishes the epoch of `merged` (`streamds.merge_states` of the states
+        of every reader of a world) under this dataset's world: elastic resume."""
+        if isinstance(merged, dict):
+            refuse_other_version(merged)
+        return self._resumed(merged)
+
+    def _state(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _load(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _resumed(self, merged: dict[str, Any]) -> Self:
         raise NotImplementedError

@@ -20,7 +20,6 @@ own state, never records. Resuming re-reads that pool and skips the batches alre
 
 from __future__ import annotations
 
-import copy
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -32,7 +31,7 @@ from ..stages.batch import RecordBatch
 from ..stages.buckets import RULES, Length, Rule, as_length
 from ..stages.pools import PoolStage
 from ..stages.state import check_state, sealed
-from ..stages.transform import Step, apply_steps
+from ..stages.transform import Step
 from ..world import detect_world
 from .base import StreamdsDataset, batches_of
 
@@ -151,10 +150,12 @@ class Batched(StreamdsDataset):
         self._active: PoolStage | None = None
         self._stats = PaddingStats()
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_active"] = None  # a live iterator stays in the process that made it
-        return state
+    _ITEMS = "these batches"
+
+    def _copy(self) -> Batched:
+        clone = super()._copy()
+        clone._pending = None  # a loaded state starts this object's next iterator only
+        return clone
 
     # the epoch is the source's, so that set_epoch on either one moves both
     def _epoch_source(self) -> StreamdsDataset:
@@ -182,22 +183,15 @@ class Batched(StreamdsDataset):
     def _count(self, lengths: list[int]) -> None:
         self._stats.add(lengths)
 
-    def __iter__(self) -> Iterator[Any]:
+    def _open(self) -> Iterator[Any]:
         resume, self._pending = self._pending, None
         if resume is not None and resume.finished and resume.epoch != self.epoch:
             resume = None  # that epoch is over and another was chosen: start it afresh
         self._stats = PaddingStats()
         self._active = resume if resume is not None else self._stage(self.epoch)
-        # -> batches cut pool by pool (`streamds.stages.pools`)
-        batches = iter(self._active)
-        # -> its own map and filter, on whole batches
-        return apply_steps(batches, self._steps, "these batches") if self._steps else batches
-
-    def _with_step(self, step: Step) -> Batched:
-        clone = copy.copy(self)
-        clone._steps = (*self._steps, step)
-        clone._active = clone._pending = None
-        return clone
+        # -> batches cut pool by pool (`streamds.stages.pools`); its own map and filter run
+        # on whole batches (`StreamdsDataset.__iter__`)
+        return iter(self._active)
 
     def pack(self, packer: Any) -> Any:
         """Refused: a batch is no document; pack before batching."""
@@ -256,7 +250,7 @@ class Batched(StreamdsDataset):
             "batch resumes exactly)"
         )
 
-    def with_resume(self, merged: dict[str, Any]) -> Batched:
+    def _resumed(self, merged: dict[str, Any]) -> Batched:
         """The same batches of ``source.with_resume(merged)`` (`streamds.merge_states` of the
         states of every reader): a fresh pool batcher over the resumed source."""
         clone = Batched(self.source.with_resume(merged), self.size,
@@ -266,13 +260,13 @@ class Batched(StreamdsDataset):
 
     # -- state ---------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
+    def _state(self) -> dict[str, Any]:
         """Position of this process's iterator: O(1) integers plus the source's state."""
         stage = self._active or self._pending or self._stage(self.epoch)
         return sealed(stage.get_state())
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from `state` at the next `iter()`; refuses a state of another batcher."""
+    def _load(self, state: dict[str, Any]) -> None:
+        """A pool batcher's state, checked against this batcher's settings."""
         check_state(state, PoolStage.STAGE, PoolStage.KEYS, "batcher")
         PoolStage.check(state, self._config())
         stage = self._stage(self.epoch)

@@ -15,7 +15,6 @@ Mix replays); what every dataset type shares is `base.StreamdsDataset`.
 
 from __future__ import annotations
 
-import copy
 import functools
 import logging
 import os
@@ -173,18 +172,12 @@ class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, Streamd
             f"epoch={self.epoch}, steps={len(self._steps)})"
         )
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_active"] = None  # a live pipeline stays in the process that made it
-        return state
-
     def _detached(self) -> StreamingJsonl:
         """A copy with an epoch of its own, for a `streamds.Mix`, which sets the epochs of
         its sources itself (each source's pass may be in another epoch)."""
-        clone = copy.copy(self)
+        clone = self._copy()
         clone._epoch = EpochCell(self.epoch)
         clone._epoch.loaded = clone._start.loaded
-        clone._active = None
         clone._in_mix = True
         return clone
 
@@ -196,9 +189,7 @@ class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, Streamd
             cache=self._cache, worker_cpus=self.worker_cpus, records_cache=self._records_cache)
 
     def _with_step(self, step: Step) -> StreamingJsonl:
-        clone = copy.copy(self)
-        clone._steps = (*self._steps, step)
-        clone._active = None
+        clone = super()._with_step(step)
         clone._start = self._start.for_new_steps()  # merged tails resolve with the new steps
         return clone
 
@@ -221,9 +212,8 @@ class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, Streamd
             log.warning("ds.cache: %d of %d shards are read without the cache, every epoch "
                         "(the first: %s): %s", len(stale), len(self._shards),
                         names[stale[0]], uncacheable(self._shards[stale[0]]))
-        clone = copy.copy(self)
+        clone = self._copy()
         clone._records_cache = RecordsCache(RecordStore(directory, limit), keys, len(steps))
-        clone._active = None
         return clone
 
     def batch(
@@ -288,10 +278,9 @@ class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, Streamd
             check_int("size", size, 1, "the number of records per batch, or a "
                       "streamds.LengthBuckets / TokenBudget rule")
             spec = BatchSettings(size, collate, drop_last, ahead=ahead)
-        clone = copy.copy(self)
+        clone = self._copy()
         clone._batch = spec
         clone.worker_cpus = worker_cpus
-        clone._active = None
         return clone
 
     # -- epochs (`StreamdsDataset.set_epoch`) ----------------------------------------------
@@ -325,6 +314,8 @@ class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, Streamd
     # -- iteration -----------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
+        # a reader runs its steps inside its pipeline (before or after the shuffle buffer),
+        # not after it as `StreamdsDataset.__iter__` does for the types stacked on readers
         world = detect_world(self.rank, self.world_size)
         check_outer_split(self, lambda: world.world_size)
         self._note_worker_epoch()

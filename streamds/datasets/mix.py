@@ -43,7 +43,7 @@ from ..stages.state import (
     stage_of,
     unnested,
 )
-from ..stages.transform import Step, apply_steps
+from ..stages.transform import Step
 from ..world import World, detect_world
 from .base import EpochCell, StreamdsDataset
 
@@ -152,22 +152,19 @@ class Mix(StreamdsDataset):
         return (f"Mix({len(self.datasets)} datasets, weights={[round(w, 4) for w in self.weights]}"
                 f", seed={self.seed}, stop={self.stop!r}, epoch={self.epoch})")
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_active"] = None  # a live iterator stays in the process that made it
-        state["_iterators"] = []
-        return state
+    _ITEMS = "this Mix"
+
+    def _live(self) -> dict[str, Any]:
+        return {"_active": None, "_iterators": [], "_held": None}
 
     def _config(self) -> list[Any]:
         return [list(self.weights), self.seed, self.stop, len(self.datasets)]
 
-    def _with_step(self, step: Step) -> Mix:
-        clone = copy.copy(self)
-        clone._steps = (*self._steps, step)
+    def _copy(self) -> Mix:
+        clone = super()._copy()
         # sources of its own: iterating the clone must not move this mix's sources
         clone.datasets = [ds._detached() for ds in self.datasets]
         clone._epoch = EpochCell(self.epoch)
-        clone._active, clone._iterators, clone._held = None, [], None
         return clone
 
     def _with_cache(self, directory: str, key: str, limit: int | None) -> Mix:
@@ -176,11 +173,9 @@ class Mix(StreamdsDataset):
         states. The mixed stream itself is not stored (which records a reader draws depends
         on its world), nor what the mix's own `.map`/`.filter` make (refused after them)."""
         self._cache_refused_after_steps(self._steps, "a Mix")
-        clone = copy.copy(self)
+        clone = self._copy()
         clone.datasets = [ds._with_cache(directory, key, limit)._detached()
                           for ds in self.datasets]
-        clone._epoch = EpochCell(self.epoch)
-        clone._active, clone._iterators, clone._held = None, [], None
         return clone
 
     def _worker_items(self, num_workers: int) -> list[int]:
@@ -254,7 +249,7 @@ class Mix(StreamdsDataset):
                     f"mix.set_epoch({holder.value}) each epoch instead"
                 )
 
-    def __iter__(self) -> Iterator[Any]:
+    def _open(self) -> Iterator[Any]:
         self._check_source_epochs()
         world = detect_world(self.rank, self.world_size)
         stage = self._start(world)
@@ -269,11 +264,9 @@ class Mix(StreamdsDataset):
         self._position_sources(stage)
         # -> each source's records, split over this reader's world by the source itself
         self._iterators = [iter(ds) for ds in self.datasets]
-        # -> the records drawn from them (`streamds.stages.mixing`)
-        mixed = iter(stage.open(self._iterators, functools.partial(self._reopen, stage)))
-        # -> the mix's own map and filter; a state taken between records stays exact (a
-        # dropped record was drawn, and counted, before the next one is handed out)
-        return apply_steps(mixed, self._steps, "this Mix") if self._steps else mixed
+        # -> the records drawn from them (`streamds.stages.mixing`); the mix's own map and
+        # filter run on them (`StreamdsDataset.__iter__`)
+        return iter(stage.open(self._iterators, functools.partial(self._reopen, stage)))
 
     def _reopen(self, stage: MixStage, index: int, epoch: int) -> Iterator[Any]:
         """Source `index` from the start of `epoch` (a new pass)."""
@@ -344,7 +337,7 @@ class Mix(StreamdsDataset):
 
     # -- state ---------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
+    def _state(self) -> dict[str, Any]:
         """This reader's position: a few integers per source plus each source's own state."""
         if self._active is not None:
             sources = (copy.deepcopy(self._held) if self._held is not None
@@ -356,8 +349,8 @@ class Mix(StreamdsDataset):
         self._position_sources(stage)
         return sealed(stage.get_state([nested(ds.state_dict()) for ds in self.datasets]))
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from `state` at the next `iter()`; refuses a state of another mix."""
+    def _load(self, state: dict[str, Any]) -> None:
+        """A mix's state (its sources' states are loaded at the next `iter()`)."""
         check_state(state, MixStage.STAGE, MixStage.KEYS, "mix dataset")
         stage = MixStage.load(state, self._config())
         for source in stage.sources or ():  # loaded at the next iter(); refuse old ones now
@@ -372,9 +365,9 @@ class Mix(StreamdsDataset):
         stage = MixStage.load(state, self._config())
         return stage.epoch, stage.finished
 
-    def with_resume(self, merged: dict[str, Any]) -> Mix:
-        """A copy that finishes the epoch of `merged` (`streamds.merge_states` of the states
-        of every reader of this mix) under this mix's world (elastic resume)."""
+    def _resumed(self, merged: dict[str, Any]) -> Mix:
+        """A copy whose sources finish their part of `merged` (`streamds.merge_states` of
+        the states of every reader of this mix), drawing as the merged draws say."""
         clone = copy.copy(self)
         clone._pending = None
         clone._active = None
@@ -382,8 +375,6 @@ class Mix(StreamdsDataset):
         return clone
 
     def _resume(self, merged: dict[str, Any]) -> None:
-        if isinstance(merged, dict):
-            refuse_other_version(merged)
         if stage_of(merged) != MixStage.MERGED or merged.get(FORMAT) != STATE_FORMAT:
             raise ValueError(
                 "with_resume needs the dict streamds.merge_states() returns for the states "

@@ -36,12 +36,11 @@ from ..stages.state import (
     STATE_FORMAT,
     check_state,
     nested,
-    refuse_other_version,
     sealed,
     stage_of,
     unnested,
 )
-from ..stages.transform import Step, apply_steps
+from ..stages.transform import Step
 from ..world import World, detect_world
 from .base import StreamdsDataset
 
@@ -91,10 +90,7 @@ class Packed(StreamdsDataset):
     def __repr__(self) -> str:
         return f"Packed({self.source!r}, {self.packer!r})"
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_active"] = None  # a live iterator stays in the process that made it
-        return state
+    _ITEMS = "this packed dataset"
 
     @property
     def rank(self) -> int | None:
@@ -120,9 +116,8 @@ class Packed(StreamdsDataset):
         not stored (how records fill them depends on the reader's world), nor what this
         dataset's own `.map`/`.filter` make (refused after them)."""
         self._cache_refused_after_steps(self._steps, "packed data")
-        clone = copy.copy(self)
+        clone = self._copy()
         clone.source = self.source.cache(directory, key=key, limit=limit)
-        clone._active = None
         return clone
 
     def _worker_items(self, num_workers: int) -> list[int]:
@@ -165,33 +160,25 @@ class Packed(StreamdsDataset):
             stage.start_merged(self._merged)  # this reader's deal of the old leftovers
         return stage
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+    def _open(self) -> Iterator[dict[str, torch.Tensor]]:
         stage = self._start(detect_world(self.rank, self.world_size))
         self._pending = self._pending_source = None  # a loaded state starts one iterator
         self._active = stage
-        # -> sequences packed from the source's records (`streamds.stages.packing`)
-        sequences = iter(stage.open(iter(self.source)))
-        # -> its own map and filter, on whole sequences (a state between them stays exact)
-        return apply_steps(sequences, self._steps, "this packed dataset") if self._steps else (
-            sequences)
-
-    def _with_step(self, step: Step) -> Packed:
-        clone = copy.copy(self)
-        clone._steps = (*self._steps, step)
-        clone._active = None
-        return clone
+        # -> sequences packed from the source's records (`streamds.stages.packing`); its
+        # own map and filter run on whole sequences (`StreamdsDataset.__iter__`)
+        return iter(stage.open(iter(self.source)))
 
     # -- state ---------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
+    def _state(self) -> dict[str, Any]:
         """The source's state plus the unused ids of the current document (O(document))."""
         if self._pending is not None:
             return sealed(self._pending.get_state(copy.deepcopy(self._pending_source)))
         stage = self._active or self._start(detect_world(self.rank, self.world_size))
         return sealed(stage.get_state(nested(self.source.state_dict())))
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from `state` at the next `iter()`; refuses a state of another packing."""
+    def _load(self, state: dict[str, Any]) -> None:
+        """A packing state; its source's state is loaded into the source now."""
         check_state(state, PackStage.STAGE, PackStage.KEYS, "packed dataset")
         stage = PackStage(self.packer, PackStage.world_of(state))
         stage.reset(state)
@@ -213,22 +200,19 @@ class Packed(StreamdsDataset):
             "torchdata's StatefulDataLoader and checkpoint loader.state_dict()"
         )
 
-    def with_resume(self, merged: dict[str, Any]) -> Packed:
-        """A copy that finishes the epoch of `merged` (`streamds.merge_states` of the packed
-        states of every reader) under this dataset's world: every token once."""
-        if isinstance(merged, dict):
-            refuse_other_version(merged)
+    def _resumed(self, merged: dict[str, Any]) -> Packed:
+        """The source finishes its part of `merged` and this world's readers are dealt the
+        old readers' leftovers: every token once."""
         if stage_of(merged) != PackStage.MERGED or merged.get(FORMAT) != STATE_FORMAT:
             raise ValueError(
                 "with_resume needs the dict streamds.merge_states() returns for the states of "
                 "a packed dataset; to resume with the same world, use load_state_dict()"
             )
         found = MergedPack.from_node(merged, self.packer)
-        clone = copy.copy(self)
+        clone = self._copy()
         clone.source = self.source.with_resume(unnested(PackStage.source_of(merged)))
         clone._merged = dataclasses.replace(found, epoch=clone.source.epoch)
         clone._pending = clone._pending_source = None
-        clone._active = None
         return clone
 
 

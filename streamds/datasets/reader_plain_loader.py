@@ -8,7 +8,6 @@ record counts per block (one counting pass, kept), never by reading and discardi
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Self
 
 from ..checks import check_int
@@ -31,6 +30,7 @@ class PlainLoaderResume:
     _plan: Any
     _steps: Any
     _start: Start
+    _copy: Any
     on_error: str
     even_ranks: str | None
     rank: int | None
@@ -96,7 +96,7 @@ class PlainLoaderResume:
         starts = after_batches(
             self._layout(), self._spec(), self.epoch, here, taken=taken, next_worker=next_worker,
             batch_size=batch_size, rule=rule)
-        clone = copy.copy(self)
+        clone = self._copy()
         clone._start = self._start.under(Start(AFTER_BATCHES, starts))
         return clone
 

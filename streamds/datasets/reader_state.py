@@ -29,6 +29,8 @@ class ReaderCheckpoints:
 
     _active: Any
     _start: Start
+    _copy: Any
+    _layout: Any
     _identity: Any
     _plan: Any
     _batch: Any
@@ -37,40 +39,31 @@ class ReaderCheckpoints:
     world_size: int | None
     epoch: int
 
-    def with_resume(self, merged: dict[str, Any]) -> Self:
-        """A copy that finishes the epoch of `merged` (from `streamds.merge_states`) under this
-        dataset's world (elastic resume)."""
-        clone = copy.copy(self)
+    def _resumed(self, merged: dict[str, Any]) -> Self:
+        """A copy that starts from `merged` (from `streamds.merge_states`)."""
+        clone = self._copy()
         clone._start = Start(MERGED, Merged(clone._check_merged(merged)))
-        clone._active = None
         return clone
 
-    def state_dict(self) -> dict[str, Any]:
-        """The position of this process's iterator, for torchdata's StatefulDataLoader.
-
-        O(1) to take: positions of buffered records are packed once per buffer's worth of
-        records (see `streamds.stages.shuffle`), never per call. Before the first `iter()` it is
-        where that iterator will start, as described (a loaded state, a merged state as
-        merged, a plain-loader start, or a fresh epoch): taking it reads no data and refuses
-        nothing, and loading it starts the same way.
-        """
+    def _state(self) -> dict[str, Any]:
+        """The reader's state (`ReaderState.to_dict`). O(1) to take: positions of buffered
+        records are packed once per buffer's worth of records (see
+        `streamds.stages.shuffle`), never per call. Before the first `iter()`, the start as
+        described (`streamds.resume.start.describe`)."""
         if self._active is not None:
             return self._active.reader_state().to_dict()
         world = detect_world(self.rank, self.world_size)
         return describe(self._start, self._layout(), self.epoch, world)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from `state` at the next `iter()`; refuses a state of another dataset.
+    def _load(self, state: dict[str, Any]) -> None:
+        """A reader's state, checked against this dataset's corpus, blocks and batching.
 
-        A state taken in the middle of an epoch sets the epoch to its own. A state taken after
-        its epoch ran out leaves the epoch as it is: the next iterator of that same epoch yields
-        nothing (it is finished), and any other epoch (`set_epoch`, before or after loading)
-        starts at its beginning, as an uninterrupted run would. A merged state (what
-        `state_dict()` returns before the first `iter()` of a dataset that finishes one)
-        loads as `with_resume` takes it.
+        A state taken after its epoch ran out leaves the epoch as it is: the next iterator of
+        that same epoch yields nothing (it is finished), and any other epoch (`set_epoch`,
+        before or after loading) starts at its beginning, as an uninterrupted run would. A
+        merged state (what `state_dict()` returns before the first `iter()` of a dataset that
+        finishes one) loads as `with_resume` takes it.
         """
-        if isinstance(state, dict):
-            refuse_other_version(state)
         if stage_of(state) == MERGED_STATE:
             self._active = None
             self._start = Start(MERGED, Merged(self._check_merged(state)))
