@@ -271,6 +271,10 @@ class Parse:
 
     def parse(self, chunk: Chunk) -> Chunk:
         """`chunk` with its lines parsed (also used to re-read buffered records)."""
+        if not self.shards[self.blocks[chunk.block].shard].format.parses:
+            # the format read Python values (a columnar format): nothing to parse
+            return Chunk(chunk.work_index, chunk.block, chunk.offsets, chunk.items, True,
+                         chunk.labels)
         where = self.where
 
         def locate(index: int) -> tuple[int | None, str]:
