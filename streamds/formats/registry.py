@@ -39,7 +39,8 @@ The protocol (defaults in `protocol.Format`):
 - ``place(url, position)``: a position in words for messages (None: a line's byte offset,
   whose line number the caller counts).
 
-Adding a format is one module here plus one `register` line below (`docs/architecture.md`).
+Adding a format is one module beside this one, its name in the import below and one
+`register` line at the bottom (`docs/architecture.md`, "How to add a format").
 """
 
 from __future__ import annotations
