@@ -137,7 +137,7 @@ class Identity:
            settings: dict[str, Any]) -> Identity:
         files = [[name, shard.size, shard.checksum] for name, shard in zip(names, shards,
                                                                             strict=True)]
-        read = [[shard.format, shard.codec, len(shard.frames or ())] for shard in shards]
+        read = [[shard.format.name, shard.codec, len(shard.frames or ())] for shard in shards]
         # a file takes a few characters at least: skip compressing what cannot fit
         listing = _pack(_FILES, files) if len(files) <= LISTING_LIMIT // 2 else ""
         if not listing or len(listing) > LISTING_LIMIT:
