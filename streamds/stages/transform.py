@@ -402,6 +402,7 @@ class AfterBuffer:
             try:
                 out = apply(record)
             except Exception as err:
+                self.source.give_back()  # a state taken now hands this record out again
                 wrapped = _annotated(err, self._note(apply.failed))
                 if wrapped is None:
                     raise
@@ -426,8 +427,10 @@ class AfterBuffer:
                 if out is not DROPPED and after.steps:
                     out = after(out)
             except UncacheableRecordError:
+                source.give_back()
                 raise
             except Exception as err:
+                source.give_back()  # a state taken now hands this record out again
                 wrapped = _annotated(err, self._note(before.failed or after.failed))
                 if wrapped is None:
                     raise
