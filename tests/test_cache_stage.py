@@ -295,6 +295,28 @@ def test_a_changed_file_or_another_key_is_never_served(tmp_path: Path) -> None:
                                        for r in got]
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_the_dataset_that_filled_the_cache_reads_a_rewritten_file_anew(
+        tmp_path: Path, shuffle: bool) -> None:
+    """Keys are checked against the file at each epoch, not only when .cache() is called."""
+    path = tmp_path / "a.jsonl"
+    path.write_text("".join(f'{{"id": {i}, "text": "t{i}"}}\n' for i in range(60)))
+    ds = dataset(path, tmp_path / "cache", shuffle=shuffle)
+    old = list(ds)
+    path.write_text(path.read_text().replace(': "t', ': "u'))  # the same size
+    before = os.stat(path)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+    want = list(dataset(path, None, shuffle=shuffle))
+    assert want != old
+    CALLS["map"] = 0
+    ds.set_epoch(0)
+    assert list(ds) == want  # not the stored records of the old file
+    assert CALLS["map"] == 60
+    CALLS["map"] = 0
+    assert list(ds) == want  # the new records are stored and served
+    assert CALLS["map"] == 0
+
+
 def test_a_shard_that_cannot_be_told_stale_is_read_uncached(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     source = tmp_path / "a.jsonl"

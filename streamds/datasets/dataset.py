@@ -305,7 +305,9 @@ class StreamingJsonl(StreamdsDataset):
                         "(the first: %s): %s", len(stale), len(self._shards),
                         names[stale[0]], uncacheable(self._shards[stale[0]]))
         clone = copy.copy(self)
-        clone._records_cache = RecordsCache(RecordStore(directory, limit), keys, len(steps))
+        clone._records_cache = RecordsCache(
+            RecordStore(directory, limit), keys, len(steps), tuple(self._shards),
+            tuple(self._block_list), tuple(names), key, upstream)
         clone._active = None
         return clone
 
