@@ -245,9 +245,18 @@ class StreamingJsonl(StreamdsDataset):
         return Spec(self._shards, self._block_list, self._plan, self._steps, self.on_error,
                     self.buffer_size, self.retry, opener, batch=self._batch,
                     readahead=self.readahead, cache=self._cache, worker_cpus=self.worker_cpus,
-                    records_cache=self._records_cache)
+                    records_cache=self._records_cache, even_ranks=self.even_ranks)
 
     def _with_step(self, step: Step) -> StreamingJsonl:
+        if step.kind == "filter" and self.even_ranks == "drop":
+            # quotas count lines (records before the steps): a rank the filter leaves short
+            # would have to repeat records, which "drop" promises never to do
+            raise ValueError(
+                "filter() under even_ranks='drop': the ranks' quotas count records before the "
+                "steps, so a filter would leave ranks short and they would repeat records; "
+                "filter the corpus when converting it (`streamds convert --transform "
+                "module:function`, a function returning None drops a record), or use "
+                "even_ranks='pad' (ranks short of records repeat some, by design)")
         clone = copy.copy(self)
         clone._steps = (*self._steps, step)
         clone._active = None
