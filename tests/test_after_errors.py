@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from streamds import CorruptRecordError, Storage, StreamingJsonl
+from streamds import CorruptRecordError, LengthBuckets, Storage, StreamingJsonl
 
 RECORDS = 3000
 FAILING = 333
@@ -153,3 +153,25 @@ def test_a_loader_state_after_a_failing_collate_keeps_the_batch(big_records, shu
     fixed = loader(ids_of)
     fixed.load_state_dict(failing.state_dict())
     assert before + list(fixed) == full
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
+def test_a_state_after_a_failing_collate_of_length_buckets_keeps_the_batch(corpus, shuffle):
+    rule = LengthBuckets(16, buffer_size=256, length=len_of_pad)
+
+    def batches(collate):
+        return StreamingJsonl(corpus, shuffle=shuffle, **OPTIONS).batch(rule, collate=collate)
+
+    full = list(batches(ids_of))
+    failing = batches(_CollateFailsOnce(20))
+    before: list[list[int]] = []
+    with pytest.raises(RuntimeError, match="collate failed"):
+        for batch in failing:
+            before.append(batch)
+    fixed = batches(ids_of)
+    fixed.load_state_dict(failing.state_dict())
+    assert before + list(fixed) == full
+
+
+def len_of_pad(record: dict) -> int:
+    return len(record["pad"])
