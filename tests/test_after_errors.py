@@ -175,3 +175,36 @@ def test_a_state_after_a_failing_collate_of_length_buckets_keeps_the_batch(corpu
 
 def len_of_pad(record: dict) -> int:
     return len(record["pad"])
+
+
+class _Interrupted:
+    """A map interrupted (Ctrl-C) on record `i`."""
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+    def __call__(self, record: dict) -> dict:
+        if record["i"] == self.i:
+            raise KeyboardInterrupt
+        return record
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["records", "batches"])
+@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
+def test_a_state_after_an_interrupt_inside_a_step_loses_nothing(corpus, shuffle, batched):
+    def built(fn):
+        ds = StreamingJsonl(corpus, shuffle=shuffle, **OPTIONS).map(fn)
+        return ds.batch(16) if batched else ds
+
+    def flat(items):
+        return [i for item in items for i in (ids_of(item) if batched else [item["i"]])]
+
+    full = flat(built(keeps))
+    ds = built(_Interrupted(FAILING))
+    before: list = []
+    with pytest.raises(KeyboardInterrupt):
+        for item in ds:
+            before.append(item)
+    fixed = built(keeps)
+    fixed.load_state_dict(ds.state_dict())
+    assert flat(before) + flat(fixed) == full

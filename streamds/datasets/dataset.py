@@ -278,7 +278,9 @@ class StreamingJsonl(StreamdsDataset):
         on_error or steps of other names never read records stored under the old one.
         `limit`: bytes the directory may hold (an int or a size such as "10GB"; None: no
         bound); least recently used blocks go first. The directory is shared by the workers
-        and ranks of one machine (one writer per block). Shards whose storage gives no
+        and ranks of one machine (one writer per block). Each reader checks the shards it
+        reads against their storage once per epoch (a stat; a HEAD request remotely), so a
+        file rewritten under a long-lived dataset is read anew. Shards whose storage gives no
         modification time and no manifest checksum cannot be told stale: they are read as
         without a cache (logged once).
         What the steps make must be dicts of str, int, float, bool, None, lists, bytes,

@@ -185,7 +185,9 @@ class Batch:
             for batch in self._batches():
                 yield batch
                 before = self.source.get_state()
-        except Exception:
+        except GeneratorExit:  # closed at a yield: that batch was handed out
+            raise
+        except BaseException:  # an error, or an interrupt while a batch was made
             self._failed = before
             raise
 

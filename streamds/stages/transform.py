@@ -428,6 +428,9 @@ class AfterBuffer:
                 if wrapped is None:
                     raise
                 raise wrapped from err
+            except BaseException:  # an interrupt inside a step: the record was not used
+                self.source.give_back()
+                raise
             if out is DROPPED:
                 self._dropped += 1
                 continue
@@ -456,6 +459,9 @@ class AfterBuffer:
                 if wrapped is None:
                     raise
                 raise wrapped from err
+            except BaseException:  # an interrupt inside a step: the record was not used
+                source.give_back()
+                raise
             if out is DROPPED:
                 self._dropped += 1
                 continue
