@@ -47,7 +47,7 @@ from ..stages.parse import ON_ERROR
 from ..stages.pipeline import Reader, Spec
 from ..stages.state import ReaderState, check_epoch_change, refuse_other_version, stage_of
 from ..stages.timing import StageTimer
-from ..stages.transform import Step, describe_step
+from ..stages.transform import Step, describe_step, step_settings
 from ..storage.plan import Plan, make_blocks, small_corpus_piece
 from ..storage.read import open_decoded_at
 from ..storage.readahead import DEFAULT_READAHEAD, wants_readahead
@@ -220,9 +220,18 @@ class StreamingJsonl(StreamdsDataset):
         return Spec(self._shards, self._block_list, self._plan, self._steps, self.on_error,
                     self.buffer_size, self.retry, opener, batch=self._batch,
                     readahead=self.readahead, cache=self._cache, worker_cpus=self.worker_cpus,
-                    records_cache=self._records_cache)
+                    records_cache=self._records_cache, even_ranks=self.even_ranks)
 
     def _with_step(self, step: Step) -> StreamingJsonl:
+        if step.kind == "filter" and self.even_ranks == "drop":
+            # quotas count lines (records before the steps): a rank the filter leaves short
+            # would have to repeat records, which "drop" promises never to do
+            raise ValueError(
+                "filter() under even_ranks='drop': the ranks' quotas count records before the "
+                "steps, so a filter would leave ranks short and they would repeat records; "
+                "filter the corpus when converting it (`streamds convert --transform "
+                "module:function`, a function returning None drops a record), or use "
+                "even_ranks='pad' (ranks short of records repeat some, by design)")
         clone = copy.copy(self)
         clone._steps = (*self._steps, step)
         clone._active = None
@@ -238,12 +247,15 @@ class StreamingJsonl(StreamdsDataset):
         same states, as without it. Steps added after `.cache()` run on the stored records.
 
         `key` names what the steps compute (the tokenizer and its settings: steps are told
-        apart by their names only, not their code or a partial's arguments): another key, a
+        apart by their names and their arguments' reprs where stable, never by their code;
+        a step whose settings have no stable repr is logged): another key, a
         changed source file (name, size, manifest checksum, or modification time), another
         on_error or steps of other names never read records stored under the old one.
         `limit`: bytes the directory may hold (an int or a size such as "10GB"; None: no
         bound); least recently used blocks go first. The directory is shared by the workers
-        and ranks of one machine (one writer per block). Shards whose storage gives no
+        and ranks of one machine (one writer per block). Each reader checks the shards it
+        reads against their storage once per epoch (a stat; a HEAD request remotely), so a
+        file rewritten under a long-lived dataset is read anew. Shards whose storage gives no
         modification time and no manifest checksum cannot be told stale: they are read as
         without a cache (logged once).
         What the steps make must be dicts of str, int, float, bool, None, lists, bytes,
@@ -259,7 +271,7 @@ class StreamingJsonl(StreamdsDataset):
             raise ValueError(f"cache directory must be a local path, got {directory!r}; "
                              "put the cache on the machine's own disk (e.g. /content/cache "
                              "on Colab), not on a remote or mounted source")
-        directory = os.fspath(directory)
+        directory = os.path.expanduser(os.fspath(directory))  # "~/cache": the home's
         if os.path.exists(directory) and not os.path.isdir(directory):
             raise ValueError(f"cache directory {directory!r} is a file; pass a directory "
                              "(made if missing)")
@@ -269,8 +281,19 @@ class StreamingJsonl(StreamdsDataset):
         limit = None if limit is None else size_setting(
             "limit", limit, "the bytes the cache directory may hold, or None for no bound")
         steps = self._steps
+        # steps are told apart by their names and, where stable, their settings (a
+        # partial's arguments, a callable object's repr); the rest only by `key`
+        settings = [step_settings(step.fn) for step in steps]
         upstream = "; ".join([f"on_error={self.on_error}"]
-                             + [describe_step(steps, step) for step in steps])
+                             + [f"{describe_step(steps, step)} {said}"
+                                for step, said in zip(steps, settings, strict=True)])
+        vague = [describe_step(steps, step) for step, said in zip(steps, settings, strict=True)
+                 if said is None]
+        if vague:
+            log.warning("ds.cache: %s is told apart from other steps of its name by key=%r "
+                        "alone (its settings have no stable repr): put what it computes "
+                        "with (the tokenizer, its settings) in key, or another step of that "
+                        "name reads these records", vague[0], key)
         names = [name for name, _, _ in self._identity.files]
         keys = tuple(block_key(self._shards[block.shard], block, name=names[block.shard],
                                key=key, upstream=upstream) for block in self._block_list)
@@ -280,7 +303,9 @@ class StreamingJsonl(StreamdsDataset):
                         "(the first: %s): %s", len(stale), len(self._shards),
                         names[stale[0]], uncacheable(self._shards[stale[0]]))
         clone = copy.copy(self)
-        clone._records_cache = RecordsCache(RecordStore(directory, limit), keys, len(steps))
+        clone._records_cache = RecordsCache(
+            RecordStore(directory, limit), keys, len(steps), tuple(self._shards),
+            tuple(self._block_list), tuple(names), key, upstream)
         clone._active = None
         return clone
 

@@ -86,6 +86,7 @@ class Spec:
     cache: CacheSpec | None = None  # the local copy of remote or mounted shards
     worker_cpus: str = "auto"  # workers leave the main process a CPU (streamds.stages.cpus); "all"
     records_cache: RecordsCache | None = None  # `ds.cache`: stored records of the first steps
+    even_ranks: str | None = None  # "drop" | "pad" | None (`streamds.stages.balance`)
 
 
 def steps_after_buffer(shuffle: bool, even_ranks: bool) -> bool:
@@ -163,7 +164,8 @@ class Reader:
         # -> chunks holding exactly `quota` records in all (even ranks), else all of them
         quota = None if state.quota is None else max(0, state.quota - len(state.prefill))
         mapped = self.transform if self.late else timed(self.transform, "transform")
-        self.even = EvenRanks(mapped, quota, work_items=len(work), pad_items=len(pad))
+        self.even = EvenRanks(mapped, quota, work_items=len(work), pad_items=len(pad),
+                              mode=spec.even_ranks)
         # -> records one at a time: in order, or through the seeded shuffle buffer
         self.records: Records | Shuffle
         end = None if self.late else self._end  # called by the stage that ends last

@@ -73,6 +73,7 @@ __all__ = [
     "resolve_shards",
     "same_file_error",
     "source_items",
+    "stat_shard",
     "unsplit_note",
 ]
 
@@ -173,6 +174,13 @@ def _version_of(info: dict) -> str | None:
     lowered = {str(key).lower(): value for key, value in info.items()}
     found = [f"{key}={lowered[key]}" for key in _VERSION_KEYS if lowered.get(key) is not None]
     return " ".join(found) or None
+
+
+def stat_shard(shard: Shard) -> tuple[int | None, str | None]:
+    """(size, version) the storage gives for `shard` now, as `Shard` holds them from the
+    listing: one stat (a HEAD request remotely)."""
+    info = process_fs(shard.fs).info(shard.path)
+    return info.get("size"), _version_of(info)
 
 
 def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
