@@ -278,7 +278,7 @@ def test_a_filter_that_drops_everything_yields_nothing_and_says_so(defects, capl
 
 def test_a_filter_that_drops_everything_under_even_ranks_says_why_it_cannot_even_out(tmp_path):
     corpus.write(tmp_path / "a.jsonl", corpus.make_records(3000))
-    ds = StreamingJsonl(tmp_path, even_ranks="drop", rank=0, world_size=2).filter(drop_all)
+    ds = StreamingJsonl(tmp_path, even_ranks="pad", rank=0, world_size=2).filter(drop_all)
     with pytest.raises(ValueError, match=r"quota of \d+ records: it found 0 .*filter drop"):
         list(ds)
 

@@ -29,6 +29,8 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from streamds import StateMismatchError, StreamingJsonl, merge_states
+from streamds.resume.merge import share_of
+from streamds.world import World
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
@@ -453,3 +455,25 @@ def test_even_ranks_merge_a_merge_resumed_run(even_source: str, mode: str) -> No
         assert set(before) | set(rest) == set(range(EVEN_RECORDS))
     else:
         assert len(before) == len(set(before))
+
+
+def test_even_ranks_deal_the_remaining_work_by_record_count() -> None:
+    """Under even_ranks the remaining items of a merged state go, largest first, to the
+    reader holding the fewest records: in turn, the shares below would be 115 and 95 records
+    (a pad of 20 repeats); by count they are 105 and 105 (none)."""
+    merged = {"remaining": [[0, None], [1, 40], [2, None], [3, None], [4, 7]],
+              "pending": [], "counts": {}}
+    sizes = [100, 5, 10, 90, 5]
+    shares = [share_of(merged, World(rank, 2, 0, 1), sizes)[0] for rank in range(2)]
+    loads = [sum(sizes[block] for block, _ in share) for share in shares]
+    assert loads == [105, 105]
+    assert sorted(item for share in shares for item in share) == [
+        (0, None), (1, 40), (2, None), (3, None), (4, 7)]
+    assert shares[0] == [(0, None), (1, 40)]  # each reader keeps the merged state's order
+    # buffered records count too: they are dealt in turn first
+    merged["pending"] = [[9, i] for i in range(10)]
+    shares = [share_of(merged, World(rank, 2, 0, 1), sizes) for rank in range(2)]
+    loads = [sum(sizes[block] for block, _ in work) + len(prefill)
+             for work, prefill, _ in shares]
+    assert max(loads) - min(loads) <= max(sizes)
+    assert sum(loads) == sum(sizes) + 10

@@ -11,6 +11,8 @@ from __future__ import annotations
 import gc
 import itertools
 import json
+import math
+import os
 import pickle
 import shutil
 from pathlib import Path
@@ -379,3 +381,71 @@ def test_a_merged_mix_state_finishes_over_the_moved_files(drive, local):
     rest = [record["id"] for record in mix(local).with_resume(merged)]
     every = [record["id"] for record in mix(drive)]
     assert sorted(seen + rest) == sorted(every)
+
+
+# -- a file rewritten at the same size (issue 34 item 4) -------------------------------------
+
+
+def reordered_file(tmp_path: Path) -> tuple[Path, dict[str, Any], list[int]]:
+    """A 500-line file, the state after 250 of its records, and those records."""
+    path = tmp_path / "c.jsonl"
+    lines = [orjson.dumps({"i": i}) for i in range(500)]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    dataset = StreamingJsonl(str(path))
+    seen = [record["i"] for record in itertools.islice(dataset, 250)]
+    return path, checkpoint(dataset.state_dict()), seen
+
+
+def test_a_file_rewritten_at_the_same_size_is_refused_by_name(tmp_path):
+    path, state, _ = reordered_file(tmp_path)
+    lines = path.read_bytes().splitlines()
+    path.write_bytes(b"\n".join(lines[::-1]) + b"\n")  # the same lines, in another order
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    with pytest.raises(StateMismatchError,
+                       match=r"files modified since \(the same name and size\): 'c.jsonl' .*"
+                             r"cp -p"):
+        StreamingJsonl(str(path)).load_state_dict(state)
+
+
+def test_a_copy_keeping_its_times_loads_and_one_without_them_is_refused(tmp_path):
+    path, state, seen = reordered_file(tmp_path)
+    kept, fresh = tmp_path / "kept", tmp_path / "fresh"
+    kept.mkdir()
+    fresh.mkdir()
+    shutil.copy2(path, kept / path.name)
+    shutil.copy(path, fresh / path.name)
+    stat = (fresh / path.name).stat()
+    os.utime(fresh / path.name, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    resumed = StreamingJsonl(str(kept / path.name))
+    resumed.load_state_dict(state)
+    assert seen + [record["i"] for record in resumed] == list(range(500))
+    with pytest.raises(StateMismatchError, match="modification times"):
+        StreamingJsonl(str(fresh / path.name)).load_state_dict(state)
+
+
+def test_a_checksummed_copy_loads_whatever_its_times(shards, tmp_path):
+    dataset = StreamingJsonl(str(shards), **OPTIONS)
+    next(iter(dataset))
+    state = checkpoint(dataset.state_dict())
+    copy = tmp_path / "copy"
+    shutil.copytree(shards, copy, copy_function=shutil.copy)  # new modification times
+    for path in copy.iterdir():
+        stat = path.stat()
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    StreamingJsonl(str(copy), **OPTIONS).load_state_dict(state)  # the checksums name them
+
+
+@pytest.mark.parametrize(("version", "seconds"), [
+    ("mtime=1733446800.25 created=1.0", 1733446800.25),
+    ("last-modified=Fri, 06 Dec 2024 01:00:00 GMT", 1733446800.0),
+    ('etag="abc" lastmodified=2024-12-06 01:00:00+00:00', 1733446800.0),
+    ("updated=2024-12-06T01:00:00Z", 1733446800.0),
+    ('etag="abc"', None),
+    (None, None),
+])
+def test_modification_times_are_read_from_every_storage(version, seconds):
+    assert identity.modified_time(version) == seconds
+    if seconds is not None:  # a date in whole seconds is the same time as a finer mtime
+        assert identity._same_time(math.floor(seconds), seconds + 0.25)
+        assert not identity._same_time(seconds + 0.5, seconds + 0.25)

@@ -179,12 +179,15 @@ class StreamdsDataset(IterableDataset):
         records.
 
         `key` names what the steps compute (the tokenizer and its settings: steps are told
-        apart by their names only, not their code or a partial's arguments): another key, a
-        changed source file (name, size, manifest checksum, or modification time), another
-        on_error or steps of other names never read records stored under the old one.
+        apart by their names and their arguments' reprs where stable, never by their code;
+        a step whose settings have no stable repr is logged): another key, a changed source
+        file (name, size, manifest checksum, or modification time), another on_error or steps
+        of other names never read records stored under the old one.
         `limit`: bytes the directory may hold (an int or a size such as "10GB"; None: no
         bound); least recently used blocks go first. The directory is shared by the workers
-        and ranks of one machine (one writer per block). Shards whose storage gives no
+        and ranks of one machine (one writer per block). Each reader checks the shards it
+        reads against their storage once per epoch (a stat; a HEAD request remotely), so a
+        file rewritten under a long-lived dataset is read anew. Shards whose storage gives no
         modification time and no manifest checksum cannot be told stale: they are read as
         without a cache (logged once).
         What the steps make must be dicts of str, int, float, bool, None, lists, bytes,
@@ -203,7 +206,7 @@ class StreamdsDataset(IterableDataset):
             raise ValueError(f"cache directory must be a local path, got {directory!r}; "
                              "put the cache on the machine's own disk (e.g. /content/cache "
                              "on Colab), not on a remote or mounted source")
-        directory = os.fspath(directory)
+        directory = os.path.expanduser(os.fspath(directory))  # "~/cache": the home's
         if os.path.exists(directory) and not os.path.isdir(directory):
             raise ValueError(f"cache directory {directory!r} is a file; pass a directory "
                              "(made if missing)")

@@ -39,7 +39,7 @@ from ..stages.pipeline import Reader
 from ..stages.record_cache import RecordsCache
 from ..stages.state import ReaderState
 from ..stages.timing import StageTimer
-from ..stages.transform import Step, describe_step
+from ..stages.transform import Step, describe_step, step_settings
 from ..storage.plan import Plan, make_blocks, small_corpus_piece
 from ..storage.read import open_decoded_at
 from ..storage.readahead import DEFAULT_READAHEAD, wants_readahead
@@ -186,9 +186,19 @@ class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, Streamd
         return ReaderDescription(
             self._shards, self._block_list, self._plan, self._steps, self.on_error,
             self.buffer_size, self.retry, opener, batch=self._batch, readahead=self.readahead,
-            cache=self._cache, worker_cpus=self.worker_cpus, records_cache=self._records_cache)
+            cache=self._cache, worker_cpus=self.worker_cpus, records_cache=self._records_cache,
+            even_ranks=self.even_ranks)
 
     def _with_step(self, step: Step) -> StreamingJsonl:
+        if step.kind == "filter" and self.even_ranks == "drop":
+            # quotas count lines (records before the steps): a rank the filter leaves short
+            # would have to repeat records, which "drop" promises never to do
+            raise ValueError(
+                "filter() under even_ranks='drop': the ranks' quotas count records before the "
+                "steps, so a filter would leave ranks short and they would repeat records; "
+                "filter the corpus when converting it (`streamds convert --transform "
+                "module:function`, a function returning None drops a record), or use "
+                "even_ranks='pad' (ranks short of records repeat some, by design)")
         clone = super()._with_step(step)
         clone._start = self._start.for_new_steps()  # merged tails resolve with the new steps
         return clone
@@ -202,8 +212,19 @@ class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, Streamd
             raise ValueError("cache() was called twice on this dataset; call it once, after "
                              "the steps whose records are worth storing")
         steps = self._steps
+        # steps are told apart by their names and, where stable, their settings (a
+        # partial's arguments, a callable object's repr); the rest only by `key`
+        settings = [step_settings(step.fn) for step in steps]
         upstream = "; ".join([f"on_error={self.on_error}"]
-                             + [describe_step(steps, step) for step in steps])
+                             + [f"{describe_step(steps, step)} {said}"
+                                for step, said in zip(steps, settings, strict=True)])
+        vague = [describe_step(steps, step) for step, said in zip(steps, settings, strict=True)
+                 if said is None]
+        if vague:
+            log.warning("ds.cache: %s is told apart from other steps of its name by key=%r "
+                        "alone (its settings have no stable repr): put what it computes "
+                        "with (the tokenizer, its settings) in key, or another step of that "
+                        "name reads these records", vague[0], key)
         names = [name for name, _, _ in self._identity.files]
         keys = tuple(block_key(self._shards[block.shard], block, name=names[block.shard],
                                key=key, upstream=upstream) for block in self._block_list)
@@ -213,7 +234,9 @@ class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, Streamd
                         "(the first: %s): %s", len(stale), len(self._shards),
                         names[stale[0]], uncacheable(self._shards[stale[0]]))
         clone = self._copy()
-        clone._records_cache = RecordsCache(RecordStore(directory, limit), keys, len(steps))
+        clone._records_cache = RecordsCache(
+            RecordStore(directory, limit), keys, len(steps), tuple(self._shards),
+            tuple(self._block_list), tuple(names), key, upstream)
         return clone
 
     def batch(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from ..errors import StateMismatchError
@@ -531,15 +531,32 @@ def resolve_tails(merged: dict[str, Any], spec: ReaderDescription) -> dict[str, 
     return resolved
 
 
-def share_of(merged: dict[str, Any], world: World) -> tuple[list[WorkItem], list[Position],
-                                                            dict[str, int]]:
+def share_of(merged: dict[str, Any], world: World, sizes: Sequence[int] | None = None
+             ) -> tuple[list[WorkItem], list[Position], dict[str, int]]:
     """This reader's part of a resolved merged state: work items, prefill (records that were
     in a shuffle buffer, put back into this reader's), and (for reader 0 only) the counts
-    carried over."""
+    carried over.
+
+    Work items are dealt in turn; with `sizes` (the records of each remaining item, known
+    under even_ranks) by record count instead, largest first to the reader holding the
+    fewest, so that the readers' shares differ by as little as whole items allow: even
+    ranks then pad (repeat) as few records as the remaining tails permit, instead of
+    whatever a deal in turn leaves uneven."""
     step, first = world.readers, world.reader
-    work = [(b, s) for b, s in merged["remaining"][first::step]]
+    remaining = merged["remaining"]
     prefill = [(b, o) for b, o in merged["pending"][first::step]]
     counts = merged["counts"] if first == 0 else {}
+    if sizes is None:
+        work = [(b, s) for b, s in remaining[first::step]]
+        return work, prefill, dict(counts)
+    pending = len(merged["pending"])
+    loads = [pending // step + (reader < pending % step) for reader in range(step)]
+    owner = [0] * len(remaining)
+    for index in sorted(range(len(remaining)), key=lambda i: (-sizes[i], i)):
+        reader = min(range(step), key=lambda r: (loads[r], r))
+        owner[index] = reader
+        loads[reader] += sizes[index]
+    work = [(b, s) for (b, s), mine in zip(remaining, owner, strict=True) if mine == first]
     return work, prefill, dict(counts)
 
 

@@ -49,18 +49,25 @@ class Merged:
     """A merged state to finish under this world, and the same with its tails read (once per
     process: the tails depend on the map and filter steps, so a new step drops them)."""
 
-    __slots__ = ("resolved", "state")
+    __slots__ = ("resolved", "sizes", "state")
 
     def __init__(self, state: dict[str, Any]) -> None:
         self.state = state
         self.resolved: dict[str, Any] | None = None
+        self.sizes: list[int] | None = None  # records of each remaining item (even ranks)
 
-    def share(self, world: World, resolve: Resolve) -> tuple[list[WorkItem], list[Position],
-                                                           dict[str, int]]:
-        """Reader `world`'s work, prefill and carried counts of the merged state."""
+    def share(self, world: World, resolve: Resolve, layout: Layout | None = None
+              ) -> tuple[list[WorkItem], list[Position], dict[str, int]]:
+        """Reader `world`'s work, prefill and carried counts of the merged state; with a
+        `layout` under even_ranks, work dealt by record count (`share_of`)."""
         if self.resolved is None:
             self.resolved = resolve(self.state)
-        return share_of(self.resolved, world)
+        if layout is None or layout.even_ranks is None:
+            return share_of(self.resolved, world)
+        if self.sizes is None:
+            self.sizes = [records_of(layout, [(block, start)])
+                          for block, start in self.resolved["remaining"]]
+        return share_of(self.resolved, world, self.sizes)
 
 
 @dataclass(frozen=True)
@@ -180,7 +187,7 @@ def choose(start: Start, layout: Layout, epoch: int, world: World, resolve: Reso
             return state
     if base.kind == MERGED and base.payload.state["epoch"] == epoch:
         state = fresh(layout, epoch, world)
-        state.work, state.prefill, state.carried = base.payload.share(world, resolve)
+        state.work, state.prefill, state.carried = base.payload.share(world, resolve, layout)
         return with_quota(state, layout, resolve, merged=base.payload, report=report)
     return with_quota(fresh(layout, epoch, world), layout, resolve, report=report)
 
@@ -208,7 +215,7 @@ def with_quota(state: ReaderState, layout: Layout, resolve: Resolve, *,
         for reader in range(world.readers):
             other = World(reader // world.num_workers, world.world_size,
                           reader % world.num_workers, world.num_workers)
-            work, prefill, _ = merged.share(other, resolve)
+            work, prefill, _ = merged.share(other, resolve, layout)
             counts.append(records_of(layout, work) + len(prefill))
     else:
         assert layout.block_counts is not None

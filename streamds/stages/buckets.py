@@ -350,9 +350,9 @@ class PoolBatch:
                                pool_rng(self.seed_parts, self._pool))
             self._count = len(batches)
             for number in range(self._emitted, len(batches)):
-                self._emitted = number + 1
-                batch = [pool[i] for i in batches[number]]
-                yield collate(batch)
+                made = collate([pool[i] for i in batches[number]])
+                self._emitted = number + 1  # after the collate: one that raises is not counted
+                yield made
             self._pool += 1
             self._emitted = 0
             self._count = None

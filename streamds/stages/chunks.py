@@ -203,6 +203,7 @@ class ChunkCursor:
         self.source = source
         self.before: dict[str, Any] | None = None
         self._cut: tuple[int, int] | None = None
+        self.failed = False  # making the next chunk raised: a position stands before it
 
     def reset(self, position: dict[str, Any] | None) -> None:
         if position is None:
@@ -213,13 +214,21 @@ class ChunkCursor:
             self.source.reset(position[self.SOURCE])
             self._cut = (position[self.ITEM], position[self.OFFSET])
         self.before = None
+        self.failed = False
 
     def chunks(self) -> Iterator[Chunk]:
         source = self.source
         stream = iter(source)
         while True:
             before = source.get_state()
-            chunk = next(stream, None)
+            try:
+                chunk = next(stream, None)
+            except BaseException:
+                # a stage below raised while making the chunk (a step, a bad line): none of
+                # its records was handed out, so a state taken now resumes at its start,
+                # where the failing record is read again (guarantee 12)
+                self.before, self.failed = before, True
+                raise
             if chunk is None:
                 self.before = before
                 return
@@ -235,6 +244,8 @@ class ChunkCursor:
 
     def position(self, chunk: Chunk | None, index: int) -> dict[str, Any]:
         """Where the record `index` of `chunk` is (None: past the last chunk)."""
+        if self.failed:  # before the chunk whose making raised
+            return self.between(self.before)
         if chunk is None or index >= len(chunk.items):
             return self.between(self.source.get_state())  # the chunk is spent: after it
         return self.at(self.before, chunk.work_index, chunk.offsets[index])

@@ -40,3 +40,4 @@ class ReaderDescription:
     cache: ShardCacheSettings | None = None  # the local copy of remote or mounted shards
     worker_cpus: str = "auto"  # workers leave the main process a CPU (streamds.stages.cpus); "all"
     records_cache: RecordsCache | None = None  # `ds.cache`: stored records of the first steps
+    even_ranks: str | None = None  # "drop" | "pad" | None (`streamds.stages.balance`)

@@ -245,7 +245,8 @@ class Reader:
         # -> chunks holding exactly `quota` records in all (even ranks), else all of them
         quota = None if state.quota is None else max(0, state.quota - len(state.prefill))
         mapped = self.transform if self.late else timed(self.transform, "transform")
-        self.even = EvenRanks(mapped, quota, work_items=len(work), pad_items=len(pad))
+        self.even = EvenRanks(mapped, quota, work_items=len(work), pad_items=len(pad),
+                              mode=spec.even_ranks)
         # -> records one at a time: in order, or through the seeded shuffle buffer
         self.records: Records | Shuffle
         end = None if self.late else self._end  # called by the stage that ends last

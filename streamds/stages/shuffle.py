@@ -374,9 +374,19 @@ class Shuffle:
             self._finish()
         return random_, record, block, offset
 
+    def give_back(self) -> None:
+        """The record handed out last was not used (a step above raised on it): the state
+        now stands before it, so a resume hands it out again (guarantee 12). Only the state
+        changes; the iteration that raised is over."""
+        if self.done:  # it was the last: back to the state before the final snapshot
+            self._snapshot, self._since, self._round = self._before_finish
+            self.done = False
+        self._since -= 1
+
     def _finish(self) -> None:
         """A last snapshot, past every record (O(1): the buffer is empty), so the state at the
         end says "finished" and carries the epoch's exact counts."""
+        self._before_finish = (self._snapshot, self._since, self._round)  # for `give_back`
         self._next_round(self.cursor.position(None, 0))
         self.done = True
         if self.on_end is not None:

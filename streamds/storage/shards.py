@@ -1,10 +1,10 @@
 """Sources -> shards: resolve a path, list, directory, glob or fsspec URL to sorted files.
 
 A `Shard` is one file with what planning needs to know about it: its size, its format
-(JSON lines, a tar of JSON members, or a ``.json`` file read whole as a document or as lines
-by the rule of `streamds.formats.documents`), its codec and, for seekable zstd files, its
-frames. Resolving lists and stats files but keeps nothing open, so shards pickle into
-workers.
+(a `streamds.formats.registry` format object, settled when the file is resolved: JSON lines,
+seekable zstd JSON lines, a tar of JSON members, a ``.json`` file read whole ...), its codec
+and, for seekable zstd files, its frames. Resolving lists and stats files but keeps nothing
+open, so shards pickle into workers.
 
 A folder listing also checks what it found against any `manifest.json` in the folder (a
 listed shard that is missing is an error: its records would be lost), reports the files it
@@ -19,7 +19,7 @@ import functools
 import logging
 import os
 import pickle
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -27,15 +27,12 @@ from typing import Any, BinaryIO
 import fsspec
 from fsspec.core import url_to_fs
 
-from ..errors import CorruptShardError
 from ..formats.codecs import codec_of, decode, require_codec, strip_codec
-from ..formats.documents import LINES, RESOLVE_ABOVE, is_document_name, probe
 from ..formats.filenames import (
     RECORD_SUFFIXES,
     copy_of,
     foreign_format,
     foreign_hint,
-    format_of,
     sibling_key,
 )
 from ..formats.manifest import (
@@ -46,7 +43,9 @@ from ..formats.manifest import (
     check_listing,
     parse_manifest,
 )
-from ..formats.seekable import Frame, SeekTableError, read_seek_table
+from ..formats.protocol import FileFacts, Format
+from ..formats.registry import named, of_file
+from ..formats.seekable import Frame
 from ..formats.trees import (
     LeftOut,
     canonical_path,
@@ -74,6 +73,7 @@ __all__ = [
     "resolve_shards",
     "same_file_error",
     "source_items",
+    "stat_shard",
     "unsplit_note",
 ]
 
@@ -114,17 +114,24 @@ class Shard:
     url: str  # how messages, sorting and the cache name it: credentials redacted (`redact`)
     path: str = field(repr=False)  # the path within `fs` (a URL's credentials included)
     size: int | None  # stored bytes; None when the storage does not say (some HTTP servers)
-    format: str  # "jsonl", "tar", or "json": a .json file read whole (a document or lines)
+    # how the file is read (`streamds.formats.registry`); a name given here is looked up
+    format: Format
     codec: str | None  # "zst", "gz", "bz2", "xz" or None
     frames: tuple[Frame, ...] | None = None  # seekable zstd frames, when the file has a seek table
     frame_records: tuple[int, ...] | None = None  # records per frame, from a manifest
     checksum: str | None = None  # the manifest's xxh64 hex digest of the stored file
+    layout: Any = None  # what else the format read to cut blocks (`Settled.layout`)
     # what the storage said identifies this content (ETag, Last-Modified, mtime: `_version_of`)
     version: str | None = field(default=None, compare=False)
     # the storage serves parts of the file (False: an HTTP server that ignores Range; the
     # file is then one block, read as one stream: `range_probe`)
     ranged: bool = field(default=True, compare=False)
     fs: fsspec.AbstractFileSystem = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.format, str):
+            object.__setattr__(self, "format", named(self.format))
+        self.format.check(self)
 
     @property
     def decoded_size(self) -> int | None:
@@ -167,6 +174,13 @@ def _version_of(info: dict) -> str | None:
     lowered = {str(key).lower(): value for key, value in info.items()}
     found = [f"{key}={lowered[key]}" for key in _VERSION_KEYS if lowered.get(key) is not None]
     return " ".join(found) or None
+
+
+def stat_shard(shard: Shard) -> tuple[int | None, str | None]:
+    """(size, version) the storage gives for `shard` now, as `Shard` holds them from the
+    listing: one stat (a HEAD request remotely)."""
+    info = process_fs(shard.fs).info(shard.path)
+    return info.get("size"), _version_of(info)
 
 
 def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
@@ -379,79 +393,38 @@ def _identity(fs: fsspec.AbstractFileSystem, info: dict, real_dirs: dict[str, st
     return fs.unstrip_protocol(fs._strip_protocol(info["name"]))
 
 
-def _read_frames(fs: fsspec.AbstractFileSystem, path: str, size: int, url: str):
-    with fs.open(path, mode="rb") as raw:
-        return read_seek_table(raw, size, name=url)
-
-
-def _frames_of(
-    fs: fsspec.AbstractFileSystem, path: str, size: int | None, url: str, on_error: str,
-    retry: RetryPolicy,
-) -> tuple[Frame, ...] | None:
-    """The seek table of a .zst file (None: a foreign .zst). Transient errors are retried.
-
-    A damaged table raises CorruptShardError, or under on_error="skip" the file is read
-    as a plain zstd stream (whole-file block) instead.
-    """
-    if size is None:
-        return None
-    try:
-        frames = retrying(
-            lambda: _read_frames(fs, path, size, url), retry, f"{url}: seek table"
-        )
-    except SeekTableError as err:
-        if on_error == "skip":
-            log.warning("%s; reading it as a plain zstd stream", err)
-            return None
-        raise CorruptShardError(
-            f"{url}: damaged seek table ({err}); convert the file again, or pass "
-            "on_error='skip' to read it as a plain zstd stream",
-            url=url,
-            offset=size,
-        ) from err
-    return tuple(frames) if frames is not None else None
-
-
-def _manifest_frames(fs: fsspec.AbstractFileSystem, infos: list[dict]) -> dict[str, Any]:
-    """path -> (bytes, frames, records per frame, checksum) from the manifest.json beside
-    .zst files.
+def _manifest_entries(fs: fsspec.AbstractFileSystem, infos: list[dict]) -> dict[str, Any]:
+    """path -> (the manifest's format, its `ShardEntry`) from the manifest.json beside .zst
+    files, for their formats to settle from (`FileFacts.listed`).
 
     Saves opening every shard for its seek table. A missing or unreadable manifest is
-    skipped (the seek tables are read instead); so is an entry whose size is not the file's.
+    skipped (the seek tables are read instead).
     """
     known: dict[str, Any] = {}
     parents = {info["name"].rsplit("/", 1)[0] for info in infos if codec_of(info["name"]) == "zst"}
     for parent in sorted(parents):
         try:
             manifest = parse_manifest(fs.cat_file(f"{parent}/{MANIFEST_NAME}"), name=parent)
+            fmt = named(manifest.shard_format)
         except Exception:  # optional: any failure falls back to reading the seek tables
             continue
-        if manifest.shard_format == "jsonl.zst":
-            for entry in manifest.shards:
-                known[f"{parent}/{entry.name}"] = (
-                    entry.bytes, entry.seek_frames(), tuple(entry.records_per_frame),
-                    entry.checksum,
-                )
+        for entry in manifest.shards:
+            known[f"{parent}/{entry.name}"] = (fmt, entry)
     return known
 
 
-def _probe_plain(fs: fsspec.AbstractFileSystem, path: str) -> str:
-    with fs.open(path, mode="rb") as raw:
-        return probe(raw.read)[0]
+def _reader_of(fs: fsspec.AbstractFileSystem, path: str, url: str, retry: RetryPolicy
+               ) -> Callable[[Callable[[BinaryIO], Any], str], Any]:
+    """`FileFacts.read`: fn(the stored file), opened and closed here, transient errors retried."""
 
+    def read(fn: Callable[[BinaryIO], Any], what: str) -> Any:
+        def once() -> Any:
+            with fs.open(path, mode="rb") as raw:
+                return fn(raw)
 
-def _json_format(
-    fs: fsspec.AbstractFileSystem, path: str, size: int | None, codec: str | None, url: str,
-    retry: RetryPolicy,
-) -> str:
-    """The format of a ``.json`` file (`streamds.formats.documents`): "jsonl" for a large
-    plain file of JSON lines, which then splits into blocks; otherwise "json", one block
-    whose reader decides between a document and JSON lines (so resolving a tree of small
-    files opens none of them)."""
-    if codec is not None or size is None or size <= RESOLVE_ABOVE:
-        return "json"
-    found = retrying(lambda: _probe_plain(fs, path), retry, f"{url}: first line")
-    return "jsonl" if found == LINES else "json"
+        return retrying(once, retry, f"{url}: {what}")
+
+    return read
 
 
 def _shard_of(
@@ -464,25 +437,20 @@ def _shard_of(
     foreign = foreign_format(name)
     if foreign in ("Parquet", "Arrow", "Feather", "Avro", "ORC"):  # binary: never JSON lines
         raise ValueError(f"{url} is a {foreign} file: {foreign_hint(foreign)}")
-    fmt, codec = format_of(name)
+    fmt, codec = of_file(name)
     require_codec(codec, url)
     size = info.get("size")
-    frames = frame_records = checksum = None
     ranged = answers.honours_range(fs, path)  # else one stream: no probe, no seek table
-    if fmt == "jsonl" and is_document_name(name):
-        fmt = _json_format(fs, path, size, codec, url, retry) if ranged else "json"
-    if codec == "zst" and fmt == "jsonl":
-        listed = known.get(path)
-        if listed is not None and listed[0] == size:
-            frames, frame_records, checksum = listed[1], listed[2] or None, listed[3]
-        elif ranged:
-            frames = _frames_of(fs, path, size, url, on_error, retry)
-        if not ranged:
-            frames = frame_records = None
+    # a file read as one stream is planned as a file of unknown size: one block, no seek
+    # table or first line probed (its format settles without reading it)
+    settled = fmt.settle(FileFacts(name=name, url=url, size=size if ranged else None,
+                                   codec=codec, on_error=on_error,
+                                   read=_reader_of(fs, path, url, retry),
+                                   listed=known.get(path) if ranged else None))
     return Shard(
-        url=url, path=path, size=size, format=fmt, codec=codec, frames=frames,
-        frame_records=frame_records, checksum=checksum, version=_version_of(info),
-        ranged=ranged, fs=fs,
+        url=url, path=path, size=size, format=settled.format, codec=codec,
+        frames=settled.frames, frame_records=settled.frame_records, checksum=settled.checksum,
+        version=_version_of(info), layout=settled.layout, ranged=ranged, fs=fs,
     )
 
 
@@ -607,7 +575,7 @@ def list_source(
             _check_manifests(given, found)
             _report_left_out(given, found.left_out)
             left_out.extend(found.left_out)
-        known = _manifest_frames(fs, infos)
+        known = _manifest_entries(fs, infos)
         made = [_shard_of(fs, info, given, known, on_error, retry, answers) for info in infos]
         shards.extend(made)
         if found.left_out is not None:
