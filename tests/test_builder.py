@@ -16,12 +16,15 @@ import pkgutil
 from pathlib import Path
 from typing import Any, Protocol
 
-import corpus
 import pytest
 
 import streamds.stages
-from streamds import StreamingJsonl
-from streamds.stages.chunks import ChunkCursor
+from streamds import StateMismatchError
+from streamds.stages.batch import Batch
+from streamds.stages.buckets import PoolBatch
+from streamds.stages.chunks import ChunkCursor, Rest
+from streamds.stages.pipeline import rest_of, work_after
+from streamds.stages.transform import AfterBuffer
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILDER = "streamds/stages/pipeline.py"
@@ -107,47 +110,29 @@ def test_the_check_catches_a_construction_by_hand(by_hand: str) -> None:
     assert constructions(by_hand, reader_stages())
 
 
-# -- how to add a stage (docs/architecture.md), followed once by hand ------------------------
+# -- the elastic merge asks each node's stage (`rest_of`) ------------------------------------
 
-class Passing:
-    """A pass-through stage after the reader: records -> the same records. State:
-    ``{"stage": "passing", "source": <the reader's state>, "passed": n}``."""
-
-    STAGE = "passing"
-    SOURCE = "source"
-    PASSED = "passed"
-
-    def __init__(self, source: Any) -> None:
-        self.source = source
-        self.reset(None)
-
-    def reset(self, state: dict[str, Any] | None) -> None:
-        self.source.load_state_dict(None if state is None else state[self.SOURCE])
-        self.passed = 0 if state is None else state[self.PASSED]
-
-    def get_state(self) -> dict[str, Any]:
-        return {"stage": self.STAGE, self.SOURCE: self.source.state_dict(),
-                self.PASSED: self.passed}
-
-    def __iter__(self) -> Any:
-        for record in self.source:
-            self.passed += 1
-            yield record
+def _cursor() -> dict[str, Any]:
+    lines = {"stage": "lines", "item": 3, "offset": None, "counts": {}}
+    return ChunkCursor.at({"stage": "even_ranks", "source": lines, "emitted": 0, "cut": None},
+                          3, 70)
 
 
-def test_a_stage_added_by_the_recipe_resumes_exactly(tmp_path: Path) -> None:
-    from resume_contract import run_test_save_load_state
+def test_rest_of_passes_through_wrapping_stages_to_the_cursor() -> None:
+    cursor = _cursor()
+    rest = rest_of(Batch.state_over(AfterBuffer.state_over(cursor)))
+    assert rest == Rest(cursor)
+    assert work_after([(0, None), (1, None), (2, None), (5, None), (6, 10)], rest.position) == [
+        (5, 70), (6, 10)]
 
-    path = tmp_path / "part.jsonl"
-    corpus.write_plain(path, corpus.jsonl(corpus.make_records(30)))
 
-    class _Reader(StreamingJsonl):
-        def load_state_dict(self, state: Any) -> None:  # None: the epoch's start
-            if state is not None:
-                super().load_state_dict(state)
+def test_rest_of_refuses_a_node_no_reader_stage_names() -> None:
+    with pytest.raises(StateMismatchError, match="'mystery'"):
+        rest_of({"stage": "mystery", "source": _cursor()})
 
-    def make() -> Passing:
-        return Passing(_Reader(str(path), shuffle=True, seed=2, buffer_size=6))
 
-    reference = run_test_save_load_state(make, range(0, 30, 7))
-    assert sorted(record["id"] for record in reference) == list(range(30))
+def test_an_open_pool_without_a_shuffle_buffer_is_refused_by_its_stage() -> None:
+    node = PoolBatch.state_over(_cursor(), ["length_buckets"], 2, 1)
+    with pytest.raises(ValueError, match="shuffle=False"):
+        rest_of(node)
+    assert rest_of(PoolBatch.state_over(_cursor(), ["length_buckets"], 2, 0)).pool is None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..errors import StateMismatchError
@@ -86,8 +86,6 @@ MERGED_READER = "reader"
 START_KEYS = (MERGED_READER, "finished")
 # a tail's key for the pool its reader had handed batches out of (`PoolBatch.pool_of`)
 _POOL = "open_pool"
-# torchdata StatefulDataLoader: batches yielded since the worker states in its state were taken
-LOADER_STEPS_SINCE_SNAPSHOT = "_steps_since_snapshot"
 
 
 def _reader_states(found: Any) -> Iterator[dict[str, Any]]:
@@ -228,7 +226,6 @@ def merge_states(states: Any) -> dict[str, Any]:
     """
     _check_batchers(states)
     _check_rebatches(states)
-    _check_loader_snapshots(states)
     # stages that merge their own nodes (each merges what it nests through `_merge_sources`);
     # the top-most nodes found name the one stage the states are of
     found = list(find_nodes(states, tuple(_OWN_MERGE)))
@@ -336,29 +333,6 @@ def _check_rebatches(states: Any) -> None:
     """Refuse what `Rebatch`'s own rule says cannot be merged (`Rebatch.check_merge`)."""
     for rebatch in _states_of(states, REBATCH):
         Rebatch.check_merge(rebatch)
-
-
-def _check_loader_snapshots(found: Any) -> None:
-    """Refuse a StatefulDataLoader state taken between its snapshots
-    (``snapshot_every_n_steps`` > 1): its workers' states are that many batches old, and only
-    the loader itself replays the batches since; merging would read them a second time."""
-    if isinstance(found, dict):
-        since = found.get(LOADER_STEPS_SINCE_SNAPSHOT)
-        if since:
-            raise ValueError(
-                f"merge_states cannot use a StatefulDataLoader state taken {since} batches "
-                "after its last snapshot (snapshot_every_n_steps > 1): the reader states in "
-                "it are that old, so the batches since would be read again; for an elastic "
-                "resume save the states at a step that is a multiple of "
-                "snapshot_every_n_steps, or resume in the same world with load_state_dict()"
-            )
-        values: Iterable[Any] = found.values()
-    elif isinstance(found, (list, tuple)):
-        values = found
-    else:
-        return
-    for value in values:
-        _check_loader_snapshots(value)
 
 
 # stage -> its merge of the nodes of every reader (the reader's own merge is below)

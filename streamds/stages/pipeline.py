@@ -80,19 +80,38 @@ _MAPPED_FIRST = ("; under even_ranks the map and filter steps run before the buf
                  "mapped first")
 
 
+def _untimed(stage: Any, name: str) -> Any:
+    return stage
+
+
 def reading_front(
     spec: ReaderDescription, work: Sequence[WorkItem], steps: Sequence[Step], *,
-    pad_work: Sequence[WorkItem] = (),
+    pad_work: Sequence[WorkItem] = (), where: LineNumbers | None = None,
+    stored: BlockCache | None = None, later: bool = False,
+    timed: Callable[[Any, str], Any] = _untimed, reading: bool = False,
 ) -> tuple[Lines, Parse, Transform]:
-    """Lines -> Parse -> Transform over `work` (then `pad_work`) with `steps`, as a reader's
-    pipeline reads its records (no cache, no timing): for the resumes that read a share of
+    """The front of every reader chain: Lines -> Parse -> Transform over `work` (then
+    `pad_work`) with `steps`. A reader's (`reading`) reads ahead and through the shard cache,
+    with `stored` (`ds.cache`) and its stages timed; without, as the resumes read a share of
     the records again to find their positions (`streamds.resume.merge`)."""
-    where = LineNumbers(spec.shards, spec.blocks, spec.opener)  # for messages
+    where = where or LineNumbers(spec.shards, spec.blocks, spec.opener)  # for messages
+    # -> chunks of raw lines of the blocks of `work` (then of `pad_work`, under even ranks);
+    #    a block `stored` holds: chunks of placeholders of its stored records instead
     lines = Lines(spec.shards, spec.blocks, work, on_error=spec.on_error, opener=spec.opener,
-                  retry=spec.retry, pad_work=pad_work)
-    parse = Parse(lines, spec.shards, spec.blocks, on_error=spec.on_error, opener=spec.opener,
-                  where=where)
-    return lines, parse, Transform(parse, tuple(steps), where=where)
+                  retry=spec.retry, pad_work=pad_work,
+                  readahead=spec.readahead if reading else 0,
+                  cache=spec.cache if reading else None, stored=stored)
+    # -> chunks of JSON values; BAD and BLANK markers where a line holds no record
+    #    (or of the lines themselves, when the main process parses the batches: `later`)
+    parse: Parse = (
+        ParseLater(timed(lines, "lines")) if later else
+        Parse(timed(lines, "lines"), spec.shards, spec.blocks, on_error=spec.on_error,
+              opener=spec.opener, where=where))
+    # -> chunks of the user's records after `steps`; DROPPED where removed
+    cached_steps = 0 if stored is None or spec.records_cache is None else spec.records_cache.steps
+    transform = Transform(timed(parse, "parse"), tuple(steps), where=where, cache=stored,
+                          cached_steps=cached_steps)
+    return lines, parse, transform
 
 
 def steps_before_buffer(spec: ReaderDescription, even: bool) -> tuple[Step, ...]:
@@ -224,24 +243,14 @@ class Reader:
         cached = spec.records_cache
         self.cache = None if cached is None else BlockCache(
             cached, late=self.late, where=where, compute=self._compute)
-        # -> chunks of raw lines of this reader's blocks (then pad blocks, under even ranks);
-        #    a block the cache holds: chunks of placeholders of its stored records instead
-        self.lines = Lines(spec.shards, spec.blocks, work, on_error=spec.on_error,
-                           opener=spec.opener, retry=spec.retry, pad_work=pad,
-                           readahead=spec.readahead, cache=spec.cache, stored=self.cache)
         collate = None if spec.batch is None else spec.batch.collate
         later = parses_later(spec, collate)
-        # -> chunks of JSON values; BAD and BLANK markers where a line holds no record
-        #    (or of the lines themselves, when the main process parses the batches)
-        self.parse: Parse = (
-            ParseLater(timed(self.lines, "lines")) if later else
-            Parse(timed(self.lines, "lines"), spec.shards, spec.blocks,
-                  on_error=spec.on_error, opener=spec.opener, where=where))
-        # -> chunks of the user's records after map and filter; DROPPED where removed (none:
-        #    the steps run after the shuffle buffer, `late`)
+        # -> chunks of the user's records after map and filter (none where the steps run
+        #    after the shuffle buffer, `late`), from this reader's blocks (`reading_front`)
+        self.lines, self.parse, self.transform = reading_front(
+            spec, work, () if self.late else spec.steps, pad_work=pad, where=where,
+            stored=self.cache, later=later, timed=timed, reading=True)
         cached_steps = 0 if cached is None else cached.steps
-        self.transform = Transform(timed(self.parse, "parse"), () if self.late else spec.steps,
-                                   where=where, cache=self.cache, cached_steps=cached_steps)
         # -> chunks holding exactly `quota` records in all (even ranks), else all of them
         quota = None if state.quota is None else max(0, state.quota - len(state.prefill))
         mapped = self.transform if self.late else timed(self.transform, "transform")
