@@ -22,7 +22,8 @@ from torch.utils.data import DataLoader
 from streamds import StreamingJsonl
 from streamds.stages import record_cache as cache_stage
 from streamds.stages.record_cache import PIECE
-from streamds.storage.record_store import SUFFIX, RecordStore, UncacheableRecordError
+from streamds.storage.record_codec import UncacheableRecordError
+from streamds.storage.record_store import SUFFIX, RecordStore
 
 CALLS = {"map": 0}
 

@@ -22,17 +22,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamds.storage.plan import Block
-from streamds.storage.record_store import (
+from streamds.storage.record_codec import (
     BAD_LINE,
     BLANK_LINE,
     DROPPED,
-    CachedBlockError,
-    RecordStore,
     UncacheableRecordError,
-    block_key,
     decode_record,
     encode_record,
 )
+from streamds.storage.record_keys import block_key
+from streamds.storage.record_store import CachedBlockError, RecordStore
 from streamds.storage.shards import Shard, resolve_shards
 
 FORK = multiprocessing.get_context("fork")

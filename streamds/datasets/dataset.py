@@ -43,7 +43,8 @@ from ..stages.transform import Step, describe_step, step_settings
 from ..storage.plan import Plan, make_blocks, small_corpus_piece
 from ..storage.read import open_decoded_at
 from ..storage.readahead import DEFAULT_READAHEAD, wants_readahead
-from ..storage.record_store import RecordStore, block_key, uncacheable
+from ..storage.record_keys import block_key, uncacheable
+from ..storage.record_store import RecordStore
 from ..storage.settings import Storage, storage_of
 from ..storage.shards import Shard, resolve_shards, source_items
 from ..world import World, detect_world

@@ -41,18 +41,10 @@ from typing import Any
 
 from ..errors import StateMismatchError
 from ..storage.plan import Block
-from ..storage.record_store import (
-    BAD_LINE,
-    BLANK_LINE,
-    BlockReader,
-    BlockWriter,
-    CachedBlockError,
-    RecordStore,
-    UncacheableRecordError,
-    block_key,
-    uncacheable,
-)
-from ..storage.record_store import DROPPED as STORED_DROP
+from ..storage.record_codec import BAD_LINE, BLANK_LINE, UncacheableRecordError
+from ..storage.record_codec import DROPPED as STORED_DROP
+from ..storage.record_keys import block_key, uncacheable
+from ..storage.record_store import BlockReader, BlockWriter, CachedBlockError, RecordStore
 from ..storage.shards import Shard, stat_shard
 from .chunks import Chunk, Position, Stored
 from .parse import BAD, BLANK, DROPPED, LineNumbers, Marker

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import StateMismatchError
-from ..storage.record_store import UncacheableRecordError
+from ..storage.record_codec import UncacheableRecordError
 from .chunks import COUNTS, SOURCE, STAGE, Below, Chunk, HandedOut, Rest, Stored, checked
 from .parse import DROPPED, LineNumbers, Marker
 
