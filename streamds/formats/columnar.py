@@ -1,0 +1,180 @@
+"""Columnar files (Parquet, Arrow IPC): what both share.
+
+A columnar file is a run of *groups* (Parquet row groups, Arrow record batches), each holding
+a known number of rows; the footer (or, for an Arrow stream, one scan of the message headers)
+says how many. Rows are numbered through the file, so a position is (block, row number in the
+file), as a tar shard's is (block, record number).
+
+- `Layout`: the groups of one file (rows, and the stored bytes each one's data lies in).
+- `row_blocks`: a file's row ranges, one per group, a group split by rows where it is larger
+  than `piece` rows (so one file of one group still feeds every reader).
+- `checked_schema` / `records_of`: records as pyarrow's `to_pylist()` gives them (lists stay
+  lists, nulls are None, int64 exact); a column whose values have no plain Python form
+  without a choice is refused, naming the column (see `refusal`).
+
+pyarrow is optional (the ``parquet`` extra): `require_pyarrow` names the extra when it is
+missing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any
+
+from ..errors import MissingCodecError
+
+__all__ = [
+    "EXTRA",
+    "Group",
+    "Layout",
+    "UnsupportedColumnError",
+    "checked_schema",
+    "group_of",
+    "records_of",
+    "refusal",
+    "require_pyarrow",
+    "row_blocks",
+]
+
+EXTRA = "pip install 'streamds[parquet]'"
+
+
+class UnsupportedColumnError(TypeError):
+    """A column whose values have no plain Python form without a choice streamds will not
+    make silently (decimal, timestamp with a time zone, nanoseconds)."""
+
+
+def require_pyarrow(url: str) -> Any:
+    """The `pyarrow` module, or MissingCodecError naming the file and the extra to install."""
+    try:
+        import pyarrow
+        import pyarrow.ipc
+        import pyarrow.parquet
+    except ImportError as err:
+        raise MissingCodecError(
+            f"{url}: reading Parquet and Arrow files needs pyarrow; install it with {EXTRA}"
+        ) from err
+    return pyarrow
+
+
+@dataclass(frozen=True)
+class Group:
+    """One row group (Parquet) or record batch (Arrow): its rows, and the stored bytes
+    [start, end) its data lies in (None when the file does not say: read it whole)."""
+
+    rows: int
+    start: int | None = None
+    end: int | None = None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The groups of one columnar file, in file order, and its column names."""
+
+    groups: tuple[Group, ...]
+    columns: tuple[str, ...]
+    stream: bool = False  # an Arrow stream: no footer, groups are read in order
+
+    @property
+    def rows(self) -> int:
+        return sum(group.rows for group in self.groups)
+
+    def first_rows(self) -> list[int]:
+        """The file row number each group starts at, and the file's row count last."""
+        firsts = [0]
+        for group in self.groups:
+            firsts.append(firsts[-1] + group.rows)
+        return firsts
+
+
+def group_of(layout: Layout, row: int) -> int:
+    """The group holding file row `row` (the last group for the row count itself)."""
+    first = 0
+    for index, group in enumerate(layout.groups):
+        if row < first + group.rows:
+            return index
+        first += group.rows
+    return max(0, len(layout.groups) - 1)
+
+
+def row_blocks(layout: Layout, piece: int) -> list[tuple[int, int]]:
+    """The file's blocks as row ranges [start, end), in file order.
+
+    A group is one block, or, when it holds more than `piece` rows, ceil(rows / piece) equal
+    row ranges; a block never spans two groups (each reads its group's column chunks only).
+    A file without rows is one empty block, so every file has a block.
+    """
+    if piece < 1:
+        raise ValueError(f"piece must be >= 1 row, got {piece}")
+    blocks: list[tuple[int, int]] = []
+    first = 0
+    for group in layout.groups:
+        parts = max(1, math.ceil(group.rows / piece))
+        cuts = [first + group.rows * k // parts for k in range(parts + 1)]
+        blocks.extend((a, b) for a, b in pairwise(cuts) if b > a)
+        first += group.rows
+    return blocks or [(0, 0)]
+
+
+def refusal(field: Any, pa: Any) -> str | None:
+    """Why a column's values cannot become plain Python values without a choice, or None.
+
+    The rule (the reading docs' table): integers, floats (NaN stays NaN), booleans, strings,
+    dates, times and timestamps in up to microseconds without a zone, lists, structs and maps
+    become what `to_pylist()` gives; binary becomes `bytes`. Refused: decimal (Decimal or
+    float would be a choice), a timestamp with a time zone (which zone to give it back in is a
+    choice), nanosecond times and durations (Python's datetime holds microseconds).
+    """
+    types = pa.types
+    kind = field.type if hasattr(field, "type") else field
+    if types.is_decimal(kind):
+        return (f"decimal ({kind}): a Decimal or a float would be a choice; cast the column "
+                "to string or float64 where the file is written")
+    if types.is_timestamp(kind) and kind.tz is not None:
+        return (f"a timestamp with time zone {kind.tz!r}: store it as UTC without a zone "
+                "(or as a string) where the file is written")
+    if (types.is_timestamp(kind) or types.is_time(kind) or types.is_duration(kind)) and (
+        kind.unit == "ns"
+    ):
+        return (f"{kind} in nanoseconds: Python's datetime holds microseconds; cast it to "
+                "microseconds (or int64) where the file is written")
+    if types.is_dictionary(kind):
+        return refusal(kind.value_type, pa)
+    if types.is_list(kind) or types.is_large_list(kind) or types.is_fixed_size_list(kind):
+        return refusal(kind.value_type, pa)
+    if types.is_map(kind):
+        return refusal(kind.key_type, pa) or refusal(kind.item_type, pa)
+    if types.is_struct(kind):
+        for index in range(kind.num_fields):
+            why = refusal(kind.field(index), pa)
+            if why is not None:
+                return f"field {kind.field(index).name!r}: {why}"
+    return None
+
+
+def checked_schema(schema: Any, columns: Sequence[str] | None, url: str, pa: Any) -> list[str]:
+    """The names of the columns to read (all, or `columns` in file order), refused by name
+    when one is missing or has no plain Python form (`refusal`)."""
+    names = list(schema.names)
+    if columns is not None:
+        missing = [name for name in columns if name not in names]
+        if missing:
+            raise KeyError(
+                f"{url}: no column {missing[0]!r}; its columns are {names}; fix columns=[...]"
+            )
+        names = [name for name in names if name in set(columns)]
+    for name in names:
+        why = refusal(schema.field(name), pa)
+        if why is not None:
+            raise UnsupportedColumnError(
+                f"{url}: column {name!r} is {why}; or leave it out with columns=[...]"
+            )
+    return names
+
+
+def records_of(batch: Any) -> list[dict[str, Any]]:
+    """The rows of a record batch as dicts, by `to_pylist()`."""
+    return batch.to_pylist()
