@@ -53,7 +53,7 @@ from ..storage.read import open_decoded_at
 from ..storage.readahead import DEFAULT_READAHEAD, wants_readahead
 from ..storage.records_cache import RecordStore, block_key, uncacheable
 from ..storage.settings import UNSET, Storage, deprecated, storage_of
-from ..storage.shards import Shard, resolve_shards, source_items
+from ..storage.shards import Shard, resolve_shards, source_items, with_columns
 from ..world import World, detect_world
 from .base import StreamdsDataset
 from .callers import check_outer_split, loader_len_call
@@ -114,6 +114,7 @@ class StreamingJsonl(StreamdsDataset):
         even_ranks: str | None = None,
         storage: Storage | None = None,
         worker_cpus: str = "auto",
+        columns: Sequence[str] | None = None,
         # older spellings, still accepted with a DeprecationWarning: .map(fn) and
         # .with_resume(merged), and the storage settings one by one (see `Storage`)
         transform: Callable[[Any], Any] | None = None,
@@ -171,7 +172,8 @@ class StreamingJsonl(StreamdsDataset):
         self._steps: tuple[Step, ...] = (Step("map", transform),) if transform is not None else ()
         self._batch: BatchSpec | None = None  # whole batches out of the workers (.batch)
         self._records_cache: RecordsCache | None = None  # stored records (.cache)
-        self._shards: list[Shard] = resolve_shards(source, storage_options, on_error=on_error)
+        self._shards: list[Shard] = with_columns(
+            resolve_shards(source, storage_options, on_error=on_error), columns)
         # even ranks cut a small corpus finer, so that ranks' shares differ by little
         self._fine_piece = small_corpus_piece(self._shards) if even_ranks is not None else None
         # what a state says about the corpus (names under the source root, sizes, checksums)

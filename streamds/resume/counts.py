@@ -32,6 +32,8 @@ def count_from(
 
 def _manifest_count(shard: Shard, block: Block) -> int | None:
     """Records of a frame-run block from the manifest's records per frame, if listed."""
+    if shard.layout is not None:  # Parquet, Arrow: the footer's row counts
+        return (block.end or block.start) - block.start
     if shard.frames is None or shard.frame_records is None:
         return None
     if len(shard.frame_records) != len(shard.frames):

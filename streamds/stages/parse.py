@@ -125,6 +125,8 @@ class LineNumbers:
         known by its position alone (for a tar shard its ordinal in the file)."""
         url = self.url(block)
         kind = self.shards[self.blocks[block].shard].format
+        if kind in ("parquet", "arrow"):
+            return f"{url}: row {offset} of the file"
         if kind == "tar":
             return f"{url}: record {offset + 1} of the file"
         if kind != "jsonl":  # a .json file: JSON lines, or one document's elements
@@ -274,6 +276,8 @@ class Parse:
 
     def parse(self, chunk: Chunk) -> Chunk:
         """`chunk` with its lines parsed (also used to re-read buffered records)."""
+        if chunk.clean:  # records already (Parquet, Arrow rows): nothing to parse
+            return chunk
         where = self.where
 
         def locate(index: int) -> tuple[int | None, str]:

@@ -21,13 +21,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..formats.columnar import row_blocks
 from ..seeds import rng_for
 from ..world import World
 from .shards import Shard
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE", "Block", "Plan", "assign", "epoch_order", "make_blocks",
-    "small_corpus_piece",
+    "row_piece", "small_corpus_piece",
 ]
 
 DEFAULT_BLOCK_SIZE = 8 << 20  # decoded bytes per block of a large file
@@ -42,7 +43,8 @@ class Block:
     """Decoded bytes [start, end) of one shard; it owns the lines that begin inside them.
 
     `end` is None for a block that runs to the end of its shard (compressed files without a
-    seek table, tar files). For tar shards, offsets count records instead of bytes.
+    seek table, tar files). For tar shards, offsets count records instead of bytes; for
+    Parquet and Arrow files they count rows, and a block lies inside one row group.
     """
 
     shard: int
@@ -106,6 +108,15 @@ def _frame_runs(index: int, shard: Shard, block_size: int, small: int | None) ->
     return blocks
 
 
+def row_piece(shards: Sequence[Shard], *, fine: bool = False) -> int:
+    """Rows per block above which a row group (record batch) is split by rows: the columnar
+    rows of the corpus over SPLITS_PER_FILE (SMALL_CORPUS_BLOCKS with `fine`), so a corpus of
+    few row groups still has blocks for every reader. A row group is split no finer: a block
+    inside one decodes the rows before it and drops them (Parquet has no row seek)."""
+    rows = sum(shard.layout.rows for shard in shards if shard.layout is not None)
+    return max(1, math.ceil(rows / (SMALL_CORPUS_BLOCKS if fine else SPLITS_PER_FILE)))
+
+
 def make_blocks(
     shards: Sequence[Shard], block_size: int = DEFAULT_BLOCK_SIZE, *, fine: bool = False
 ) -> list[Block]:
@@ -114,9 +125,12 @@ def make_blocks(
     `fine`: cut a small corpus into about SMALL_CORPUS_BLOCKS blocks (see the module).
     """
     small = small_corpus_piece(shards) if fine else None
+    rows = row_piece(shards, fine=fine)
     blocks: list[Block] = []
     for index, shard in enumerate(shards):
-        if shard.format != "jsonl":  # tar, or any format read whole: one block
+        if shard.layout is not None:  # Parquet, Arrow: row ranges inside row groups
+            blocks.extend(Block(index, a, b) for a, b in row_blocks(shard.layout, rows))
+        elif shard.format != "jsonl":  # tar, or any format read whole: one block
             blocks.append(Block(index))
         elif shard.codec is None and shard.size is not None:
             blocks.extend(_byte_ranges(index, shard.size, block_size, small))

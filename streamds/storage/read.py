@@ -24,7 +24,9 @@ from operator import add
 from typing import BinaryIO, NamedTuple
 
 from ..errors import CorruptShardError
+from ..formats import arrow, parquet
 from ..formats.codecs import READ_SIZE, decode
+from ..formats.columnar import group_of
 from ..formats.documents import LINES, document_records, probe
 from ..formats.filenames import TAR_LINES_MEMBERS, TAR_RECORD_MEMBERS
 from ..formats.samples import SampleKeys
@@ -64,6 +66,7 @@ class LineChunk:
     offsets: list[int]
     lines: list[bytes]
     labels: list[str] | None = None
+    parsed: bool = False  # the lines are records already (Parquet, Arrow rows)
 
 
 def _skip(stream: BinaryIO, count: int, url: str) -> None:
@@ -100,6 +103,8 @@ def open_decoded_at(
     else:
         raw = RangeFile(RangeReader(retry, cache), shard, stored_start, stored_end, stop=stop,
                         owns_reader=True)
+    if shard.layout is not None:  # Parquet, Arrow: the stored file itself, seekable
+        return raw  # type: ignore[return-value]
     try:
         stream = decode(raw, shard.codec, shard.url, start=stored_start,
                         decoded_start=decoded_start)
@@ -317,6 +322,30 @@ def _json_chunks(
         )
 
 
+def _row_chunks(
+    opener: Opener, shard: Shard, block: Block, block_id: int, cursor: _NextLine
+) -> Iterator[LineChunk]:
+    """Records of a Parquet or Arrow block: rows [start, end) of the file, in batches.
+
+    Offsets are file row numbers (a resume reads from that row); the `lines` are records
+    already (`streamds.formats.columnar`: what `to_pylist()` gives), so `parsed` is set.
+    """
+    first = block.start if cursor.next_line is None else cursor.next_line
+    end = block.start if block.end is None else block.end
+    cursor.next_line = first
+    reader = parquet.read_rows if shard.format == "parquet" else arrow.read_rows
+    extra = {"planned": shard.layout} if shard.format == "arrow" else {}
+    key = (shard.path, shard.size, shard.version)
+    label = f"{'row group' if shard.format == 'parquet' else 'record batch'} " + str(
+        group_of(shard.layout, first))  # type: ignore[arg-type]
+    with closing(opener(shard, 0, None)) as stored:
+        for row, records in reader(stored, shard.url, first, end, columns=shard.columns,
+                                   key=key, **extra):
+            cursor.next_line = row + len(records)
+            yield LineChunk(block_id, list(range(row, row + len(records) + 1)), records,
+                            [label] * len(records), parsed=True)
+
+
 def read_lines(
     shard: Shard,
     block: Block,
@@ -337,7 +366,9 @@ def read_lines(
     failures, first_failure = 0, 0.0
     while True:
         try:
-            if shard.format == "tar":
+            if shard.layout is not None:
+                chunks = _row_chunks(opener, shard, block, block_id, cursor)
+            elif shard.format == "tar":
                 chunks = _tar_chunks(opener, shard, block_id, cursor, read_size)
             elif shard.format == "json":
                 chunks = _json_chunks(opener, shard, block, block_id, cursor, read_size)

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from ..formats.columnar import group_of
 from ..retry import DEFAULT_RETRY, RetryPolicy
 from .cache import CLAIMS, CacheSpec
 from .mounts import on_fuse_mount, on_remote_mount
@@ -78,7 +79,12 @@ def block_span(shard: Shard, start: int, end: int | None, *, at_line: bool) -> S
     (tar and ``.json`` shards: the whole file); None when the file's size is unknown.
     `at_line`: a line begins at `start` (a resume point); else, unless the shard's frames
     end lines, the reader looks for the newline before `start` first."""
-    if shard.format != "jsonl":
+    if shard.layout is not None:  # Parquet, Arrow: the row group's bytes (or the whole file)
+        group = shard.layout.groups[group_of(shard.layout, start)] if shard.layout.groups else None
+        if group is not None and group.start is not None:
+            return shard, group.start, group.end
+        first, last = 0, shard.size
+    elif shard.format != "jsonl":
         first, last = 0, shard.size
     else:
         if not at_line and start > 0 and not shard.frames_end_lines:

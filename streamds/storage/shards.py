@@ -15,6 +15,7 @@ twice). Only the heads of such pairs are read.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -28,7 +29,9 @@ import fsspec
 from fsspec.core import url_to_fs
 
 from ..errors import CorruptShardError
+from ..formats import arrow, parquet
 from ..formats.codecs import codec_of, decode, require_codec, strip_codec
+from ..formats.columnar import Layout, require_pyarrow
 from ..formats.documents import LINES, RESOLVE_ABOVE, is_document_name, probe
 from ..formats.filenames import (
     RECORD_SUFFIXES,
@@ -71,6 +74,7 @@ __all__ = [
     "resolve_shards",
     "same_file_error",
     "source_items",
+    "with_columns",
 ]
 
 log = logging.getLogger(__name__)
@@ -110,11 +114,14 @@ class Shard:
     url: str  # how messages, sorting and the cache name it: credentials redacted (`redact`)
     path: str = field(repr=False)  # the path within `fs` (a URL's credentials included)
     size: int | None  # stored bytes; None when the storage does not say (some HTTP servers)
-    format: str  # "jsonl", "tar", or "json": a .json file read whole (a document or lines)
+    format: str  # "jsonl", "tar", "json" (a .json file read whole: a document or lines),
+    # "parquet" or "arrow" (`streamds.formats.columnar`: rows of row groups / record batches)
     codec: str | None  # "zst", "gz", "bz2", "xz" or None
     frames: tuple[Frame, ...] | None = None  # seekable zstd frames, when the file has a seek table
     frame_records: tuple[int, ...] | None = None  # records per frame, from a manifest
     checksum: str | None = None  # the manifest's xxh64 hex digest of the stored file
+    layout: Layout | None = None  # Parquet and Arrow files: their row groups (record batches)
+    columns: tuple[str, ...] | None = None  # Parquet and Arrow files: the columns read (None: all)
     # what the storage said identifies this content (ETag, Last-Modified, mtime: `_version_of`)
     version: str | None = field(default=None, compare=False)
     fs: fsspec.AbstractFileSystem = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
@@ -424,6 +431,29 @@ def _manifest_frames(fs: fsspec.AbstractFileSystem, infos: list[dict]) -> dict[s
     return known
 
 
+COLUMNAR = ("parquet", "arrow")  # formats whose records are columns' values, not JSON lines
+
+
+def _read_layout(fs: fsspec.AbstractFileSystem, path: str, fmt: str, url: str) -> Layout:
+    if fmt == "arrow" and _is_local(fs):  # a local Arrow file is mapped: nothing is copied
+        pa = require_pyarrow(url)
+        with pa.memory_map(path) as mapped:
+            return arrow.layout(mapped, url)
+    with fs.open(path, mode="rb") as raw:
+        if fmt == "parquet":
+            return parquet.layout(raw, url)
+        return arrow.layout(raw, url)
+
+
+def _layout_of(fs: fsspec.AbstractFileSystem, path: str, fmt: str, url: str, info: dict
+               ) -> Layout:
+    """The row groups (record batches) of a Parquet (Arrow) file, from its footer (one pass
+    over an Arrow file's messages); transient errors are retried."""
+    require_pyarrow(url)
+    return retrying(lambda: _read_layout(fs, path, fmt, url), DEFAULT_RETRY,
+                    f"{url}: footer")
+
+
 def _probe_plain(fs: fsspec.AbstractFileSystem, path: str) -> str:
     with fs.open(path, mode="rb") as raw:
         return probe(raw.read)[0]
@@ -449,12 +479,16 @@ def _shard_of(
     url = _url_of(fs, path, given)
     name = _before_query(fs, path).rsplit("/", 1)[-1]  # "a.jsonl.zst?sig=..." is a .zst file
     foreign = foreign_format(name)
-    if foreign in ("Parquet", "Arrow", "Feather", "Avro", "ORC"):  # binary: never JSON lines
+    if foreign in ("Feather", "Avro", "ORC"):  # binary: never JSON lines
         raise ValueError(f"{url} is a {foreign} file: {foreign_hint(foreign)}")
     fmt, codec = format_of(name)
     require_codec(codec, url)
     size = info.get("size")
     frames = frame_records = checksum = None
+    if fmt in COLUMNAR:
+        return Shard(url=url, path=path, size=size, format=fmt, codec=None,
+                     layout=_layout_of(fs, path, fmt, url, info), version=_version_of(info),
+                     fs=fs)
     if fmt == "jsonl" and is_document_name(name):
         fmt = _json_format(fs, path, size, codec, url)
     if codec == "zst" and fmt == "jsonl":
@@ -467,6 +501,36 @@ def _shard_of(
         url=url, path=path, size=size, format=fmt, codec=codec, frames=frames,
         frame_records=frame_records, checksum=checksum, version=_version_of(info), fs=fs,
     )
+
+
+def with_columns(shards: list[Shard], columns: Sequence[str] | None) -> list[Shard]:
+    """`shards` with the Parquet and Arrow files set to read `columns` only (None: all).
+
+    Refuses a `columns` that is not a list of names, or that names a column no columnar file
+    of the corpus has (naming the file), here in the constructor rather than in a worker.
+    """
+    if columns is None:
+        return shards
+    if isinstance(columns, str) or not all(isinstance(name, str) for name in columns):
+        raise TypeError(f"columns must be a list of column names, got {columns!r:.80}")
+    if not columns:
+        raise ValueError("columns is empty; name at least one column, or pass None for all")
+    chosen = tuple(dict.fromkeys(columns))
+    columnar = [shard for shard in shards if shard.layout is not None]
+    if not columnar:
+        raise ValueError(
+            f"columns={list(chosen)!r} selects columns of Parquet and Arrow files, and the "
+            "source has none; leave columns out for JSON lines"
+        )
+    for shard in columnar:
+        missing = [name for name in chosen if name not in shard.layout.columns]  # type: ignore[union-attr]
+        if missing:
+            raise ValueError(
+                f"columns: {shard.url} has no column {missing[0]!r}; its columns are "
+                f"{list(shard.layout.columns)}; fix columns=[...]"  # type: ignore[union-attr]
+            )
+    return [dataclasses.replace(shard, columns=chosen) if shard.layout is not None else shard
+            for shard in shards]
 
 
 def source_items(source: Any, *, name: str = "source") -> list[str]:
