@@ -15,18 +15,30 @@ from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
 from ..errors import CorruptShardError
-from ..retry import is_transient
-from .columnar import Group, Layout, checked_schema, group_of, records_of, require_pyarrow
+from .columnar import (
+    Group,
+    Layout,
+    checked_schema,
+    group_of,
+    records_of,
+    require_pyarrow,
+    storage_error,
+    watched,
+)
 
 __all__ = ["FILE_MAGIC", "layout", "read_rows"]
 
 FILE_MAGIC = b"ARROW1"  # the file format starts (and ends) with it; a stream does not
 
 
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split())
+
+
 def _damaged(url: str, where: str, err: Exception, offset: int = 0) -> CorruptShardError:
     return CorruptShardError(
-        f"{url}: damaged Arrow IPC file ({where}): {err}; copy or write the file again, or "
-        "pass on_error='skip' to skip the damaged block",
+        f"{url}: damaged Arrow IPC file ({where}): {_one_line(err)}; copy or write the file "
+        "again, or pass on_error='skip' to skip the damaged block",
         url=url,
         offset=offset,
     )
@@ -43,7 +55,7 @@ def _open(file: BinaryIO, url: str) -> tuple[Any, bool]:
             return pa.ipc.open_file(file), False
         return pa.ipc.open_stream(file), True
     except (OSError, ValueError) as err:
-        if isinstance(err, OSError) and is_transient(err):
+        if storage_error(err, file):
             raise
         raise _damaged(url, "header" if not is_file else "footer", err) from err
 
@@ -58,13 +70,14 @@ def _batches(reader: Any, stream: bool) -> Iterator[Any]:
 
 def layout(file: BinaryIO, url: str) -> Layout:
     """The record batches of an Arrow IPC file (one pass over its messages)."""
+    file = watched(file)
     reader, stream = _open(file, url)
     groups = []
     try:
         for batch in _batches(reader, stream):
             groups.append(Group(batch.num_rows))
     except (OSError, ValueError) as err:
-        if isinstance(err, OSError) and is_transient(err):
+        if storage_error(err, file):
             raise
         raise _damaged(url, f"record batch {len(groups)}", err) from err
     return Layout(tuple(groups), tuple(reader.schema.names), stream=stream)
@@ -80,6 +93,7 @@ def read_rows(
     if start >= end:
         return
     pa = require_pyarrow(url)
+    file = watched(file)
     reader, stream = _open(file, url)
     names = checked_schema(reader.schema, columns, url, pa)
     row, index, found = 0, 0, None
@@ -97,7 +111,7 @@ def read_rows(
             if index < reader.num_record_batches:
                 found = reader.get_batch(index)
     except (OSError, ValueError) as err:
-        if isinstance(err, OSError) and is_transient(err):
+        if storage_error(err, file):
             raise
         raise _damaged(url, f"record batch {index}", err, offset=row) from err
     if found is None or row + found.num_rows < end:

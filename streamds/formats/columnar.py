@@ -18,25 +18,29 @@ missing.
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any
+from typing import Any, BinaryIO
 
-from ..errors import MissingCodecError
+from ..errors import CorruptShardError, MissingCodecError
 
 __all__ = [
     "EXTRA",
     "Group",
     "Layout",
     "UnsupportedColumnError",
+    "Watched",
     "checked_schema",
     "group_of",
     "records_of",
     "refusal",
     "require_pyarrow",
     "row_blocks",
+    "storage_error",
+    "watched",
 ]
 
 EXTRA = "pip install 'streamds[parquet]'"
@@ -178,3 +182,55 @@ def checked_schema(schema: Any, columns: Sequence[str] | None, url: str, pa: Any
 def records_of(batch: Any) -> list[dict[str, Any]]:
     """The rows of a record batch as dicts, by `to_pylist()`."""
     return batch.to_pylist()
+
+
+class Watched(io.RawIOBase):
+    """A file object handed to pyarrow that remembers the storage's own errors.
+
+    pyarrow raises a plain OSError both for damaged data and for an OSError of the file
+    object under it, so the reader cannot tell a dropped connection (retried) from a bad page
+    (damage) by the type alone; `failed` holds the last error the storage raised.
+    """
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._raw = raw
+        self.failed: BaseException | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._watch(self._raw.seek, offset, whence)
+
+    def read(self, size: int = -1) -> bytes:  # type: ignore[override]
+        return self._watch(self._raw.read, size)
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def _watch(self, call: Any, *args: Any) -> Any:
+        try:
+            return call(*args)
+        except OSError as err:
+            self.failed = err
+            raise
+
+
+def watched(file: Any) -> Any:
+    """`file` as `Watched`, unless it is pyarrow's own (a memory map: no Python in between)."""
+    return file if hasattr(file, "get_stream") or isinstance(file, Watched) else Watched(file)
+
+
+def storage_error(err: BaseException, file: Any) -> bool:
+    """Whether `err`, raised by pyarrow reading `file`, is the storage's (re-raise it: the
+    reader retries what is transient) rather than damage in the file."""
+    failed = getattr(file, "failed", None) is not None
+    return failed and isinstance(err, OSError) and not isinstance(err, CorruptShardError)

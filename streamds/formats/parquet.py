@@ -19,8 +19,15 @@ from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
 from ..errors import CorruptShardError
-from ..retry import is_transient
-from .columnar import Group, Layout, checked_schema, records_of, require_pyarrow
+from .columnar import (
+    Group,
+    Layout,
+    checked_schema,
+    records_of,
+    require_pyarrow,
+    storage_error,
+    watched,
+)
 
 __all__ = ["BATCH_ROWS", "MAGIC", "layout", "read_rows"]
 
@@ -30,10 +37,14 @@ _FOOTERS: OrderedDict[Any, Any] = OrderedDict()  # file identity -> FileMetaData
 _FOOTERS_KEPT = 64
 
 
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split())
+
+
 def _damaged(url: str, where: str, err: Exception, offset: int = 0) -> CorruptShardError:
     return CorruptShardError(
-        f"{url}: damaged Parquet file ({where}): {err}; copy or write the file again, or pass "
-        "on_error='skip' to skip the damaged block",
+        f"{url}: damaged Parquet file ({where}): {_one_line(err)}; copy or write the file "
+        "again, or pass on_error='skip' to skip the damaged block",
         url=url,
         offset=offset,
     )
@@ -48,7 +59,7 @@ def _metadata(file: BinaryIO, url: str, key: Any) -> Any:
     try:
         metadata = pq.read_metadata(file)
     except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
-        if _is_transient(err):
+        if storage_error(err, file):
             raise
         raise _damaged(url, "footer", err) from err
     if key is not None:
@@ -56,13 +67,6 @@ def _metadata(file: BinaryIO, url: str, key: Any) -> Any:
         while len(_FOOTERS) > _FOOTERS_KEPT:
             _FOOTERS.popitem(last=False)
     return metadata
-
-
-def _is_transient(err: BaseException) -> bool:
-    """An error of the storage under pyarrow (it re-raises the file object's OSError)."""
-    return isinstance(err, OSError) and not isinstance(err, CorruptShardError) and (
-        is_transient(err)
-    )
 
 
 def _span(row_group: Any) -> tuple[int, int]:
@@ -80,6 +84,7 @@ def _span(row_group: Any) -> tuple[int, int]:
 
 def layout(file: BinaryIO, url: str, key: Any = None) -> Layout:
     """The row groups of a Parquet file, from its footer (two reads at the file's end)."""
+    file = watched(file)
     metadata = _metadata(file, url, key)
     groups = []
     for index in range(metadata.num_row_groups):
@@ -96,6 +101,7 @@ def read_rows(
     """(file row number of the first, records) for file rows [start, end), which lie in one
     row group, reading only that row group's chunks of `columns` (None: all)."""
     pa = require_pyarrow(url)
+    file = watched(file)
     metadata = _metadata(file, url, key)
     names = checked_schema(metadata.schema.to_arrow_schema(), columns, url, pa)
     first = 0
@@ -125,7 +131,7 @@ def read_rows(
             if row >= end:
                 return
     except (OSError, ValueError) as err:
-        if _is_transient(err):
+        if storage_error(err, file):
             raise
         raise _damaged(url, f"row group {group}", err, offset=start) from err
     if row < end:

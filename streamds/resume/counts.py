@@ -25,6 +25,9 @@ def count_from(
     """Records (non-blank lines) of `block` from the line at `start` on (None: all)."""
     total = 0
     for chunk in read_lines(shard, block, block_id, resume_at=start, opener=opener):
+        if chunk.parsed:  # rows of a Parquet or Arrow file: every one a record
+            total += len(chunk.lines)
+            continue
         lines = cut_bom(chunk.lines, chunk.offsets, chunk.labels)
         total += sum(1 for line in lines if line.strip())
     return total
