@@ -797,6 +797,11 @@ class Inputs:
                 yield from _json_records(leaf, offset, line, meter, got, policy)
             elif leaf.kind == "tar":
                 yield from _read_tar(leaf, offset, meter, policy)
+            elif leaf.kind in ("parquet", "arrow"):  # read as rows by StreamingJsonl, not here
+                raise ValueError(
+                    f"{leaf.path}: streamds convert reads JSON lines and tar shards, not "
+                    f"{'Parquet' if leaf.kind == 'parquet' else 'Arrow'} files; read the file "
+                    "with StreamingJsonl directly (it splits row groups and resumes exactly)")
             else:
                 yield from _read_jsonl(leaf, offset, line, meter, policy, anchor, stop)
         except CorruptShardError as err:
