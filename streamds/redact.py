@@ -4,7 +4,8 @@ A URL may carry a secret in two places: its userinfo (``https://user:password@ho
 ``https://TOKEN@host/``) and query parameters that sign or authorise the request (a presigned
 S3 or GCS URL's ``X-Amz-Signature``/``X-Amz-Credential``/``Signature``/``GoogleAccessId``, an
 Azure SAS ``sig``, ``token``, ``access_token``, ``key``, ``api_key``, ``password`` ...).
-`redact` replaces both with ``***`` wherever a URL appears in a text, so it applies to a bare
+A Hugging Face token (``hf_...``) is masked wherever it stands. `redact` replaces both with
+``***`` wherever a URL appears in a text, so it applies to a bare
 URL, a chained one (``simplecache::https://...``) and a message or a foreign exception's text
 alike; text without such URLs comes back unchanged. A parameter counts as secret when its name
 (case-insensitively) contains one of `SECRET_PARTS`, or is one of `SECRET_NAMES`: hiding a
@@ -46,6 +47,8 @@ SECRET_NAMES = frozenset({"sig", "key", "pwd", "pass", "googleaccessid", "code",
 # scheme://userinfo@ : up to the last "@" before the path (a password may hold an unescaped
 # "@"); "host/path@v1" has a "/" before the "@", so it is no userinfo
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)([^/?#\s'\"<>]+)@")
+# a Hugging Face access token, wherever it stands (a header echoed in an error, a message)
+_HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{16,}")
 # ?name=value or &name=value (or ;): the value runs to the next separator, space or quote
 _PARAM = re.compile(r"([?&;])([^=&;#\s'\"<>?]+)=([^&;#\s'\"<>]*)")
 
@@ -68,6 +71,8 @@ def redact(text: str) -> str:
     >>> redact("source 'https://me:pw@host/a.jsonl?X-Amz-Signature=abc&part=1' failed")
     "source 'https://***@host/a.jsonl?X-Amz-Signature=***&part=1' failed"
     """
+    if "hf_" in text:
+        text = _HF_TOKEN.sub(f"hf_{MASK}", text)
     if "@" not in text and "=" not in text:
         return text  # the common case: a local path or a message without URLs
     text = _USERINFO.sub(lambda m: f"{m.group(1)}{MASK}@", text)
@@ -123,7 +128,7 @@ def describe_error(err: BaseException) -> str:
 
 # the loggers of the storage libraries that log URLs as they were given
 STORAGE_LOGGERS = ("fsspec", "fsspec.http", "fsspec.cached", "fsspec.reference", "s3fs",
-                   "gcsfs", "adlfs", "aiohttp.client", "aiohttp.internal")
+                   "gcsfs", "adlfs", "aiohttp.client", "aiohttp.internal", "huggingface_hub")
 
 
 class RedactingFilter(logging.Filter):

@@ -59,7 +59,8 @@ def require_pyarrow(url: str) -> Any:
         import pyarrow.parquet
     except ImportError as err:
         raise MissingCodecError(
-            f"{url}: reading Parquet and Arrow files needs pyarrow; install it with {EXTRA}"
+            f"{url}: reading Parquet and Arrow files needs pyarrow; install it with "
+            "pip install 'streamds[parquet]'"
         ) from err
     return pyarrow
 

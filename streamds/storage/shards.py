@@ -234,6 +234,12 @@ def _list_files(item: str, storage_options: dict[str, Any]) -> _Found:
     shown = redact(item)
     try:
         fs, path = url_to_fs(item, **storage_options)
+    except ImportError as err:  # fsspec's hf:// needs huggingface_hub
+        if not item.startswith("hf://"):
+            raise
+        raise ImportError(f"source {shown!r} is on the Hugging Face Hub, which needs "
+                          "huggingface_hub; install it with pip install 'streamds[hub]'"
+                          ) from err
     except TypeError as err:
         if not storage_options:
             raise
