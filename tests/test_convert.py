@@ -294,14 +294,16 @@ def test_manifest_lists_counts_options_and_checksums(corpus, tmp_path):
 
 
 def test_shards_py_takes_frames_from_the_manifest(corpus, tmp_path, monkeypatch):
+    from streamds.formats import jsonl_zst
     from streamds.storage import shards as shards_module
 
     out = tmp_path / "out"
     convert([corpus["root"] / "train.txt"], out, shard_size=40_000, frame_size=3000)
     reference = shards_module.resolve_shards(str(out))
     opened = []
-    real = shards_module._frames_of
-    monkeypatch.setattr(shards_module, "_frames_of", lambda *a: opened.append(a) or real(*a))
+    real = jsonl_zst.read_seek_table
+    monkeypatch.setattr(jsonl_zst, "read_seek_table",
+                        lambda *a, **k: opened.append(a) or real(*a, **k))
     assert shards_module.resolve_shards(str(out)) == reference
     assert opened == []  # no shard opened for its seek table
     manifest = read_manifest(out)

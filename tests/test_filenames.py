@@ -71,8 +71,10 @@ def _listing(root: Path):
     # the listing decides by name; skip opening files (empty .zst have no seek table)
     from streamds.formats.columnar import Layout
 
-    with mock.patch("streamds.storage.shards._frames_of", return_value=None), \
-            mock.patch("streamds.storage.shards._layout_of", return_value=Layout((), ())):
+    # Parquet and Arrow footers are read when resolving: these empty files have none
+    with mock.patch("streamds.formats.jsonl_zst.read_seek_table", return_value=None), \
+            mock.patch("streamds.formats.parquet.layout", return_value=Layout((), ())), \
+            mock.patch("streamds.formats.arrow.layout", return_value=Layout((), ())):
         return resolve_shards(str(root))
 
 

@@ -6,8 +6,10 @@ The stack, bottom first (each layer may import itself and the layers below it, n
                                       spec: small rules every layer needs (the package's
                                       ``__init__`` is here too; it names the public API
                                       lazily, by strings, and imports nothing at run time)
-    formats       streamds/formats/   bytes on disk: codecs, seekable zstd, manifest,
-                                      file names, trees, documents, values, samples
+    formats       streamds/formats/   bytes on disk: the format registry and one module
+                                      per format (jsonl, jsonl_zst, json_file, tar), codecs,
+                                      seekable zstd, manifest, file names, trees, documents,
+                                      values, samples
     storage       streamds/storage/   shards, plan (blocks of shards), read, readahead,
                                       ranges, cache, mounts
     handover      streamds/handover/  shm_ring, shm_tensors: how batches cross processes

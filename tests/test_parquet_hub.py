@@ -194,6 +194,7 @@ def test_the_token_is_never_shown(hub, caplog):
         iterator = iter(ds)
         next(iterator)
         state = ds.state_dict()
+        iterator.close()  # its read-ahead stops now, not after the server has gone
         with pytest.raises(FileNotFoundError) as missing:
             StreamingJsonl(f"hf://datasets/{REPO}/nothing-here",
                            storage=Storage(options={"endpoint": endpoint, "token": TOKEN}))

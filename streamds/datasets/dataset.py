@@ -483,7 +483,7 @@ class StreamingJsonl(StreamdsDataset):
         sizes = [shard.decoded_size for shard in self._shards]
         if counts is not None and sum(counts) and all(size is not None for size in sizes):
             return sum(sizes) / sum(counts)  # type: ignore[arg-type]
-        if not self._shards or self._shards[0].format != "jsonl":
+        if not self._shards or not self._shards[0].format.line_positions:
             return None
         with open_decoded_at(self._shards[0], 0, SAMPLE_BYTES) as stream:
             head = stream.read(SAMPLE_BYTES)

@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 
 from ..errors import CorruptShardError
 from .columnar import (
+    Columnar,
     Group,
     Layout,
     checked_schema,
@@ -26,7 +27,7 @@ from .columnar import (
     watched,
 )
 
-__all__ = ["FILE_MAGIC", "layout", "read_rows"]
+__all__ = ["FILE_MAGIC", "FORMAT", "Arrow", "layout", "read_rows"]
 
 FILE_MAGIC = b"ARROW1"  # the file format starts (and ends) with it; a stream does not
 
@@ -122,3 +123,24 @@ def read_rows(
         )
     batch = found.select(names) if names != list(found.schema.names) else found
     yield start, records_of(batch.slice(start - row, end - start))
+
+
+class Arrow(Columnar):
+    """Arrow IPC files (``.arrow``: the stream or the file format): blocks are row ranges of
+    record batches."""
+
+    name = "arrow"
+    suffixes = (".arrow",)
+    summary = "Arrow IPC (stream or file format): record batches, read by row ranges"
+    group_word = "record batch"
+
+    def layout_of(self, file: BinaryIO, url: str) -> Layout:
+        return layout(file, url)
+
+    def rows_of(self, file: BinaryIO, shard: Any, start: int, end: int
+                ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+        return read_rows(file, shard.url, start, end, columns=shard.columns,
+                         planned=shard.layout)
+
+
+FORMAT = Arrow()

@@ -20,15 +20,20 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any, BinaryIO
 
 from ..errors import CorruptShardError, MissingCodecError
+from .protocol import Block, Cursor, FileFacts, Format, LineChunk, Opener, Piece, Settled
 
 __all__ = [
     "EXTRA",
+    "FILE_PARTS",
+    "MAX_GROUP_PARTS",
+    "Columnar",
     "Group",
     "Layout",
     "UnsupportedColumnError",
@@ -235,3 +240,85 @@ def storage_error(err: BaseException, file: Any) -> bool:
     reader retries what is transient) rather than damage in the file."""
     failed = getattr(file, "failed", None) is not None
     return failed and isinstance(err, OSError) and not isinstance(err, CorruptShardError)
+
+
+FILE_PARTS = 64  # a file is cut into this many row ranges at least, as a text file is (the
+# plan's SPLITS_PER_FILE), so one file feeds many readers ...
+MAX_GROUP_PARTS = 16  # ... but one row group into this many at most: each range decodes the
+# rows before it in its group (Parquet has no row seek)
+
+
+class Columnar(Format):
+    """What Parquet and Arrow share as shard formats (`streamds.formats.registry`): files
+    settle to a `Layout` read from the footer, blocks are row ranges inside one group,
+    positions are file row numbers, records are Python values (nothing to parse), and a
+    block's record count is its row count."""
+
+    parses = False
+    splits = True
+
+    def layout_of(self, file: BinaryIO, url: str) -> Layout:
+        raise NotImplementedError
+
+    def rows_of(self, file: BinaryIO, shard: Any, start: int, end: int
+                ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+        raise NotImplementedError
+
+    def settle(self, facts: FileFacts) -> Settled:
+        require_pyarrow(facts.url)
+        if facts.codec is not None:
+            raise ValueError(
+                f"{facts.url}: a {self.name} file compressed as a whole ({facts.codec}) cannot "
+                f"be read by row group; decompress it (its pages are compressed already)")
+        layout = facts.read(lambda file: self.layout_of(file, facts.url), "footer")
+        return Settled(self, layout=layout)
+
+    def split_size(self, shard: Any) -> int:
+        return shard.size or 0
+
+    def blocks(self, index: int, shard: Any, piece: Piece) -> list[Block]:
+        """Row ranges of `piece(size)` stored bytes' worth of rows, or of a FILE_PARTS-th of
+        the file where that is fewer rows; a row group is cut into MAX_GROUP_PARTS ranges at
+        most."""
+        layout: Layout = shard.layout
+        size = shard.size or 0
+        by_bytes = math.ceil(layout.rows * piece(size) / size) if size else 1
+        rows_piece = max(1, min(by_bytes, math.ceil(layout.rows / FILE_PARTS)))
+        widest = max((group.rows for group in layout.groups), default=1)
+        rows_piece = max(rows_piece, math.ceil(widest / MAX_GROUP_PARTS))
+        ranges = row_blocks(layout, rows_piece)
+        # the last runs to the end of the file (the protocol's tiling)
+        return [Block(index, start, end if k < len(ranges) - 1 else None)
+                for k, (start, end) in enumerate(ranges)]
+
+    def listed_records(self, shard: Any, block: Block) -> int | None:
+        return (shard.layout.rows if block.end is None else block.end) - block.start
+
+    def read_range(self, shard: Any, start: int, end: int | None, *, at_line: bool
+                   ) -> tuple[int, int | None]:
+        """The stored bytes of the row group holding row `start` (the footer is read
+        apart, once per process); the whole file where the layout does not say."""
+        layout: Layout = shard.layout
+        if not layout.groups:
+            return 0, None
+        group = layout.groups[group_of(layout, start)]
+        return (0, None) if group.start is None else (group.start, group.end)
+
+    def read_block(self, opener: Opener, shard: Any, block: Block, block_id: int,
+                   cursor: Cursor, read_size: int) -> Iterator[LineChunk]:
+        """Records of rows [start, end) of the file, a chunk per batch; offsets are file row
+        numbers, labels name the row group (record batch)."""
+        first = block.start if cursor.next_line is None else cursor.next_line
+        end = shard.layout.rows if block.end is None else block.end
+        cursor.next_line = first
+        label = f"{self.group_word} {group_of(shard.layout, first)}"
+        with closing(opener(shard, 0, None)) as stored:
+            for row, records in self.rows_of(stored, shard, first, end):
+                cursor.next_line = row + len(records)
+                yield LineChunk(block_id, list(range(row, row + len(records) + 1)), records,
+                                [label] * len(records))
+
+    group_word = "row group"
+
+    def place(self, url: str, position: int) -> str | None:
+        return f"{url}: row {position} of the file"

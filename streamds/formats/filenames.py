@@ -33,9 +33,9 @@ __all__ = [
 MANIFEST_NAME = "manifest.json"  # beside converted shards; never read as records
 # before any codec suffix, matched in any case (A.JSONL, d.Jsonl, B.JSONL.GZ)
 RECORD_SUFFIXES = (".json", ".jsonl", ".ndjson", ".jsonlines", ".ldjson", ".tar", ".tgz")
-# columnar files streamds reads (`streamds.formats.columnar`): suffix -> format; never
-# compressed on the outside (they compress their pages)
-COLUMNAR_SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".arrow": "arrow"}
+# columnar files streamds reads (`streamds.formats.parquet`, `.arrow`), never compressed
+# on the outside (their pages are)
+COLUMNAR_SUFFIXES = (".parquet", ".pq", ".arrow")
 # data formats streamds does not read: suffix -> name in messages
 FOREIGN_FORMATS = {
     ".feather": "Feather",
@@ -95,7 +95,7 @@ def left_out_reason(name: str) -> str | None:
         return "a temporary file (.tmp) of an unfinished copy or conversion"
     if lowered.endswith(RECORD_SUFFIXES) or strip_codec(lowered).endswith(RECORD_SUFFIXES):
         return None
-    if lowered.endswith(tuple(COLUMNAR_SUFFIXES)):
+    if lowered.endswith(COLUMNAR_SUFFIXES):
         return None
     kind = foreign_format(name)
     if kind is not None:
@@ -168,16 +168,12 @@ def sibling_key(name: str) -> str:
 
 
 def format_of(name: str) -> tuple[str, str | None]:
-    """(format, codec) of a file name: format "tar", "parquet", "arrow" or "jsonl"; ``.tgz``
-    is a gzipped tar.
+    """(format, codec) of a file name: format "tar" or "jsonl"; ``.tgz`` is a gzipped tar.
 
     >>> format_of("s.jsonl.zst"), format_of("s.tar.gz"), format_of("s.tgz"), format_of("s.txt")
     (('jsonl', 'zst'), ('tar', 'gz'), ('tar', 'gz'), ('jsonl', None))
     """
     if name.lower().endswith(".tgz"):
         return "tar", "gz"
-    for suffix, columnar in COLUMNAR_SUFFIXES.items():
-        if name.lower().endswith(suffix):
-            return columnar, None
     base = strip_codec(name).lower()
     return ("tar" if base.endswith(TAR_SUFFIXES) else "jsonl"), codec_of(name)

@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 
 from ..errors import CorruptShardError
 from .columnar import (
+    Columnar,
     Group,
     Layout,
     checked_schema,
@@ -29,7 +30,7 @@ from .columnar import (
     watched,
 )
 
-__all__ = ["BATCH_ROWS", "MAGIC", "layout", "read_rows"]
+__all__ = ["BATCH_ROWS", "FORMAT", "MAGIC", "Parquet", "layout", "read_rows"]
 
 MAGIC = b"PAR1"  # at the start and the end of every Parquet file
 BATCH_ROWS = 1024  # rows converted to records at a time: memory stays one row group's
@@ -137,3 +138,23 @@ def read_rows(
     if row < end:
         raise _damaged(url, f"row group {group}",
                        ValueError(f"it ends at row {row}, its footer says {end}"), offset=row)
+
+
+class Parquet(Columnar):
+    """Parquet files (``.parquet``, ``.pq``): blocks are row ranges of row groups."""
+
+    name = "parquet"
+    suffixes = (".parquet", ".pq")
+    summary = "Parquet: row groups, read by row ranges"
+    group_word = "row group"
+
+    def layout_of(self, file: BinaryIO, url: str) -> Layout:
+        return layout(file, url)
+
+    def rows_of(self, file: BinaryIO, shard: Any, start: int, end: int
+                ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+        return read_rows(file, shard.url, start, end, columns=shard.columns,
+                         key=(shard.path, shard.size, shard.version))
+
+
+FORMAT = Parquet()

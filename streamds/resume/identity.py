@@ -137,7 +137,7 @@ class Identity:
            settings: dict[str, Any]) -> Identity:
         files = [[name, shard.size, shard.checksum] for name, shard in zip(names, shards,
                                                                             strict=True)]
-        read = [[shard.format, shard.codec, len(shard.frames or ())] for shard in shards]
+        read = [[shard.format.name, shard.codec, len(shard.frames or ())] for shard in shards]
         # the columns a Parquet or Arrow file is read with: other columns, other records
         read += [[index, list(shard.columns)] for index, shard in enumerate(shards)
                  if shard.columns]

@@ -168,8 +168,7 @@ class Lines:
                     self._offset = raw.offsets[-1]
                     if lines_in_pass is not None:
                         lines_in_pass += len(raw.lines)
-                    # `parsed`: Parquet and Arrow rows are records already (clean)
-                    yield Chunk(k, block_id, raw.offsets, raw.lines, raw.parsed, raw.labels)
+                    yield Chunk(k, block_id, raw.offsets, raw.lines, False, raw.labels)
             except CorruptShardError as err:
                 if stored is not None:
                     stored.abandon(block_id)

@@ -159,7 +159,7 @@ def fetch_records(
                 continue
             picked = Chunk(
                 0, block_id, [raw.offsets[i] for i in keep] + [raw.offsets[-1]],
-                [raw.lines[i] for i in keep], raw.parsed,
+                [raw.lines[i] for i in keep], False,
                 None if raw.labels is None else [raw.labels[i] for i in keep],
             )
             ready = prepare(picked)

@@ -1,7 +1,8 @@
 """Plan: split shards into blocks, order them per epoch and assign them to readers.
 
-A block decodes to whole lines on its own: a line-aligned byte range of a plain file, a run of
-frames of a seekable zstd file, or a whole file. Blocks are numbered in corpus order, and the
+A block reads to whole records on its own: a line-aligned byte range of a plain file, a run of
+frames of a seekable zstd file, or a whole file; each shard's format cuts its file
+(`Format.blocks`, `streamds.formats.registry`). Blocks are numbered in corpus order, and the
 numbering depends on the corpus alone, never on the world, so a position (block, offset)
 means the same thing to every reader and to any later world. All functions here are pure.
 
@@ -21,14 +22,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..formats.columnar import row_blocks
+from ..formats.protocol import Block
 from ..seeds import rng_for
 from ..world import World
 from .shards import Shard
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE", "Block", "Plan", "assign", "epoch_order", "make_blocks",
-    "row_piece", "small_corpus_piece",
+    "small_corpus_piece",
 ]
 
 DEFAULT_BLOCK_SIZE = 8 << 20  # decoded bytes per block of a large file
@@ -38,29 +39,9 @@ SMALL_CORPUS_BLOCKS = 1024  # fine=True: a corpus under this many 64 KiB blocks 
 MIN_SMALL_BLOCK = 1 << 10  # ... of at least this many bytes
 
 
-@dataclass(frozen=True)
-class Block:
-    """Decoded bytes [start, end) of one shard; it owns the lines that begin inside them.
-
-    `end` is None for a block that runs to the end of its shard (compressed files without a
-    seek table, tar files). For tar shards, offsets count records instead of bytes; for
-    Parquet and Arrow files they count rows, and a block lies inside one row group.
-    """
-
-    shard: int
-    start: int = 0
-    end: int | None = None
-
-
 def _splittable_size(shard: Shard) -> int:
     """Decoded bytes of a shard that can be cut into blocks (0: it is read whole)."""
-    if shard.format != "jsonl":
-        return 0
-    if shard.codec is None and shard.size is not None:
-        return shard.size
-    if shard.frames:
-        return shard.decoded_size or 0
-    return 0
+    return shard.format.split_size(shard)
 
 
 def small_corpus_piece(shards: Sequence[Shard]) -> int | None:
@@ -78,45 +59,6 @@ def _piece_size(decoded_size: int, block_size: int, small: int | None) -> int:
     return min(block_size, max(MIN_BLOCK_SIZE, math.ceil(decoded_size / SPLITS_PER_FILE)))
 
 
-def _byte_ranges(index: int, size: int, block_size: int, small: int | None) -> list[Block]:
-    if size == 0:
-        return [Block(index, 0, None)]
-    piece = _piece_size(size, block_size, small)
-    starts = range(0, size, piece)
-    return [Block(index, start, min(start + piece, size)) for start in starts[:-1]] + [
-        Block(index, starts[-1], None)
-    ]
-
-
-def _frame_runs(index: int, shard: Shard, block_size: int, small: int | None) -> list[Block]:
-    frames = shard.frames or ()
-    if not frames:
-        return [Block(index, 0, None)]
-    piece = _piece_size(shard.decoded_size or 0, block_size, small)
-    blocks: list[Block] = []
-    run_start = frames[0].decompressed_offset
-    for frame in frames:
-        frame_end = frame.decompressed_offset + frame.decompressed_size
-        if frame_end - run_start >= piece:
-            blocks.append(Block(index, run_start, frame_end))
-            run_start = frame_end
-    if run_start < frames[-1].decompressed_offset + frames[-1].decompressed_size or not blocks:
-        blocks.append(Block(index, run_start, None))
-    else:  # the last run ended exactly at a piece boundary: let it run to the end
-        last = blocks.pop()
-        blocks.append(Block(index, last.start, None))
-    return blocks
-
-
-def row_piece(shards: Sequence[Shard], *, fine: bool = False) -> int:
-    """Rows per block above which a row group (record batch) is split by rows: the columnar
-    rows of the corpus over SPLITS_PER_FILE (SMALL_CORPUS_BLOCKS with `fine`), so a corpus of
-    few row groups still has blocks for every reader. A row group is split no finer: a block
-    inside one decodes the rows before it and drops them (Parquet has no row seek)."""
-    rows = sum(shard.layout.rows for shard in shards if shard.layout is not None)
-    return max(1, math.ceil(rows / (SMALL_CORPUS_BLOCKS if fine else SPLITS_PER_FILE)))
-
-
 def make_blocks(
     shards: Sequence[Shard], block_size: int = DEFAULT_BLOCK_SIZE, *, fine: bool = False
 ) -> list[Block]:
@@ -125,19 +67,13 @@ def make_blocks(
     `fine`: cut a small corpus into about SMALL_CORPUS_BLOCKS blocks (see the module).
     """
     small = small_corpus_piece(shards) if fine else None
-    rows = row_piece(shards, fine=fine)
+
+    def piece(size: int) -> int:  # the target block size of a file of `size` units
+        return _piece_size(size, block_size, small)
+
     blocks: list[Block] = []
     for index, shard in enumerate(shards):
-        if shard.layout is not None:  # Parquet, Arrow: row ranges inside row groups
-            blocks.extend(Block(index, a, b) for a, b in row_blocks(shard.layout, rows))
-        elif shard.format != "jsonl":  # tar, or any format read whole: one block
-            blocks.append(Block(index))
-        elif shard.codec is None and shard.size is not None:
-            blocks.extend(_byte_ranges(index, shard.size, block_size, small))
-        elif shard.frames is not None:
-            blocks.extend(_frame_runs(index, shard, block_size, small))
-        else:
-            blocks.append(Block(index))
+        blocks.extend(shard.format.blocks(index, shard, piece))  # its format cuts the file
     return blocks
 
 

@@ -29,7 +29,6 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from ..formats.columnar import group_of
 from ..retry import DEFAULT_RETRY, RetryPolicy
 from .cache import CLAIMS, CacheSpec
 from .mounts import on_fuse_mount, on_remote_mount
@@ -75,21 +74,11 @@ def on_fuse(shards: Iterable[Shard]) -> bool:
 
 
 def block_span(shard: Shard, start: int, end: int | None, *, at_line: bool) -> Span | None:
-    """The stored bytes a reader reads for decoded bytes [start, end) of a block of `shard`
-    (tar and ``.json`` shards: the whole file); None when the file's size is unknown.
-    `at_line`: a line begins at `start` (a resume point); else, unless the shard's frames
-    end lines, the reader looks for the newline before `start` first."""
-    if shard.layout is not None:  # Parquet, Arrow: the row group's bytes (or the whole file)
-        group = shard.layout.groups[group_of(shard.layout, start)] if shard.layout.groups else None
-        if group is not None and group.start is not None:
-            return shard, group.start, group.end
-        first, last = 0, shard.size
-    elif shard.format != "jsonl":
-        first, last = 0, shard.size
-    else:
-        if not at_line and start > 0 and not shard.frames_end_lines:
-            start -= 1
-        first, _, last = stored_span(shard, start, end)
+    """The stored bytes a reader reads for positions [start, end) of a block of `shard`, as
+    its format says (`Format.read_range`: formats read whole, the whole file); None when the
+    file's size is unknown. `at_line`: a record begins at `start` (a resume point)."""
+    decoded_start, decoded_end = shard.format.read_range(shard, start, end, at_line=at_line)
+    first, _, last = stored_span(shard, decoded_start, decoded_end)
     return None if last is None else (shard, first, last)
 
 

@@ -230,7 +230,7 @@ def block_key(shard: Shard, block: Block, *, name: str, key: str, upstream: str 
     content = (f"checksum={shard.checksum}" if shard.checksum is not None
                else f"version={shard.version}")
     parts = (f"format={FORMAT_VERSION}", f"name={_plain_name(name)}", f"size={shard.size}",
-             content, f"read={shard.format}/{shard.codec}",
+             content, f"read={shard.format.name}/{shard.codec}",
              f"block={block.start}:{block.end}", f"key={key}", f"upstream={upstream}")
     digest = hashlib.blake2b(digest_size=_KEY_DIGITS // 2)
     for part in parts:

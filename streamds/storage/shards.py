@@ -1,10 +1,10 @@
 """Sources -> shards: resolve a path, list, directory, glob or fsspec URL to sorted files.
 
 A `Shard` is one file with what planning needs to know about it: its size, its format
-(JSON lines, a tar of JSON members, or a ``.json`` file read whole as a document or as lines
-by the rule of `streamds.formats.documents`), its codec and, for seekable zstd files, its
-frames. Resolving lists and stats files but keeps nothing open, so shards pickle into
-workers.
+(a `streamds.formats.registry` format object, settled when the file is resolved: JSON lines,
+seekable zstd JSON lines, a tar of JSON members, a ``.json`` file read whole ...), its codec
+and, for seekable zstd files, its frames. Resolving lists and stats files but keeps nothing
+open, so shards pickle into workers.
 
 A folder listing also checks what it found against any `manifest.json` in the folder (a
 listed shard that is missing is an error: its records would be lost), reports the files it
@@ -28,17 +28,12 @@ from typing import Any, BinaryIO
 import fsspec
 from fsspec.core import url_to_fs
 
-from ..errors import CorruptShardError
-from ..formats import arrow, parquet
 from ..formats.codecs import codec_of, decode, require_codec, strip_codec
-from ..formats.columnar import Layout, require_pyarrow
-from ..formats.documents import LINES, RESOLVE_ABOVE, is_document_name, probe
 from ..formats.filenames import (
     RECORD_SUFFIXES,
     copy_of,
     foreign_format,
     foreign_hint,
-    format_of,
     sibling_key,
 )
 from ..formats.manifest import (
@@ -49,7 +44,9 @@ from ..formats.manifest import (
     check_listing,
     parse_manifest,
 )
-from ..formats.seekable import Frame, SeekTableError, read_seek_table
+from ..formats.protocol import FileFacts, Format
+from ..formats.registry import named, of_file
+from ..formats.seekable import Frame
 from ..formats.trees import (
     LeftOut,
     canonical_path,
@@ -114,17 +111,22 @@ class Shard:
     url: str  # how messages, sorting and the cache name it: credentials redacted (`redact`)
     path: str = field(repr=False)  # the path within `fs` (a URL's credentials included)
     size: int | None  # stored bytes; None when the storage does not say (some HTTP servers)
-    format: str  # "jsonl", "tar", "json" (a .json file read whole: a document or lines),
-    # "parquet" or "arrow" (`streamds.formats.columnar`: rows of row groups / record batches)
+    # how the file is read (`streamds.formats.registry`); a name given here is looked up
+    format: Format
     codec: str | None  # "zst", "gz", "bz2", "xz" or None
     frames: tuple[Frame, ...] | None = None  # seekable zstd frames, when the file has a seek table
     frame_records: tuple[int, ...] | None = None  # records per frame, from a manifest
     checksum: str | None = None  # the manifest's xxh64 hex digest of the stored file
-    layout: Layout | None = None  # Parquet and Arrow files: their row groups (record batches)
+    layout: Any = None  # what else the format read to cut blocks (`Settled.layout`)
     columns: tuple[str, ...] | None = None  # Parquet and Arrow files: the columns read (None: all)
     # what the storage said identifies this content (ETag, Last-Modified, mtime: `_version_of`)
     version: str | None = field(default=None, compare=False)
     fs: fsspec.AbstractFileSystem = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.format, str):
+            object.__setattr__(self, "format", named(self.format))
+        self.format.check(self)
 
     @property
     def decoded_size(self) -> int | None:
@@ -382,100 +384,37 @@ def _identity(fs: fsspec.AbstractFileSystem, info: dict, real_dirs: dict[str, st
     return fs.unstrip_protocol(fs._strip_protocol(info["name"]))
 
 
-def _read_frames(fs: fsspec.AbstractFileSystem, path: str, size: int, url: str):
-    with fs.open(path, mode="rb") as raw:
-        return read_seek_table(raw, size, name=url)
-
-
-def _frames_of(
-    fs: fsspec.AbstractFileSystem, path: str, size: int | None, url: str, on_error: str
-) -> tuple[Frame, ...] | None:
-    """The seek table of a .zst file (None: a foreign .zst). Transient errors are retried.
-
-    A damaged table raises CorruptShardError, or under on_error="skip" the file is read
-    as a plain zstd stream (whole-file block) instead.
-    """
-    if size is None:
-        return None
-    try:
-        frames = retrying(
-            lambda: _read_frames(fs, path, size, url), DEFAULT_RETRY, f"{url}: seek table"
-        )
-    except SeekTableError as err:
-        if on_error == "skip":
-            log.warning("%s; reading it as a plain zstd stream", err)
-            return None
-        raise CorruptShardError(
-            f"{url}: damaged seek table ({err}); convert the file again, or pass "
-            "on_error='skip' to read it as a plain zstd stream",
-            url=url,
-            offset=size,
-        ) from err
-    return tuple(frames) if frames is not None else None
-
-
-def _manifest_frames(fs: fsspec.AbstractFileSystem, infos: list[dict]) -> dict[str, Any]:
-    """path -> (bytes, frames, records per frame, checksum) from the manifest.json beside
-    .zst files.
+def _manifest_entries(fs: fsspec.AbstractFileSystem, infos: list[dict]) -> dict[str, Any]:
+    """path -> (the manifest's format, its `ShardEntry`) from the manifest.json beside .zst
+    files, for their formats to settle from (`FileFacts.listed`).
 
     Saves opening every shard for its seek table. A missing or unreadable manifest is
-    skipped (the seek tables are read instead); so is an entry whose size is not the file's.
+    skipped (the seek tables are read instead).
     """
     known: dict[str, Any] = {}
     parents = {info["name"].rsplit("/", 1)[0] for info in infos if codec_of(info["name"]) == "zst"}
     for parent in sorted(parents):
         try:
             manifest = parse_manifest(fs.cat_file(f"{parent}/{MANIFEST_NAME}"), name=parent)
+            fmt = named(manifest.shard_format)
         except Exception:  # optional: any failure falls back to reading the seek tables
             continue
-        if manifest.shard_format == "jsonl.zst":
-            for entry in manifest.shards:
-                known[f"{parent}/{entry.name}"] = (
-                    entry.bytes, entry.seek_frames(), tuple(entry.records_per_frame),
-                    entry.checksum,
-                )
+        for entry in manifest.shards:
+            known[f"{parent}/{entry.name}"] = (fmt, entry)
     return known
 
 
-COLUMNAR = ("parquet", "arrow")  # formats whose records are columns' values, not JSON lines
+def _reader_of(fs: fsspec.AbstractFileSystem, path: str, url: str):
+    """`FileFacts.read`: fn(the stored file), opened and closed here, transient errors retried."""
 
+    def read(fn, what: str):
+        def once():
+            with fs.open(path, mode="rb") as raw:
+                return fn(raw)
 
-def _read_layout(fs: fsspec.AbstractFileSystem, path: str, fmt: str, url: str) -> Layout:
-    if fmt == "arrow" and _is_local(fs):  # a local Arrow file is mapped: nothing is copied
-        pa = require_pyarrow(url)
-        with pa.memory_map(path) as mapped:
-            return arrow.layout(mapped, url)
-    with fs.open(path, mode="rb") as raw:
-        if fmt == "parquet":
-            return parquet.layout(raw, url)
-        return arrow.layout(raw, url)
+        return retrying(once, DEFAULT_RETRY, f"{url}: {what}")
 
-
-def _layout_of(fs: fsspec.AbstractFileSystem, path: str, fmt: str, url: str, info: dict
-               ) -> Layout:
-    """The row groups (record batches) of a Parquet (Arrow) file, from its footer (one pass
-    over an Arrow file's messages); transient errors are retried."""
-    require_pyarrow(url)
-    return retrying(lambda: _read_layout(fs, path, fmt, url), DEFAULT_RETRY,
-                    f"{url}: footer")
-
-
-def _probe_plain(fs: fsspec.AbstractFileSystem, path: str) -> str:
-    with fs.open(path, mode="rb") as raw:
-        return probe(raw.read)[0]
-
-
-def _json_format(
-    fs: fsspec.AbstractFileSystem, path: str, size: int | None, codec: str | None, url: str
-) -> str:
-    """The format of a ``.json`` file (`streamds.formats.documents`): "jsonl" for a large
-    plain file of JSON lines, which then splits into blocks; otherwise "json", one block
-    whose reader decides between a document and JSON lines (so resolving a tree of small
-    files opens none of them)."""
-    if codec is not None or size is None or size <= RESOLVE_ABOVE:
-        return "json"
-    found = retrying(lambda: _probe_plain(fs, path), DEFAULT_RETRY, f"{url}: first line")
-    return "jsonl" if found == LINES else "json"
+    return read
 
 
 def _shard_of(
@@ -487,33 +426,24 @@ def _shard_of(
     foreign = foreign_format(name)
     if foreign in ("Feather", "Avro", "ORC"):  # binary: never JSON lines
         raise ValueError(f"{url} is a {foreign} file: {foreign_hint(foreign)}")
-    fmt, codec = format_of(name)
+    fmt, codec = of_file(name)
     require_codec(codec, url)
     size = info.get("size")
-    frames = frame_records = checksum = None
-    if fmt in COLUMNAR:
-        return Shard(url=url, path=path, size=size, format=fmt, codec=None,
-                     layout=_layout_of(fs, path, fmt, url, info), version=_version_of(info),
-                     fs=fs)
-    if fmt == "jsonl" and is_document_name(name):
-        fmt = _json_format(fs, path, size, codec, url)
-    if codec == "zst" and fmt == "jsonl":
-        listed = known.get(path)
-        if listed is not None and listed[0] == size:
-            frames, frame_records, checksum = listed[1], listed[2] or None, listed[3]
-        else:
-            frames = _frames_of(fs, path, size, url, on_error)
+    settled = fmt.settle(FileFacts(name=name, url=url, size=size, codec=codec,
+                                   on_error=on_error, read=_reader_of(fs, path, url),
+                                   listed=known.get(path)))
     return Shard(
-        url=url, path=path, size=size, format=fmt, codec=codec, frames=frames,
-        frame_records=frame_records, checksum=checksum, version=_version_of(info), fs=fs,
+        url=url, path=path, size=size, format=settled.format, codec=codec,
+        frames=settled.frames, frame_records=settled.frame_records, checksum=settled.checksum,
+        version=_version_of(info), layout=settled.layout, fs=fs,
     )
 
 
 def with_columns(shards: list[Shard], columns: Sequence[str] | None) -> list[Shard]:
     """`shards` with the Parquet and Arrow files set to read `columns` only (None: all).
 
-    Refuses a `columns` that is not a list of names, or that names a column no columnar file
-    of the corpus has (naming the file), here in the constructor rather than in a worker.
+    Refuses a `columns` that is not a list of names, or that names a column a file of the
+    corpus lacks (naming the file), here in the constructor rather than in a worker.
     """
     if columns is None:
         return shards
@@ -522,20 +452,21 @@ def with_columns(shards: list[Shard], columns: Sequence[str] | None) -> list[Sha
     if not columns:
         raise ValueError("columns is empty; name at least one column, or pass None for all")
     chosen = tuple(dict.fromkeys(columns))
-    columnar = [shard for shard in shards if shard.layout is not None]
+    columnar = [shard for shard in shards if hasattr(shard.layout, "columns")]
     if not columnar:
         raise ValueError(
             f"columns={list(chosen)!r} selects columns of Parquet and Arrow files, and the "
             "source has none; leave columns out for JSON lines"
         )
     for shard in columnar:
-        missing = [name for name in chosen if name not in shard.layout.columns]  # type: ignore[union-attr]
+        missing = [name for name in chosen if name not in shard.layout.columns]
         if missing:
             raise ValueError(
                 f"columns: {shard.url} has no column {missing[0]!r}; its columns are "
-                f"{list(shard.layout.columns)}; fix columns=[...]"  # type: ignore[union-attr]
+                f"{list(shard.layout.columns)}; fix columns=[...]"
             )
-    return [dataclasses.replace(shard, columns=chosen) if shard.layout is not None else shard
+    picked = set(map(id, columnar))
+    return [dataclasses.replace(shard, columns=chosen) if id(shard) in picked else shard
             for shard in shards]
 
 
@@ -621,7 +552,7 @@ def list_source(
             _check_manifests(given, found)
             _report_left_out(given, found.left_out)
             left_out.extend(found.left_out)
-        known = _manifest_frames(fs, infos)
+        known = _manifest_entries(fs, infos)
         made = [_shard_of(fs, info, given, known, on_error) for info in infos]
         shards.extend(made)
         if found.left_out is not None:

@@ -86,7 +86,7 @@ def _count_records(shard: Any) -> tuple[int, int]:
     from ..storage.plan import Block
     from ..storage.read import open_decoded_at, read_lines
 
-    if shard.format in ("tar", "json"):  # members, or a document's records: as the reader
+    if not shard.format.line_positions:  # members, a document's records: as the reader
         records = decoded = 0
         for chunk in read_lines(shard, Block(0), 0):
             records += sum(1 for line in chunk.lines if line.strip())
@@ -103,24 +103,24 @@ def _count_records(shard: Any) -> tuple[int, int]:
 
 
 def _inspect_manifest(directory: Path, manifest: Manifest) -> list[str]:
+    from ..formats.registry import named
     from ..storage.shards import resolve_shards
 
     totals = manifest.totals
     ratio = totals["decoded_bytes"] / totals["bytes"] if totals["bytes"] else 0.0
-    zstd = manifest.shard_format == "jsonl.zst"
+    fmt = named(manifest.shard_format)
     c = manifest.counts
     out = [
         f"{directory}: converted shards ({MANIFEST_NAME}, version 1)",
-        f"  format     {manifest.shard_format}"
-        + (" (seekable zstd: frames of whole lines + seek table)" if zstd else " (webdataset)"),
-        f"  codec      {'zst' if zstd else 'none'}",
-        f"  seekable   {'yes' if zstd else 'no (tar: split by whole shard)'}",
+        f"  format     {fmt.name} ({fmt.summary})",
+        f"  codec      {fmt.codec or 'none'}",
+        f"  seekable   {'yes' if fmt.splits else f'no ({fmt.name}: split by whole shard)'}",
         f"  shards     {totals['shards']:,}",
         f"  records    {totals['records']:,}",
         f"  bytes      {human_bytes(totals['bytes'])} stored, "
         f"{human_bytes(totals['decoded_bytes'])} decoded (ratio {ratio:.2f}x)",
     ]
-    if zstd:
+    if fmt.splits:
         frames = totals["frames"]
         mean = totals["decoded_bytes"] / frames if frames else 0
         out.append(f"  frames     {frames:,} (mean {human_bytes(mean)} decoded)")
@@ -199,7 +199,7 @@ def _inspect_files(target: str, count: bool, quiet: bool) -> list[str]:
         ratio_all = total_decoded / total_bytes if total_bytes else 0.0
         out.append(f"  total      {total_records:,} records, {human_bytes(total_bytes)} stored, "
                    f"{human_bytes(total_decoded)} decoded (ratio {ratio_all:.2f}x)")
-    formats = sorted({s.format for s in shards})
+    formats = sorted({s.format.name for s in shards})
     out.append(f"  format     {', '.join(formats)}")
     out.extend(_left_out_lines(listing.left_out, target))
     record = _first_record(shards)
