@@ -217,3 +217,13 @@ def test_without_huggingface_hub_the_error_names_the_extra(monkeypatch):
     monkeypatch.setattr("streamds.storage.shards.url_to_fs", no_hub)
     with pytest.raises(ImportError, match=r"pip install 'streamds\[hub\]'"):
         StreamingJsonl(f"hf://datasets/{REPO}/document")
+
+
+def test_hub_files_are_read_once_through_the_shard_cache(hub, tmp_path):
+    endpoint, expected = hub
+    storage = Storage(options={"endpoint": endpoint, "token": TOKEN}, cache_dir=tmp_path)
+    ds = StreamingJsonl(f"hf://datasets/{REPO}/document", storage=storage, columns=["id"])
+    assert ids(list(ds)) == expected
+    Hub.seen.clear()
+    assert ids(list(ds)) == expected  # the second epoch: from the local copies
+    assert not [seen for seen in Hub.seen if "/resolve/" in seen[1] and seen[0] == "GET"]

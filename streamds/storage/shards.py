@@ -157,10 +157,10 @@ def _url_of(fs: fsspec.AbstractFileSystem, path: str, given: str) -> str:
 
 
 # What the storage says identifies a file's content, most specific first: an object store's
-# ETag or generation, an HTTP server's ETag or Last-Modified, a local file's modification
-# time, an in-memory file's creation time
-_VERSION_KEYS = ("etag", "generation", "version_id", "last-modified", "lastmodified",
-                 "last_modified", "updated", "mtime", "created")
+# ETag or generation, the Hugging Face Hub's git blob id, an HTTP server's ETag or
+# Last-Modified, a local file's modification time, an in-memory file's creation time
+_VERSION_KEYS = ("etag", "generation", "version_id", "blob_id", "last-modified",
+                 "lastmodified", "last_modified", "updated", "mtime", "created")
 
 
 def _version_of(info: dict) -> str | None:
