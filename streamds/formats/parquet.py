@@ -4,9 +4,9 @@ A block is a row range inside one row group (`columnar.row_blocks`). Reading one
 file through the storage layer's file object (ranged reads, read-ahead, the shard cache),
 takes the footer (kept per process, keyed by the file's identity, so a reader of many blocks
 of one file reads it once), and reads only that row group's chunks of the columns asked for,
-in batches of BATCH_ROWS rows. Rows before `start` in the row group are decoded and dropped
-(Parquet's reader has no row seek); the planner splits a row group only where the corpus is
-short of blocks, so that cost stays small.
+in batches of BATCH_ROWS rows. A row range of a row group cut into several decodes the whole
+row group (Parquet's reader has no row seek) and keeps it, the last one per process, so a
+reader owning several ranges of it decodes it once; memory stays one row group.
 
 A file pyarrow cannot read (no footer, a damaged page) raises `CorruptShardError` naming the
 file and the row group.
@@ -118,8 +118,17 @@ def read_rows(
             "since the dataset was built: build it again",
             url=url, offset=start,
         )
+    rows = metadata.row_group(group).num_rows
     try:
         reader = pa.parquet.ParquetFile(file, metadata=metadata)
+        if (start, end) != (first, first + rows):  # a row range: slices of the decoded group
+            whole = _decoded_group(reader, (key, group, tuple(names)), group, names)
+            if whole.num_rows < end - first:
+                raise ValueError(f"it holds {whole.num_rows} rows, its footer says {rows}")
+            for at in range(start, end, batch_rows):
+                part = whole.slice(at - first, min(batch_rows, end - at))
+                yield at, records_of(part)
+            return
         batches = reader.iter_batches(batch_size=batch_rows, row_groups=[group], columns=names,
                                       use_threads=False)
         row = first
@@ -138,6 +147,19 @@ def read_rows(
     if row < end:
         raise _damaged(url, f"row group {group}",
                        ValueError(f"it ends at row {row}, its footer says {end}"), offset=row)
+
+
+_GROUP: list[Any] = [None, None]  # (key, group, columns) and its table: the last row group cut
+# into row ranges that this process decoded
+
+
+def _decoded_group(reader: Any, which: Any, group: int, names: list[str]) -> Any:
+    """Row group `group`'s `names` columns, decoded; the last one is kept, so a reader that
+    owns several row ranges of one row group decodes it once (memory: one row group)."""
+    if which[0] is None or _GROUP[0] != which:
+        _GROUP[:] = [None, None]  # let the last go before decoding the next
+        _GROUP[:] = [which, reader.read_row_group(group, columns=names, use_threads=False)]
+    return _GROUP[1]
 
 
 class Parquet(Columnar):
