@@ -20,7 +20,7 @@ import functools
 import logging
 import os
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -404,11 +404,12 @@ def _manifest_entries(fs: fsspec.AbstractFileSystem, infos: list[dict]) -> dict[
     return known
 
 
-def _reader_of(fs: fsspec.AbstractFileSystem, path: str, url: str):
+def _reader_of(fs: fsspec.AbstractFileSystem, path: str, url: str
+               ) -> Callable[[Callable[[BinaryIO], Any], str], Any]:
     """`FileFacts.read`: fn(the stored file), opened and closed here, transient errors retried."""
 
-    def read(fn, what: str):
-        def once():
+    def read(fn: Callable[[BinaryIO], Any], what: str) -> Any:
+        def once() -> Any:
             with fs.open(path, mode="rb") as raw:
                 return fn(raw)
 
