@@ -348,3 +348,12 @@ def test_arrow_files_read_exactly_once_and_resume(tmp_path, kind):
         return StreamingJsonl(tmp_path, shuffle=True, buffer_size=20, columns=["id", "tags"])
 
     run_test_save_load_state(make, [0, 77, 299])
+
+
+def test_format_reads_a_file_whose_name_says_nothing(tmp_path):
+    pq.write_table(table(0, 50), tmp_path / "data-00000")
+    assert ids(list(StreamingJsonl(tmp_path / "data-00000", format="parquet"))) == list(range(50))
+    with pytest.raises(ValueError, match="data-00000"):  # read as JSON lines: refused
+        list(StreamingJsonl(tmp_path / "data-00000"))
+    with pytest.raises(ValueError, match=r"unknown shard format 'parq'.*'parquet'"):
+        StreamingJsonl(tmp_path / "data-00000", format="parq")

@@ -94,6 +94,10 @@ class StreamingJsonl(StreamdsDataset):
         ds = ds.map(to_text)  # a function defined at module level (workers pickle it)
         loader = DataLoader(ds, batch_size=32, num_workers=4)
 
+    Parquet (``.parquet``, ``.pq``) and Arrow IPC (``.arrow``) files are read by row group:
+    ``columns=["article", "abstract"]`` reads only those columns, ``format="parquet"`` (any
+    registered format's name) reads files whose names say nothing (docs/reading.md).
+
     How the files are reached (fsspec options, read-ahead, a local cache, retries, the block
     size) is one `streamds.Storage` value: ``storage=Storage(options={"anon": True})``. The
     older keywords (``storage_options=``, ``readahead=``, ``cache_dir=``, ``cache_limit=``,
@@ -115,6 +119,7 @@ class StreamingJsonl(StreamdsDataset):
         storage: Storage | None = None,
         worker_cpus: str = "auto",
         columns: Sequence[str] | None = None,
+        format: str | None = None,
         # older spellings, still accepted with a DeprecationWarning: .map(fn) and
         # .with_resume(merged), and the storage settings one by one (see `Storage`)
         transform: Callable[[Any], Any] | None = None,
@@ -173,7 +178,7 @@ class StreamingJsonl(StreamdsDataset):
         self._batch: BatchSpec | None = None  # whole batches out of the workers (.batch)
         self._records_cache: RecordsCache | None = None  # stored records (.cache)
         self._shards: list[Shard] = with_columns(
-            resolve_shards(source, storage_options, on_error=on_error), columns)
+            resolve_shards(source, storage_options, on_error=on_error, format=format), columns)
         # even ranks cut a small corpus finer, so that ranks' shares differ by little
         self._fine_piece = small_corpus_piece(self._shards) if even_ranks is not None else None
         # what a state says about the corpus (names under the source root, sizes, checksums)

@@ -46,6 +46,7 @@ from ..formats.manifest import (
 )
 from ..formats.protocol import FileFacts, Format
 from ..formats.registry import named, of_file
+from ..formats.registry import named as format_named
 from ..formats.seekable import Frame
 from ..formats.trees import (
     LeftOut,
@@ -419,7 +420,8 @@ def _reader_of(fs: fsspec.AbstractFileSystem, path: str, url: str
 
 
 def _shard_of(
-    fs: fsspec.AbstractFileSystem, info: dict, given: str, known: dict, on_error: str
+    fs: fsspec.AbstractFileSystem, info: dict, given: str, known: dict, on_error: str,
+    forced: Format | None = None,
 ) -> Shard:
     path = info["name"]
     url = _url_of(fs, path, given)
@@ -428,6 +430,8 @@ def _shard_of(
     if foreign in ("Feather", "Avro", "ORC"):  # binary: never JSON lines
         raise ValueError(f"{url} is a {foreign} file: {foreign_hint(foreign)}")
     fmt, codec = of_file(name)
+    if forced is not None:  # format=...: a file whose name says nothing (or says wrong)
+        fmt = forced
     require_codec(codec, url)
     size = info.get("size")
     settled = fmt.settle(FileFacts(name=name, url=url, size=size, codec=codec,
@@ -524,9 +528,12 @@ class Listing:
 
 
 def list_source(
-    source: Source, storage_options: dict[str, Any] | None = None, *, on_error: str = "raise"
+    source: Source, storage_options: dict[str, Any] | None = None, *, on_error: str = "raise",
+    format: str | None = None,
 ) -> Listing:
-    """The shards of `source` (`resolve_shards`) and what its listings left out, and why."""
+    """The shards of `source` (`resolve_shards`) and what its listings left out, and why.
+    `format`: the registered format every file is read in, whatever its name says."""
+    forced = None if format is None else format_named(format)  # ValueError: the known ones
     items = source_items(source)
     options = dict(storage_options or {})
     shards: list[Shard] = []
@@ -554,7 +561,7 @@ def list_source(
             _report_left_out(given, found.left_out)
             left_out.extend(found.left_out)
         known = _manifest_entries(fs, infos)
-        made = [_shard_of(fs, info, given, known, on_error) for info in infos]
+        made = [_shard_of(fs, info, given, known, on_error, forced) for info in infos]
         shards.extend(made)
         if found.left_out is not None:
             listed.extend(made)
@@ -564,7 +571,8 @@ def list_source(
 
 
 def resolve_shards(
-    source: Source, storage_options: dict[str, Any] | None = None, *, on_error: str = "raise"
+    source: Source, storage_options: dict[str, Any] | None = None, *, on_error: str = "raise",
+    format: str | None = None,
 ) -> list[Shard]:
     """All files `source` names, in natural order of their URLs, each file once.
 
@@ -575,7 +583,7 @@ def resolve_shards(
     lists that is missing (`MissingShardError`), and ValueError when one file is named twice
     under any spelling (see `canonical_path`) or is in a format streamds does not read.
     """
-    return list_source(source, storage_options, on_error=on_error).shards
+    return list_source(source, storage_options, on_error=on_error, format=format).shards
 
 
 # -- copies ------------------------------------------------------------------------------
