@@ -32,7 +32,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from streamds import Mix, StreamingJsonl, merge_states
 from streamds.errors import CorruptShardError, MissingCodecError
-from streamds.formats import columnar
+from streamds.formats import columnar, parquet
 from streamds.formats.columnar import UnsupportedColumnError
 
 BATCH = 4
@@ -357,3 +357,15 @@ def test_format_reads_a_file_whose_name_says_nothing(tmp_path):
         list(StreamingJsonl(tmp_path / "data-00000"))
     with pytest.raises(ValueError, match=r"unknown shard format 'parq'.*'parquet'"):
         StreamingJsonl(tmp_path / "data-00000", format="parq")
+
+
+def test_resume_inside_a_block_of_several_batches(tmp_path):
+    """A block longer than one batch of rows (`parquet.BATCH_ROWS`) hands out several chunks;
+    a state taken in its second chunk resumes at the exact row."""
+    pq.write_table(pa.table({"id": list(range(20_000))}), tmp_path / "one.parquet",
+                   row_group_size=20_000)
+    ds = StreamingJsonl(tmp_path)
+    assert max((b.end or 20_000) - b.start for b in ds._block_list) > parquet.BATCH_ROWS
+    cuts = [parquet.BATCH_ROWS, parquet.BATCH_ROWS + 76]  # at the second chunk, inside it
+    whole = run_test_save_load_state(lambda: StreamingJsonl(tmp_path), cuts)
+    assert ids(whole) == list(range(20_000))
