@@ -53,7 +53,7 @@ from ..storage.read import open_decoded_at
 from ..storage.readahead import DEFAULT_READAHEAD, wants_readahead
 from ..storage.records_cache import RecordStore, block_key, uncacheable
 from ..storage.settings import Storage, storage_of
-from ..storage.shards import Shard, resolve_shards, source_items
+from ..storage.shards import Shard, resolve_shards, source_items, with_columns
 from ..world import World, detect_world
 from .base import StreamdsDataset
 from .callers import check_outer_split, loader_len_call
@@ -94,6 +94,10 @@ class StreamingJsonl(StreamdsDataset):
         ds = ds.map(to_text)  # a function defined at module level (workers pickle it)
         loader = DataLoader(ds, batch_size=32, num_workers=4)
 
+    Parquet (``.parquet``, ``.pq``) and Arrow IPC (``.arrow``) files are read by row group:
+    ``columns=["article", "abstract"]`` reads only those columns, ``format="parquet"`` (any
+    registered format's name) reads files whose names say nothing (docs/reading.md).
+
     How the files are reached (fsspec options, read-ahead, a local cache of the shards,
     retries, the block size) is one `streamds.Storage` value:
     ``storage=Storage(options={"anon": True})``. Steps are added with `.map` / `.filter`, an
@@ -112,6 +116,8 @@ class StreamingJsonl(StreamdsDataset):
         world_size: int | None = None,
         even_ranks: str | None = None,
         storage: Storage | None = None,
+        columns: Sequence[str] | None = None,
+        format: str | None = None,
     ) -> None:
         super().__init__()
         check_bool("shuffle", shuffle)
@@ -147,8 +153,9 @@ class StreamingJsonl(StreamdsDataset):
         self._steps: tuple[Step, ...] = ()  # map and filter of the records (.map/.filter)
         self._batch: BatchSpec | None = None  # whole batches out of the workers (.batch)
         self._records_cache: RecordsCache | None = None  # stored records (.cache)
-        self._shards: list[Shard] = resolve_shards(source, storage_options, on_error=on_error,
-                                                   retry=self.retry)
+        self._shards: list[Shard] = with_columns(
+            resolve_shards(source, storage_options, on_error=on_error, retry=self.retry,
+                           format=format), columns)
         # even ranks cut a small corpus finer, so that ranks' shares differ by little
         self._fine_piece = small_corpus_piece(self._shards) if even_ranks is not None else None
         # what a state says about the corpus (names under the source root, sizes, checksums)
