@@ -211,15 +211,31 @@ def test_mix_of_parquet_and_jsonl_resumes_exactly(corpus_dir, tmp_path):
                    [0.7, 0.3], seed=1)
 
     whole = run_test_save_load_state(make, [0, 13, 100])
-    assert set(expected) <= set(ids(whole)) or len(whole) > 0
+    seen = ids(whole)
+    jsonl = set(range(10_000, 10_050))
+    assert len(seen) == len(set(seen))  # no record twice, across both formats
+    assert set(seen) <= set(expected) | jsonl
+    assert set(seen) & set(expected) and set(seen) & jsonl  # both sources were drawn from
 
 
 def test_cache_serves_the_same_records(corpus_dir, tmp_path):
-    path, _ = corpus_dir
-    ds = StreamingJsonl(path, shuffle=True, seed=1).map(lambda r: {"n": r["id"] * 2})
+    path, expected = corpus_dir
+    calls = []
+
+    def double(record):
+        calls.append(record["id"])
+        return {"n": record["id"] * 2}
+
+    ds = StreamingJsonl(path, shuffle=True, seed=1).map(double)
     cached = ds.cache(tmp_path / "cache", key="double")
-    first, second = list(cached), list(cached)
-    assert first == second == list(ds)
+    first = list(cached)
+    assert first == list(ds) and sorted(calls) == sorted(expected * 2)  # cached and plain
+    calls.clear()
+    cached.set_epoch(1)
+    ds.set_epoch(1)
+    second = list(cached)
+    assert calls == []  # epoch 1 came from the cache: the map ran for no record
+    assert second == list(ds) and sorted(r["n"] for r in second) == sorted(2 * i for i in expected)
 
 
 # -- columns and values ---------------------------------------------------------------------
