@@ -61,7 +61,7 @@ from fsspec.core import url_to_fs
 from streamds.errors import CorruptShardError
 from streamds.formats.codecs import decode, require_codec, strip_codec
 from streamds.formats.documents import LINES, document_records, probe
-from streamds.formats.filenames import format_of
+from streamds.formats.filenames import COLUMNAR_SUFFIXES, format_of
 from streamds.formats.samples import TarSampleError
 from streamds.formats.tar_links import TarLinkError
 from streamds.formats.trees import (
@@ -123,7 +123,8 @@ class Leaf:
     input: int
     rel: Rel | None
     path: str
-    kind: str  # "jsonl", "json" (a document or JSON lines, decided when read) or "tar"
+    kind: str  # "jsonl", "json" (a document or JSON lines, decided when read), "tar", or
+    # "rows" (Parquet, Arrow: refused when read)
     codec: str | None
     size: int | None = None  # stored bytes, when known without asking (a listing, a stat)
     fs: AbstractFileSystem | None = field(default=None, compare=False, repr=False)
@@ -341,6 +342,8 @@ def leaf_kind(name: str) -> tuple[str, str | None]:
     """(kind, codec) of a file name: ``x.json.gz`` -> ("json", "gz"), ``x.txt`` -> jsonl."""
     if name.endswith(".json"):  # the common case of a small-file tree, without codec lookups
         return "json", None
+    if name.lower().endswith(COLUMNAR_SUFFIXES):  # rows, not lines: refused when read
+        return "rows", None
     fmt, codec = format_of(name)
     if fmt == "jsonl" and strip_codec(name).lower().endswith(".json"):
         return "json", codec
@@ -830,6 +833,11 @@ class Inputs:
                 yield from _json_records(leaf, offset, line, meter, got, policy)
             elif leaf.kind == "tar":
                 yield from _read_tar(leaf, offset, meter, policy)
+            elif leaf.kind == "rows":  # Parquet, Arrow: StreamingJsonl reads them, not convert
+                raise ValueError(
+                    f"{leaf.path}: streamds convert reads JSON lines and tar shards, not "
+                    "Parquet or Arrow files; read the file with StreamingJsonl directly (it "
+                    "splits row groups and resumes exactly)")
             else:
                 yield from _read_jsonl(leaf, offset, line, meter, policy, anchor, stop)
         except CorruptShardError as err:

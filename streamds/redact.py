@@ -5,7 +5,8 @@ A URL may carry a secret in two places: its userinfo (``https://user:password@ho
 ``X-Amz-Signature``, CloudFront's ``Policy``, an Azure SAS ``sig``, a ``jwt``, ``hmac`` or
 ``access_token``). `redact` replaces both with ``***`` wherever a URL appears in a text, so it
 applies to a bare URL, a chained one (``simplecache::https://...``) and a message or a foreign
-exception's text alike; text without such URLs comes back unchanged.
+exception's text alike; text without such URLs comes back unchanged. A Hugging Face token
+(``hf_...``) is masked wherever it stands.
 
 The userinfo is everything between ``scheme://`` and the last ``@`` of the authority, whatever
 characters it holds (a quote, an unescaped ``@``); where the authority reads ``user:x`` with
@@ -68,6 +69,8 @@ _NOT_A_PORT = re.compile(r"^[^:\[]*:(?!\d*$).+$")
 # or space; a quote ends it only where the quoted text ends (before a space, ")", "," ...)
 _PARAM = re.compile(
     r"""([?&;#])([^=&;#\s'"<>?]+)=((?:[^&;#\s'"<>]|['"](?![\s),\]}>:;]|$))*)""")
+# a Hugging Face access token, wherever it stands (a header echoed in an error, a message)
+_HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{16,}")
 _RUN = re.compile(r"[A-Za-z0-9+/]{16,}")  # a run of base64 characters as long as a key
 _SECRET_BITS = 3.0  # Shannon entropy per character from which such a value looks random
 _LITERAL_MIN = 4  # characters of a known secret that the log filter replaces wherever it shows
@@ -135,6 +138,8 @@ def redact(text: str) -> str:
     >>> redact("source 'https://me:pw@host/a.jsonl?X-Amz-Signature=abc&part=1' failed")
     "source 'https://***@host/a.jsonl?X-Amz-Signature=***&part=1' failed"
     """
+    if "hf_" in text:
+        text = _HF_TOKEN.sub(f"hf_{MASK}", text)
     if "@" not in text and "=" not in text:
         return text  # the common case: a local path or a message without URLs
     if "@" in text:
@@ -209,7 +214,7 @@ def describe_error(err: BaseException) -> str:
 STORAGE_LOGGERS = ("fsspec", "fsspec.http", "fsspec.asyn", "fsspec.cached", "fsspec.caching",
                    "fsspec.generic", "fsspec.local", "fsspec.mapping", "fsspec.prefetcher",
                    "fsspec.reference", "fsspec.sftp", "webhdfs", "s3fs", "gcsfs", "adlfs",
-                   "aiohttp.client", "aiohttp.internal")
+                   "aiohttp.client", "aiohttp.internal", "huggingface_hub")
 
 
 class RedactingFilter(logging.Filter):

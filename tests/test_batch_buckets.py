@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from resume_contract import checkpoint, ids, run_test_save_load_state, write_mixed
+from resume_contract import checkpoint, ids, run_test_save_load_state
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -34,12 +34,6 @@ RULES = {
     "buckets": lambda: LengthBuckets(5, buffer_size=12, length="text"),
     "tokens": lambda: TokenBudget(900, buffer_size=13, length="text"),
 }
-
-
-@pytest.fixture(scope="module")
-def mixed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
-    directory = tmp_path_factory.mktemp("buckets") / "mixed"
-    return directory, write_mixed(directory)
 
 
 def text_length(record: dict[str, Any]) -> int:

@@ -46,10 +46,8 @@ def as_set(record: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("cache") / "corpus"
-    write_mixed(root)
-    return root
+def corpus(mixed: tuple[Path, list[int]]) -> Path:
+    return mixed[0]
 
 
 def dataset(corpus: Path, cache: Path | None, *, shuffle: bool = True, key: str = "k1",

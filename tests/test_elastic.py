@@ -45,9 +45,8 @@ def keep(record: dict[str, Any]) -> bool:
 
 
 @pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[int]]:
-    directory = tmp_path_factory.mktemp("elastic") / "corpus"
-    every = write_mixed(directory)
+def source(mixed: tuple[Path, list[int]]) -> tuple[str, list[int]]:
+    directory, every = mixed
     return str(directory), [i for i in every if i % 7 != 3]
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from resume_contract import checkpoint, ids, write_mixed
+from resume_contract import checkpoint, ids
 from torch.utils.data import IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -148,10 +148,9 @@ def flat(batches: list[Batch]) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def source(mixed: tuple[Path, list[int]]) -> Path:
     """322 records of every shard format, 10 blocks of 64 KiB or less."""
-    directory = tmp_path_factory.mktemp("epoch-boundary") / "mixed"
-    write_mixed(directory)
+    directory, _ = mixed
     assert len(make_blocks(resolve_shards(str(directory)), MIN_BLOCK_SIZE)) >= 9
     return directory
 

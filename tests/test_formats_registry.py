@@ -51,6 +51,28 @@ def write_converted(path: Path, data: bytes) -> Path:
     return shard
 
 
+def write_parquet(path: Path, data: bytes) -> Path:
+    """The records as a Parquet file of several row groups."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    values = [orjson.loads(line) for line in data.splitlines() if line.strip()]
+    pq.write_table(pa.Table.from_pylist(values), path, row_group_size=700)
+    return path
+
+
+def write_arrow(path: Path, data: bytes) -> Path:
+    """The records as an Arrow IPC stream (what `datasets`' save_to_disk writes)."""
+    import pyarrow as pa
+
+    values = pa.Table.from_pylist([orjson.loads(line) for line in data.splitlines()
+                                   if line.strip()])
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, values.schema) as writer:
+        for batch in values.to_batches(max_chunksize=900):
+            writer.write_batch(batch)
+    return path
+
+
 # the format a sample settles into -> (file suffix, writer of decoded JSON lines) per sample
 SAMPLES: dict[str, list[tuple[str, Callable[[Path, bytes], Path]]]] = {
     "jsonl": [(".jsonl", corpus.write_plain), (".jsonl.gz", corpus.write_gz),
@@ -59,6 +81,8 @@ SAMPLES: dict[str, list[tuple[str, Callable[[Path, bytes], Path]]]] = {
     "jsonl.zst": [(".jsonl.zst", corpus.write_seekable_zst), (".jsonl.zst", write_converted)],
     "json": [(".json", write_document), (".json.gz", corpus.write_gz)],
     "tar": [(".tar", corpus.write_tar_json), (".tar", corpus.write_tar_jsonl)],
+    "parquet": [(".parquet", write_parquet)],
+    "arrow": [(".arrow", write_arrow)],
 }
 CASES = [pytest.param(name, suffix, writer, id=f"{name}:{writer.__name__}:{suffix}")
          for name, samples in SAMPLES.items() for suffix, writer in samples]

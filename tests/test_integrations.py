@@ -3,6 +3,7 @@ gathered state (each rank's own back in the same world; merged under another wor
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -92,6 +93,29 @@ def test_trained_lags_the_batches_handed_out(source: str) -> None:
     resumed = StreamdsLoader(StreamingJsonl(source), batch_size=4, collate_fn=ids)
     resumed.load_state_dict(loader.state_dict())
     assert next(iter(resumed)) == trained[4]
+
+
+
+def fails_at_id_100(record: dict) -> dict:
+    if record["id"] == 100:
+        raise ValueError("record 100 is bad")
+    return record
+
+
+def test_a_failed_epoch_stops_its_workers_before_the_error_reaches_the_loop(
+    source: str
+) -> None:
+    """Left to the garbage collector (the error holds the iterator in a reference cycle),
+    the two workers took 10 s to go, in whatever code ran then."""
+    loader = StreamdsLoader(StreamingJsonl(source).map(fails_at_id_100), batch_size=4,
+                            num_workers=2, collate_fn=ids)
+    before = set(multiprocessing.active_children())
+    with pytest.raises(ValueError, match="record 100 is bad") as raised:
+        for _ in loader:
+            pass
+    assert set(multiprocessing.active_children()) - before == set()  # exited and joined
+    assert raised.value is not None  # the error (and the iterator it holds) is still alive
+    assert loader.state_dict()[RANKS]  # still readable after the failure
 
 
 def test_states_of_another_world_are_merged(source: str) -> None:

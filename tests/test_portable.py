@@ -8,7 +8,6 @@ the file and how it differs, and a different setting by name with both values.
 
 from __future__ import annotations
 
-import gc
 import itertools
 import json
 import math
@@ -33,6 +32,7 @@ from streamds.errors import StateMismatchError
 from streamds.preprocess.convert import convert
 from streamds.resume.identity import Identity, relative_names, source_root
 from streamds.storage.shards import Shard, natural_key
+from streamds.train.loader import stop_workers
 
 OPTIONS: dict[str, Any] = {"shuffle": True, "seed": 3, "buffer_size": 16}
 
@@ -149,12 +149,10 @@ def refused(state: Any, source: Any, workers: int = 0, **options: Any) -> str:
     again.load_state_dict(state)
     with pytest.raises(StateMismatchError) as raised:
         next(iter(again))  # a StatefulDataLoader's workers load the state as they start
-    message = str(raised.value)
     # stop the failed iterator's workers and queue feeder threads now (its traceback holds
     # it): a later fork while a feeder thread holds an import lock breaks the child's imports
-    del raised
-    gc.collect()
-    return message
+    stop_workers(again)
+    return str(raised.value)
 
 
 def test_a_deleted_shard_is_named(drive, local):

@@ -274,12 +274,6 @@ def test_contract_catches_a_loader_state_moved_by_one_line(
 # -- the whole dataset under StatefulDataLoader ------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def mixed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
-    directory = tmp_path_factory.mktemp("resume") / "mixed"
-    return directory, write_mixed(directory)
-
-
 def loader_maker(
     source: Path, *, num_workers: int, shuffle: bool, batch_size: int = 16, **options: Any
 ) -> Callable[[], StatefulDataLoader]:

@@ -317,12 +317,6 @@ def test_a_node_of_another_stage_is_refused_by_name(paths: tuple[str, str]) -> N
         next(iter(fresh))
 
 
-def test_no_class_named_cursor_remains() -> None:
-    root = Path(__file__).resolve().parents[1] / "streamds"
-    found = [str(path) for path in root.rglob("*.py") if "class _Cursor" in path.read_text()]
-    assert found == []
-
-
 @pytest.mark.parametrize("make", [mix, batcher], ids=["mix", "batcher"])
 def test_set_epoch_refuses_while_a_loaded_state_is_mid_epoch(
     paths: tuple[str, str], make: Any

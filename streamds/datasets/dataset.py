@@ -46,7 +46,7 @@ from ..storage.readahead import DEFAULT_READAHEAD, wants_readahead
 from ..storage.record_keys import block_key, uncacheable
 from ..storage.record_store import RecordStore
 from ..storage.settings import Storage, storage_of
-from ..storage.shards import Shard, resolve_shards, source_items
+from ..storage.shards import Shard, resolve_shards, source_items, with_columns
 from ..world import World, detect_world
 from .base import EpochCell, StreamdsDataset
 from .callers import check_outer_split
@@ -73,6 +73,10 @@ class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, Streamd
         ds = ds.map(to_text)  # a function defined at module level (workers pickle it)
         loader = DataLoader(ds, batch_size=32, num_workers=4)
 
+    Parquet (``.parquet``, ``.pq``) and Arrow IPC (``.arrow``) files are read by row group:
+    ``columns=["article", "abstract"]`` reads only those columns, ``format="parquet"`` (any
+    registered format's name) reads files whose names say nothing (docs/reading.md).
+
     How the files are reached (fsspec options, read-ahead, a local cache of the shards,
     retries, the block size) is one `streamds.Storage` value:
     ``storage=Storage(options={"anon": True})``. Steps are added with `.map` / `.filter`, an
@@ -93,6 +97,8 @@ class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, Streamd
         world_size: int | None = None,
         even_ranks: str | None = None,
         storage: Storage | None = None,
+        columns: Sequence[str] | None = None,
+        format: str | None = None,
     ) -> None:
         super().__init__()
         check_bool("shuffle", shuffle)
@@ -128,8 +134,9 @@ class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, Streamd
         self._steps: tuple[Step, ...] = ()  # map and filter of the records (.map/.filter)
         self._batch: BatchSettings | None = None  # whole batches out of the workers (.batch)
         self._records_cache: RecordsCache | None = None  # stored records (.cache)
-        self._shards: list[Shard] = resolve_shards(source, storage_options, on_error=on_error,
-                                                   retry=self.retry)
+        self._shards: list[Shard] = with_columns(
+            resolve_shards(source, storage_options, on_error=on_error, retry=self.retry,
+                           format=format), columns)
         # even ranks cut a small corpus finer, so that ranks' shares differ by little
         self._fine_piece = small_corpus_piece(self._shards) if even_ranks is not None else None
         # what a state says about the corpus (names under the source root, sizes, checksums)

@@ -1,2 +1,3 @@
 """Shard formats: the registry (`registry`, one module per format: `jsonl`, `jsonl_zst`,
-`json_file`, `tar`), codecs, the seekable zstd format, the manifest, record file names."""
+`json_file`, `tar`, `parquet`, `arrow` over `columnar`), codecs, the seekable zstd format,
+the manifest, record file names."""

@@ -45,7 +45,7 @@ Adding a format is one module beside this one, its name in the import below and 
 
 from __future__ import annotations
 
-from . import json_file, jsonl, jsonl_zst, tar
+from . import arrow, json_file, jsonl, jsonl_zst, parquet, tar
 from .codecs import strip_codec
 from .filenames import format_of
 from .protocol import Format
@@ -114,3 +114,5 @@ register(jsonl.FORMAT)  # JSON lines, plain or compressed: byte ranges
 register(jsonl_zst.FORMAT)  # seekable zstd JSON lines: runs of frames
 register(json_file.FORMAT)  # a .json file read whole: a document or JSON lines
 register(tar.FORMAT)  # tar shards of JSON members (webdataset)
+register(parquet.FORMAT)  # Parquet: row ranges of row groups, rows as Python values
+register(arrow.FORMAT)  # Arrow IPC, stream and file format: row ranges of record batches

@@ -210,6 +210,9 @@ class Identity:
         files = [[name, shard.size, shard.checksum] for name, shard in zip(names, shards,
                                                                             strict=True)]
         read = [[shard.format.name, shard.codec, len(shard.frames or ())] for shard in shards]
+        # the columns a Parquet or Arrow file is read with: other columns, other records
+        read += [[index, list(shard.columns)] for index, shard in enumerate(shards)
+                 if shard.columns]
         # a file takes a few characters at least: skip compressing what cannot fit
         listing = _pack(_FILES, files) if len(files) <= LISTING_LIMIT // 2 else ""
         if not listing or len(listing) > LISTING_LIMIT:

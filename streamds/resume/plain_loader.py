@@ -144,7 +144,7 @@ def _positions_of(
             for chunk in read_lines(shard, block, block_id, resume_at=start):
                 lines = cut_bom(chunk.lines, chunk.offsets, chunk.labels)
                 for offset, line in zip(chunk.offsets, lines, strict=False):
-                    if not line.strip():
+                    if shard.format.parses and not line.strip():  # else values: all records
                         continue
                     if number in wanted_here:
                         found[number] = (k, offset)

@@ -315,8 +315,11 @@ class RangeFile(io.RawIOBase):
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         if whence == io.SEEK_CUR:
             offset += self._pos
+        elif whence == io.SEEK_END and self._stop is not None:  # a Parquet footer's reader
+            offset += self._stop
         elif whence != io.SEEK_SET:
-            raise io.UnsupportedOperation("a RangeFile seeks from the start or the current spot")
+            raise io.UnsupportedOperation("a RangeFile of unknown size seeks from the start or "
+                                          "the current spot")
         self._pos = offset
         return offset
 

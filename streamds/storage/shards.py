@@ -15,6 +15,7 @@ twice). Only the heads of such pairs are read.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -45,6 +46,7 @@ from ..formats.manifest import (
 )
 from ..formats.protocol import FileFacts, Format
 from ..formats.registry import named, of_file
+from ..formats.registry import named as format_named
 from ..formats.seekable import Frame
 from ..formats.trees import (
     LeftOut,
@@ -75,6 +77,7 @@ __all__ = [
     "source_items",
     "stat_shard",
     "unsplit_note",
+    "with_columns",
 ]
 
 log = logging.getLogger(__name__)
@@ -121,6 +124,7 @@ class Shard:
     frame_records: tuple[int, ...] | None = None  # records per frame, from a manifest
     checksum: str | None = None  # the manifest's xxh64 hex digest of the stored file
     layout: Any = None  # what else the format read to cut blocks (`Settled.layout`)
+    columns: tuple[str, ...] | None = None  # Parquet and Arrow files: the columns read (None: all)
     # what the storage said identifies this content (ETag, Last-Modified, mtime: `_version_of`)
     version: str | None = field(default=None, compare=False)
     # the storage serves parts of the file (False: an HTTP server that ignores Range; the
@@ -162,10 +166,10 @@ def _url_of(fs: fsspec.AbstractFileSystem, path: str, given: str) -> str:
 
 
 # What the storage says identifies a file's content, most specific first: an object store's
-# ETag or generation, an HTTP server's ETag or Last-Modified, a local file's modification
-# time, an in-memory file's creation time
-_VERSION_KEYS = ("etag", "generation", "version_id", "last-modified", "lastmodified",
-                 "last_modified", "updated", "mtime", "created")
+# ETag or generation, the Hugging Face Hub's git blob id, an HTTP server's ETag or
+# Last-Modified, a local file's modification time, an in-memory file's creation time
+_VERSION_KEYS = ("etag", "generation", "version_id", "blob_id", "last-modified",
+                 "lastmodified", "last_modified", "updated", "mtime", "created")
 
 
 def _version_of(info: dict) -> str | None:
@@ -248,6 +252,12 @@ def _list_files(item: str, storage_options: dict[str, Any]) -> _Found:
     shown = redact(item)
     try:
         fs, path = url_to_fs(item, **storage_options)
+    except ImportError as err:  # fsspec's hf:// needs huggingface_hub
+        if not item.startswith("hf://"):
+            raise
+        raise ImportError(f"source {shown!r} is on the Hugging Face Hub, which needs "
+                          "huggingface_hub; install it with pip install 'streamds[hub]'"
+                          ) from err
     except TypeError as err:
         if not storage_options:
             raise
@@ -429,15 +439,17 @@ def _reader_of(fs: fsspec.AbstractFileSystem, path: str, url: str, retry: RetryP
 
 def _shard_of(
     fs: fsspec.AbstractFileSystem, info: dict, given: str, known: dict, on_error: str,
-    retry: RetryPolicy, answers: RangeAnswers,
+    retry: RetryPolicy, answers: RangeAnswers, forced: Format | None = None,
 ) -> Shard:
     path = info["name"]
     url = _url_of(fs, path, given)
     name = _before_query(fs, path).rsplit("/", 1)[-1]  # "a.jsonl.zst?sig=..." is a .zst file
     foreign = foreign_format(name)
-    if foreign in ("Parquet", "Arrow", "Feather", "Avro", "ORC"):  # binary: never JSON lines
+    if foreign in ("Feather", "Avro", "ORC"):  # binary: never JSON lines
         raise ValueError(f"{url} is a {foreign} file: {foreign_hint(foreign)}")
     fmt, codec = of_file(name)
+    if forced is not None:  # format=...: a file whose name says nothing (or says wrong)
+        fmt = forced
     require_codec(codec, url)
     size = info.get("size")
     ranged = answers.honours_range(fs, path)  # else one stream: no probe, no seek table
@@ -464,6 +476,37 @@ def unsplit_note(shards: Sequence[Shard]) -> str:
             "from a server that ignores HTTP Range, so each is one block read by one reader: "
             "serve them from a server that honours Range (an object store, nginx, Apache) or "
             "download them, and they split across readers")
+
+
+def with_columns(shards: list[Shard], columns: Sequence[str] | None) -> list[Shard]:
+    """`shards` with the Parquet and Arrow files set to read `columns` only (None: all).
+
+    Refuses a `columns` that is not a list of names, or that names a column a file of the
+    corpus lacks (naming the file), here in the constructor rather than in a worker.
+    """
+    if columns is None:
+        return shards
+    if isinstance(columns, str) or not all(isinstance(name, str) for name in columns):
+        raise TypeError(f"columns must be a list of column names, got {columns!r:.80}")
+    if not columns:
+        raise ValueError("columns is empty; name at least one column, or pass None for all")
+    chosen = tuple(dict.fromkeys(columns))
+    columnar = [shard for shard in shards if hasattr(shard.layout, "columns")]
+    if not columnar:
+        raise ValueError(
+            f"columns={list(chosen)!r} selects columns of Parquet and Arrow files, and the "
+            "source has none; leave columns out for JSON lines"
+        )
+    for shard in columnar:
+        missing = [name for name in chosen if name not in shard.layout.columns]
+        if missing:
+            raise ValueError(
+                f"columns: {shard.url} has no column {missing[0]!r}; its columns are "
+                f"{list(shard.layout.columns)}; fix columns=[...]"
+            )
+    picked = set(map(id, columnar))
+    return [dataclasses.replace(shard, columns=chosen) if id(shard) in picked else shard
+            for shard in shards]
 
 
 def source_items(source: Any, *, name: str = "source") -> list[str]:
@@ -542,10 +585,13 @@ def check_options(options: Mapping[str, Any], where: str = "storage_options") ->
 def list_source(
     source: Source, storage_options: dict[str, Any] | None = None, *, on_error: str = "raise",
     retry: RetryPolicy = DEFAULT_RETRY,
+    format: str | None = None,
 ) -> Listing:
     """The shards of `source` (`resolve_shards`) and what its listings left out, and why.
     A listing or a look at a file that fails for a transient cause (a 5xx, a dropped
-    connection) is retried per `retry`, the dataset's policy."""
+    connection) is retried per `retry`, the dataset's policy. `format`: the registered format
+    every file is read in, whatever its name says."""
+    forced = None if format is None else format_named(format)  # ValueError: the known ones
     items = source_items(source)
     options = dict(storage_options or {})
     check_options(options)
@@ -576,7 +622,8 @@ def list_source(
             _report_left_out(given, found.left_out)
             left_out.extend(found.left_out)
         known = _manifest_entries(fs, infos)
-        made = [_shard_of(fs, info, given, known, on_error, retry, answers) for info in infos]
+        made = [_shard_of(fs, info, given, known, on_error, retry, answers, forced)
+                for info in infos]
         shards.extend(made)
         if found.left_out is not None:
             listed.extend(made)
@@ -588,6 +635,7 @@ def list_source(
 def resolve_shards(
     source: Source, storage_options: dict[str, Any] | None = None, *, on_error: str = "raise",
     retry: RetryPolicy = DEFAULT_RETRY,
+    format: str | None = None,
 ) -> list[Shard]:
     """All files `source` names, in natural order of their URLs, each file once.
 
@@ -598,7 +646,8 @@ def resolve_shards(
     lists that is missing (`MissingShardError`), and ValueError when one file is named twice
     under any spelling (see `canonical_path`) or is in a format streamds does not read.
     """
-    return list_source(source, storage_options, on_error=on_error, retry=retry).shards
+    return list_source(source, storage_options, on_error=on_error, retry=retry,
+                       format=format).shards
 
 
 # -- copies ------------------------------------------------------------------------------
