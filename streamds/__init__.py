@@ -75,7 +75,7 @@ _HOMES = {
     "cpu_quota": "stages.cpus",
     "detect_world": "world",
     "document_mask": "datasets.pack",
-    "merge_states": "resume.merge",
+    "merge_states": "train.loader_state",
     "padding_of": "datasets.batching",
     "source_counts": "resume.totals",
     "stateful_loader": "train.loader",
@@ -108,7 +108,6 @@ if TYPE_CHECKING:
         MissingCodecError,
         StateMismatchError,
     )
-    from .resume.merge import merge_states
     from .resume.totals import counts_of, source_counts, token_counts
     from .retry import RetryPolicy
     from .stages.batch import RecordBatch
@@ -118,6 +117,7 @@ if TYPE_CHECKING:
     from .storage.settings import Storage
     from .train.collate import PadCollate, as_list
     from .train.loader import stateful_loader
+    from .train.loader_state import merge_states
     from .train.prefetch import DevicePrefetcher
     from .train.stall import StallMeter
     from .world import World, detect_world

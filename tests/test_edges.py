@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from streamds import StateMismatchError, StreamingJsonl, merge_states
-from streamds.resume.loader_state import saved_num_workers
+from streamds.train.loader_state import saved_num_workers
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 

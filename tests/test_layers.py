@@ -15,13 +15,15 @@ The stack, bottom first (each layer may import itself and the layers below it, n
     handover      streamds/handover/  shm_ring, shm_tensors: how batches cross processes
     stages        streamds/stages/    the reader chain and its state: chunks, lines, parse,
                                       transform, balance, records, shuffle, batch, buckets,
-                                      parse_later, ahead, pipeline, cpus, timing, state;
+                                      parse_later, ahead, pipeline (the builder), numbers,
+                                      cpus, timing, state;
                                       and the stages beside the reader: mixing, packing,
                                       pools, rebatch
-    resume        streamds/resume/    merge, plain_loader, identity, counts, totals, replay,
-                                      loader_state: resuming from a state
+    resume        streamds/resume/    merge, plain_loader, identity, counts, totals, replay:
+                                      resuming from a state
     train         streamds/train/     what a loader does with batches: loader (ds.loader),
-                                      rebatch (names the stage), collate, prefetch, stall
+                                      rebatch (names the stage), collate, prefetch, stall,
+                                      loader_state (torchdata's keys, the public merge_states)
     datasets      streamds/datasets/  what a user builds: dataset (StreamingJsonl), mix,
                                       pack, batching (.batch of a mix or packed data), callers
     integrations  streamds/integrations/  Lightning, Accelerate, transformers

@@ -714,7 +714,7 @@ class StreamingJsonl(StreamdsDataset):
         )
         starts = after_batches(
             self._layout(), self._spec(), self.epoch, here, taken=taken, next_worker=next_worker,
-            batch_size=batch_size, rule=rule, batched=self._batch is not None)
+            batch_size=batch_size, rule=rule)
         clone = copy.copy(self)
         clone._start = self._start.under(Start(AFTER_BATCHES, starts))
         return clone

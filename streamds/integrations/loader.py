@@ -93,7 +93,7 @@ class StreamdsLoader(_stateful.StatefulDataLoader):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """This rank's own state in the same world, else the merged states of all ranks (the
         dataset then finishes their epoch under this world)."""
-        from ..resume.merge import merge_states
+        from ..train.loader_state import merge_states
 
         states = state_dict[RANKS]
         rank, size = _world()

@@ -14,22 +14,22 @@ import copy
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from ..errors import StateMismatchError
 from ..seeds import shuffle_seed_parts
 from ..stages.balance import check_split, empty_rank, pad_work, quotas
-from ..stages.batch import Batch
-from ..stages.buckets import LengthBuckets, PoolBatch
-from ..stages.chunks import Position, WorkItem
-from ..stages.pipeline import Reader, Spec
+from ..stages.buckets import LengthBuckets
+from ..stages.chunks import HandedOut, Position, WorkItem
+from ..stages.pipeline import Spec, state_after
 from ..stages.state import ReaderState
 from ..storage.plan import Block, Plan
 from ..storage.shards import Shard, unsplit_note
 from ..world import World
 from .counts import count_from
 from .merge import MERGED_READER, share_of
-from .plain_loader import pipeline_state_after
+from .plain_loader import records_state_after
 
 __all__ = ["AFTER_BATCHES", "FRESH", "LOADED", "MERGED", "Layout", "Merged", "Start",
            "after_batches", "after_records", "choose", "describe", "fresh", "pad_work_of",
@@ -262,12 +262,12 @@ def pad_work_of(plan: Plan, state: ReaderState) -> list[WorkItem]:
 
 def after_batches(
     layout: Layout, spec: Spec, epoch: int, here: World, *, taken: Sequence[int],
-    next_worker: int, batch_size: int, rule: LengthBuckets | None, batched: bool,
+    next_worker: int, batch_size: int, rule: LengthBuckets | None,
 ) -> dict[int, ReaderState]:
     """{worker: state} of every worker of rank `here` for a plain loader that resumes after
     its workers handed out `taken` batches each and worker `next_worker` is next in line
     (it becomes worker 0). `rule`: the dataset cuts batches from pools (a pool's batches
-    already handed out are re-read, cut and skipped); `batched`: it makes batches itself."""
+    already handed out are re-read, cut and skipped)."""
     assert layout.block_counts is not None
     counts = layout.block_counts
     readers = len(taken)
@@ -282,18 +282,13 @@ def after_batches(
         # records handed out before the resume point: whole batches, or whole pools
         pool, emitted = divmod(taken[old] * batch_size, rule.pool_size) if rule else (0, 0)
         before = pool * rule.pool_size if rule else taken[old] * batch_size
-        state.pipeline = pipeline_state_after(
-            min(before, records[old]),
-            reader=Reader(spec, state), work=works[old],
+        # (a pool's batches handed out: re-read, cut, skipped)
+        handed = HandedOut(min(before, records[old]), pool, emitted // batch_size)
+        state.pipeline = state_after(spec, state, handed, partial(
+            records_state_after, work=works[old],
             counts=[counts[block] for block, _ in works[old]],
             shuffle=layout.shuffle, buffer_size=layout.buffer_size,
-            seed_parts=shuffle_seed_parts(layout.seed, epoch, here.rank, old),
-        )
-        if rule is not None:  # the pool's batches handed out: re-read, cut, skip them
-            state.pipeline = PoolBatch.state_over(state.pipeline, rule.config(), pool,
-                                                  emitted // batch_size)
-        elif batched:  # the Batch stage wraps the records stage's state
-            state.pipeline = Batch.state_over(state.pipeline)
+            seed_parts=shuffle_seed_parts(layout.seed, epoch, here.rank, old)))
         starts[worker] = state
     return starts
 
@@ -310,11 +305,10 @@ def after_records(layout: Layout, spec: Spec, epoch: int, seat: World, world: Wo
     state.seat = (seat.rank, seat.worker)
     if yielded == 0:
         return state
-    state.pipeline = pipeline_state_after(
-        min(yielded, sum(counts)), reader=Reader(spec, state), work=work, counts=counts,
-        shuffle=layout.shuffle, buffer_size=layout.buffer_size,
-        seed_parts=shuffle_seed_parts(layout.seed, epoch, seat.rank, seat.worker),
-    )
+    state.pipeline = state_after(spec, state, HandedOut(min(yielded, sum(counts))), partial(
+        records_state_after, work=work, counts=counts, shuffle=layout.shuffle,
+        buffer_size=layout.buffer_size,
+        seed_parts=shuffle_seed_parts(layout.seed, epoch, seat.rank, seat.worker)))
     return state
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import get_worker_info
 
 from ..handover import shm_ring
-from .chunks import SOURCE, STAGE, checked
+from .chunks import SOURCE, STAGE, Below, HandedOut, Rest, checked
 
 if TYPE_CHECKING:
     from .buckets import Rule
@@ -137,6 +137,17 @@ class Batch:
     def state_over(cls, source: Any) -> dict[str, Any]:
         """The state of this stage over a records stage standing at `source`."""
         return {STAGE: cls.STAGE, cls.SOURCE: source}
+
+    @classmethod
+    def unfinished(cls, state: dict[str, Any], below: Below) -> Rest:
+        """What a reader batched at `state` leaves: what its records stage leaves (a batch is
+        handed out whole, so none is open)."""
+        return below(cls.source_of(state))
+
+    def over(self, source: Any, handed: HandedOut) -> dict[str, Any]:
+        """This stage's state once the reader has handed out `handed` (whole batches), its
+        records stage standing at `source`."""
+        return self.state_over(source)
 
     @classmethod
     def owns(cls, state: Any) -> bool:

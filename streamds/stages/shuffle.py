@@ -36,7 +36,17 @@ from itertools import islice
 from typing import Any
 
 from ..seeds import derive_seed
-from .chunks import SOURCE, STAGE, Chunk, ChunkCursor, ChunkStage, Position, checked
+from .chunks import (
+    SOURCE,
+    STAGE,
+    Below,
+    Chunk,
+    ChunkCursor,
+    ChunkStage,
+    Position,
+    Rest,
+    checked,
+)
 from .parse import Marker
 from .records import PositionedBatch
 
@@ -86,6 +96,13 @@ class Shuffle:
     def source_of(cls, state: dict[str, Any]) -> dict[str, Any]:
         """The `ChunkCursor` position of the source at the state's snapshot."""
         return state[cls.SOURCE]
+
+    @classmethod
+    def unfinished(cls, state: dict[str, Any], below: Below) -> Rest:
+        """What a reader whose buffer stands at `state` leaves: its source's stream from
+        where it stood at the buffer's snapshot, and the snapshot (the records handed out
+        since are replayed from it)."""
+        return Rest(cls.source_of(state), snapshot=cls.snapshot_of(state))
 
     @classmethod
     def snapshot_of(cls, state: dict[str, Any]) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import StateMismatchError
 from ..storage.records_cache import UncacheableRecordError
-from .chunks import COUNTS, SOURCE, STAGE, Chunk, Stored, checked
+from .chunks import COUNTS, SOURCE, STAGE, Below, Chunk, HandedOut, Rest, Stored, checked
 from .parse import DROPPED, LineNumbers, Marker
 
 if TYPE_CHECKING:
@@ -376,6 +376,17 @@ class AfterBuffer:
     def state_over(cls, source_state: Any, dropped: int = 0) -> dict[str, Any]:
         """The state of this stage over a source standing at `source_state`."""
         return {STAGE: cls.STAGE, cls.SOURCE: source_state, cls.COUNTS: {"dropped": dropped}}
+
+    @classmethod
+    def unfinished(cls, state: dict[str, Any], below: Below) -> Rest:
+        """What a reader at `state` leaves: what the buffer below leaves (its state counts
+        every record it handed out, those the steps dropped included)."""
+        return below(cls.source_state(state))
+
+    def over(self, source: Any, handed: HandedOut) -> dict[str, Any]:
+        """This stage's state once the reader has handed out `handed` (every line a record,
+        none dropped), the buffer below standing at `source`."""
+        return self.state_over(source)
 
     @classmethod
     def source_state(cls, state: dict[str, Any]) -> Any:

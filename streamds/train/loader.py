@@ -26,8 +26,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..checks import check_bool, check_int
-from ..resume.loader_state import check_num_workers
 from .collate import as_list
+from .loader_state import check_num_workers
 from .rebatch import Rebatch
 
 __all__ = ["MESSAGE_RECORDS", "SMALL_RECORD", "Loader", "auto_workers", "stateful_loader",
