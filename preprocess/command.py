@@ -47,6 +47,7 @@ from streamds.redact import redact
 from streamds.stages.parse import ON_ERROR
 from streamds.units import human_bytes, size_argument
 
+from .conversion_counts import Progress
 from .convert import (
     DEFAULT_FRAME_SIZE,
     DEFAULT_READ_AHEAD,
@@ -57,7 +58,6 @@ from .convert import (
     convert_part,
     merge_parts,
 )
-from .counts import Progress
 from .errors import ConversionError
 from .writers import FORMATS
 

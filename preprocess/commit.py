@@ -14,7 +14,7 @@ from concurrent.futures import Future
 
 from streamds.formats.manifest import ShardEntry
 
-from .counts import Counts
+from .conversion_counts import Counts
 from .journal import Journal
 from .sources import Position
 

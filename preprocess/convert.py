@@ -40,7 +40,7 @@ from streamds.checks import check_int
 from streamds.retry import DEFAULT_RETRY, RetryPolicy
 from streamds.storage.shards import source_items
 
-from .counts import Counts, Progress
+from .conversion_counts import Counts, Progress
 from .errors import ConversionError
 from .identity import InputFiles, InputsChangedError, InputsWatch, check_inputs
 from .job import (

@@ -27,7 +27,7 @@ from streamds.spec import load_function
 from streamds.stages.parse import ON_ERROR
 
 from .commit import CommitQueue
-from .counts import Counts, Progress
+from .conversion_counts import Counts, Progress
 from .errors import ConversionError
 from .identity import InputFiles, InputsWatch
 from .journal import Journal

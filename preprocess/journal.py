@@ -26,7 +26,7 @@ import orjson
 from streamds.formats.manifest import ShardEntry
 from streamds.formats.unfinished import JOURNAL_NAME as UNFINISHED_JOURNAL
 
-from .counts import Counts
+from .conversion_counts import Counts
 from .errors import ConversionError
 from .sources import Position
 

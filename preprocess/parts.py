@@ -46,7 +46,7 @@ from typing import Any
 
 from streamds.formats.manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
 
-from .counts import Counts, Progress
+from .conversion_counts import Counts, Progress
 from .errors import ConversionError
 from .identity import INPUTS_NAME, InputFiles, InputsWatch, check_part_files
 from .job import (

@@ -28,7 +28,7 @@ from streamds.formats import values
 from streamds.stages.parse import describe_bad
 
 from .commit import CommitQueue
-from .counts import Counts, Progress
+from .conversion_counts import Counts, Progress
 from .errors import ConversionError
 from .journal import SKIPPED_KEY
 from .sources import Inputs, Leaf, Meter, Position, RawRecord, SourceError, Span

@@ -22,8 +22,8 @@ import streamds.storage.mounts
 import streamds.storage.readahead as readahead
 from streamds import Storage, StreamingJsonl
 from streamds.preprocess.convert import convert
-from streamds.storage.cache import Cache, CacheSpec, namespace_of
 from streamds.storage.ranges import RangeReader
+from streamds.storage.shard_cache import Cache, ShardCacheSettings, namespace_of
 from streamds.storage.shards import resolve_shards
 
 RECORDS = corpus.make_records(3000)
@@ -46,7 +46,7 @@ def wait_for_copies() -> None:
             thread.join()
 
 
-def cache_of(spec: CacheSpec) -> Cache:
+def cache_of(spec: ShardCacheSettings) -> Cache:
     return Cache(spec, RangeReader()._read_source, RangeReader)
 
 
@@ -142,7 +142,7 @@ def test_a_damaged_copy_is_replaced_and_never_read(shards, tmp_path, caplog, dam
     else:
         del data[len(data) // 2 :]
     victim.write_bytes(bytes(data))
-    with caplog.at_level(logging.WARNING, logger="streamds.storage.cache"):
+    with caplog.at_level(logging.WARNING, logger="streamds.storage.shard_cache"):
         data = StreamingJsonl(shards, storage=Storage(cache_dir=cache))
         assert ids(data) == [r["id"] for r in RECORDS]
     assert "is damaged" in caplog.text and victim.name in caplog.text
@@ -154,7 +154,7 @@ def test_eviction_removes_the_least_recently_used_copy_nobody_uses(shards, tmp_p
     found = resolve_shards(shards)
     a, b, c = found[0], found[1], found[2]
     limit = a.size + b.size + c.size // 2  # room for two shards, not three
-    spec = CacheSpec(str(tmp_path / "cache"), limit, namespace_of(found))
+    spec = ShardCacheSettings(str(tmp_path / "cache"), limit, namespace_of(found))
 
     def use(cache: Cache, shard) -> None:
         assert cache.local_fd(shard) is None  # first touch: copying starts
@@ -196,7 +196,7 @@ def test_two_corpora_never_share_a_namespace(shards, tmp_path):
 
 def test_a_lock_held_elsewhere_means_the_source_is_read_meanwhile(shards, tmp_path):
     found = resolve_shards(shards)
-    spec = CacheSpec(str(tmp_path / "cache"), None, namespace_of(found))
+    spec = ShardCacheSettings(str(tmp_path / "cache"), None, namespace_of(found))
     cache = cache_of(spec)
     target = cache.path_of(found[0])
     target.parent.mkdir(parents=True)
@@ -253,12 +253,12 @@ class GatedSource:
 def test_bytes_the_reader_fetches_are_written_through_and_the_copier_fetches_the_rest(
     shards, tmp_path, monkeypatch
 ):
-    import streamds.storage.cache as cache_module
+    import streamds.storage.shard_cache as cache_module
 
     shard = resolve_shards(shards)[0]
     size = shard.size
     monkeypatch.setattr(cache_module, "COPY_REQUEST", size // 4)
-    spec = CacheSpec(str(tmp_path / "cache"), None, namespace_of([shard]))
+    spec = ShardCacheSettings(str(tmp_path / "cache"), None, namespace_of([shard]))
     fetched: list[tuple[int, int]] = []
 
     def reader_fetch(shard, start, end):
@@ -294,7 +294,7 @@ def test_a_copy_is_complete_only_when_every_byte_is_held(shards, tmp_path, monke
     """A copier that fails halfway leaves no copy: the partial file is removed, readers read
     the source, and a later process copies the shard again."""
     shard = resolve_shards(shards)[0]
-    spec = CacheSpec(str(tmp_path / "cache"), None, namespace_of([shard]))
+    spec = ShardCacheSettings(str(tmp_path / "cache"), None, namespace_of([shard]))
 
     class Failing:
         def read(self, shard, start, end):
@@ -340,7 +340,7 @@ def test_with_read_ahead_the_first_epoch_fetches_each_byte_about_once(shards, tm
 
 def test_the_copier_leaves_ranges_read_ahead_has_claimed_to_the_readers(shards, tmp_path,
                                                                        monkeypatch):
-    import streamds.storage.cache as cache_module
+    import streamds.storage.shard_cache as cache_module
 
     shard = resolve_shards(shards)[0]
     size = shard.size
@@ -365,8 +365,8 @@ def test_the_copier_leaves_ranges_read_ahead_has_claimed_to_the_readers(shards, 
         return source_bytes[start:end]
 
     source = GatedSource()
-    cache = Cache(CacheSpec(str(tmp_path / "cache"), None, namespace_of([shard])), reader_fetch,
-                  lambda: source)
+    cache = Cache(ShardCacheSettings(str(tmp_path / "cache"), None, namespace_of([shard])),
+                  reader_fetch, lambda: source)
     cache_module.CLAIMS.add(shard.path, 0, half)  # read-ahead has asked for the first half
     reader = threading.Thread(target=cache.read, args=(shard, 0, half))
     reader.start()

@@ -1,6 +1,6 @@
 """`ds.cache(directory, key=...)`: records of the steps before it, stored per block and read
 back in later epochs and resumes: the same records, order, states and drop counts as
-without it; nothing stale served (`streamds.stages.cache`)."""
+without it; nothing stale served (`streamds.stages.record_cache`)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ from resume_contract import checkpoint, run_test_save_load_state, write_mixed
 from torch.utils.data import DataLoader
 
 from streamds import StreamingJsonl
-from streamds.stages import cache as cache_stage
-from streamds.stages.cache import PIECE
-from streamds.storage.records_cache import SUFFIX, RecordStore, UncacheableRecordError
+from streamds.stages import record_cache as cache_stage
+from streamds.stages.record_cache import PIECE
+from streamds.storage.record_codec import UncacheableRecordError
+from streamds.storage.record_store import SUFFIX, RecordStore
 
 CALLS = {"map": 0}
 

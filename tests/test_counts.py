@@ -409,7 +409,7 @@ def test_a_raising_filter_in_a_tar_shard_names_the_member(tmp_path):
 @pytest.mark.parametrize("first", [b"\xef\xbb\xbf\n", b'\xef\xbb\xbf{"id": -1}\n'],
                          ids=["lone-bom", "bom-and-record"])
 def test_record_counts_read_a_byte_order_mark_as_the_reader_does(tmp_path: Path, first: bytes):
-    from streamds.resume.counts import count_block_records
+    from streamds.resume.block_counts import count_block_records
     from streamds.storage.plan import make_blocks
     from streamds.storage.shards import resolve_shards
 

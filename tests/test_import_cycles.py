@@ -9,7 +9,9 @@ closes a cycle still hides a tangle, and still fails when the function runs duri
 module's import).
 Relative imports are resolved against the importing module's package; ``from pkg import name``
 points at ``pkg.name`` when that is a module, else at ``pkg``; ``importlib.import_module``
-with a literal name counts too. Imports under ``if TYPE_CHECKING:`` never run and are left out.
+with a literal name counts too. Imports under ``if TYPE_CHECKING:`` count as well: they never
+run, but a cycle of them is still two modules that each need the other to be read (the type
+checker, and the engineer, go round it); break it by moving the shared type down a module.
 
 DESIGN.md: the converter (the writing side) imports `streamds`, never the reverse; a command
 of streamds's CLI may load the converter lazily, inside a function.
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from import_walk import RuntimeImportVisitor
+from import_walk import is_type_checking
 
 REPO = Path(__file__).resolve().parents[1]
 # package -> its folder in the checkout: `streamds/preprocess/__init__.py` only points the
@@ -39,16 +41,19 @@ CONVERTER = "streamds.preprocess"
 
 @dataclass(frozen=True)
 class Edge:
-    """`source` imports `target` at `path`:`line`, at import time or inside a function."""
+    """`source` imports `target` at `path`:`line`: at import time, inside a function, or for
+    type checkers only (under ``if TYPE_CHECKING:``)."""
 
     source: str
     target: str
     path: Path
     line: int
     module_level: bool
+    type_only: bool = False
 
     def __str__(self) -> str:
-        where = "module level" if self.module_level else "inside a function"
+        where = ("for type checkers" if self.type_only
+                 else "module level" if self.module_level else "inside a function")
         return f"{self.source} -> {self.target} ({self.path.name}:{self.line}, {where})"
 
 
@@ -95,17 +100,31 @@ def _resolve(module: str, is_package: bool, level: int, name: str | None) -> str
     return ".".join([*base, name] if name else base)
 
 
-class _ImportVisitor(RuntimeImportVisitor):
-    """Collects (imported name, line, module level) for every import a module can run."""
+class _ImportVisitor(ast.NodeVisitor):
+    """Collects (imported name, line, module level, type only) for every import of a module,
+    those under ``if TYPE_CHECKING:`` included."""
 
     def __init__(self, module: str, is_package: bool) -> None:
         self.module = module
         self.is_package = is_package
         self.depth = 0  # functions we are inside
-        self.found: list[tuple[str, int, bool]] = []  # names are candidates: "a.b" and "a.b.c"
+        self.type_only = 0  # `if TYPE_CHECKING:` blocks we are inside
+        # names are candidates: "a.b" and "a.b.c"
+        self.found: list[tuple[str, int, bool, bool]] = []
 
     def _add(self, names: Iterable[str], line: int) -> None:
-        self.found.extend((name, line, self.depth == 0) for name in names)
+        self.found.extend((name, line, self.depth == 0, self.type_only > 0) for name in names)
+
+    def visit_If(self, node: ast.If) -> None:
+        if not is_type_checking(node.test):
+            self.generic_visit(node)
+            return
+        self.type_only += 1
+        for child in node.body:
+            self.visit(child)
+        self.type_only -= 1
+        for child in node.orelse:  # `else:` of TYPE_CHECKING runs
+            self.visit(child)
 
     def _function(self, node: ast.AST) -> None:
         self.depth += 1
@@ -141,7 +160,7 @@ def import_edges(root: Path, packages: Mapping[str, str]) -> list[Edge]:
     for module, (path, is_package) in sorted(modules.items()):
         visitor = _ImportVisitor(module, is_package)
         visitor.visit(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
-        for name, line, module_level in visitor.found:
+        for name, line, module_level, type_only in visitor.found:
             base, _, member = name.partition("\x00")
             if member and f"{base}.{member}" in modules:
                 target = f"{base}.{member}"
@@ -150,7 +169,7 @@ def import_edges(root: Path, packages: Mapping[str, str]) -> list[Edge]:
                 prefixes = (".".join(parts[:n]) for n in range(len(parts), 0, -1))
                 target = next((p for p in prefixes if p in modules), "")
             if target and target != module:
-                edges.append(Edge(module, target, path, line, module_level))
+                edges.append(Edge(module, target, path, line, module_level, type_only))
     return edges
 
 
@@ -365,22 +384,46 @@ def test_import_edges_read_every_kind_of_import(tmp_path: Path) -> None:
         },
     )
     found = {
-        (edge.source, edge.target, edge.module_level)
+        (edge.source, edge.target, edge.module_level, edge.type_only)
         for edge in import_edges(tmp_path, {"pkg": "pkg", "other": "other"})
     }
     assert found == {
-        ("pkg", "pkg.a", True),
-        ("pkg.a", "pkg.b", True),  # `from . import b`: the module b
-        ("pkg.a", "pkg.sub.deep", True),  # relative and, under `else:`, absolute
-        ("pkg.a", "other.z", False),  # inside a function
-        ("pkg.a", "other.y", False),  # importlib.import_module('other.y')
-        ("pkg.c", "pkg.a", True),
-        ("pkg.sub", "pkg.sub.deep", True),
-        ("pkg.sub", "pkg.c", True),
-        ("pkg.sub.deep", "pkg.b", True),  # `from ..b import x`
-        ("pkg.sub.deep", "pkg", True),  # `thing` is a name, not a module
-        ("other.z", "pkg.b", True),  # a class body runs at import time
-    }  # and not pkg.a -> pkg.c: that import is for type checkers only
+        ("pkg", "pkg.a", True, False),
+        ("pkg.a", "pkg.b", True, False),  # `from . import b`: the module b
+        ("pkg.a", "pkg.c", True, True),  # under `if TYPE_CHECKING:`
+        ("pkg.a", "pkg.sub.deep", True, False),  # relative and, under `else:`, absolute
+        ("pkg.a", "other.z", False, False),  # inside a function
+        ("pkg.a", "other.y", False, False),  # importlib.import_module('other.y')
+        ("pkg.c", "pkg.a", True, False),
+        ("pkg.sub", "pkg.sub.deep", True, False),
+        ("pkg.sub", "pkg.c", True, False),
+        ("pkg.sub.deep", "pkg.b", True, False),  # `from ..b import x`
+        ("pkg.sub.deep", "pkg", True, False),  # `thing` is a name, not a module
+        ("other.z", "pkg.b", True, False),  # a class body runs at import time
+    }
+
+
+def test_cycle_check_counts_imports_for_type_checkers(tmp_path: Path) -> None:
+    """A cycle closed only by a type-only import (or only inside functions) is still one."""
+    write_package(
+        tmp_path,
+        {
+            "lib/__init__.py": "",
+            "lib/base.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n"
+                "    from .packed import Packed\n"
+            ),
+            "lib/packed.py": "def make():\n    from .batched import Batched\n",
+            "lib/batched.py": "from .base import thing\n",
+        },
+    )
+    edges = import_edges(tmp_path, {"lib": "lib"})
+    cycles = find_cycles(graph_of(edges))
+    assert cycles == [["lib.base", "lib.packed", "lib.batched", "lib.base"]]
+    message = describe_cycle(cycles[0], edges)
+    assert "lib.base -> lib.packed (base.py:3, for type checkers)" in message
+    assert "lib.packed -> lib.batched (packed.py:2, inside a function)" in message
 
 
 def test_cycle_check_catches_a_cycle_in_a_package(tmp_path: Path) -> None:

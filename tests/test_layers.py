@@ -83,7 +83,10 @@ def layer_problems(edges: list[Edge], packages: set[str]) -> list[str]:
 def project() -> tuple[list[Edge], set[str]]:
     modules = walk_modules(REPO, PACKAGES)
     packages = {name for name, (_, is_package) in modules.items() if is_package}
-    return import_edges(REPO, PACKAGES), packages
+    # imports for type checkers only do not tie the layers at run time (`streamds/__init__.py`
+    # names every public type for them); test_import_cycles still counts them in cycles
+    runtime = [edge for edge in import_edges(REPO, PACKAGES) if not edge.type_only]
+    return runtime, packages
 
 
 def test_every_folder_is_a_layer(project: tuple[list[Edge], set[str]]) -> None:

@@ -1,4 +1,4 @@
-"""The store of blocks of records behind `ds.cache` (`streamds.storage.records_cache`).
+"""The store of blocks of records behind `ds.cache` (`streamds.storage.record_store`).
 
 Processes that race or crash are forked children synchronised by pipes (no sleeps); a crash
 is a SIGKILL while the child holds a partial block.
@@ -22,17 +22,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamds.storage.plan import Block
-from streamds.storage.records_cache import (
+from streamds.storage.record_codec import (
     BAD_LINE,
     BLANK_LINE,
     DROPPED,
-    CachedBlockError,
-    RecordStore,
     UncacheableRecordError,
-    block_key,
     decode_record,
     encode_record,
 )
+from streamds.storage.record_keys import block_key
+from streamds.storage.record_store import CachedBlockError, RecordStore
 from streamds.storage.shards import Shard, resolve_shards
 
 FORK = multiprocessing.get_context("fork")

@@ -226,7 +226,7 @@ READER_KEYS = ("source", "counts", "item", "offset", "emitted", "cut", "position
 READERS_OF_READER_STATES = {
     "streamds/resume/merge.py": ("counts", "quota"), "streamds/resume/plain_loader.py": (),
     "streamds/resume/replay.py": ("next",), "streamds/resume/totals.py": (),
-    "streamds/resume/counts.py": (), "streamds/resume/start.py": (),
+    "streamds/resume/block_counts.py": (), "streamds/resume/start.py": (),
     "streamds/stages/pipeline.py": (),
 }
 

@@ -20,7 +20,6 @@ own state, never records. Resuming re-reads that pool and skips the batches alre
 
 from __future__ import annotations
 
-import copy
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -31,10 +30,10 @@ from ..seeds import derive_seed
 from ..stages.batch import RecordBatch
 from ..stages.buckets import RULES, Length, Rule, as_length
 from ..stages.pools import PoolStage
-from ..stages.state import check_epoch_change, check_state, sealed
-from ..stages.transform import Step, apply_steps
+from ..stages.state import check_state, sealed
+from ..stages.transform import Step
 from ..world import detect_world
-from .base import StreamdsDataset
+from .base import StreamdsDataset, batches_of
 
 __all__ = ["Batched", "PaddingStats", "padding_of"]
 
@@ -151,19 +150,19 @@ class Batched(StreamdsDataset):
         self._active: PoolStage | None = None
         self._stats = PaddingStats()
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_active"] = None  # a live iterator stays in the process that made it
-        return state
+    _ITEMS = "these batches"
 
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch (for the batch order and the source's own order).
+    def _copy(self) -> Batched:
+        clone = super()._copy()
+        clone._pending = None  # a loaded state starts this object's next iterator only
+        return clone
 
-        A loaded state in the middle of another epoch refuses: finish that epoch first.
-        """
-        check_int("epoch", epoch, 0, "epochs count from 0")
-        check_epoch_change(self._pending, epoch)
-        self.source.set_epoch(epoch)
+    # the epoch is the source's, so that set_epoch on either one moves both
+    def _epoch_source(self) -> StreamdsDataset:
+        return self.source
+
+    def _loaded_position(self) -> PoolStage | None:
+        return self._pending
 
     @property
     def stats(self) -> PaddingStats:
@@ -184,29 +183,15 @@ class Batched(StreamdsDataset):
     def _count(self, lengths: list[int]) -> None:
         self._stats.add(lengths)
 
-    def __iter__(self) -> Iterator[Any]:
+    def _open(self) -> Iterator[Any]:
         resume, self._pending = self._pending, None
         if resume is not None and resume.finished and resume.epoch != self.epoch:
             resume = None  # that epoch is over and another was chosen: start it afresh
         self._stats = PaddingStats()
         self._active = resume if resume is not None else self._stage(self.epoch)
-        # -> batches cut pool by pool (`streamds.stages.pools`)
-        batches = iter(self._active)
-        # -> its own map and filter, on whole batches
-        return apply_steps(batches, self._steps, "these batches") if self._steps else batches
-
-    def _with_step(self, step: Step) -> Batched:
-        clone = copy.copy(self)
-        clone._steps = (*self._steps, step)
-        clone._active = clone._pending = None
-        return clone
-
-    def batch(
-        self, size: int | Rule, *, collate: Callable[[list[Any]], Any] | None = None,
-        drop_last: bool = False,
-    ) -> Batched:
-        """These batches in batches of batches (`size` of them, or a rule)."""
-        return Batched(self, size, collate=collate, drop_last=drop_last)
+        # -> batches cut pool by pool (`streamds.stages.pools`); its own map and filter run
+        # on whole batches (`StreamdsDataset.__iter__`)
+        return iter(self._active)
 
     def pack(self, packer: Any) -> Any:
         """Refused: a batch is no document; pack before batching."""
@@ -217,16 +202,6 @@ class Batched(StreamdsDataset):
 
     def __repr__(self) -> str:
         return f"{self.source!r}.batch({self.size!r}, drop_last={self.drop_last})"
-
-    # the epoch is the source's, so that set_epoch on either one moves both
-    @property  # type: ignore[override]
-    def epoch(self) -> int:
-        return self.source.epoch
-
-    @epoch.setter
-    def epoch(self, value: int) -> None:
-        if value != self.source.epoch:
-            self.source.set_epoch(value)
 
     @property
     def rank(self) -> int | None:
@@ -247,6 +222,24 @@ class Batched(StreamdsDataset):
             return []
         return [list(range(len(lengths)))]
 
+    def _with_cache(self, directory: str, key: str, limit: int | None) -> Batched:
+        """The source stores its readers' records (`.cache` of a mix or packed data) and the
+        batches are cut from them as from the source's: the same batches and states. The
+        batches themselves are not stored, nor what their own `.map`/`.filter` make
+        (refused after them)."""
+        self._cache_refused_after_steps(self._steps, "batches")
+        return Batched(self.source.cache(directory, key=key, limit=limit), self.size,
+                       collate=self.collate, drop_last=self.drop_last)
+
+    def _worker_items(self, num_workers: int) -> list[int]:
+        """Batches of each worker: its source's items cut `size` at a time (a pool is one
+        batch); unknown for a rule, whose batches follow the records' lengths."""
+        if self.rule is not None:
+            raise TypeError("len() is unknown for batches cut by a LengthBuckets or "
+                            "TokenBudget rule")
+        return [batches_of(count, self.size, self.drop_last)  # type: ignore[arg-type]
+                for count in self.source._worker_items(num_workers)]
+
     def resume_after_batches(self, consumed: int, **loader: Any) -> Batched:
         """Refused: a plain DataLoader's batch count does not tell where the pools of the
         readers stood; resume through `state_dict()` (torchdata's StatefulDataLoader)."""
@@ -257,7 +250,7 @@ class Batched(StreamdsDataset):
             "batch resumes exactly)"
         )
 
-    def with_resume(self, merged: dict[str, Any]) -> Batched:
+    def _resumed(self, merged: dict[str, Any]) -> Batched:
         """The same batches of ``source.with_resume(merged)`` (`streamds.merge_states` of the
         states of every reader): a fresh pool batcher over the resumed source."""
         clone = Batched(self.source.with_resume(merged), self.size,
@@ -267,13 +260,13 @@ class Batched(StreamdsDataset):
 
     # -- state ---------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
+    def _state(self) -> dict[str, Any]:
         """Position of this process's iterator: O(1) integers plus the source's state."""
         stage = self._active or self._pending or self._stage(self.epoch)
         return sealed(stage.get_state())
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from `state` at the next `iter()`; refuses a state of another batcher."""
+    def _load(self, state: dict[str, Any]) -> None:
+        """A pool batcher's state, checked against this batcher's settings."""
         check_state(state, PoolStage.STAGE, PoolStage.KEYS, "batcher")
         PoolStage.check(state, self._config())
         stage = self._stage(self.epoch)

@@ -97,14 +97,15 @@ def outer_split(dataset: Any, *, depth: int = 2) -> OuterSplit | None:
     return None
 
 
-def check_outer_split(dataset: Any, world_size: Callable[[], int]) -> None:
+def check_outer_split(dataset: Any, world_size: Callable[[], int], *, depth: int = 3) -> None:
     """Refuse a second split: accelerate splits across processes and streamds splits by rank
     (`world_size()` > 1, asked only under accelerate's split), or accelerate's dispatcher
     would drop workers' short batches.
 
-    Called from the dataset's `set_epoch` and `__iter__`.
+    Called from the dataset's `set_epoch` and `__iter__`; `depth`: frames from here to the
+    caller of that method (3: called by the method itself).
     """
-    split = outer_split(dataset, depth=3)
+    split = outer_split(dataset, depth=depth)
     if split is None or split.num_processes <= 1:
         return
     if world_size() > 1:

@@ -25,9 +25,9 @@ import dataclasses
 import functools
 import math
 import numbers
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..checks import check_choice, check_int
 from ..errors import StateMismatchError
@@ -36,7 +36,6 @@ from ..stages.mixing import MergedMix, MixStage
 from ..stages.state import (
     FORMAT,
     STATE_FORMAT,
-    check_epoch_change,
     check_state,
     nested,
     refuse_other_version,
@@ -44,15 +43,9 @@ from ..stages.state import (
     stage_of,
     unnested,
 )
-from ..stages.transform import Step, apply_steps
+from ..stages.transform import Step
 from ..world import World, detect_world
-from .base import StreamdsDataset
-
-if TYPE_CHECKING:
-    from ..stages.buckets import Rule
-    from .batching import Batched
-    from .dataset import StreamingJsonl
-    from .pack import Packed, PackTokens
+from .base import EpochCell, StreamdsDataset
 
 __all__ = ["STOPS", "Mix"]
 
@@ -78,25 +71,28 @@ class Mix(StreamdsDataset):
     `.map` and `.filter` run on the mixed records, in the reader; a map of the sources runs
     per chunk and names the file and line of a record it fails on, so prefer that where the
     function does not depend on the mixing (records a filter drops still count in `.taken`).
-    `.batch` batches the mixed records (Mix refuses batched sources); `.pack` packs them.
+    `.batch` batches the mixed records (Mix refuses batched sources); `.pack` packs them;
+    `.cache` stores each source's records (see `Mix.cache`). Call `mix.set_epoch` rather than
+    the sources' own set_epoch, which the mix's copies do not follow (a source moved to
+    another epoch than the mix's is refused when the mix starts).
     """
+
+    KIND = "mix"
 
     def __init__(
         self,
-        datasets: Sequence[StreamingJsonl],
+        datasets: Sequence[StreamdsDataset],
         weights: Sequence[float],
         *,
         seed: int,
         stop: str = "all",
     ) -> None:
         super().__init__()
-        from .dataset import StreamingJsonl
-
         datasets = list(datasets)
         if not datasets:
             raise ValueError("Mix needs at least one dataset, got none")
         for index, ds in enumerate(datasets):
-            if not isinstance(ds, StreamingJsonl):
+            if not isinstance(ds, self.of_kind("reader")):
                 raise ValueError(
                     f"datasets[{index}] must be a streamds.StreamingJsonl (with its own map, "
                     f"filter and shuffle), got {type(ds).__name__}; pack after mixing: "
@@ -143,7 +139,7 @@ class Mix(StreamdsDataset):
         self.seed = seed
         self.stop = stop
         self.rank, self.world_size = worlds.pop()
-        self.epoch = 0
+        self._epoch = EpochCell(0)  # each copy's own (`_with_step`, `with_resume`)
         self._pending: MixStage | None = None  # a loaded state, for the next iterator
         self._merged: MergedMix | None = None  # a merged state (elastic resume)
         self._batch_starts: dict[int, MixStage] = {}  # worker -> start (plain loader)
@@ -156,48 +152,49 @@ class Mix(StreamdsDataset):
         return (f"Mix({len(self.datasets)} datasets, weights={[round(w, 4) for w in self.weights]}"
                 f", seed={self.seed}, stop={self.stop!r}, epoch={self.epoch})")
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_active"] = None  # a live iterator stays in the process that made it
-        state["_iterators"] = []
-        return state
+    _ITEMS = "this Mix"
+
+    def _live(self) -> dict[str, Any]:
+        return {"_active": None, "_iterators": [], "_held": None}
 
     def _config(self) -> list[Any]:
         return [list(self.weights), self.seed, self.stop, len(self.datasets)]
 
-    def _with_step(self, step: Step) -> Mix:
-        clone = copy.copy(self)
-        clone._steps = (*self._steps, step)
+    def _copy(self) -> Mix:
+        clone = super()._copy()
         # sources of its own: iterating the clone must not move this mix's sources
         clone.datasets = [ds._detached() for ds in self.datasets]
-        clone._active, clone._iterators, clone._held = None, [], None
+        clone._epoch = EpochCell(self.epoch)
         return clone
 
-    def batch(
-        self, size: int | Rule, *, collate: Callable[[list[Any]], Any] | None = None,
-        drop_last: bool = False,
-    ) -> Batched:
-        """The mixed records in whole batches, as ``StreamingJsonl.batch``: `size` records
-        per batch or a ``streamds.LengthBuckets`` / ``TokenBudget`` rule; `collate` makes
-        the batch (None: a `streamds.RecordBatch`). Use it with ``DataLoader(ds.batch(n,
-        collate=...), batch_size=None)``; a state taken after any batch resumes exactly."""
-        from .batching import Batched
+    def _with_cache(self, directory: str, key: str, limit: int | None) -> Mix:
+        """Each source stores its records in `directory` (`StreamingJsonl.cache`), and the
+        mix draws from the stored records as from the source: the same draws, records and
+        states. The mixed stream itself is not stored (which records a reader draws depends
+        on its world), nor what the mix's own `.map`/`.filter` make (refused after them)."""
+        self._cache_refused_after_steps(self._steps, "a Mix")
+        clone = self._copy()
+        clone.datasets = [ds._with_cache(directory, key, limit)._detached()
+                          for ds in self.datasets]
+        return clone
 
-        return Batched(self, size, collate=collate, drop_last=drop_last)
+    def _worker_items(self, num_workers: int) -> list[int]:
+        """With stop="all" each reader yields every record of its sources' shares once: the
+        sum of the sources' counts (each known as `StreamingJsonl.worker_records` says);
+        with "first" or "cycle" the count follows each epoch's draws, and is not known."""
+        if any(step.kind == "filter" for step in self._steps):
+            raise TypeError("len() is unknown for a Mix with a .filter(): it may drop any "
+                            "number of records")
+        if self.stop != "all":
+            raise TypeError(
+                f"len() of a Mix with stop={self.stop!r} is unknown: where its stream ends "
+                "depends on each epoch's draws; use stop='all' (every record of every source "
+                "once) or pass max_steps to the trainer")
+        per_source = [ds._worker_items(num_workers) for ds in self.datasets]
+        return [sum(counts) for counts in zip(*per_source, strict=True)]
 
-    def pack(self, packer: PackTokens) -> Packed:
-        """The mixed records packed into fixed-length token sequences (`streamds.PackTokens`)."""
-        from .pack import Packed
-
-        return Packed(self, packer)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch: it seeds the draws and every source's order. Call it rather
-        than the sources' own set_epoch, which the mix's copies do not follow (a source moved
-        to another epoch than the mix's is refused when the mix starts)."""
-        check_int("epoch", epoch, 0, "epochs count from 0")
-        check_epoch_change(self._pending, epoch)
-        self.epoch = epoch
+    def _loaded_position(self) -> MixStage | None:
+        return self._pending
 
     @property
     def taken(self) -> list[int]:
@@ -252,7 +249,7 @@ class Mix(StreamdsDataset):
                     f"mix.set_epoch({holder.value}) each epoch instead"
                 )
 
-    def __iter__(self) -> Iterator[Any]:
+    def _open(self) -> Iterator[Any]:
         self._check_source_epochs()
         world = detect_world(self.rank, self.world_size)
         stage = self._start(world)
@@ -267,11 +264,9 @@ class Mix(StreamdsDataset):
         self._position_sources(stage)
         # -> each source's records, split over this reader's world by the source itself
         self._iterators = [iter(ds) for ds in self.datasets]
-        # -> the records drawn from them (`streamds.stages.mixing`)
-        mixed = iter(stage.open(self._iterators, functools.partial(self._reopen, stage)))
-        # -> the mix's own map and filter; a state taken between records stays exact (a
-        # dropped record was drawn, and counted, before the next one is handed out)
-        return apply_steps(mixed, self._steps, "this Mix") if self._steps else mixed
+        # -> the records drawn from them (`streamds.stages.mixing`); the mix's own map and
+        # filter run on them (`StreamdsDataset.__iter__`)
+        return iter(stage.open(self._iterators, functools.partial(self._reopen, stage)))
 
     def _reopen(self, stage: MixStage, index: int, epoch: int) -> Iterator[Any]:
         """Source `index` from the start of `epoch` (a new pass)."""
@@ -315,6 +310,7 @@ class Mix(StreamdsDataset):
             drop_last=drop_last,
         )
         clone = copy.copy(self)
+        clone._epoch = EpochCell(self.epoch)
         clone._pending, clone._active, clone._batch_starts = None, None, {}
         for worker in range(readers):
             old = (worker + next_worker) % readers  # the next worker in line becomes worker 0
@@ -341,7 +337,7 @@ class Mix(StreamdsDataset):
 
     # -- state ---------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
+    def _state(self) -> dict[str, Any]:
         """This reader's position: a few integers per source plus each source's own state."""
         if self._active is not None:
             sources = (copy.deepcopy(self._held) if self._held is not None
@@ -353,8 +349,8 @@ class Mix(StreamdsDataset):
         self._position_sources(stage)
         return sealed(stage.get_state([nested(ds.state_dict()) for ds in self.datasets]))
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from `state` at the next `iter()`; refuses a state of another mix."""
+    def _load(self, state: dict[str, Any]) -> None:
+        """A mix's state (its sources' states are loaded at the next `iter()`)."""
         check_state(state, MixStage.STAGE, MixStage.KEYS, "mix dataset")
         stage = MixStage.load(state, self._config())
         for source in stage.sources or ():  # loaded at the next iter(); refuse old ones now
@@ -369,9 +365,9 @@ class Mix(StreamdsDataset):
         stage = MixStage.load(state, self._config())
         return stage.epoch, stage.finished
 
-    def with_resume(self, merged: dict[str, Any]) -> Mix:
-        """A copy that finishes the epoch of `merged` (`streamds.merge_states` of the states
-        of every reader of this mix) under this mix's world (elastic resume)."""
+    def _resumed(self, merged: dict[str, Any]) -> Mix:
+        """A copy whose sources finish their part of `merged` (`streamds.merge_states` of
+        the states of every reader of this mix), drawing as the merged draws say."""
         clone = copy.copy(self)
         clone._pending = None
         clone._active = None
@@ -379,8 +375,6 @@ class Mix(StreamdsDataset):
         return clone
 
     def _resume(self, merged: dict[str, Any]) -> None:
-        if isinstance(merged, dict):
-            refuse_other_version(merged)
         if stage_of(merged) != MixStage.MERGED or merged.get(FORMAT) != STATE_FORMAT:
             raise ValueError(
                 "with_resume needs the dict streamds.merge_states() returns for the states "
@@ -390,7 +384,7 @@ class Mix(StreamdsDataset):
         MixStage.check_config(found.config, self._config())
         self.datasets = [ds.with_resume(unnested(state)) for ds, state in
                          zip(self.datasets, found.sources, strict=True)]
-        self.epoch = found.epoch
+        self._epoch = EpochCell(found.epoch)  # the copy's own, as with_resume makes it
         self._merged = dataclasses.replace(found, sources=[])  # the datasets hold them now
 
 

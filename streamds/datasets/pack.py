@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -36,18 +36,13 @@ from ..stages.state import (
     STATE_FORMAT,
     check_state,
     nested,
-    refuse_other_version,
     sealed,
     stage_of,
     unnested,
 )
-from ..stages.transform import Step, apply_steps
+from ..stages.transform import Step
 from ..world import World, detect_world
 from .base import StreamdsDataset
-
-if TYPE_CHECKING:
-    from ..stages.buckets import Rule
-    from .batching import Batched
 
 __all__ = ["PackTokens", "Packed", "document_mask"]
 
@@ -70,8 +65,12 @@ class Packed(StreamdsDataset):
     whose source had finished another epoch than the source's now starts that epoch afresh.
     `.map` / `.filter` apply to whole sequences (e.g. to add an attention mask; tokens of a
     dropped sequence still count as packed); `.batch(n, collate=...)` batches them, e.g.
-    with ``torch.utils.data.default_collate`` for stacked tensors; `.pack` is refused.
+    with ``torch.utils.data.default_collate`` for stacked tensors; `.pack` is refused;
+    `.cache` stores the source's records (packing runs again on them); `len()` is refused
+    (the sequences' number follows the documents' token counts).
     """
+
+    KIND = "packed"
 
     def __init__(self, source: Any, packer: PackTokens) -> None:
         super().__init__()
@@ -91,10 +90,7 @@ class Packed(StreamdsDataset):
     def __repr__(self) -> str:
         return f"Packed({self.source!r}, {self.packer!r})"
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_active"] = None  # a live iterator stays in the process that made it
-        return state
+    _ITEMS = "this packed dataset"
 
     @property
     def rank(self) -> int | None:
@@ -111,25 +107,24 @@ class Packed(StreamdsDataset):
             return dict.fromkeys(PACK_COUNTERS, 0)
         return dict(self._active.counts)
 
-    @property
-    def epoch(self) -> int:
-        """The source's epoch (packing follows it)."""
-        return self.source.epoch
+    def _epoch_source(self) -> StreamdsDataset:
+        return self.source  # packing follows the source's epoch
 
-    def set_epoch(self, epoch: int) -> None:
-        self.source.set_epoch(epoch)
+    def _with_cache(self, directory: str, key: str, limit: int | None) -> Packed:
+        """The source stores its records (`StreamingJsonl.cache`, `Mix.cache`) and packing
+        runs on them as on the source's: the same sequences and states. The sequences are
+        not stored (how records fill them depends on the reader's world), nor what this
+        dataset's own `.map`/`.filter` make (refused after them)."""
+        self._cache_refused_after_steps(self._steps, "packed data")
+        clone = self._copy()
+        clone.source = self.source.cache(directory, key=key, limit=limit)
+        return clone
 
-    def batch(
-        self, size: int | Rule, *, collate: Callable[[list[Any]], Any] | None = None,
-        drop_last: bool = False,
-    ) -> Batched:
-        """The packed sequences in whole batches, as ``StreamingJsonl.batch``: `size` sequences
-        per batch or a ``streamds.LengthBuckets`` / ``TokenBudget`` rule; `collate` makes
-        the batch (None: a `streamds.RecordBatch`). Use it with ``DataLoader(ds.batch(n,
-        collate=...), batch_size=None)``; a state taken after any batch resumes exactly."""
-        from .batching import Batched
-
-        return Batched(self, size, collate=collate, drop_last=drop_last)
+    def _worker_items(self, num_workers: int) -> list[int]:
+        raise TypeError(
+            "len() of packed data is unknown: how many sequences a reader's documents fill "
+            "follows their token counts, known only by tokenizing them; pass max_steps to the "
+            "trainer")
 
     def pack(self, packer: PackTokens) -> Packed:
         """Refused: packed data is packed already (its sequences join several documents by
@@ -165,33 +160,25 @@ class Packed(StreamdsDataset):
             stage.start_merged(self._merged)  # this reader's deal of the old leftovers
         return stage
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+    def _open(self) -> Iterator[dict[str, torch.Tensor]]:
         stage = self._start(detect_world(self.rank, self.world_size))
         self._pending = self._pending_source = None  # a loaded state starts one iterator
         self._active = stage
-        # -> sequences packed from the source's records (`streamds.stages.packing`)
-        sequences = iter(stage.open(iter(self.source)))
-        # -> its own map and filter, on whole sequences (a state between them stays exact)
-        return apply_steps(sequences, self._steps, "this packed dataset") if self._steps else (
-            sequences)
-
-    def _with_step(self, step: Step) -> Packed:
-        clone = copy.copy(self)
-        clone._steps = (*self._steps, step)
-        clone._active = None
-        return clone
+        # -> sequences packed from the source's records (`streamds.stages.packing`); its
+        # own map and filter run on whole sequences (`StreamdsDataset.__iter__`)
+        return iter(stage.open(iter(self.source)))
 
     # -- state ---------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
+    def _state(self) -> dict[str, Any]:
         """The source's state plus the unused ids of the current document (O(document))."""
         if self._pending is not None:
             return sealed(self._pending.get_state(copy.deepcopy(self._pending_source)))
         stage = self._active or self._start(detect_world(self.rank, self.world_size))
         return sealed(stage.get_state(nested(self.source.state_dict())))
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from `state` at the next `iter()`; refuses a state of another packing."""
+    def _load(self, state: dict[str, Any]) -> None:
+        """A packing state; its source's state is loaded into the source now."""
         check_state(state, PackStage.STAGE, PackStage.KEYS, "packed dataset")
         stage = PackStage(self.packer, PackStage.world_of(state))
         stage.reset(state)
@@ -213,22 +200,19 @@ class Packed(StreamdsDataset):
             "torchdata's StatefulDataLoader and checkpoint loader.state_dict()"
         )
 
-    def with_resume(self, merged: dict[str, Any]) -> Packed:
-        """A copy that finishes the epoch of `merged` (`streamds.merge_states` of the packed
-        states of every reader) under this dataset's world: every token once."""
-        if isinstance(merged, dict):
-            refuse_other_version(merged)
+    def _resumed(self, merged: dict[str, Any]) -> Packed:
+        """The source finishes its part of `merged` and this world's readers are dealt the
+        old readers' leftovers: every token once."""
         if stage_of(merged) != PackStage.MERGED or merged.get(FORMAT) != STATE_FORMAT:
             raise ValueError(
                 "with_resume needs the dict streamds.merge_states() returns for the states of "
                 "a packed dataset; to resume with the same world, use load_state_dict()"
             )
         found = MergedPack.from_node(merged, self.packer)
-        clone = copy.copy(self)
+        clone = self._copy()
         clone.source = self.source.with_resume(unnested(PackStage.source_of(merged)))
         clone._merged = dataclasses.replace(found, epoch=clone.source.epoch)
         clone._pending = clone._pending_source = None
-        clone._active = None
         return clone
 
 

@@ -20,11 +20,11 @@ from ..seeds import shuffle_seed_parts
 from ..stages.balance import pad_work
 from ..stages.buckets import PoolBatch, pool_rng
 from ..stages.chunks import Chunk, Position, WorkItem, counts_in
+from ..stages.description import ReaderDescription
 from ..stages.mixing import MixStage
 from ..stages.packing import PackStage
 from ..stages.parse import DROPPED, Marker
 from ..stages.pipeline import (
-    Spec,
     buffer_intake,
     preparer,
     read_up_to,
@@ -350,7 +350,7 @@ def _merge_sources(nodes: list[Any]) -> Any:
 
 
 def _read_after(
-    spec: Spec, work: list[WorkItem], limit: int
+    spec: ReaderDescription, work: list[WorkItem], limit: int
 ) -> tuple[list[tuple[int, Position]], list[WorkItem]]:
     """(work item, position) of the first `limit` records of `work` that a shuffling
     reader's buffer takes in (one not under even_ranks), and the work left after them."""
@@ -369,7 +369,7 @@ def _read_after(
 
 
 def _read_even(
-    spec: Spec, even: dict[str, Any], limit: int
+    spec: ReaderDescription, even: dict[str, Any], limit: int
 ) -> tuple[list[tuple[int, Position]], list[WorkItem]]:
     """As `_read_after`, for an even-ranks reader: its own stream from the snapshot's
     position (work, then pad work, ended by its quota), the work item of each record counted
@@ -398,7 +398,7 @@ def _read_even(
 
 
 def _resolve(
-    tail: dict[str, Any], spec: Spec, *, then: int = 0
+    tail: dict[str, Any], spec: ReaderDescription, *, then: int = 0
 ) -> tuple[list[WorkItem], list[Position], list[Position]]:
     """A shuffling reader's tail, `then` more records handed out -> (work left, buffered
     positions, positions of those `then` records in the order they came out)."""
@@ -432,7 +432,7 @@ def _resolve(
     return (after_all if total is None or even is not None else []), buffered, out
 
 
-def _resolve_pool(tail: dict[str, Any], spec: Spec
+def _resolve_pool(tail: dict[str, Any], spec: ReaderDescription
                   ) -> tuple[list[WorkItem], list[Position], int]:
     """A tail whose reader had handed out some batches of a pool -> (work left, buffered
     positions and the pool's records not yet handed out, records the map and filter steps
@@ -481,7 +481,7 @@ def _passing(records: list[Any], steps: tuple[Step, ...]) -> list[tuple[int, Any
     return [(index, record) for index, record in enumerate(done) if record is not DROPPED]
 
 
-def resolve_tails(merged: dict[str, Any], spec: Spec) -> dict[str, Any]:
+def resolve_tails(merged: dict[str, Any], spec: ReaderDescription) -> dict[str, Any]:
     """`merged` with every tail turned into work items and buffered positions.
 
     Reads at most (records handed out since the snapshot + buffer size) records per tail.

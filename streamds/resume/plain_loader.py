@@ -2,7 +2,7 @@
 
 A plain DataLoader asks its workers for batches in turn (worker 0, 1, ..., skipping workers
 that ran out), so the batches consumed tell how many records each reader yielded. Record
-counts per block (`streamds.resume.counts`) turn that into a block and a line, and the shuffle
+counts per block (`streamds.resume.block_counts`) turn that into a block and a line, and the shuffle
 buffer is replayed on record numbers alone, so nothing is re-read except the blocks that
 hold the resume point and the buffered records.
 

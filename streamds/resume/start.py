@@ -22,12 +22,13 @@ from ..seeds import shuffle_seed_parts
 from ..stages.balance import check_split, empty_rank, pad_work, quotas
 from ..stages.buckets import LengthBuckets
 from ..stages.chunks import HandedOut, Position, WorkItem
-from ..stages.pipeline import Spec, state_after
+from ..stages.description import ReaderDescription
+from ..stages.pipeline import state_after
 from ..stages.state import ReaderState
 from ..storage.plan import Block, Plan
 from ..storage.shards import Shard, unsplit_note
 from ..world import World
-from .counts import count_from
+from .block_counts import count_from
 from .merge import MERGED_READER, share_of
 from .plain_loader import records_state_after
 
@@ -261,7 +262,7 @@ def pad_work_of(plan: Plan, state: ReaderState) -> list[WorkItem]:
 
 
 def after_batches(
-    layout: Layout, spec: Spec, epoch: int, here: World, *, taken: Sequence[int],
+    layout: Layout, spec: ReaderDescription, epoch: int, here: World, *, taken: Sequence[int],
     next_worker: int, batch_size: int, rule: LengthBuckets | None,
 ) -> dict[int, ReaderState]:
     """{worker: state} of every worker of rank `here` for a plain loader that resumes after
@@ -293,7 +294,7 @@ def after_batches(
     return starts
 
 
-def after_records(layout: Layout, spec: Spec, epoch: int, seat: World, world: World,
+def after_records(layout: Layout, spec: ReaderDescription, epoch: int, seat: World, world: World,
                   yielded: int) -> ReaderState:
     """The state of reader `world`, reading the share (and shuffle seed) of `seat`, once it
     has yielded `yielded` records of `epoch` (0: not started): exact when every line is a

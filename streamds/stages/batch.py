@@ -5,7 +5,7 @@ one batch, so pipe and pickling costs are paid per batch, not per record. The st
 source's state at the batch boundary, so a state taken after any batch resumes exactly.
 
 State: ``{"stage": "batch", "source": <the records stage's state>}``. Batches cut by length
-(a `BatchSpec` with a `rule`) come from the `streamds.stages.buckets.PoolBatch` stage instead.
+(a `BatchSettings` with a `rule`) come from the `streamds.stages.buckets.PoolBatch` stage instead.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from .chunks import SOURCE, STAGE, Below, HandedOut, Rest, checked
 if TYPE_CHECKING:
     from .buckets import Rule
 
-__all__ = ["Batch", "BatchSpec", "RecordBatch"]
+__all__ = ["Batch", "BatchSettings", "RecordBatch"]
 
 
 class RecordBatch:
@@ -112,7 +112,7 @@ def _from_ring(entry: shm_ring.Entry) -> RecordBatch:
 
 
 @dataclass(frozen=True)
-class BatchSpec:
+class BatchSettings:
     size: int | None  # records per batch; None: as many as the rule's token budget allows
     collate: Callable[[list[Any]], Any] = RecordBatch  # list of records -> the batch
     drop_last: bool = False
@@ -159,7 +159,7 @@ class Batch:
         """The records stage's state under this stage's."""
         return state[cls.SOURCE]
 
-    def __init__(self, source: Any, spec: BatchSpec, collate: Callable[..., Any], *,
+    def __init__(self, source: Any, spec: BatchSettings, collate: Callable[..., Any], *,
                  positions: bool = False) -> None:
         self.source = source
         self.spec = spec
@@ -204,7 +204,7 @@ class Batch:
 
     def _batches(self) -> Iterator[Any]:
         size, collate, drop_last = self.spec.size, self.collate, self.spec.drop_last
-        assert size is not None, "a BatchSpec with a rule goes to PoolBatch"
+        assert size is not None, "a BatchSettings with a rule goes to PoolBatch"
         if self.positions:
             for batch, blocks, offsets in self.source.batches_with_positions(size):
                 if drop_last and len(batch) < size:

@@ -61,7 +61,7 @@ class Chunk:
 
 class Stored:
     """A placeholder for the entry `ordinal` of a block `ds.cache` holds (`held`: the open
-    block, `streamds.stages.cache`): small, so a shuffle buffer holds these, not records."""
+    block, `streamds.stages.record_cache`): small, so a shuffle buffer holds these, not records."""
 
     __slots__ = ("held", "ordinal")
 

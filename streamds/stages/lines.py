@@ -7,7 +7,7 @@ on_error="skip" is counted and left. With `readahead` bytes, the stored bytes of
 work items are fetched ahead (`streamds.storage.readahead`, through the local `cache` when
 given) and handed to the opener as ``ahead=``. With `stored` (`ds.cache`), a block the
 cache holds is not read: its stored positions come as chunks of placeholders
-(`streamds.stages.cache`), and a block read from its start is filled.
+(`streamds.stages.record_cache`), and a block read from its start is filled.
 
 State: ``{"stage": "lines", "item": k, "offset": o | None, "counts": {"corrupt_blocks": n}}``:
 continue work
@@ -24,15 +24,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import CorruptShardError
 from ..retry import DEFAULT_RETRY, RetryPolicy
-from ..storage.cache import CacheSpec
 from ..storage.plan import Block
 from ..storage.read import Opener, open_decoded_at, read_lines
 from ..storage.readahead import ReadAhead, Span, block_span, on_fuse
+from ..storage.shard_cache import ShardCacheSettings
 from ..storage.shards import Shard
 from .chunks import COUNTS, STAGE, Chunk, WorkItem, checked, find
 
 if TYPE_CHECKING:
-    from .cache import BlockCache
+    from .record_cache import BlockCache
 
 __all__ = ["Lines"]
 
@@ -63,7 +63,7 @@ class Lines:
         retry: RetryPolicy = DEFAULT_RETRY,
         pad_work: Sequence[WorkItem] = (),
         readahead: int = 0,
-        cache: CacheSpec | None = None,
+        cache: ShardCacheSettings | None = None,
         stored: BlockCache | None = None,
     ) -> None:
         self.shards = shards

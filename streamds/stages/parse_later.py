@@ -47,12 +47,12 @@ from .chunks import Chunk
 from .parse import BLANK, LineNumbers, Parse, cut_bom, describe_bad
 
 if TYPE_CHECKING:
-    from .pipeline import Spec
+    from .description import ReaderDescription
 
 __all__ = ["LineBatch", "MalformedLine", "ParseLater", "parses_later"]
 
 
-def parses_later(spec: Spec, collate: Any) -> bool:
+def parses_later(spec: ReaderDescription, collate: Any) -> bool:
     """Whether a reader with `spec` leaves its lines for the main process to parse: in a
     DataLoader worker, making batches of plain records (`RecordBatch`) of JSON lines shards, with
     nothing that needs a record's value in the worker (map, filter, a length rule, counting

@@ -1,6 +1,6 @@
 """The reader: one `ReaderState` -> the stages that yield its records.
 
-`Spec` is what every reader of a dataset shares (shards, blocks, plan, steps, options);
+`ReaderDescription` (`streamds.stages.description`) is what every reader of a dataset shares;
 `Reader` builds one reader's pipeline from a `ReaderState` and gives its state back. When its
 epoch ends, a reader logs what it counted (skipped, blank and dropped lines, damaged blocks):
 a warning when lines were lost to errors, else an info line.
@@ -14,10 +14,11 @@ a record dropped after the buffer would leave its rank short. A step that drops 
 changes which records the buffer draws from, so the shuffled order for a seed differs from
 that of streamds versions that mapped before the buffer (the records do not).
 
-With `ds.cache` (`Spec.records_cache`), one `BlockCache` per reader is shared by the lines
-stage (stored blocks are not read: placeholders of their records' positions flow instead) and
-the stage that runs the steps (placeholders become stored records; computed records are
-stored); every stage's state is what it is without the cache (`streamds.stages.cache`).
+With `ds.cache` (`ReaderDescription.records_cache`), one `BlockCache` per reader is shared by
+the lines stage (stored blocks are not read: placeholders of their records' positions flow
+instead) and the stage that runs the steps (placeholders become stored records; computed
+records are stored); every stage's state is what it is without the cache
+(`streamds.stages.record_cache`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -33,30 +33,26 @@ from torch.utils.data import get_worker_info
 
 from ..errors import StateMismatchError
 from ..handover.shm_tensors import leave_as_tensor_batches
-from ..retry import DEFAULT_RETRY, RetryPolicy
 from ..seeds import shuffle_seed_parts
-from ..storage.cache import CacheSpec
-from ..storage.plan import Block, Plan
-from ..storage.read import Opener, open_decoded_at
-from ..storage.shards import Shard
 from .ahead import AHEAD, MadeAhead
 from .balance import EvenRanks
-from .batch import Batch, BatchSpec
+from .batch import Batch
 from .buckets import PoolBatch
-from .cache import BlockCache, RecordsCache
 from .chunks import Chunk, ChunkCursor, HandedOut, Position, Rest, Stored, WorkItem
 from .cpus import TUNE, on_planned_cpus, worker_plan
+from .description import ReaderDescription
 from .lines import Lines
 from .numbers import Numbers
 from .parse import DROPPED, WARN_BAD_LINES, LineNumbers, Parse
 from .parse_later import LineBatch, ParseLater, parses_later
+from .record_cache import BlockCache
 from .records import Records, fetch_records
 from .shuffle import Shuffle
 from .state import ReaderState, stage_of
 from .timing import StageTimer, Timed
 from .transform import AfterBuffer, Step, Transform, compose
 
-__all__ = ["Reader", "Spec", "buffer_intake", "describe_counts", "numbers_shuffle", "preparer",
+__all__ = ["Reader", "buffer_intake", "describe_counts", "numbers_shuffle", "preparer",
            "read_up_to", "reading_front", "rest_of", "state_after", "steps_after_buffer",
            "steps_before_buffer", "work_after"]
 
@@ -70,26 +66,6 @@ _COUNTED = {
     "dropped": "records dropped by map (None) or filter",
 }
 _LOST = ("bad", "corrupt_blocks")  # counters of data lost to errors: a warning
-
-
-@dataclass(frozen=True)
-class Spec:
-    """What every reader of one dataset shares."""
-
-    shards: Sequence[Shard]
-    blocks: Sequence[Block]
-    plan: Plan
-    steps: tuple[Step, ...]
-    on_error: str
-    buffer_size: int
-    retry: RetryPolicy = DEFAULT_RETRY
-    opener: Opener = open_decoded_at
-    batch: BatchSpec | None = None  # whole batches out of the reader (`StreamingJsonl.batch`)
-    readahead: int = 0  # stored bytes fetched ahead of each reader (0: none)
-    cache: CacheSpec | None = None  # the local copy of remote or mounted shards
-    worker_cpus: str = "auto"  # workers leave the main process a CPU (streamds.stages.cpus); "all"
-    records_cache: RecordsCache | None = None  # `ds.cache`: stored records of the first steps
-    even_ranks: str | None = None  # "drop" | "pad" | None (`streamds.stages.balance`)
 
 
 def steps_after_buffer(shuffle: bool, even_ranks: bool) -> bool:
@@ -109,7 +85,7 @@ def _untimed(stage: Any, name: str) -> Any:
 
 
 def reading_front(
-    spec: Spec, work: Sequence[WorkItem], steps: Sequence[Step], *,
+    spec: ReaderDescription, work: Sequence[WorkItem], steps: Sequence[Step], *,
     pad_work: Sequence[WorkItem] = (), where: LineNumbers | None = None,
     stored: BlockCache | None = None, later: bool = False,
     timed: Callable[[Any, str], Any] = _untimed, reading: bool = False,
@@ -138,13 +114,13 @@ def reading_front(
     return lines, parse, transform
 
 
-def steps_before_buffer(spec: Spec, even: bool) -> tuple[Step, ...]:
+def steps_before_buffer(spec: ReaderDescription, even: bool) -> tuple[Step, ...]:
     """The steps a shuffling reader runs before its buffer (`steps_after_buffer`)."""
     return () if steps_after_buffer(True, even) else tuple(spec.steps)
 
 
 def buffer_intake(
-    spec: Spec, work: Sequence[WorkItem], *, pad: Sequence[WorkItem] = (),
+    spec: ReaderDescription, work: Sequence[WorkItem], *, pad: Sequence[WorkItem] = (),
     quota: int | None = None, position: dict[str, Any] | None = None,
 ) -> Iterator[Chunk]:
     """Chunks of the records a shuffling reader's buffer takes in from `work` (as its
@@ -162,13 +138,13 @@ def buffer_intake(
     return cursor.chunks()
 
 
-def preparer(spec: Spec, steps: Sequence[Step]) -> Callable[[Chunk], Chunk]:
+def preparer(spec: ReaderDescription, steps: Sequence[Step]) -> Callable[[Chunk], Chunk]:
     """Raw lines -> the records a reader's pipeline makes of them (parsed, then `steps`)."""
     _, parse, transform = reading_front(spec, [], steps)
     return lambda chunk: transform.transform(parse.parse(chunk))
 
 
-def state_after(spec: Spec, state: ReaderState, handed: HandedOut,
+def state_after(spec: ReaderDescription, state: ReaderState, handed: HandedOut,
                 records_state: Callable[[Reader, int], dict[str, Any]]) -> dict[str, Any]:
     """The pipeline state of reader `state` once it has handed out `handed` (a plain
     loader's resume): `records_state(reader, n)` places the built reader's records stage
@@ -248,7 +224,7 @@ class Reader:
     STAGES = ("lines", "parse", "transform", "even_ranks", "emit")
 
     def __init__(
-        self, spec: Spec, state: ReaderState, *, pad_work: Sequence[WorkItem] = (),
+        self, spec: ReaderDescription, state: ReaderState, *, pad_work: Sequence[WorkItem] = (),
         timer: StageTimer | None = None,
     ) -> None:
         self.spec = spec

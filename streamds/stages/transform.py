@@ -9,7 +9,7 @@ Where a reader shuffles, the steps run on records as they leave the shuffle buff
 resume, costs a read and a parse per record, not a map (`streamds.stages.pipeline` says
 where each runs).
 
-With `ds.cache` (`streamds.stages.cache`), the stage that runs the steps also resolves the
+With `ds.cache` (`streamds.stages.record_cache`), the stage that runs the steps also resolves the
 placeholders of stored blocks into their stored records (the steps before the cache are not
 run for them) and hands what the steps before the cache made of the other records to the
 store; the steps after the cache run on both.
@@ -35,12 +35,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import StateMismatchError
-from ..storage.records_cache import UncacheableRecordError
+from ..storage.record_codec import UncacheableRecordError
 from .chunks import COUNTS, SOURCE, STAGE, Below, Chunk, HandedOut, Rest, Stored, checked
 from .parse import DROPPED, LineNumbers, Marker
 
 if TYPE_CHECKING:
-    from .cache import BlockCache
+    from .record_cache import BlockCache
 
 __all__ = [
     "AfterBuffer",

@@ -30,8 +30,8 @@ from fsspec.implementations.local import LocalFileSystem
 from ..errors import CorruptShardError
 from ..redact import describe_error, redact, safe_cause, scrubbed
 from ..retry import DEFAULT_RETRY, RangeNotSupportedError, RetryPolicy, as_os_error, retrying
-from .cache import Cache, CacheSpec, pread_full
 from .mounts import on_fuse_mount
+from .shard_cache import Cache, ShardCacheSettings, pread_full
 from .shards import Shard, process_fs
 
 __all__ = ["DIRECT_REQUEST", "LINE_PROBE", "Prefetched", "RangeFile", "RangeReader",
@@ -68,8 +68,8 @@ def stored_span(shard: Shard, start: int, end: int | None) -> tuple[int, int, in
 class RangeReader:
     """Stored bytes of shards by range; thread-safe. Close it to release its descriptors."""
 
-    def __init__(self, retry: RetryPolicy = DEFAULT_RETRY, cache: CacheSpec | None = None, *,
-                 fuse_direct: bool = False) -> None:
+    def __init__(self, retry: RetryPolicy = DEFAULT_RETRY,
+                 cache: ShardCacheSettings | None = None, *, fuse_direct: bool = False) -> None:
         self.retry = retry
         self._fuse_direct = fuse_direct  # files on FUSE mounts: bypass the page cache
         self._fds: dict[str, int] = {}

@@ -21,10 +21,10 @@ from ..formats.codecs import READ_SIZE, decode
 from ..formats.protocol import Cursor, LineChunk, Opener
 from ..formats.tar import TarRecords, tar_records
 from ..retry import DEFAULT_RETRY, GaveUpError, RetryPolicy, is_transient
-from .cache import CacheSpec
 from .plan import Block
 from .ranges import RangeFile, RangeReader, StreamFile, stored_span
 from .readahead import ReadAhead
+from .shard_cache import ShardCacheSettings
 from .shards import Shard
 
 __all__ = [
@@ -55,7 +55,7 @@ def _skip(stream: BinaryIO, count: int, url: str) -> None:
 
 def open_decoded_at(
     shard: Shard, offset: int, end: int | None = None, *, retry: RetryPolicy = DEFAULT_RETRY,
-    cache: CacheSpec | None = None, ahead: ReadAhead | None = None,
+    cache: ShardCacheSettings | None = None, ahead: ReadAhead | None = None,
 ) -> BinaryIO:
     """The shard's decoded bytes from `offset` on; the caller means to read up to `end`
     (None: to the end), so storage is asked for no more than that (`ranges.stored_span`).

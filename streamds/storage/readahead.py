@@ -30,9 +30,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from ..retry import DEFAULT_RETRY, RetryPolicy
-from .cache import CLAIMS, CacheSpec
 from .mounts import on_fuse_mount, on_remote_mount
 from .ranges import RangeReader, stored_span
+from .shard_cache import CLAIMS, ShardCacheSettings
 from .shards import Shard, process_fs
 
 __all__ = ["DEFAULT_READAHEAD", "ReadAhead", "Span", "block_span", "on_fuse",
@@ -109,7 +109,7 @@ class ReadAhead:
 
     def __init__(
         self, spans: Iterable[Span], *, budget: int, retry: RetryPolicy = DEFAULT_RETRY,
-        cache: CacheSpec | None = None, threads: int = MAX_THREADS, fuse: bool = False,
+        cache: ShardCacheSettings | None = None, threads: int = MAX_THREADS, fuse: bool = False,
     ) -> None:
         self.reader = RangeReader(retry, cache, fuse_direct=fuse)
         self._caching = cache is not None

@@ -17,8 +17,8 @@ from typing import Any
 
 from ..checks import check_int, size_setting
 from ..retry import RetryPolicy
-from .cache import CacheSpec, namespace_of
 from .plan import DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE
+from .shard_cache import ShardCacheSettings, namespace_of
 from .shards import Shard
 
 __all__ = ["Storage", "storage_of"]
@@ -81,14 +81,14 @@ class Storage:
         """The cache's limit in bytes; None: no limit."""
         return size_setting("cache_limit", self.cache_limit, "") or None
 
-    def cache_of(self, shards: Sequence[Shard]) -> CacheSpec | None:
+    def cache_of(self, shards: Sequence[Shard]) -> ShardCacheSettings | None:
         """The cache of `shards` under `cache_dir`; None: no cache."""
         if self.cache_dir is None:
             return None
         directory = os.path.abspath(os.fspath(self.cache_dir))
         if os.path.exists(directory) and not os.path.isdir(directory):
             raise ValueError(f"cache_dir {directory!r} is a file; pass a directory")
-        return CacheSpec(directory, self.cache_limit_bytes, namespace_of(shards))
+        return ShardCacheSettings(directory, self.cache_limit_bytes, namespace_of(shards))
 
 
 def storage_of(storage: Storage | None) -> Storage:

@@ -49,7 +49,7 @@ from ..redact import redact
 from .locks import fcntl, remove_if_unused, try_lock
 from .shards import Shard
 
-__all__ = ["CLAIMS", "Cache", "CacheSpec", "namespace_of", "pread_full"]
+__all__ = ["CLAIMS", "Cache", "ShardCacheSettings", "namespace_of", "pread_full"]
 
 log = logging.getLogger(__name__)
 
@@ -252,7 +252,7 @@ def namespace_of(shards: Sequence[Shard]) -> str:
 
 
 @dataclass(frozen=True)
-class CacheSpec:
+class ShardCacheSettings:
     """Where and how much to cache: a picklable description (no files open)."""
 
     directory: str
@@ -272,9 +272,10 @@ def _checksum(path: Path) -> str:
 
 
 class Cache:
-    """One process's use of a `CacheSpec`: thread-safe; `close()` releases its copies."""
+    """One process's use of a `ShardCacheSettings`: thread-safe; `close()` releases its copies."""
 
-    def __init__(self, spec: CacheSpec, fetch: Fetch, new_source: Callable[[], Source]) -> None:
+    def __init__(self, spec: ShardCacheSettings, fetch: Fetch,
+                 new_source: Callable[[], Source]) -> None:
         if fcntl is None:
             raise OSError(errno.ENOSYS, "cache_dir needs file locks (fcntl), which this system "
                           "lacks; leave cache_dir unset")

@@ -1,6 +1,6 @@
 """Cache: the records the stages before `ds.cache(...)` made, stored per block and read back.
 
-`BlockCache` is one reader's view of a `RecordStore` (`streamds.storage.records_cache`),
+`BlockCache` is one reader's view of a `RecordStore` (`streamds.storage.record_store`),
 shared by the stages that fill and read it:
 
 - `Lines` asks `open(block)` before reading a block. A stored block is not read or parsed:
@@ -41,18 +41,10 @@ from typing import Any
 
 from ..errors import StateMismatchError
 from ..storage.plan import Block
-from ..storage.records_cache import (
-    BAD_LINE,
-    BLANK_LINE,
-    BlockReader,
-    BlockWriter,
-    CachedBlockError,
-    RecordStore,
-    UncacheableRecordError,
-    block_key,
-    uncacheable,
-)
-from ..storage.records_cache import DROPPED as STORED_DROP
+from ..storage.record_codec import BAD_LINE, BLANK_LINE, UncacheableRecordError
+from ..storage.record_codec import DROPPED as STORED_DROP
+from ..storage.record_keys import block_key, uncacheable
+from ..storage.record_store import BlockReader, BlockWriter, CachedBlockError, RecordStore
 from ..storage.shards import Shard, stat_shard
 from .chunks import Chunk, Position, Stored
 from .parse import BAD, BLANK, DROPPED, LineNumbers, Marker
