@@ -204,7 +204,7 @@ def parse_chunk(
     Values are exact (`streamds.formats.values`: no integer turned into a float); a line
     that is not a JSON object (a number, an array, null) is malformed too."""
     try:
-        items, records = values.loads_many(chunk.items)
+        items, records = values.loads_many(chunk.items, chunk.data)
         if records:
             return items, True
     except orjson.JSONDecodeError:

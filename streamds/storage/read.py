@@ -57,13 +57,17 @@ class LineChunk:
 
     `offsets[i]` is where `lines[i]` begins in the shard's decoded bytes (for tar shards and
     JSON documents: the record's ordinal); `offsets[-1]` is where the line after the chunk
-    begins. `labels` names tar members and document parts, for error messages.
+    begins. `labels` names tar members and document parts, for error messages. `data`: the
+    decoded bytes the lines were cut from at each newline (the lines are its first pieces),
+    so a search over every line (`streamds.formats.values.loads_many`) needs no copy; None
+    where records are no lines of one buffer.
     """
 
     block: int
     offsets: list[int]
     lines: list[bytes]
     labels: list[str] | None = None
+    data: bytes | None = None
 
 
 def _skip(stream: BinaryIO, count: int, url: str) -> None:
@@ -166,7 +170,8 @@ def _line_chunks(
                 pending.append(data)
                 continue
             pending.append(data)
-            lines = b"".join(pending).split(b"\n")
+            buffer = b"".join(pending)
+            lines = buffer.split(b"\n")
             tail = lines.pop()
             if at_eof and tail:  # a final line without a newline is a record
                 lines.append(tail)
@@ -181,10 +186,11 @@ def _line_chunks(
                 if owned < len(lines):
                     cursor.next_line = offsets[owned]
                     if owned:
-                        yield LineChunk(block_id, offsets[: owned + 1], lines[:owned])
+                        yield LineChunk(block_id, offsets[: owned + 1], lines[:owned],
+                                        data=buffer)
                     return
             pos = cursor.next_line = offsets[-1]
-            yield LineChunk(block_id, offsets, lines)
+            yield LineChunk(block_id, offsets, lines, data=buffer)
             if at_eof:
                 return
 
