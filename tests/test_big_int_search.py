@@ -10,8 +10,10 @@ import io
 import json
 import re
 from typing import Any
+from unittest.mock import patch
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -33,17 +35,23 @@ between = st.text(' ,:[]{}"-+.eEx\n', max_size=4).map(str.encode)
 
 
 @settings(max_examples=500, deadline=None)
-@given(st.lists(st.one_of(digit_runs, between), max_size=40))
-def test_the_search_finds_every_run_a_scan_of_every_byte_finds(pieces):
+@given(st.lists(st.one_of(digit_runs, between), max_size=40), st.sampled_from([0, 1 << 30]))
+def test_the_search_finds_every_run_a_scan_of_every_byte_finds(pieces, numpy_from):
+    """With the sample taken by numpy (a chunk) and by bytes methods (a line)."""
     data = b"".join(pieces)
-    assert values.big_int_starts(data) == [m.start() for m in EVERY_RUN.finditer(data)]
+    with patch.object(values, "_NUMPY_FROM", numpy_from):
+        assert values.big_int_starts(data) == [m.start() for m in EVERY_RUN.finditer(data)]
 
 
-def test_the_search_finds_a_run_at_every_alignment_of_the_sample():
+@pytest.mark.parametrize("numpy_from", [0, 1 << 30])
+def test_the_search_finds_a_run_at_every_alignment_of_the_sample(numpy_from, monkeypatch):
+    monkeypatch.setattr(values, "_NUMPY_FROM", numpy_from)
     for before in range(13):
         for length in (19, 20, 25):
             data = b"x" * before + b"1" * length + b"x" * 7
             assert values.big_int_starts(data) == [before], (before, length)
+            data = b"-" * 20_000 + data  # a chunk's size
+            assert values.big_int_starts(data) == [20_000 + before], (before, length)
     assert values.big_int_starts(b"1" * 18) == []
     assert values.big_int_starts(b"0." + b"1" * 30) == []  # a float's fraction
     assert values.big_int_starts(b"1e" + b"1" * 30 + b" -" + b"2" * 19) == [34]

@@ -28,6 +28,7 @@ from itertools import accumulate
 from operator import add
 from typing import Any
 
+import numpy as np
 import orjson
 
 __all__ = [
@@ -52,7 +53,17 @@ _CLASSES = bytes(0x30 if 0x30 <= byte <= 0x39 else 0x2E if byte in b".eE" else 0
                  for byte in range(256))
 _RUN = b"0" * BIG_INT_DIGITS
 _AFTER_OTHER = b" " + _RUN  # a run after a byte that is no digit, ".", "e" or "E"
+_NUMPY_FROM = 8 << 10  # bytes from which numpy takes the sample faster than bytes methods
 _SNIPPET = 80  # bytes of a bad line quoted in a message
+
+
+def _sample_has_run(data: bytes) -> bool:
+    """Whether three neighbouring bytes of the sample of every `_STRIDE`th byte of `data`
+    are digits (numpy's vector loops for a chunk, bytes methods for a line)."""
+    if len(data) < _NUMPY_FROM:
+        return data[::_STRIDE].translate(_CLASSES).find(_SAMPLED) >= 0
+    digits = (np.frombuffer(data, np.uint8)[::_STRIDE] - 0x30) < 10  # below "0" wraps
+    return bool((digits[:-2] & digits[1:-1] & digits[2:]).any())
 
 
 def big_int_starts(data: bytes) -> list[int]:
@@ -62,7 +73,7 @@ def big_int_starts(data: bytes) -> list[int]:
     Ascending; ``[]`` for most data at a fraction of parsing's cost: a run of 19 digits
     holds three neighbouring bytes of a sample of every 6th byte, which text rarely does by
     chance (a float's 17 digits may), and only data with such a sample is searched whole."""
-    if data[::_STRIDE].translate(_CLASSES).find(_SAMPLED) < 0:
+    if not _sample_has_run(data):
         return []
     classes = data.translate(_CLASSES)
     starts = [0] if classes.startswith(_RUN) else []
