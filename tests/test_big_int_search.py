@@ -21,7 +21,8 @@ from streamds.formats import values
 from streamds.stages.chunks import Chunk
 from streamds.stages.parse import BAD, BLANK, parse_chunk
 from streamds.storage.plan import Block
-from streamds.storage.read import read_lines
+from streamds.storage import read
+from streamds.storage.read import CutLines, read_lines
 from streamds.storage.shards import Shard
 
 # a run of 19 or more digits after no digit, ".", "e" or "E": what the search must find
@@ -117,21 +118,28 @@ def _opener(data: bytes):
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(lines, min_size=1, max_size=12), st.booleans(), st.integers(1, 300),
-       st.integers(0, 400))
-def test_a_chunk_parses_as_its_lines_one_by_one(file_lines, final_newline, read_size, cut):
-    """The reader's chunks (lines cut at every read size, the block ending anywhere) parse
-    to what each line parses to alone."""
+       st.integers(0, 400), st.sampled_from([0, 64]))
+def test_a_chunk_parses_as_its_lines_one_by_one(file_lines, final_newline, read_size, cut,
+                                                few_lines):
+    """The reader's chunks (lines cut at every read size, the block ending anywhere; read in
+    place, and split) parse to what each line parses to alone."""
     data = b"\n".join(file_lines) + (b"\n" if final_newline else b"")
     shard = Shard(url="memory://big.jsonl", path="big.jsonl", size=len(data), format="jsonl",
                   codec=None)
     block = Block(0, 0, cut if cut < len(data) else None)
     got: list[Any] = []
     want: list[Any] = []
-    for raw in read_lines(shard, block, 0, opener=_opener(data), read_size=read_size):
-        assert raw.data is not None and raw.lines == raw.data.split(b"\n")[: len(raw.lines)]
+    with patch.object(read, "_FEW_LINES", few_lines):
+        chunks = list(read_lines(shard, block, 0, opener=_opener(data), read_size=read_size))
+    for raw in chunks:
         chunk = Chunk(0, 0, raw.offsets, raw.lines, False, data=raw.data)
+        in_place = isinstance(raw.lines, CutLines)
+        assert in_place is (bool(few_lines) or b"\n" not in raw.data)
         items, _ = parse_chunk(chunk, on_error="skip", url=shard.url,
                                locate=lambda index: (None, "?"))
+        if in_place and BAD not in items and BLANK not in items:
+            assert not raw.lines.cut  # read in place: never copied out
+        assert raw.lines == raw.data.split(b"\n")[: len(raw.lines)]
         got += items
         want += [_line_by_line(line) for line in raw.lines]
     _same(got, want)

@@ -145,21 +145,31 @@ def try_loads(data: bytes | memoryview) -> tuple[Any, orjson.JSONDecodeError | N
         return None, err
 
 
-def loads_many(lines: Sequence[bytes], data: bytes | None = None) -> tuple[list[Any], bool]:
+def loads_many(lines: Sequence[bytes], data: bytes | None = None,
+               ends: Sequence[int] | None = None) -> tuple[list[Any], bool]:
     """``[loads(line) for line in lines]`` at orjson's speed, and whether every value is a
     record (a JSON object). One search over all the lines finds big integers
     (`big_int_starts`); only the lines it finds are read again, by `json`. `data`: the
     bytes the lines were cut from (``lines == data.split(b"\\n")[:len(lines)]``), searched
-    in place of the lines joined. Raises `orjson.JSONDecodeError` if orjson refuses a
-    line: the caller then goes line by line."""
+    in place of the lines joined; with `ends` (where each line ends in `data`) the lines are
+    read in place, through a memoryview, and `lines` is not touched. Raises
+    `orjson.JSONDecodeError` if orjson refuses a line: the caller then goes line by line."""
     loaded = orjson.loads
-    values = [loaded(line) for line in lines]
+    if data is not None and ends is not None:
+        view = memoryview(data)
+        begins = [0, *map((1).__add__, ends)]  # where each line begins, then the end
+        values = [loaded(view[begin:end]) for begin, end in zip(begins, ends, strict=False)]
+    else:
+        values = [loaded(line) for line in lines]
+        view, begins = None, []
     starts = big_int_starts(b"\n".join(lines) if data is None else data)
     if starts:  # no run spans two lines: find each run's line by where the lines begin
-        begins = list(accumulate(map((1).__add__, map(len, lines)), add, initial=0))
+        if view is None:
+            begins = list(accumulate(map((1).__add__, map(len, lines)), add, initial=0))
         for index in sorted({bisect_right(begins, start) - 1 for start in starts}):
-            if index < len(lines):
-                values[index] = _python_loads(lines[index])
+            if index < len(values):
+                line = lines[index] if view is None else view[begins[index] : ends[index]]
+                values[index] = _python_loads(line)
     return values, is_record(values)
 
 
