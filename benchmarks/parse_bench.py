@@ -35,6 +35,7 @@ from pathlib import Path
 from common import (
     DATA_DIR,
     MB,
+    PERFORMANCE,
     ROOT,
     _size_name,
     _write_seekable,
@@ -42,6 +43,7 @@ from common import (
     command_line,
     machine,
     publish,
+    replace_section,
 )
 
 BATCH = 64
@@ -157,30 +159,34 @@ def main(argv: list[str] | None = None) -> int:
         loop = times["loop", "this checkout"]
         return statistics.median(a / b for a, b in zip(loop, times[run], strict=True))
 
+    def table(shown: list[tuple[str, str]], with_code: bool) -> str:
+        lines = ["| reader |" + (" code |" if with_code else "") +
+                 " records/s | MB/s | x loop (CPU time) | x loop (wall time) |",
+                 "|---|" + ("---|" if with_code else "") + "---:|---:|---:|---:|"]
+        for run in shown:
+            row, name = run
+            median = statistics.median(wall[run])
+            code = "-" if row.startswith("loop") else (
+                "this checkout" if name == "this checkout" else str(args.compare))
+            lines.append(f"| {ROWS[row]} |" + (f" {code} |" if with_code else "") +
+                         f" {records / median:,.0f} | {decoded / median / MB:,.0f} | "
+                         f"{over_loop(cpu, run):.2f} | {over_loop(wall, run):.2f} |")
+        return "\n".join(lines) + (
+            f"\n\n{records:,} PubMed-layout records ({decoded / MB:,.0f} MB of JSON lines, "
+            f"{decoded / path.stat().st_size:.0f}x compressed) in one seekable `.jsonl.zst`, "
+            f"read whole on one core, no DataLoader. Medians of {args.rounds} interleaved "
+            f"rounds, each the median of {args.repeats} runs in a fresh process; \"x loop\": "
+            "the loop's seconds over the row's, in the same round (CPU time: the process's, "
+            "which other programs on a shared machine disturb less than wall time). Machine: "
+            f"{machine()}. Command: `{command_line()}`.")
+
     compared = args.compare is not None  # a column naming the code; the docs get none
-    lines = ["| reader |" + (" code |" if compared else "") +
-             " records/s | MB/s | x loop (CPU time) | x loop (wall time) |",
-             "|---|" + ("---|" if compared else "") + "---:|---:|---:|---:|"]
-    for run in runs:
-        row, name = run
-        median = statistics.median(wall[run])
-        code = "-" if row.startswith("loop") else name if name != "--compare" else str(
-            args.compare)
-        lines.append(f"| {ROWS[row]} |" + (f" {code} |" if compared else "") +
-                     f" {records / median:,.0f} | {decoded / median / MB:,.0f} | "
-                     f"{over_loop(cpu, run):.2f} | {over_loop(wall, run):.2f} |")
-    body = "\n".join(lines) + (
-        f"\n\n{records:,} PubMed-layout records ({decoded / MB:,.0f} MB of JSON lines, "
-        f"{decoded / path.stat().st_size:.0f}x compressed) in one seekable `.jsonl.zst`, read "
-        f"whole on one core, no DataLoader. Medians of {args.rounds} interleaved rounds, each "
-        f"the median of {args.repeats} runs in a fresh process; \"x loop\": the loop's seconds "
-        "over the row's, in the same round (CPU time: the process's, which other programs on "
-        f"a shared machine disturb less than wall time). Machine: {machine()}. "
-        f"Command: `{command_line()}`.")
-    publish("parse_bench", body, [{"row": row, "code": str(checkouts[name]),
-                                   "wall": wall[row, name], "cpu": cpu[row, name]}
-                                  for row, name in runs],
-            docs_section="parse_bench" if args.write_docs else None)
+    publish("parse_bench", table(runs, compared),
+            [{"row": row, "code": str(checkouts[name]), "wall": wall[row, name],
+              "cpu": cpu[row, name]} for row, name in runs])
+    if args.write_docs:  # the current code only
+        replace_section(PERFORMANCE, "parse_bench",
+                        table([run for run in runs if run[1] == "this checkout"], False))
     if args.delete_corpus:
         shutil.rmtree(path.parent)
     return 0
