@@ -160,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         return statistics.median(a / b for a, b in zip(loop, times[run], strict=True))
 
     def table(shown: list[tuple[str, str]], with_code: bool) -> str:
+        command = command_line()
+        if not with_code and args.compare is not None:  # the docs: the current code's run
+            command = command.replace(f" --compare {args.compare}", "")
         lines = ["| reader |" + (" code |" if with_code else "") +
                  " records/s | MB/s | x loop (CPU time) | x loop (wall time) |",
                  "|---|" + ("---|" if with_code else "") + "---:|---:|---:|---:|"]
@@ -178,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             f"rounds, each the median of {args.repeats} runs in a fresh process; \"x loop\": "
             "the loop's seconds over the row's, in the same round (CPU time: the process's, "
             "which other programs on a shared machine disturb less than wall time). Machine: "
-            f"{machine()}. Command: `{command_line()}`.")
+            f"{machine()}. Command: `{command}`.")
 
     compared = args.compare is not None  # a column naming the code; the docs get none
     publish("parse_bench", table(runs, compared),
