@@ -134,7 +134,8 @@ def test_a_chunk_parses_as_its_lines_one_by_one(file_lines, final_newline, read_
     for raw in chunks:
         chunk = Chunk(0, 0, raw.offsets, raw.lines, False, data=raw.data)
         in_place = isinstance(raw.lines, CutLines)
-        assert in_place is (bool(few_lines) or b"\n" not in raw.data)
+        if not few_lines or raw.data.count(b"\n") <= 8:  # (more may be split either way)
+            assert in_place is (bool(few_lines) or b"\n" not in raw.data)
         items, _ = parse_chunk(chunk, on_error="skip", url=shard.url,
                                locate=lambda index: (None, "?"))
         if in_place and BAD not in items and BLANK not in items:

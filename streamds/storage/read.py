@@ -121,8 +121,8 @@ def _line_ends(buffer: bytes) -> list[int] | None:
     find = buffer.find
     at = find(b"\n")
     while at >= 0:
-        if len(ends) == _FEW_LINES:
-            return None
+        if len(ends) == _FEW_LINES or (len(ends) == 8 and at * _FEW_LINES < 8 * len(buffer)):
+            return None  # more lines, or the first 8 shorter than the buffer's 64th part
         ends.append(at)
         at = find(b"\n", at + 1)
     return ends
