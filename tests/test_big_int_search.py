@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from streamds.formats import values
 from streamds.stages.chunks import Chunk
 from streamds.stages.parse import BAD, BLANK, parse_chunk
-from streamds.storage.plan import Block
 from streamds.storage import read
+from streamds.storage.plan import Block
 from streamds.storage.read import CutLines, read_lines
 from streamds.storage.shards import Shard
 
