@@ -4,17 +4,24 @@ VENV := .venv
 BIN := $(VENV)/bin
 # torch is pinned here (CPU wheel); pyproject.toml states a range for users.
 TORCH_PIN := torch==2.13.0
+# the demo's few packages first (torch, streamds, tokenizers), then every extra for the tests
+DEMO_STAMP := $(VENV)/.demo-installed
 STAMP := $(VENV)/.installed
 
 .PHONY: setup test test-slow lint demo bench docs clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(DEMO_STAMP): pyproject.toml
+	@echo "== setting up $(VENV) for the demo: torch (CPU build), streamds, tokenizers"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet $(TORCH_PIN)
-	$(BIN)/pip install --quiet -e ".[dev,remote,tar,bench,example,cluster,frameworks,docs]"
+	$(BIN)/pip install --disable-pip-version-check --progress-bar on $(TORCH_PIN)
+	$(BIN)/pip install --disable-pip-version-check --progress-bar on -e ".[example]"
+	touch $(DEMO_STAMP)
+
+$(STAMP): $(DEMO_STAMP)
+	@echo "== adding every extra to $(VENV) for the tests, the docs and the benchmarks"
+	$(BIN)/pip install --disable-pip-version-check --quiet -e ".[dev,remote,tar,bench,example,cluster,frameworks,docs]"
 	touch $(STAMP)
 
 # the suite without the real frameworks under torchrun (marked slow: tens of seconds each),
@@ -29,7 +36,7 @@ test-slow: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/python examples/demo.py $(ARGS)
 
 bench: $(STAMP)

@@ -6,7 +6,7 @@ Shuffled (buffer 10,000), medians of the repeats, plain DataLoader and StatefulD
 with the time to the first batch (from building the dataset). `ds.batch(n)` runs without a
 collate_fn: its batches (`streamds.RecordBatch`, parsed records crossing as one JSON document)
 pass the DataLoader's default conversion untouched. Make a corpus with e.g.
-`python -m corpora.synthetic small-lines lines.jsonl --bytes 100MB` or use any JSONL file.
+`streamds synthetic small-lines lines.jsonl --bytes 100MB` or use any JSONL file.
 """
 
 from __future__ import annotations

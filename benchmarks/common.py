@@ -239,7 +239,7 @@ def pubmed_corpus(
     log: Callable[[str], None] = print,
 ) -> Corpus:
     """PubMed-layout records (~2.1 x `record_chars` bytes a line) totalling `target_bytes`."""
-    from corpora.synthetic import write_pubmed
+    from streamds.tools.synthetic import write_pubmed
 
     def write(path: Path) -> None:
         write_pubmed(path, target_bytes=target_bytes, seed=seed, record_chars=record_chars)
@@ -253,7 +253,7 @@ def small_lines_corpus(
     log: Callable[[str], None] = print,
 ) -> Corpus:
     """`{"id", "text", "label"}` lines of about `line_bytes` bytes totalling `target_bytes`."""
-    from corpora.synthetic import write_small_lines
+    from streamds.tools.synthetic import write_small_lines
 
     def write(path: Path) -> None:
         write_small_lines(path, target_bytes=target_bytes, seed=seed, line_bytes=line_bytes)

@@ -3,7 +3,7 @@
 Two inputs, generated once under bench-data/ (reused while their names match):
 
 - a small-file tree: 50,000 one-record PubMed-layout ``.json`` files (~4.6 KB each) in
-  folders of 3,000, the layout users start from (``corpora.synthetic.write_small_files``);
+  folders of 3,000, the layout users start from (``streamds.tools.synthetic.write_small_files``);
 - one big JSONL: 1 GB of PubMed-layout lines of ~21 KB (``write_pubmed``, the same file as
   ``throughput.py``'s plain corpus).
 
@@ -94,7 +94,7 @@ def log(message: str) -> None:
 
 
 def small_tree(files: int, record_chars: int = SMALL_RECORD_CHARS) -> Path:
-    from corpora.synthetic import write_small_files
+    from streamds.tools.synthetic import write_small_files
 
     path = DATA_DIR / f"small-files-{files}-c{record_chars}-s0"
     if not path.is_dir():
@@ -107,7 +107,7 @@ def small_tree(files: int, record_chars: int = SMALL_RECORD_CHARS) -> Path:
 
 
 def big_jsonl(target_bytes: int) -> Path:
-    from corpora.synthetic import write_pubmed
+    from streamds.tools.synthetic import write_pubmed
 
     name = f"pubmed-{_size_name(target_bytes)}-c{BIG_RECORD_CHARS}-s0.jsonl"  # = common.py's
     path = DATA_DIR / name

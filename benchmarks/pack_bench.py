@@ -1,5 +1,6 @@
 """Packing against padding (issue 13, item 5): the same tokenized corpus fed as PackTokens
-sequences and as padded batches (BucketBatches, and arrival-order Batches as the baseline).
+sequences and as padded batches (`.batch(LengthBuckets(...))`, and arrival-order `.batch(n)`
+as the baseline).
 
     python benchmarks/pack_bench.py            # ~30 MB of PubMed-layout records, ~3 min
     python benchmarks/pack_bench.py --quick    # ~4 MB, under a minute
@@ -11,9 +12,9 @@ truncating at 512 tokens). Every pipeline reads the same 8 JSONL shards:
 
 - packed: ``StreamingJsonl(...).map(tokenize).pack(PackTokens(512, eos))``, batches of 8
   sequences;
-- bucketed: ``BucketBatches(StreamingJsonl(...).map(tokenize), batch_size=16,
-  buffer_size=1024)`` + `PadCollate`;
-- plain: ``Batches(..., batch_size=16)`` + `PadCollate` (arrival order, no bucketing).
+- bucketed: ``StreamingJsonl(...).map(tokenize).batch(LengthBuckets(16, buffer_size=1024),
+  collate=PadCollate(...))``;
+- plain: ``....batch(16, collate=PadCollate(...))`` (arrival order, no bucketing).
 
 Per epoch it measures document tokens per second (the corpus's tokens, the same numerator for
 every pipeline), tensor tokens per second (what the model computes on) and the padding
@@ -38,8 +39,7 @@ from tokenize_bench import MAX_TOKENS, Tokenize, jsonl_shards, train_tokenizer
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
-from streamds import PackTokens, PadCollate, StreamingJsonl, padding_of
-from streamds.datasets.batching import Batches, BucketBatches  # deprecated: the figures used them
+from streamds import LengthBuckets, PackTokens, PadCollate, StreamingJsonl, padding_of
 
 SEQ_LEN = MAX_TOKENS  # packed sequences as long as the longest padded record can be
 PACKED_BATCH = 8  # sequences per packed batch
@@ -70,9 +70,9 @@ def make_loader(pipeline: str, files: list[Path], document: Document, eos: int,
         return DataLoader(tokens.pack(PackTokens(SEQ_LEN, eos)), batch_size=PACKED_BATCH,
                           num_workers=workers)
     collate = PadCollate(0, keys=("input_ids",))  # -> input_ids, attention_mask (padded)
-    batcher = (BucketBatches(tokens, batch_size=BATCH, buffer_size=BUCKET_BUFFER, seed=0)
-               if pipeline == "bucketed" else Batches(tokens, batch_size=BATCH))
-    return DataLoader(batcher, batch_size=None, num_workers=workers, collate_fn=collate)
+    size = LengthBuckets(BATCH, buffer_size=BUCKET_BUFFER) if pipeline == "bucketed" else BATCH
+    return DataLoader(tokens.batch(size, collate=collate), batch_size=None,
+                      num_workers=workers)
 
 
 def run_once(loader: DataLoader) -> tuple[int, int, float, float]:
@@ -129,10 +129,9 @@ def main() -> None:
         document = Document(path)
         print(f"tokenizer trained in {time.perf_counter() - start:.1f}s")
         # padding of the padded pipelines, counted by streamds.padding_of (one process)
-        bucket_pad = padding_of(BucketBatches(records(files, document), batch_size=BATCH,
-                                              buffer_size=BUCKET_BUFFER, seed=0), "input_ids")
-        plain_pad = padding_of(Batches(records(files, document), batch_size=BATCH),
-                               "input_ids")
+        bucket_pad = padding_of(records(files, document).batch(
+            LengthBuckets(BATCH, buffer_size=BUCKET_BUFFER)), "input_ids")
+        plain_pad = padding_of(records(files, document).batch(BATCH), "input_ids")
         print(f"padding_of: bucketed {100 * bucket_pad.pad_fraction:.1f}%, plain "
               f"{100 * plain_pad.pad_fraction:.1f}% ({bucket_pad.real:,} document tokens)")
         results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}

@@ -72,7 +72,7 @@ def measure(path: str, records: int, config: str, workers: int) -> dict:
         batches = ds.loader(TRAIN_BATCH, num_workers=workers, collate=batch_ids)
     elif big:
         loader = loader_class(ds.batch(BIG_BATCH), batch_size=None, num_workers=workers)
-        batches = Rebatch(loader, TRAIN_BATCH, collate_fn=batch_ids)
+        batches = Rebatch(loader, TRAIN_BATCH, collate=batch_ids)
     else:
         batches = loader_class(ds, batch_size=TRAIN_BATCH, num_workers=workers,
                                collate_fn=batch_ids)

@@ -6,7 +6,7 @@ loopback HTTP server, at 20 ms and 100 ms per request, against local disk, in on
     python benchmarks/remote_bench.py                  # 20,000 records, 3 repeats: ~40 min
     python benchmarks/remote_bench.py --write-docs     # also fill docs/performance.md
 
-The corpus: PubMed-layout records of 10-20 KB (`corpora.synthetic.write_small_files`,
+The corpus: PubMed-layout records of 10-20 KB (`streamds.tools.synthetic.write_small_files`,
 record_chars=7000), one `.json` file per record in folders of 3,000 as users keep them, and the
 same records converted with `python -m preprocess` into 5 seekable `.jsonl.zst` shards. Both live
 under bench-data/ (git-ignored) and are reused while their name (records, seed) matches.
@@ -126,7 +126,7 @@ class Corpus:
 
 def make_corpus(records: int, seed: int = 0) -> Corpus:
     """files/part_NNN/NNNNNNNN.json (one record each) and shards/ converted from them."""
-    from corpora.synthetic import write_small_files
+    from streamds.tools.synthetic import write_small_files
 
     root = DATA_DIR / f"remote-pubmed-r{records}-c{RECORD_CHARS}-s{seed}"
     if not root.exists():

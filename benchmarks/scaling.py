@@ -118,7 +118,7 @@ def _repeated(base: Path, times: int, log: Callable[[str], None]) -> Path:
 
 
 def size_corpora(sizes_gb: Sequence[float], log: Callable[[str], None]) -> list[Path]:
-    from corpora.synthetic import write_pubmed
+    from streamds.tools.synthetic import write_pubmed
 
     smallest = min(sizes_gb)
     base = _generate(SCALING_DIR / f"pubmed-{smallest:g}GB.jsonl",
@@ -129,7 +129,7 @@ def size_corpora(sizes_gb: Sequence[float], log: Callable[[str], None]) -> list[
 
 
 def small_lines(total: int, line_bytes: int, log: Callable[[str], None]) -> Path:
-    from corpora.synthetic import write_small_lines
+    from streamds.tools.synthetic import write_small_lines
 
     return _generate(SCALING_DIR / f"lines-{total // 10**6}MB-{line_bytes}B.jsonl",
                      lambda p: write_small_lines(p, target_bytes=total, line_bytes=line_bytes),

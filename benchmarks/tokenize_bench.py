@@ -123,9 +123,10 @@ def jsonl_shards(corpus: Corpus, shards: int = 8) -> list[Path]:
 
 def streamds_loader(files: list[Path], tokenize: Tokenize, collate: PadCollate,
                     workers: int, worker_cpus: str = "auto") -> DataLoader:
-    ds = StreamingJsonl([str(f) for f in files], worker_cpus=worker_cpus)  # records (dicts)
+    ds = StreamingJsonl([str(f) for f in files])  # records (dicts)
     ds = ds.map(tokenize)  # {"input_ids": [...]}
-    ds = ds.batch(BATCH, collate=collate)  # {"input_ids", "attention_mask"} int64 tensors
+    # -> {"input_ids", "attention_mask"} int64 tensors
+    ds = ds.batch(BATCH, collate=collate, worker_cpus=worker_cpus)
     return DataLoader(ds, batch_size=None, num_workers=workers, collate_fn=as_list)
 
 

@@ -3,7 +3,7 @@
 and ``worker_cpus="all"`` (the OS places the workers, as torch leaves them).
 
 Each run is a fresh Python process that calls ``gc.freeze()`` after its imports (as the docs
-recommend), builds ``DataLoader(StreamingJsonl(folder, worker_cpus=...).batch(n),
+recommend), builds ``DataLoader(StreamingJsonl(folder).batch(n, worker_cpus=...),
 batch_size=None, num_workers=w)`` and reads the whole corpus, counting records, timed from the
 first batch to the last (the steady rate; the start-up is first_batch.py's). Rows, interleaved
 (each round starts at another row), medians of --repeats. A worker hands its batches over as
@@ -41,8 +41,8 @@ from streamds import StreamingJsonl
 spec = json.loads(sys.argv[1])
 gc.freeze()
 shuffled = {"shuffle": True, "buffer_size": spec["buffer"], "seed": 0} if spec["buffer"] else {}
-ds = StreamingJsonl(spec["path"], worker_cpus=spec["worker_cpus"], **shuffled)
-ds = ds.batch(spec["batch"], ahead=spec.get("ahead", "auto"))
+ds = StreamingJsonl(spec["path"], **shuffled)
+ds = ds.batch(spec["batch"], ahead=spec.get("ahead", "auto"), worker_cpus=spec["worker_cpus"])
 def cpu(who):
     used = resource.getrusage(who)
     return used.ru_utime + used.ru_stime

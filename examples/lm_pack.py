@@ -44,8 +44,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from torch import nn
 
-from streamds import PackTokens, StreamingJsonl, document_mask, token_counts
-from streamds.integrations.loader import stateful_loader
+from streamds import PackTokens, StreamingJsonl, document_mask, stateful_loader, token_counts
 
 CHECKPOINT = "checkpoint.pt"
 SPECIALS = ["[PAD]", "[UNK]", "[EOS]"]  # ids 0, 1, 2
@@ -95,7 +94,7 @@ def text_of(record: dict[str, Any]) -> str:
 def corpus_source(args: argparse.Namespace, out: Path) -> str:
     if args.data is not None:
         return args.data
-    from corpora.synthetic import write_pubmed_splits
+    from streamds.tools.synthetic import write_pubmed_splits
 
     directory = out / "corpus"
     marker = directory / "corpus.txt"

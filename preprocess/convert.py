@@ -42,7 +42,7 @@ from streamds.storage.shards import source_items
 
 from .counts import Counts, Progress
 from .errors import ConversionError
-from .identity import InputFiles, InputsChangedError, check_inputs
+from .identity import InputFiles, InputsChangedError, InputsWatch, check_inputs
 from .job import (
     DEFAULT_FRAME_SIZE,
     DEFAULT_SHARD_SIZE,
@@ -52,6 +52,7 @@ from .job import (
     job_fingerprint,
 )
 from .journal import JOURNAL_NAME
+from .lock import output_lock
 from .parts import PARTS_FIX, PartTask, merge, prepare, run_part, run_plan
 from .parts_plan import MAX_PARTS, Plan
 from .preflight import check_listing, check_output_outside, check_output_path
@@ -133,7 +134,7 @@ def convert(
         return run_plan(job, Path(output), ready.plan, executor, progress, ready.source)
     return convert_directory(job, Path(output), source=ready.source, apply=ready.apply,
                              fingerprint=job_fingerprint(job, ready.files), files=ready.files,
-                             progress=progress)
+                             progress=progress, watch=ready.watch(job, _FIX))
 
 
 def convert_part(inputs: Sequence[str | os.PathLike], output: str | os.PathLike, part: int, *,
@@ -156,7 +157,8 @@ def convert_part(inputs: Sequence[str | os.PathLike], output: str | os.PathLike,
             )
         return convert_directory(job, Path(output), source=ready.source, apply=ready.apply,
                                  fingerprint=job_fingerprint(job, ready.files),
-                                 files=ready.files, progress=progress)
+                                 files=ready.files, progress=progress,
+                                 watch=ready.watch(job, _FIX))
     if not 0 <= part < len(plan.parts):
         raise ConversionError(
             f"the conversion into {output} has {len(plan.parts)} parts, 0 to "
@@ -195,6 +197,10 @@ class _Ready:
     apply: Callable[[Any], Any] | None  # the loaded transform
     files: InputFiles  # the identity of the inputs
 
+    def watch(self, job: Job, fix: str) -> InputsWatch:
+        """The checks that the inputs do not change while they are converted."""
+        return InputsWatch(self.files, job.inputs, fix=fix, threads=job.read_ahead)
+
 
 def _prepared(job: Job, output: str | os.PathLike, parts: int | None, *,
               overwrite: bool = False, fix: str) -> _Ready:
@@ -218,10 +224,12 @@ def _prepared(job: Job, output: str | os.PathLike, parts: int | None, *,
     check_output_outside(source, out)
     leaves = list(source.leaves())  # listed once, here, for every check and the plan
     check_listing(source, leaves)
-    files = InputFiles.of(job.inputs, leaves, threads=job.read_ahead)
-    if overwrite:
-        clear_output(out)
-    else:
+    before = None if overwrite or not out.is_dir() else InputFiles.read(out)
+    files = InputFiles.of(job.inputs, leaves, threads=job.read_ahead, before=before)
+    if not overwrite:
         check_inputs(out, files, fix=fix)
+    elif out.is_dir():
+        with output_lock(out):  # never under a run converting into it now
+            clear_output(out)
     out.mkdir(parents=True, exist_ok=True)
     return _Ready(prepare(job, out, parts, source, files), source, apply, files)

@@ -10,6 +10,18 @@ plan of parts hold its digest. A rerun lists and stats the inputs again and refu
 different digest (`check_inputs`), naming the files that were added, removed or changed, so
 an output never mixes records of two versions of its inputs. Stats run `threads` at a time:
 on a mount they cost a round trip each.
+
+A file's modification time ticks coarsely (a few milliseconds, seconds on some mounts), so
+a rewrite at the same size within one tick keeps its stamp. As git does for its index, a
+local file modified within `RACY_NS` of its stat is "racy": its xxh64 checksum is recorded
+too (beside the digest, which stays a function of the files), and every later look at it (a
+rerun, the checks during a conversion) checksums it again while its size and time still
+match. Only files written just before a conversion pay that read.
+
+During a conversion (`InputsWatch`) each JSON lines or tar file is checked again after it is
+read, and every file before the manifest is written: a file rewritten meanwhile fails the
+run (InputsChangedError naming it) with no manifest, and the rerun is refused as above, so
+an output never holds records of two versions of a file.
 """
 
 from __future__ import annotations
@@ -17,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,14 +37,18 @@ from pathlib import Path
 
 import orjson
 
+from streamds.formats.manifest import file_checksum
+
 from .errors import ConversionError
 from .sources import Leaf
 
 __all__ = [
     "INPUTS_FORMAT",
     "INPUTS_NAME",
+    "RACY_NS",
     "InputFiles",
     "InputsChangedError",
+    "InputsWatch",
     "check_inputs",
     "check_part_files",
     "is_inputs_temporary",
@@ -40,6 +57,8 @@ __all__ = [
 INPUTS_NAME = ".streamds-inputs.json"
 INPUTS_FORMAT = "streamds.convert-inputs/1"
 SHOWN = 3  # files named per kind of difference in a message
+RACY_NS = 2_000_000_000  # modified this close to its stat: the file may change in one tick
+CHECKSUMS_KEY = "checksums"  # the racy files' checksums in the record of the inputs
 
 Stamp = tuple[int | None, str | None]  # (stored size, version)
 
@@ -53,9 +72,20 @@ def is_inputs_temporary(name: str) -> bool:
     return name.startswith(f"{INPUTS_NAME}.") and name.endswith(".tmp")
 
 
-def _stamp(leaf: Leaf) -> Stamp:
+Key = tuple[int, str]  # (input index, path under the input)
+
+
+def _key(leaf: Leaf) -> Key:
+    return leaf.input, "" if leaf.rel is None else "/".join(leaf.rel)
+
+
+def _stamp(leaf: Leaf, before: Stamp | None, recorded_sum: str | None,
+           now_ns: int) -> tuple[int | None, str | None, str | None]:
+    """(size, version, checksum) of `leaf`. A local file's version is its modification
+    time; its checksum is taken when it is racy (see the module), or when it was recorded
+    (`recorded_sum`) with the same size and time (`before`); else None."""
     if leaf.fs is not None:
-        return leaf.size, leaf.version
+        return leaf.size, leaf.version, None
     try:
         info = os.stat(leaf.path)
     except OSError as err:
@@ -64,31 +94,73 @@ def _stamp(leaf: Leaf) -> Stamp:
         raise ConversionError(
             f"{leaf.path}: the input file is {why}; fix or remove it, then rerun"
         ) from err
-    return info.st_size, str(info.st_mtime_ns)
+    size, version = info.st_size, str(info.st_mtime_ns)
+    racy = info.st_mtime_ns >= now_ns - RACY_NS
+    if racy or (recorded_sum is not None and before == (size, version)):
+        return size, version, file_checksum(leaf.path)
+    return size, version, None
 
 
 @dataclass(frozen=True)
 class InputFiles:
     """Every input file as ``(input index, path under the input, size, version)``, in input
-    order; `items` are the inputs as given, to name the files in messages."""
+    order; `checksums` the xxh64 of the racy ones (see the module), kept out of the digest
+    (whether a file is racy depends on when it was looked at); `items` are the inputs as
+    given, to name the files in messages."""
 
     files: tuple[tuple[int, str, int | None, str | None], ...]
     items: tuple[str, ...] = ()
+    checksums: tuple[tuple[int, str, str], ...] = ()
 
     @classmethod
-    def of(cls, items: Sequence[str], leaves: Sequence[Leaf], threads: int = 1) -> InputFiles:
+    def of(cls, items: Sequence[str], leaves: Sequence[Leaf], threads: int = 1,
+           before: InputFiles | None = None) -> InputFiles:
         """The identity of `leaves` (of the inputs `items`): one stat per local file,
-        `threads` at a time."""
+        `threads` at a time, and the checksum of the racy ones and of those `before` (the
+        recorded identity) has a checksum for."""
+        stamps_before = {} if before is None else before.stamps
+        sums_before = {} if before is None else before.sums
+        now_ns = time.time_ns()
+
+        def stamp(leaf: Leaf) -> tuple[int | None, str | None, str | None]:
+            key = _key(leaf)
+            return _stamp(leaf, stamps_before.get(key), sums_before.get(key), now_ns)
+
         if threads > 1 and len(leaves) > threads:
             with ThreadPoolExecutor(threads, "streamds-stat") as pool:
-                stamps = list(pool.map(_stamp, leaves))
+                stamps = list(pool.map(stamp, leaves))
         else:
-            stamps = [_stamp(leaf) for leaf in leaves]
-        files = tuple(
-            (leaf.input, "" if leaf.rel is None else "/".join(leaf.rel), size, version)
-            for leaf, (size, version) in zip(leaves, stamps, strict=True)
-        )
-        return cls(files, tuple(items))
+            stamps = [stamp(leaf) for leaf in leaves]
+        files = tuple((*_key(leaf), size, version)
+                      for leaf, (size, version, _) in zip(leaves, stamps, strict=True))
+        sums = tuple((*_key(leaf), checksum)
+                     for leaf, (_, _, checksum) in zip(leaves, stamps, strict=True) if checksum)
+        return cls(files, tuple(items), sums)
+
+    @property
+    def stamps(self) -> dict[Key, Stamp]:
+        """(input index, path under it) -> (size, version)."""
+        return {(i, rel): (size, version) for i, rel, size, version in self.files}
+
+    @property
+    def sums(self) -> dict[Key, str]:
+        """(input index, path under it) -> checksum, for the racy files."""
+        return {(i, rel): checksum for i, rel, checksum in self.checksums}
+
+    def changed(self, before: InputFiles) -> list[Key]:
+        """These files that are not as `before` recorded them (or not recorded)."""
+        then = before.stamps
+        rewritten = set(self.rewritten(before))
+        return [key for key, stamp in self.stamps.items()
+                if then.get(key) != stamp or key in rewritten]
+
+    def rewritten(self, before: InputFiles) -> list[Key]:
+        """The files both checksummed, at one size and time, with other contents: rewritten
+        within one tick of their clock."""
+        then, stamps_then = before.sums, before.stamps
+        return [key for key, checksum in self.sums.items()
+                if key in then and then[key] != checksum
+                and stamps_then.get(key) == self.stamps[key]]
 
     @property
     def digest(self) -> str:
@@ -98,7 +170,8 @@ class InputFiles:
     def write(self, directory: Path) -> None:
         """Write ``directory/.streamds-inputs.json`` atomically."""
         doc = {"format": INPUTS_FORMAT, "digest": self.digest,
-               "files": [list(f) for f in self.files]}
+               "files": [list(f) for f in self.files],
+               CHECKSUMS_KEY: [list(c) for c in self.checksums]}
         path = directory / INPUTS_NAME
         tmp = directory / f"{INPUTS_NAME}.{socket.gethostname()}.{os.getpid()}.tmp"  # per writer
         with open(tmp, "wb") as f:
@@ -116,7 +189,10 @@ class InputFiles:
             if doc["format"] != INPUTS_FORMAT:
                 raise ValueError(f"format {doc['format']!r}, not {INPUTS_FORMAT!r}")
             return cls(tuple((int(i), str(rel), size, version)
-                             for i, rel, size, version in doc["files"]))
+                             for i, rel, size, version in doc["files"]), (),
+                       # absent in a record written before racy files were checksummed
+                       tuple((int(i), str(rel), str(checksum))
+                             for i, rel, checksum in doc.get(CHECKSUMS_KEY, [])))
         except FileNotFoundError:
             return None
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as err:
@@ -146,6 +222,8 @@ class InputFiles:
                     if size != old_size and size is not None and old_size is not None
                     else "modified since")
             changed.append(f"{self.name(*key)} ({what})")
+        changed += [f"{self.name(*key)} (same size and time, other contents)"
+                    for key in self.rewritten(before)]
         removed = [self.name(*k) for k in then if k not in now]
         added = [self.name(*k) for k in now if k not in then]
         found = [f"{len(names):,} {label}: {', '.join(names[:SHOWN])}"
@@ -161,7 +239,7 @@ def check_inputs(directory: Path, files: InputFiles, *, fix: str) -> None:
     """Refuse when `directory` holds a conversion of other input files (InputsChangedError
     naming them and `fix`); nothing to check in a new directory."""
     before = InputFiles.read(directory)
-    if before is None or before.digest == files.digest:
+    if before is None or (before.digest == files.digest and not files.rewritten(before)):
         return
     found = files.differences(before) or ["their sizes or versions differ"]
     raise InputsChangedError(
@@ -179,10 +257,8 @@ def check_part_files(directory: Path, items: Sequence[str], leaves: Sequence[Lea
     recorded = InputFiles.read(directory)
     if recorded is None:
         return
-    now = InputFiles.of(items, leaves)
-    then = {(i, rel): (size, version) for i, rel, size, version in recorded.files}
-    changed = [now.name(i, rel) for i, rel, size, version in now.files
-               if then.get((i, rel)) != (size, version)]
+    now = InputFiles.of(items, leaves, before=recorded)
+    changed = [now.name(*key) for key in now.changed(recorded)]
     if changed:
         more = f" and {len(changed) - SHOWN:,} more" if len(changed) > SHOWN else ""
         raise InputsChangedError(
@@ -190,3 +266,37 @@ def check_part_files(directory: Path, items: Sequence[str], leaves: Sequence[Lea
             f"of this part's: {', '.join(changed[:SHOWN])}{more}), so the part is not "
             f"converted: its records would mix with the earlier files' in the other parts; {fix}"
         )
+
+
+class InputsWatch:
+    """The checks during a conversion that its inputs stay as `files` (the identity recorded
+    when it began) says: `check_file` after a file is read, `check_files` before the
+    manifest. InputsChangedError naming the files (of the inputs `items`) that changed and
+    `fix`."""
+
+    def __init__(self, files: InputFiles, items: Sequence[str], *, fix: str,
+                 threads: int = 1) -> None:
+        self.files = InputFiles(files.files, tuple(items), files.checksums)  # items: names
+        self.fix = fix
+        self.threads = threads
+
+    def check_file(self, leaf: Leaf) -> None:
+        """After `leaf` is read: a JSON lines or tar file, read over time, must not have
+        changed meanwhile (small .json files, read in one go, wait for `check_files`)."""
+        if leaf.fs is None and leaf.kind != "json":
+            self.check_files([leaf])
+
+    def check_files(self, leaves: Sequence[Leaf]) -> None:
+        """Every local file of `leaves` must be as recorded (remote files are not asked
+        again: that would cost a request each)."""
+        local = [leaf for leaf in leaves if leaf.fs is None]
+        now = InputFiles.of(self.files.items, local, self.threads, before=self.files)
+        changed = [now.name(*key) for key in now.changed(self.files)]
+        if changed:
+            more = f" and {len(changed) - SHOWN:,} more" if len(changed) > SHOWN else ""
+            raise InputsChangedError(
+                f"input files changed while they were converted ({', '.join(changed[:SHOWN])}"
+                f"{more}): the shards may hold records of two versions of them, so no "
+                f"manifest is written and the output is not read; once the inputs stay "
+                f"unchanged, {self.fix}"
+            )

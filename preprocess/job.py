@@ -29,8 +29,9 @@ from streamds.stages.parse import ON_ERROR
 from .commit import CommitQueue
 from .counts import Counts, Progress
 from .errors import ConversionError
-from .identity import InputFiles
+from .identity import InputFiles, InputsWatch
 from .journal import Journal
+from .lock import output_lock
 from .preflight import OUTPUT_MARKERS
 from .recovery import prepare_output
 from .run import ConversionRun
@@ -174,37 +175,45 @@ def convert_directory(
     span: Span | None = None,
     tar_prefix: str = "",
     progress: Callable[[Progress], None] | None = None,
+    watch: InputsWatch | None = None,
 ) -> ConvertResult:
     """Convert `source` (or its part `span`) into shards in `out`, resuming there.
 
     `fingerprint` (inputs, options, input files, the part) is what the journal must match
     to resume; `files`, the identity of the inputs, is recorded in a new `out` (None: a part,
     whose plan recorded it); `tar_prefix` starts every tar member key (a part's number:
-    keys stay unique).
+    keys stay unique); `watch` checks that the input files do not change while they are read
+    and before the manifest is written.
     """
     started = time.perf_counter()
-    journal = Journal(out, fingerprint)
-    reused = prepare_output(out, journal, job.format, files)
-    meter = Meter()
-    commits = CommitQueue(journal, job.workers)
-    if not journal.complete:
-        ConversionRun(
-            source, out, format=job.format, level=job.level, frame_size=job.frame_size,
-            shard_size=job.shard_size, apply=apply, skip_errors=job.on_error == "skip",
-            workers=job.workers, commits=commits, meter=meter, progress=progress, span=span,
-            tar_prefix=tar_prefix,
-        ).run()
-    counts = Counts(**(journal.end or {}))
-    if span is None:
-        check_converted(job, counts, journal.skipped)
-    manifest = Manifest(
-        shard_format=job.format,
-        shards=tuple(ShardEntry.from_json(item["shard"]) for item in journal.shards),
-        counts=dict(journal.end or {}),
-        options=fingerprint["options"],
-        inputs=job.recorded_inputs,
-    )
-    write_manifest(out, manifest)
+    out.mkdir(parents=True, exist_ok=True)
+    with output_lock(out):  # one run at a time: a second would delete this one's shards
+        journal = Journal(out, fingerprint)
+        reused = prepare_output(out, journal, job.format, files)
+        meter = Meter()
+        commits = CommitQueue(journal, job.workers)
+        if not journal.complete:
+            ConversionRun(
+                source, out, format=job.format, level=job.level, frame_size=job.frame_size,
+                shard_size=job.shard_size, apply=apply, skip_errors=job.on_error == "skip",
+                workers=job.workers, commits=commits, meter=meter, progress=progress,
+                span=span, tar_prefix=tar_prefix,
+                check_file=None if watch is None else watch.check_file,
+            ).run()
+        counts = Counts(**(journal.end or {}))
+        if span is None:
+            check_converted(job, counts, journal.skipped)
+        if watch is not None:  # a file changed after it was read: its records may be mixed
+            watch.check_files(list(source.leaves()) if span is None
+                              else source.span_leaves(span))
+        manifest = Manifest(
+            shard_format=job.format,
+            shards=tuple(ShardEntry.from_json(item["shard"]) for item in journal.shards),
+            counts=dict(journal.end or {}),
+            options=fingerprint["options"],
+            inputs=job.recorded_inputs,
+        )
+        write_manifest(out, manifest)
     return ConvertResult(
         output=out,
         manifest=manifest,
@@ -225,8 +234,8 @@ def check_converted(job: Job, counts: Counts, skipped: list[str]) -> None:
            "again)")
     if counts.records_in == 0:
         raise ConversionError(
-            f"nothing to convert: the inputs ({', '.join(job.inputs)}) hold no records (empty "
-            f"files or only blank lines){fix}"
+            f"nothing to convert: the inputs ({', '.join(job.recorded_inputs)}) hold no "
+            f"records (empty files or only blank lines){fix}"
         )
     if counts.dropped:
         raise ConversionError(

@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 
 from streamds.formats.manifest import ShardEntry
+from streamds.formats.unfinished import JOURNAL_NAME as UNFINISHED_JOURNAL
 
 from .counts import Counts
 from .errors import ConversionError
@@ -31,7 +32,7 @@ from .sources import Position
 
 __all__ = ["JOURNAL_FORMAT", "JOURNAL_NAME", "SKIPPED_KEY", "Journal"]
 
-JOURNAL_NAME = ".streamds-convert.json"
+JOURNAL_NAME = UNFINISHED_JOURNAL  # one name for the converter and the readers that refuse it
 JOURNAL_FORMAT = "streamds.convert-journal/1"
 SKIPPED_KEY = "skipped"
 

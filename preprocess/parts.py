@@ -48,7 +48,7 @@ from streamds.formats.manifest import MANIFEST_NAME, Manifest, read_manifest, wr
 
 from .counts import Counts, Progress
 from .errors import ConversionError
-from .identity import INPUTS_NAME, InputFiles, check_part_files
+from .identity import INPUTS_NAME, InputFiles, InputsWatch, check_part_files
 from .job import (
     FILES_KEY,
     ConvertResult,
@@ -58,6 +58,7 @@ from .job import (
     job_fingerprint,
 )
 from .journal import JOURNAL_NAME, Journal
+from .lock import LOCK_NAME
 from .parts_plan import PLAN_NAME, Part, Plan, make_plan, read_plan, write_plan
 from .recovery import is_temporary
 from .run import SKIPPED_SHOWN
@@ -132,8 +133,18 @@ def run_part(task: PartTask, source: Inputs | None = None,
     return convert_directory(
         job, task.folder, source=source, apply=job.load_transform(),
         fingerprint=task.fingerprint, span=task.part.span, tar_prefix=f"{task.part.index:05d}-",
-        progress=progress,
+        progress=progress, watch=_watch(job, task.output),
     )
+
+
+def _watch(job: Job, output: str | os.PathLike) -> InputsWatch | None:
+    """The checks that the inputs do not change while they are converted, against the
+    identity recorded when the plan was made (None: none is recorded)."""
+    recorded = InputFiles.read(Path(output))
+    if recorded is None:
+        return None
+    return InputsWatch(recorded, job.inputs, fix=PARTS_FIX.format(output=output),
+                       threads=job.read_ahead)
 
 
 def finished_part(task: PartTask) -> Journal | None:
@@ -221,7 +232,7 @@ def _check_unused(out: Path, fmt: str) -> None:
     the temporary files of a run killed before its first shard."""
     leftovers = sorted(
         name for name in os.listdir(out)
-        if not (name in (PLAN_NAME, INPUTS_NAME) or name.startswith(f".{PLAN_NAME}.")
+        if not (name in (PLAN_NAME, INPUTS_NAME, LOCK_NAME) or name.startswith(f".{PLAN_NAME}.")
                 or name.startswith("part-") or is_temporary(name, fmt))
     )
     if leftovers:
@@ -266,6 +277,9 @@ def run_plan(job: Job, out: Path, plan: Plan, executor: Executor | None,
             f"{type(err).__name__}: {err}; the finished parts are kept: rerun the same command "
             "to redo only the unfinished ones"
         ) from err
+    watch = _watch(job, out)
+    if watch is not None and source is not None and source.listed:  # before the manifest
+        watch.check_files(list(source.leaves()))
     manifest = merge(job, out, plan)
     results = [report.done[index] for index in sorted(report.done)]
     return ConvertResult(

@@ -31,6 +31,7 @@ from typing import Any
 import orjson
 
 from streamds.formats.seekable import SeekTableError, decompress_frames, read_seek_table
+from streamds.formats.unfinished import PLAN_NAME as UNFINISHED_PLAN
 
 from .errors import ConversionError
 from .sources import READ_SIZE, Cut, Inputs, Leaf, Span
@@ -48,7 +49,7 @@ __all__ = [
     "write_plan",
 ]
 
-PLAN_NAME = "_plan.json"
+PLAN_NAME = UNFINISHED_PLAN  # one name for the converter and the readers that refuse it
 PLAN_FORMAT = "streamds.convert-plan/1"
 DEFAULT_PART_BYTES = 1 << 30  # --parts by default: one part per GiB of stored input
 MAX_PARTS = 99_999  # part folders are named part-00000 .. part-99999

@@ -21,6 +21,7 @@ from streamds.formats.manifest import MANIFEST_NAME, ShardEntry, file_checksum
 from .errors import ConversionError
 from .identity import INPUTS_NAME, InputFiles, is_inputs_temporary
 from .journal import JOURNAL_NAME, SKIPPED_KEY, Journal
+from .lock import LOCK_NAME
 from .parts_plan import PLAN_NAME
 from .writers import FORMATS, is_shard_name
 
@@ -55,7 +56,7 @@ def is_temporary(name: str, fmt: str) -> bool:
 
 def _converter_file(name: str) -> bool:
     """Whether `name` is a file the converter writes into an output or part folder."""
-    return (name in (JOURNAL_NAME, MANIFEST_NAME, PLAN_NAME, INPUTS_NAME)
+    return (name in (JOURNAL_NAME, MANIFEST_NAME, PLAN_NAME, INPUTS_NAME, LOCK_NAME)
             or any(is_shard_name(name, fmt) or is_temporary(name, fmt) for fmt in FORMATS)
             or (name.startswith(f".{PLAN_NAME}.") and name.endswith(".tmp")))
 
@@ -70,7 +71,7 @@ def clear_output(output: Path) -> int:
     Returns the number of files deleted. ConversionError when `output` holds files but no
     conversion: nothing is deleted that the converter did not write."""
     try:
-        names = sorted(os.listdir(output))
+        names = sorted(name for name in os.listdir(output) if name != LOCK_NAME)  # held
     except FileNotFoundError:
         return 0
     ours = {JOURNAL_NAME, PLAN_NAME} & set(names) or all(
@@ -89,7 +90,7 @@ def clear_output(output: Path) -> int:
         path = output / name
         if _part_folder(path):
             for inner in os.listdir(path):
-                if _converter_file(inner):
+                if _converter_file(inner) and inner != LOCK_NAME:
                     (path / inner).unlink()
                     deleted += 1
             if not os.listdir(path):
@@ -111,6 +112,8 @@ def prepare_output(output: Path, journal: Journal, fmt: str,
     if not journal.load():
         leftovers = []
         for name in sorted(os.listdir(output)):
+            if name == LOCK_NAME:  # this run's lock
+                continue
             if is_temporary(name, fmt) or name == INPUTS_NAME:  # a run killed while
                 (output / name).unlink()                         # writing its first file
             else:

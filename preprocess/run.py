@@ -56,7 +56,8 @@ class ConversionRun:
                  frame_size: int, shard_size: int, apply: Callable[[Any], Any] | None,
                  skip_errors: bool, workers: int, commits: CommitQueue, meter: Meter,
                  progress: Callable[[Progress], None] | None, span: Span | None = None,
-                 tar_prefix: str = "") -> None:
+                 tar_prefix: str = "", check_file: Callable[[Leaf], None] | None = None
+                 ) -> None:
         self.source = source
         self.output = output
         self.format = format
@@ -71,6 +72,7 @@ class ConversionRun:
         self.progress = progress
         self.span = span  # one part of the input (None: all of it)
         self.tar_prefix = tar_prefix
+        self.check_file = check_file  # after each file is read: it must not have changed
         self.journal = commits.journal
         self.shard: ShardFile | BackgroundShard | None = None
         self.shard_bytes = 0
@@ -94,6 +96,7 @@ class ConversionRun:
         records = self.source.records(
             start, span=self.span, meter=self.meter,
             on_corrupt=self._count_corrupt if self.skip_errors else None,
+            after_file=self.check_file,
         )
         try:
             if self.progress is not None and self.span is None:

@@ -46,10 +46,12 @@ discard up to it). This is what makes an interrupted conversion resume.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import itertools
 import os
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO, NamedTuple
 
@@ -59,8 +61,9 @@ from fsspec.core import url_to_fs
 from streamds.errors import CorruptShardError
 from streamds.formats.codecs import decode, require_codec, strip_codec
 from streamds.formats.documents import LINES, document_records, probe
-from streamds.formats.filenames import format_of
+from streamds.formats.filenames import COLUMNAR_SUFFIXES, format_of
 from streamds.formats.samples import TarSampleError
+from streamds.formats.tar_links import TarLinkError
 from streamds.formats.trees import (
     Rel,
     canonical_path,
@@ -69,7 +72,7 @@ from streamds.formats.trees import (
     has_magic,
     natural_key,
 )
-from streamds.redact import redact, safe_cause, scrubbed
+from streamds.redact import guard_source, redact, safe_cause, scrubbed
 from streamds.retry import (
     DEFAULT_RETRY,
     PERMANENT_ERRORS,
@@ -81,7 +84,7 @@ from streamds.retry import (
 from streamds.stages.parse import without_bom
 from streamds.storage.plan import Block
 from streamds.storage.read import LineChunk, Opener, read_lines, tar_records
-from streamds.storage.shards import Shard, same_file_error, source_items
+from streamds.storage.shards import Shard, check_options, same_file_error, source_items
 
 from .files_ahead import FilesAhead
 from .listing import ListingWalk, RemoteTree, remote_tree, remote_version
@@ -120,7 +123,8 @@ class Leaf:
     input: int
     rel: Rel | None
     path: str
-    kind: str  # "jsonl", "json" (a document or JSON lines, decided when read) or "tar"
+    kind: str  # "jsonl", "json" (a document or JSON lines, decided when read), "tar", or
+    # "rows" (Parquet, Arrow: refused when read)
     codec: str | None
     size: int | None = None  # stored bytes, when known without asking (a listing, a stat)
     fs: AbstractFileSystem | None = field(default=None, compare=False, repr=False)
@@ -225,10 +229,29 @@ class RawRecord(NamedTuple):
             return f"{self.leaf.path}: element {self.element} of the JSON array"
         if self.leaf.kind == "json":
             return self.leaf.path
-        if self.leaf.lines_from:
-            return (f"{self.leaf.path}: byte {self.offset} (line {self.line} of the part that "
-                    f"begins at byte {self.leaf.lines_from})")
+        if self.leaf.lines_from:  # a part cut inside the file numbers from its cut
+            before = _newlines_before(self.leaf)
+            if before is None:
+                return (f"{self.leaf.path}: byte {self.offset} (line {self.line} of the part "
+                        f"that begins at byte {self.leaf.lines_from})")
+            return f"{self.leaf.path}: line {before + self.line}"
         return f"{self.leaf.path}: line {self.line}"
+
+
+@functools.lru_cache(maxsize=8)
+def _newlines_before(leaf: Leaf) -> int | None:
+    """The newlines in `leaf`'s decoded bytes before `leaf.lines_from` (where a part cut
+    inside it begins), so a message names the file's line; None where the file cannot be
+    read. Reads the file up to there: only messages (an error, a skipped record) ask."""
+    try:
+        with closing(decode(_Reopening(leaf, DEFAULT_RETRY), leaf.codec, leaf.path)) as stream:
+            count, left = 0, leaf.lines_from
+            while left > 0 and (data := stream.read(min(left, READ_SIZE))):
+                count += data.count(b"\n")
+                left -= len(data)
+            return count if left == 0 else None
+    except (OSError, ValueError):
+        return None
 
 
 class Meter:
@@ -319,6 +342,8 @@ def leaf_kind(name: str) -> tuple[str, str | None]:
     """(kind, codec) of a file name: ``x.json.gz`` -> ("json", "gz"), ``x.txt`` -> jsonl."""
     if name.endswith(".json"):  # the common case of a small-file tree, without codec lookups
         return "json", None
+    if name.lower().endswith(COLUMNAR_SUFFIXES):  # rows, not lines: refused when read
+        return "rows", None
     fmt, codec = format_of(name)
     if fmt == "jsonl" and strip_codec(name).lower().endswith(".json"):
         return "json", codec
@@ -467,12 +492,17 @@ def _read_tar(leaf: Leaf, first: int, meter: Meter, policy: RetryPolicy) -> Iter
     (`streamds.storage.read.tar_records`: same members, same numbers, same damage checks)."""
     raw = _Reopening(leaf, policy, meter=meter)
     stream = io.BufferedReader(decode(raw, leaf.codec, leaf.path), READ_SIZE)  # type: ignore[arg-type]
+
+    def reopen() -> BinaryIO:  # the tar again from its start, to follow a link member
+        again = _Reopening(leaf, policy)
+        return io.BufferedReader(decode(again, leaf.codec, leaf.path), READ_SIZE)  # type: ignore[arg-type]
+
     try:
-        for member in tar_records(stream, leaf.path, first):
+        for member in tar_records(stream, leaf.path, first, reopen):
             for ordinal, data in enumerate(member.records, member.first):
                 if data and not data.isspace():
                     yield RawRecord(data, leaf, ordinal, ordinal + 1, member.member)
-    except TarSampleError as err:
+    except (TarSampleError, TarLinkError) as err:
         raise SourceError(str(err)) from err
     finally:
         stream.close()
@@ -529,6 +559,8 @@ class Inputs:
             raise ValueError("no inputs given; name JSONL files, directories, globs or tar files")
         self.items = tuple(source_items(items, name="inputs"))
         self.storage_options = dict(storage_options or {})
+        check_options(self.storage_options)  # headers as a string: refused, not "missing"
+        guard_source(self.items, self.storage_options)  # the storage libraries' log records
         self.read_ahead = read_ahead
         self.read_ahead_bytes = read_ahead_bytes
         self.retry = retry
@@ -721,9 +753,11 @@ class Inputs:
         span: Span | None = None,
         meter: Meter | None = None,
         on_corrupt: Callable[[Leaf, CorruptShardError], None] | None = None,
+        after_file: Callable[[Leaf], None] | None = None,
     ) -> Iterator[RawRecord]:
         """Raw records in input order, from `start` on (a position a record began at), or
-        those of one part, `span`, from `start` (within it) or its beginning.
+        those of one part, `span`, from `start` (within it) or its beginning. `after_file`
+        is called with each file once its records are read (before the next file's).
 
         ``.json`` files are read ahead (see the class). A damaged compressed or tar file
         raises CorruptShardError naming it, or, with `on_corrupt`, is reported there and
@@ -749,6 +783,8 @@ class Inputs:
         )
         for leaf, fetched in ahead:
             yield from self._leaf_records(leaf, start, meter, fetched, on_corrupt, span)
+            if after_file is not None:
+                after_file(leaf)
 
     def _span_leaves(self, start: Position, end: Cut | None) -> Iterator[Leaf]:
         """The leaves from the one holding `start` up to the one `end` cuts (included when
@@ -797,6 +833,11 @@ class Inputs:
                 yield from _json_records(leaf, offset, line, meter, got, policy)
             elif leaf.kind == "tar":
                 yield from _read_tar(leaf, offset, meter, policy)
+            elif leaf.kind == "rows":  # Parquet, Arrow: StreamingJsonl reads them, not convert
+                raise ValueError(
+                    f"{leaf.path}: streamds convert reads JSON lines and tar shards, not "
+                    "Parquet or Arrow files; read the file with StreamingJsonl directly (it "
+                    "splits row groups and resumes exactly)")
             else:
                 yield from _read_jsonl(leaf, offset, line, meter, policy, anchor, stop)
         except CorruptShardError as err:

@@ -4,86 +4,86 @@
 reads JSONL (plain, .zst, .gz, .bz2, .xz) and tar shards through fsspec, splits the work
 across workers and ranks, shuffles through a buffer and resumes exactly.
 
-Names are imported on first use, so the command line and the shard writers start without
-importing torch.
+Every name a training script needs is here, as ``streamds.NAME`` (the framework
+integrations, which import their framework, are in ``streamds.integrations``). Names are
+imported on first use, so the command line and the shard writers start without importing
+torch.
 """
 
 from __future__ import annotations
 
 import importlib
-import warnings
 from typing import TYPE_CHECKING, Any
 
-# what the README's examples and most training scripts use, and the error classes
 __all__ = [
     "CorruptRecordError",
     "CorruptShardError",
+    "DevicePrefetcher",
     "DoubleSplitError",
     "LengthBuckets",
     "MissingCodecError",
     "Mix",
     "PackTokens",
     "PadCollate",
+    "PaddingStats",
     "Rebatch",
+    "RecordBatch",
+    "RetryPolicy",
+    "StallMeter",
     "StateMismatchError",
     "Storage",
     "StreamingJsonl",
     "TokenBudget",
+    "World",
     "as_list",
+    "counts_of",
+    "cpu_quota",
+    "detect_world",
+    "document_mask",
     "merge_states",
+    "padding_of",
+    "source_counts",
+    "stateful_loader",
+    "token_counts",
 ]
 
 __version__ = "0.1.0"
 
-# name -> the module that defines it. The names outside __all__ live in those named
-# sub-modules (`streamds.train.stall.StallMeter`, `streamds.resume.totals.counts_of`, ...);
-# ``streamds.NAME`` still reaches them for code written against earlier releases.
+# name -> the module that defines it (one entry for each name of __all__)
 _HOMES = {
-    "PaddingStats": "datasets.batching",
-    "padding_of": "datasets.batching",
-    "LengthBuckets": "stages.buckets",
-    "TokenBudget": "stages.buckets",
-    "PadCollate": "train.collate",
-    "as_list": "train.collate",
-    "StreamingJsonl": "datasets.dataset",
-    "Storage": "storage.settings",
-    "RecordBatch": "stages.batch",
-    "Rebatch": "stages.rebatch",
     "CorruptRecordError": "errors",
     "CorruptShardError": "errors",
-    "MissingCodecError": "errors",
-    "StateMismatchError": "errors",
-    "DoubleSplitError": "datasets.callers",
     "DevicePrefetcher": "train.prefetch",
-    "merge_states": "resume.merge",
-    "counts_of": "resume.totals",
-    "source_counts": "resume.totals",
-    "token_counts": "resume.totals",
+    "DoubleSplitError": "datasets.callers",
+    "LengthBuckets": "stages.buckets",
+    "MissingCodecError": "errors",
     "Mix": "datasets.mix",
     "PackTokens": "datasets.pack",
-    "document_mask": "datasets.pack",
-    "load_loader_state": "resume.loader_state",
+    "PadCollate": "train.collate",
+    "PaddingStats": "datasets.batching",
+    "Rebatch": "stages.rebatch",
+    "RecordBatch": "stages.batch",
     "RetryPolicy": "retry",
     "StallMeter": "train.stall",
+    "StateMismatchError": "errors",
+    "Storage": "storage.settings",
+    "StreamingJsonl": "datasets.dataset",
+    "TokenBudget": "stages.buckets",
     "World": "world",
+    "as_list": "train.collate",
+    "counts_of": "resume.totals",
+    "cpu_quota": "stages.cpus",
     "detect_world": "world",
-}
-
-
-# deprecated names (one release): still importable from here, with a DeprecationWarning that
-# names the `.batch(...)` spelling; not in __all__, and not cached, so every import warns
-_DEPRECATED = {
-    "Batches": "datasets.batching",
-    "BucketBatches": "datasets.batching",
-    "TokenBudgetBatches": "datasets.batching",
+    "document_mask": "datasets.pack",
+    "merge_states": "train.loader_state",
+    "padding_of": "datasets.batching",
+    "source_counts": "resume.totals",
+    "stateful_loader": "train.loader",
+    "token_counts": "resume.totals",
 }
 
 
 def __getattr__(name: str) -> Any:
-    if name in _DEPRECATED:
-        module = importlib.import_module(f".{_DEPRECATED[name]}", __name__)
-        warnings.warn(module.deprecation(name), DeprecationWarning, stacklevel=2)
-        return getattr(module, name)
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'streamds' has no attribute {name!r}")
@@ -97,32 +97,27 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    # `NAME as NAME`: names that live in sub-modules, still reached as streamds.NAME
-    from .datasets.batching import PaddingStats as PaddingStats
-    from .datasets.batching import padding_of as padding_of
+    from .datasets.batching import PaddingStats, padding_of
     from .datasets.callers import DoubleSplitError
     from .datasets.dataset import StreamingJsonl
     from .datasets.mix import Mix
-    from .datasets.pack import PackTokens
-    from .datasets.pack import document_mask as document_mask
+    from .datasets.pack import PackTokens, document_mask
     from .errors import (
         CorruptRecordError,
         CorruptShardError,
         MissingCodecError,
         StateMismatchError,
     )
-    from .resume.loader_state import load_loader_state as load_loader_state
-    from .resume.merge import merge_states
-    from .resume.totals import counts_of as counts_of
-    from .resume.totals import source_counts as source_counts
-    from .resume.totals import token_counts as token_counts
-    from .retry import RetryPolicy as RetryPolicy
-    from .stages.batch import RecordBatch as RecordBatch
+    from .resume.totals import counts_of, source_counts, token_counts
+    from .retry import RetryPolicy
+    from .stages.batch import RecordBatch
     from .stages.buckets import LengthBuckets, TokenBudget
+    from .stages.cpus import cpu_quota
     from .stages.rebatch import Rebatch
     from .storage.settings import Storage
     from .train.collate import PadCollate, as_list
-    from .train.prefetch import DevicePrefetcher as DevicePrefetcher
-    from .train.stall import StallMeter as StallMeter
-    from .world import World as World
-    from .world import detect_world as detect_world
+    from .train.loader import stateful_loader
+    from .train.loader_state import merge_states
+    from .train.prefetch import DevicePrefetcher
+    from .train.stall import StallMeter
+    from .world import World, detect_world

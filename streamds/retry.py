@@ -52,9 +52,11 @@ class RangeNotSupportedError(PermanentReadError):
         super().__init__(
             errno.EIO,
             f"{redact(url)}: the server ignores HTTP Range requests (asked for part of the file, "
-            "it sends all of it); streamds reads remote files by byte ranges: serve the file "
-            "from a server that honours Range (object stores and common web servers do), or "
-            "download it (e.g. with `curl -O` or fsspec's `get`) and read the local copy",
+            "it sends all of it); serve the file from a server that honours Range (object "
+            "stores and common web servers do), or download it (e.g. with `curl -O` or "
+            "fsspec's `get`) and read the local copy; a dataset made while the server still "
+            "honoured Range cut the file into blocks: make the dataset again (it then reads a "
+            "file from a server without Range as one stream, by one reader)",
         )
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -87,27 +86,35 @@ def run_test_save_load_state(
     the resumed run must end with the same value as the uninterrupted one.
     Returns the uninterrupted output. Raises AssertionError naming the cut and the first
     item that differs.
+
+    One run, stopped after the last cut, takes the state at every cut (through pickle, as a
+    checkpoint keeps it) and must yield the uninterrupted output all the same; each state
+    then resumes a fresh run.
     """
-    whole = make()
-    reference = list(whole) if expected is None else list(expected)
-    final = after(whole) if after is not None and expected is None else None
     if after is not None and expected is not None:
         raise ValueError("`after` needs the uninterrupted run: do not pass `expected` with it")
-    del whole
-    for cut in cut_points:
+    if expected is None:
+        whole = make()
+        reference = list(whole)
+        final = after(whole) if after is not None else None
+        del whole
+    else:
+        reference, final = list(expected), None
+    cuts = list(cut_points)
+    for cut in cuts:
         if not 0 <= cut <= len(reference):
             raise ValueError(f"cut point {cut} outside 0..{len(reference)}")
-        first = make()
-        iterator = iter(first)
-        prefix = list(islice(iterator, cut))
-        assert len(prefix) == cut, f"cut {cut}: the run ended after {len(prefix)} items"
-        state = checkpoint(save_state(first))
-        _close(iterator)
-        del iterator, first  # a DataLoader's workers exit now, not while the next one forks
+    states, seen = _states_at(make, set(cuts))
+    assert seen == reference[:len(seen)], (
+        "a run whose state was taken along the way differs from the uninterrupted run: "
+        f"{_first_difference(seen, reference)}"
+    )
+    for cut in cuts:
+        assert cut in states, f"cut {cut}: the run ended after {len(seen)} items"
         fresh = make()
-        load_state(fresh, state)
+        load_state(fresh, states[cut])
         rest = list(fresh)
-        resumed = prefix + rest
+        resumed = reference[:cut] + rest
         assert resumed == reference, (
             f"resume after {cut} of {len(reference)} items differs from the uninterrupted "
             f"run: {_first_difference(resumed, reference)}"
@@ -117,8 +124,32 @@ def run_test_save_load_state(
                 f"resume after {cut} items: {after(fresh)!r} at the end, uninterrupted run "
                 f"ends with {final!r}"
             )
-        del fresh
+        del fresh  # a DataLoader's workers exit now, not while the next one forks
     return reference
+
+
+_END = object()  # what next() returns at the end of a run
+
+
+def _states_at(make: Callable[[], Any], cuts: set[int]) -> tuple[dict[int, Any], list[Any]]:
+    """One run of `make()` up to the last of `cuts`: its state after each count of items in
+    `cuts` (taken before the next item is asked for, as a loop that stops there takes it),
+    and the items it yielded."""
+    first = make()
+    iterator = iter(first)
+    seen: list[Any] = []
+    states = {0: checkpoint(save_state(first))} if 0 in cuts else {}
+    last = max(cuts, default=0)
+    while len(seen) < last:
+        item = next(iterator, _END)
+        if item is _END:
+            break
+        seen.append(item)
+        if len(seen) in cuts:
+            states[len(seen)] = checkpoint(save_state(first))
+    _close(iterator)
+    del iterator, first  # a DataLoader's workers exit now, not while the next one forks
+    return states, seen
 
 
 # -- a corpus of every shard format, for the resume tests --------------------------------------

@@ -145,7 +145,7 @@ def test_the_state_at_the_end_is_the_end_not_the_last_batch(
     monkeypatch.setattr(streamds.stages.pipeline, "get_worker_info", lambda: worker)
 
     def epoch(ahead: int) -> tuple[list[int], dict[str, Any]]:
-        ds = StreamingJsonl(str(path), worker_cpus="all").batch(7, ahead=ahead, drop_last=True)
+        ds = StreamingJsonl(str(path)).batch(7, ahead=ahead, drop_last=True, worker_cpus="all")
         got = [r["id"] for batch in ds for r in batch]
         return got, ds.state_dict()
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from resume_contract import checkpoint, ids, run_test_save_load_state, write_mixed
+from resume_contract import checkpoint, ids, run_test_save_load_state
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -21,26 +21,19 @@ from streamds import (
     TokenBudget,
     merge_states,
 )
-from streamds.datasets.batching import BucketBatches, padding_of
+from streamds.datasets.batching import padding_of
 from streamds.seeds import shuffle_seed_parts
 from streamds.stages.buckets import pool_rng
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
     pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
-    pytest.mark.filterwarnings("ignore:streamds .*Batches is deprecated:DeprecationWarning"),
 ]
 
 RULES = {
     "buckets": lambda: LengthBuckets(5, buffer_size=12, length="text"),
     "tokens": lambda: TokenBudget(900, buffer_size=13, length="text"),
 }
-
-
-@pytest.fixture(scope="module")
-def mixed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
-    directory = tmp_path_factory.mktemp("buckets") / "mixed"
-    return directory, write_mixed(directory)
 
 
 def text_length(record: dict[str, Any]) -> int:
@@ -199,12 +192,6 @@ def test_batch_arguments_name_the_fix(mixed: tuple[Path, list[int]]) -> None:
         ds.batch("4")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_tokens must be"):
         TokenBudget(0)
-
-
-def test_the_wrapper_and_the_stage_share_one_rule() -> None:
-    wrapper = BucketBatches([], batch_size=4, buffer_size=10, length="text")
-    assert isinstance(wrapper.rule, LengthBuckets)
-    assert wrapper.rule.pool_size == wrapper.pool_size == 12
 
 
 @pytest.mark.parametrize("kind", sorted(RULES))

@@ -1,7 +1,6 @@
 """`.batch(...)` on a `Mix` and on packed data: exactly once per epoch, exact resume after any
 batch (0 and 2 workers), the same semantics as `StreamingJsonl.batch`; `.map`/`.filter` on
-both; and the deprecated wrappers (`Batches`, `BucketBatches`, `TokenBudgetBatches`) warn with
-the spelling to use.
+both.
 
 Two small corpora of plain JSONL (ids 0.. and 10_000..), shuffled. Resume checks use the
 shared contract (`resume_contract.run_test_save_load_state`).
@@ -9,7 +8,6 @@ shared contract (`resume_contract.run_test_save_load_state`).
 
 from __future__ import annotations
 
-import warnings
 from collections import Counter
 from typing import Any
 
@@ -19,7 +17,6 @@ from resume_contract import ids, run_test_save_load_state
 from test_elastic import assert_exactly_once
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-import streamds
 from streamds import (
     LengthBuckets,
     Mix,
@@ -320,35 +317,3 @@ def test_packed_map_filter_batch_resume_exactly(sources, workers: int) -> None:
         assert sequences == [[seq["input_ids"].tolist(), seq["real"]] for seq in whole]
         assert len(whole) < len(list(packed(sources)))  # the filter dropped some
 
-
-# -- the deprecated wrappers -------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("name", ["Batches", "BucketBatches", "TokenBudgetBatches"])
-def test_wrappers_left_the_public_api_and_warn_when_imported(name: str) -> None:
-    assert name not in streamds.__all__
-    assert name not in dir(streamds)
-    with pytest.deprecated_call(match=r"\.batch\("):
-        wrapper = getattr(streamds, name)
-    from streamds.datasets import batching
-
-    assert wrapper is getattr(batching, name)  # still the same class, for one release
-
-
-def test_wrappers_warn_when_constructed() -> None:
-    from streamds.datasets.batching import Batches, BucketBatches, TokenBudgetBatches
-
-    records = [{"input_ids": [1] * n} for n in range(1, 9)]
-    with pytest.deprecated_call(match=r"dataset\.batch\(n"):
-        Batches(records, batch_size=2)
-    with pytest.deprecated_call(match=r"LengthBuckets\(n"):
-        BucketBatches(records, batch_size=2)
-    with pytest.deprecated_call(match=r"TokenBudget\(max_tokens"):
-        TokenBudgetBatches(records, max_tokens=8)
-
-
-def test_batch_on_mix_and_packed_does_not_warn(sources) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
-        assert list(mix(sources).batch(LengthBuckets(4, length=text_length), collate=ids))
-        assert list(packed(sources).batch(2, collate=token_lists))

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from resume_contract import ids, run_test_save_load_state, write_mixed
+from resume_contract import ids, run_test_save_load_state
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data._utils.collate import default_convert
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -24,12 +24,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
     pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
 ]
-
-
-@pytest.fixture(scope="module")
-def mixed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
-    directory = tmp_path_factory.mktemp("batch") / "mixed"
-    return directory, write_mixed(directory)
 
 
 def odd(record: dict[str, Any]) -> bool:

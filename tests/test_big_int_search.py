@@ -17,12 +17,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamds.formats import values
+from streamds.formats import jsonl, values
+from streamds.formats.jsonl import CutLines
 from streamds.stages.chunks import Chunk
 from streamds.stages.parse import BAD, BLANK, parse_chunk
-from streamds.storage import read
 from streamds.storage.plan import Block
-from streamds.storage.read import CutLines, read_lines
+from streamds.storage.read import read_lines
 from streamds.storage.shards import Shard
 
 # a run of 19 or more digits after no digit, ".", "e" or "E": what the search must find
@@ -129,7 +129,7 @@ def test_a_chunk_parses_as_its_lines_one_by_one(file_lines, final_newline, read_
     block = Block(0, 0, cut if cut < len(data) else None)
     got: list[Any] = []
     want: list[Any] = []
-    with patch.object(read, "_FEW_LINES", few_lines):
+    with patch.object(jsonl, "_FEW_LINES", few_lines):
         chunks = list(read_lines(shard, block, 0, opener=_opener(data), read_size=read_size))
     for raw in chunks:
         chunk = Chunk(0, 0, raw.offsets, raw.lines, False, data=raw.data)

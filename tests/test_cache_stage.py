@@ -5,6 +5,8 @@ without it; nothing stale served (`streamds.stages.cache`)."""
 from __future__ import annotations
 
 import dataclasses
+import errno
+import functools
 import gc
 import logging
 import os
@@ -43,10 +45,8 @@ def as_set(record: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("cache") / "corpus"
-    write_mixed(root)
-    return root
+def corpus(mixed: tuple[Path, list[int]]) -> Path:
+    return mixed[0]
 
 
 def dataset(corpus: Path, cache: Path | None, *, shuffle: bool = True, key: str = "k1",
@@ -295,6 +295,28 @@ def test_a_changed_file_or_another_key_is_never_served(tmp_path: Path) -> None:
                                        for r in got]
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_the_dataset_that_filled_the_cache_reads_a_rewritten_file_anew(
+        tmp_path: Path, shuffle: bool) -> None:
+    """Keys are checked against the file at each epoch, not only when .cache() is called."""
+    path = tmp_path / "a.jsonl"
+    path.write_text("".join(f'{{"id": {i}, "text": "t{i}"}}\n' for i in range(60)))
+    ds = dataset(path, tmp_path / "cache", shuffle=shuffle)
+    old = list(ds)
+    path.write_text(path.read_text().replace(': "t', ': "u'))  # the same size
+    before = os.stat(path)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+    want = list(dataset(path, None, shuffle=shuffle))
+    assert want != old
+    CALLS["map"] = 0
+    ds.set_epoch(0)
+    assert list(ds) == want  # not the stored records of the old file
+    assert CALLS["map"] == 60
+    CALLS["map"] = 0
+    assert list(ds) == want  # the new records are stored and served
+    assert CALLS["map"] == 0
+
+
 def test_a_shard_that_cannot_be_told_stale_is_read_uncached(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     source = tmp_path / "a.jsonl"
@@ -359,6 +381,83 @@ def test_the_limit_is_kept(corpus: Path, tmp_path: Path) -> None:
     assert epoch(bounded, 1) == want
     held = RecordStore(str(tmp_path / "bounded")).stored_bytes()
     assert 0 < held <= limit
+
+
+def test_a_limit_that_stores_nothing_says_so_once(
+        corpus: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    bounded = dataset(corpus, None).cache(tmp_path / "tiny", key="k1", limit=10)
+    with caplog.at_level(logging.WARNING, logger="streamds"):
+        assert epoch(bounded, 0) == epoch(dataset(corpus, None), 0)
+    said = [r.getMessage() for r in caplog.records if "is not stored" in r.getMessage()]
+    assert len(said) == 1 and "limit=10" in said[0] and "raise limit=" in said[0], said
+    assert not stored(tmp_path / "tiny")
+
+
+def read_only(monkeypatch: pytest.MonkeyPatch, directory: Path) -> None:
+    """Opening anything under `directory` to write fails as on a read-only mount."""
+    real = os.open
+
+    def refusing(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if (str(path).startswith(str(directory))
+                and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refusing)
+
+
+def test_a_read_only_cache_directory_is_read_and_never_written(
+        corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    want = epoch(dataset(corpus, tmp_path / "c"), 0)  # fills it
+    for name in os.listdir(tmp_path / "c"):  # a copy made without the lock files
+        if name.endswith(".lock"):
+            os.remove(tmp_path / "c" / name)
+    read_only(monkeypatch, tmp_path / "c")
+    CALLS["map"] = 0
+    assert epoch(dataset(corpus, tmp_path / "c"), 0) == want  # no [Errno 30]
+    assert CALLS["map"] == 0  # every block served
+    with caplog.at_level(logging.WARNING, logger="streamds"):
+        assert epoch(dataset(corpus, tmp_path / "c", key="k2"), 0) == want  # computed
+    said = [r.getMessage() for r in caplog.records if "cannot be written" in r.getMessage()]
+    assert len(said) == 1 and "writable directory" in said[0]
+
+
+def test_a_cache_directory_under_home_is_expanded(
+        corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    epoch(dataset(corpus, None).cache("~/records", key="k"), 0)
+    assert stored(tmp_path / "home" / "records")
+    assert not (tmp_path / "~").exists()
+
+
+def tokenize_with(record: dict[str, Any], width: int) -> dict[str, Any]:
+    return {"id": record["id"], "ids": [ord(c) for c in record["text"][:width]]}
+
+
+class Unnamed:
+    """A callable whose settings no repr says."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+
+    def __call__(self, record: dict[str, Any]) -> dict[str, Any]:
+        return tokenize_with(record, self.width)
+
+
+def test_steps_of_one_name_with_other_arguments_do_not_share_records(
+        corpus: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    def cached(fn: Any) -> StreamingJsonl:
+        return StreamingJsonl(str(corpus)).map(fn).cache(tmp_path, key="k")
+
+    two, five = functools.partial(tokenize_with, width=2), functools.partial(tokenize_with,
+                                                                              width=5)
+    assert list(cached(two)) == list(StreamingJsonl(str(corpus)).map(two))  # stores
+    assert list(cached(five)) == list(StreamingJsonl(str(corpus)).map(five))  # not two's
+    with caplog.at_level(logging.WARNING, logger="streamds"):
+        cached(Unnamed(3))
+    assert "told apart from other steps of its name by key='k' alone" in caplog.text
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

@@ -20,10 +20,10 @@ import pytest
 from test_convert import read_output
 from test_parts import output_files
 
-from corpora.synthetic import write_pubmed, write_small_files
 from streamds.preprocess.command import main as cli_main
 from streamds.preprocess.convert import ConversionError, convert
 from streamds.preprocess.parts_plan import read_plan
+from streamds.tools.synthetic import write_pubmed, write_small_files
 
 distributed = pytest.importorskip("distributed", reason="the 'cluster' extra (make setup)")
 

@@ -1,6 +1,6 @@
 """Tests for the shard converter (preprocess.convert, sources, writers) and the manifest.
 
-Corpora are generated per module with corpora.synthetic plus hand-written odd cases
+Corpora are generated per module with streamds.tools.synthetic plus hand-written odd cases
 (pretty-printed JSON, tar shards, every codec). Expected records are computed independently
 of the converter: from the plain bytes, and file order from a natural sort of full paths.
 """
@@ -29,7 +29,6 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from corpora.synthetic import write_pubmed, write_small_files, write_small_lines
 from streamds.formats.manifest import MANIFEST_NAME, read_manifest
 from streamds.formats.seekable import decompress_frames, read_seek_table
 from streamds.preprocess import convert as convert_module
@@ -37,6 +36,7 @@ from streamds.preprocess.convert import JOURNAL_NAME, ConversionError, convert, 
 from streamds.preprocess.identity import INPUTS_NAME
 from streamds.preprocess.sources import Inputs
 from streamds.storage.shards import natural_key
+from streamds.tools.synthetic import write_pubmed, write_small_files, write_small_lines
 
 REPO = Path(__file__).resolve().parents[1]
 ZSTD = shutil.which("zstd")
@@ -294,14 +294,16 @@ def test_manifest_lists_counts_options_and_checksums(corpus, tmp_path):
 
 
 def test_shards_py_takes_frames_from_the_manifest(corpus, tmp_path, monkeypatch):
+    from streamds.formats import jsonl_zst
     from streamds.storage import shards as shards_module
 
     out = tmp_path / "out"
     convert([corpus["root"] / "train.txt"], out, shard_size=40_000, frame_size=3000)
     reference = shards_module.resolve_shards(str(out))
     opened = []
-    real = shards_module._frames_of
-    monkeypatch.setattr(shards_module, "_frames_of", lambda *a: opened.append(a) or real(*a))
+    real = jsonl_zst.read_seek_table
+    monkeypatch.setattr(jsonl_zst, "read_seek_table",
+                        lambda *a, **k: opened.append(a) or real(*a, **k))
     assert shards_module.resolve_shards(str(out)) == reference
     assert opened == []  # no shard opened for its seek table
     manifest = read_manifest(out)

@@ -211,6 +211,68 @@ def test_overwrite_deletes_only_a_conversion(tmp_path):
     assert caught.value.code == 2
 
 
+def rewrite_in_one_tick(path: Path, data: bytes) -> None:
+    """Rewrite `path` in place with `data` (of its size) and give it back its modification
+    time: what a rewrite within one tick of the file's clock looks like to a stat."""
+    info = path.stat()
+    assert len(data) == info.st_size
+    path.write_bytes(data)
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+
+
+def test_a_rerun_after_a_rewrite_within_one_mtime_tick_is_refused(tmp_path):
+    source, out = tmp_path / "train.jsonl", tmp_path / "out"
+    source.write_bytes(records(0, 2000, "a"))
+    convert([source], out, **OPTIONS)
+    rewrite_in_one_tick(source, records(0, 2000, "b"))  # same size, same mtime, other text
+    with pytest.raises(InputsChangedError, match=f"1 changed: {source}"):
+        convert([source], out, **OPTIONS)
+    convert([source], out, overwrite=True, **OPTIONS)
+    assert {r["text"] for r in StreamingJsonl(str(out))} == {"b" * 20}
+    assert convert([source], out, **OPTIONS).shards_written == 0  # unchanged: reused
+
+
+def test_an_input_rewritten_during_the_conversion_fails_it_and_is_never_read_mixed(tmp_path):
+    """A later input rewritten while an earlier one converts: the run fails naming it, writes
+    no manifest (so readers refuse the output), and the rerun is refused until --overwrite."""
+    first, second, out = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "out"
+    first.write_bytes(records(0, 1000))
+    second.write_bytes(records(1000, 1000))
+
+    def rewrite_b_at_500(record: dict[str, Any]) -> dict[str, Any]:
+        if record["i"] == 500:
+            second.write_bytes(records(5000, 700))
+        return record
+
+    with pytest.raises(InputsChangedError, match=f"changed while they were converted \\({second}"):
+        convert([first, second], out, transform=rewrite_b_at_500, **OPTIONS)
+    assert not (out / MANIFEST_NAME).exists()
+    with pytest.raises(FileNotFoundError, match="unfinished conversion"):
+        StreamingJsonl(str(out))
+    with pytest.raises(InputsChangedError, match="--overwrite"):
+        convert([first, second], out, transform=rewrite_b_at_500, **OPTIONS)
+    convert([first, second], out, overwrite=True, **OPTIONS)
+    assert read_back(out) == [*range(1000), *range(5000, 5700)]
+
+
+@pytest.mark.parametrize("parts", [None, 2])
+def test_a_file_rewritten_within_one_tick_while_it_is_read_fails_the_run(tmp_path, parts):
+    """Rewritten in place at the same size and modification time while its first MiB is
+    converted: only its checksum tells (the file is racy: written just before the run)."""
+    source, out = tmp_path / "train.jsonl", tmp_path / "out"
+    source.write_bytes(records(0, 60_000, "a"))
+    assert source.stat().st_size > 2 << 20  # read in pieces: the rest comes after the edit
+
+    def rewrite_at_100(record: dict[str, Any]) -> dict[str, Any]:
+        if record["i"] == 100 and record["text"][0] == "a":
+            rewrite_in_one_tick(source, records(0, 60_000, "b"))
+        return record
+
+    with pytest.raises(InputsChangedError, match=f"changed while they were converted \\({source}"):
+        convert([source], out, transform=rewrite_at_100, parts=parts, shard_size=1 << 20)
+    assert not (out / MANIFEST_NAME).exists()
+
+
 # -- the output --------------------------------------------------------------------------
 
 

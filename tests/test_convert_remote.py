@@ -26,7 +26,6 @@ import pytest
 
 import streamds.preprocess.files_ahead as files_ahead
 import streamds.preprocess.sources as sources
-from corpora.synthetic import write_pubmed, write_small_files
 from streamds.formats.manifest import MANIFEST_NAME
 from streamds.formats.trees import directory_walk, glob_walk
 from streamds.preprocess.command import main
@@ -35,6 +34,7 @@ from streamds.preprocess.files_ahead import FilesAhead
 from streamds.preprocess.listing import ListingWalk
 from streamds.preprocess.sources import Inputs, Leaf
 from streamds.retry import RetryPolicy
+from streamds.tools.synthetic import write_pubmed, write_small_files
 from testbed.http import Faults, serve
 
 pytest.importorskip("aiohttp", reason="HTTP inputs need the 'remote' extra (aiohttp)")

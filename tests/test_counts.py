@@ -25,7 +25,6 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 import streamds
 import streamds.stages.transform
 from streamds import Storage, StreamingJsonl
-from streamds.datasets.batching import Batches
 
 BAD_LINE = b'{"id": "cut'
 START = (1000, 5000)  # the first record id of each shard
@@ -237,7 +236,6 @@ def test_counts_survive_a_resume_and_count_the_whole_epoch(defects, shuffle, cap
     assert (counts["bad"], counts["blank"]) == (defects["bad"], defects["blank"])
 
 
-@pytest.mark.filterwarnings("ignore:streamds Batches is deprecated:DeprecationWarning")
 def test_counts_of_batcher_rank_and_merged_states(defects):
     def ranks(shuffle: bool) -> list[StreamingJsonl]:
         return [skipping(defects["root"], rank=rank, world_size=2, shuffle=shuffle)
@@ -245,7 +243,7 @@ def test_counts_of_batcher_rank_and_merged_states(defects):
 
     states = []
     for ds in ranks(True):
-        batches = Batches(ds, batch_size=8, length=len)
+        batches = streamds.Mix([ds], [1.0], seed=0).batch(8)  # a pool batcher's nested state
         loader = StatefulDataLoader(batches, batch_size=None, num_workers=1)
         for _ in loader:
             pass
@@ -280,7 +278,7 @@ def test_a_filter_that_drops_everything_yields_nothing_and_says_so(defects, capl
 
 def test_a_filter_that_drops_everything_under_even_ranks_says_why_it_cannot_even_out(tmp_path):
     corpus.write(tmp_path / "a.jsonl", corpus.make_records(3000))
-    ds = StreamingJsonl(tmp_path, even_ranks="drop", rank=0, world_size=2).filter(drop_all)
+    ds = StreamingJsonl(tmp_path, even_ranks="pad", rank=0, world_size=2).filter(drop_all)
     with pytest.raises(ValueError, match=r"quota of \d+ records: it found 0 .*filter drop"):
         list(ds)
 

@@ -302,17 +302,19 @@ def test_a_worker_that_fits_keeps_off_the_main_process_cpu(tmp_path, monkeypatch
     path = tmp_path / "a.jsonl"
     path.write_bytes(b"".join(orjson.dumps({"i": i}) + b"\n" for i in range(50)))
     every = sorted(os.sched_getaffinity(0))
-    ds = StreamingJsonl(str(path), worker_cpus=worker_cpus).map(cpus_of_this_process)
-    records = list(DataLoader(ds, batch_size=None, num_workers=1))
+    ds = StreamingJsonl(str(path)).map(cpus_of_this_process).batch(1, worker_cpus=worker_cpus)
+    records = [r for batch in DataLoader(ds, batch_size=None, num_workers=1) for r in batch]
     assert [r["i"] for r in records] == list(range(50))
     seen = {tuple(r["cpus"]) for r in records}
     assert seen == ({tuple(every[1:])} if worker_cpus == "auto" else {tuple(every)})
     assert sorted(os.sched_getaffinity(0)) == every  # the main process is left as it was
 
 
-def test_worker_cpus_is_checked():
+def test_worker_cpus_is_checked(tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b'{"i": 0}\n')
     with pytest.raises(ValueError, match="worker_cpus"):
-        StreamingJsonl("x.jsonl", worker_cpus="some")
+        StreamingJsonl(str(path)).batch(2, worker_cpus="some")
 
 
 @pytest.fixture
@@ -341,9 +343,8 @@ def test_workers_that_tune_at_every_item_hand_out_the_same_batches(tmp_path, mon
     path.write_bytes(b"".join(orjson.dumps({"i": i, "text": text}) + b"\n" for i in range(3000)))
 
     def batches(worker_cpus: str) -> list[list[dict]]:
-        ds = StreamingJsonl(str(path), worker_cpus=worker_cpus,
-                            storage=Storage(block_size=64 << 10))
-        ds = ds.map(cpus_of_this_process).batch(4)
+        ds = StreamingJsonl(str(path), storage=Storage(block_size=64 << 10))
+        ds = ds.map(cpus_of_this_process).batch(4, worker_cpus=worker_cpus)
         loader = DataLoader(ds, batch_size=None, num_workers=2,
                             multiprocessing_context="fork")
         return [list(b) for b in loader]

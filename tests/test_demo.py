@@ -35,7 +35,8 @@ def test_the_demo_names_its_folder_and_how_to_continue(here, capsys):
     printed = capsys.readouterr().out
     assert f"output folder: {OUT}/" in printed
     assert "stop it at any time (Ctrl-C or kill)" in printed
-    resume = printed.split("to continue from its last checkpoint, run: ")[1].splitlines()[0]
+    resume = printed.split("once a checkpoint is saved, this continues from it: ")[1]
+    resume = resume.splitlines()[0]
     python, script, *rest = shlex.split(resume)
     assert python == shown(sys.executable)  # the interpreter that has torch, not "python"
     assert script == "examples/demo.py" or script.endswith("/examples/demo.py")
@@ -45,6 +46,18 @@ def test_the_demo_names_its_folder_and_how_to_continue(here, capsys):
     # the command it printed continues that run
     assert demo(rest) == 0
     assert f"resumed from {OUT}/checkpoint.pt at step 2" in capsys.readouterr().out
+
+
+def test_ctrl_c_names_the_checkpoint_only_once_one_exists(here):
+    """Interrupted before the first checkpoint, the message does not promise one."""
+    command = ["python", "examples/demo.py"]
+    before = train.interrupted(["--out", OUT], command)
+    assert "before the first checkpoint was saved" in before and "starts again at step 0" in before
+    (here / OUT).mkdir(parents=True)
+    (here / OUT / "checkpoint.pt").write_bytes(b"saved")
+    after = train.interrupted(["--out", OUT], command)
+    assert after.startswith(f"interrupted; to continue from the last checkpoint ({OUT}/")
+    assert after.endswith("examples/demo.py --resume")
 
 
 def test_a_second_run_is_refused_without_resume_or_overwrite(here, capsys):

@@ -1,6 +1,10 @@
 """Every code block of README.md and docs/ runs as written.
 
-Each ```python block runs in a fresh process (this interpreter, the repository first on the
+The README is walked as a reader would: its blocks in order, in one empty folder, with the
+installed `streamds` (the editable install here, the built wheel in .ci/clean_install.sh) and
+nothing of the checkout on the path; its first block makes the data the others read.
+
+Each ```python block of docs/ runs in a fresh process (this interpreter, the repository first on the
 path) in an empty temporary directory. HTML comments on the lines just before a block's fence
 change that (they do not show on GitHub or the docs site):
 
@@ -33,18 +37,18 @@ FENCE = re.compile(r"^( *)```(\S*)\s*$")
 DIRECTIVE = re.compile(r"^\s*<!--\s*(setup|skip|runs|run|slow)\s*(?::\s*(.*?))?\s*-->\s*$")
 
 # The files a `setup:` names, made once per test session with the commands a reader would run
-# (corpora.synthetic is the repository's generator of PubMed-layout data).
+# (`streamds synthetic` ships with the package).
 SETUPS = {
     # train.txt alone (what `streamds convert` starts from)
     "pubmed-text": [
-        ["{python}", "-m", "corpora.synthetic", "pubmed", "train.txt", "--bytes", "2MB",
-         "--record-chars", "2000"],
+        ["{python}", "-m", "streamds.tools.cli", "synthetic", "pubmed", "train.txt", "--bytes",
+         "2MB", "--record-chars", "2000"],
     ],
     # train.txt: ~430 PubMed-layout records (article_text: a list of sentences, abstract_text:
     # a list, long strings), and shards/: the same converted by `streamds convert`
     "pubmed": [
-        ["{python}", "-m", "corpora.synthetic", "pubmed", "train.txt", "--bytes", "2MB",
-         "--record-chars", "2000"],
+        ["{python}", "-m", "streamds.tools.cli", "synthetic", "pubmed", "train.txt", "--bytes",
+         "2MB", "--record-chars", "2000"],
         ["{python}", "-m", "streamds.tools.cli", "convert", "train.txt", "--output", "shards/",
          "--quiet"],
     ],
@@ -90,6 +94,7 @@ def blocks_of(page: Path) -> list[Block]:
 BLOCKS = [block for page in PAGES for block in blocks_of(page)]
 RUNNABLE = [block for block in BLOCKS
             if block.language == "python" or "run" in block.directives]
+README = [block for block in RUNNABLE if block.page.name == "README.md"]
 
 
 def _param(block: Block):
@@ -120,20 +125,31 @@ def _make_setups(root: Path) -> dict[str, Path]:
     return made
 
 
-def _run(block: Block, where: Path, setups: dict[str, Path]) -> str | None:
-    """Run `block` in the empty directory `where`: None, or what went wrong."""
+def _installed_env() -> dict[str, str]:
+    """The environment of a reader after `pip install`: this interpreter's `streamds` and
+    `python` first on PATH, and nothing of the checkout added to the path."""
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return env
+
+
+def _run(block: Block, where: Path, setups: dict[str, Path], *,
+         env: dict[str, str] | None = None) -> str | None:
+    """Run `block` in the directory `where`: None, or what went wrong (with every run's
+    output, so a caller can read what the block printed)."""
     if "setup" in block.directives:
         shutil.copytree(setups[block.directives["setup"]], where, dirs_exist_ok=True)
     if block.language == "python":
-        script = where / "block.py"
+        script = where / f"block{block.line}.py"
         argv = [sys.executable, str(script)]
     else:
-        script = where / "block.sh"
+        script = where / f"block{block.line}.sh"
         argv = ["bash", "-euo", "pipefail", str(script)]
     script.write_text(block.code)
     for run in range(int(block.directives.get("runs", 1))):
-        done = subprocess.run(argv, cwd=where, env=_env(), capture_output=True, text=True,
-                              timeout=300)
+        done = subprocess.run(argv, cwd=where, env=env or _env(), capture_output=True,
+                              text=True, timeout=300)
+        (where / f"{script.stem}.out{run + 1}").write_text(done.stdout)
         if done.returncode:
             return (f"{block.id} failed (run {run + 1}):\n"
                     f"{done.stdout[-2000:]}{done.stderr[-3000:]}")
@@ -158,10 +174,30 @@ def outcomes(request, tmp_path_factory) -> dict[str, str | None]:
         return {key: future.result() for key, future in futures.items()}
 
 
-@pytest.mark.parametrize("block", [_param(block) for block in RUNNABLE])
+@pytest.mark.parametrize("block", [_param(block) for block in RUNNABLE if block not in README])
 def test_block_runs(block: Block, outcomes: dict[str, str | None]):
     failure = outcomes[block.id]
     assert failure is None, failure
+
+
+def test_the_readme_runs_in_order_in_one_folder(tmp_path):
+    """A new user's walk: every README block in order, in one empty folder, with the installed
+    package; the resume block, run twice, resumes mid-epoch and ends where the first run did."""
+    assert README[0].language == "bash" and "streamds synthetic" in README[0].code
+    for block in README:
+        assert "setup" not in block.directives, f"{block.id}: the walk makes its own data"
+        if "skip" in block.directives:
+            continue
+        failure = _run(block, tmp_path, {}, env=_installed_env())
+        assert failure is None, failure
+    twice = [block for block in README if block.directives.get("runs") == "2"]
+    assert len(twice) == 1, "the README has one resume block, run twice"
+    first, second = ((tmp_path / f"block{twice[0].line}.out{run}").read_text()
+                     for run in (1, 2))
+    ended = re.findall(r"epoch done after batch (\d+)", first + second)
+    resumed = re.findall(r"resumed after batch (\d+)", second)
+    assert len(ended) == 2 and ended[0] == ended[1], (first, second)
+    assert resumed and 0 < int(resumed[0]) < int(ended[0]), second  # mid-epoch, not over
 
 
 def test_every_block_is_run_or_skipped_with_a_reason():

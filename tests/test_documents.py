@@ -126,7 +126,7 @@ def test_large_json_lines_file_splits_across_readers(tmp_path):
     values = [{"id": i, "pad": "p" * 100} for i in range(3000)]  # ~350 KB
     path = lines(tmp_path / "train.json", values)
     ds = StreamingJsonl(path)
-    assert ds.shards[0].format == "jsonl"  # decided when resolved: byte-range blocks
+    assert ds.shards[0].format.name == "jsonl"  # decided when resolved: byte-range blocks
     from streamds.storage.plan import make_blocks
 
     assert len(make_blocks(ds.shards)) > 1
@@ -143,7 +143,7 @@ def test_large_pretty_document_is_one_block(tmp_path):
     path = pretty(tmp_path / "big.json", elements)
     assert path.stat().st_size > 64 << 10
     ds = StreamingJsonl(path)
-    assert ds.shards[0].format == "json"
+    assert ds.shards[0].format.name == "json"
     assert [r["id"] for r in ds] == list(range(1500))
 
 

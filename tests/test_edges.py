@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from streamds import StateMismatchError, StreamingJsonl, merge_states
-from streamds.resume.loader_state import load_loader_state, saved_num_workers
+from streamds.train.loader_state import saved_num_workers
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -187,17 +187,27 @@ def loader_state_after(source: str, workers: int, batches: int) -> tuple[dict, l
     return loader.state_dict(), seen
 
 
+def one_call_loader(source: str, workers: int, small_records: bool) -> Any:
+    return StreamingJsonl(source, shuffle=True, seed=5, buffer_size=30).loader(
+        BATCH, num_workers=workers, collate=ids, small_records=small_records)
+
+
+@pytest.mark.parametrize("small_records", [False, True])
 @pytest.mark.parametrize(("saved", "now"), [(0, 2), (2, 0), (2, 3), (1, 0)])
 def test_a_loader_state_for_another_num_workers_points_to_merge_states(
-    source: str, saved: int, now: int
+    source: str, saved: int, now: int, small_records: bool
 ) -> None:
-    state, _ = loader_state_after(source, saved, 4)
-    assert saved_num_workers(state) == saved
-    loader = StatefulDataLoader(StreamingJsonl(source, shuffle=True, seed=5, buffer_size=30),
-                                batch_size=BATCH, num_workers=now, collate_fn=ids)
+    """ds.loader(...).load_state_dict checks before torchdata would fail with a bare
+    AssertionError (0 <-> N workers), and names merge_states."""
+    made = one_call_loader(source, saved, small_records)
+    iterator = iter(made)
+    for _ in range(4):
+        next(iterator)
+    state = made.state_dict()
+    loader = one_call_loader(source, now, small_records)
     with pytest.raises(StateMismatchError, match=rf"num_workers={saved}, but this loader has "
                                                  rf"num_workers={now}.*merge_states"):
-        load_loader_state(loader, state)
+        loader.load_state_dict(state)
 
 
 def test_workers_refuse_states_of_another_num_workers_naming_merge_states(source: str) -> None:
@@ -211,13 +221,14 @@ def test_workers_refuse_states_of_another_num_workers_naming_merge_states(source
 
 
 def test_the_fix_the_message_names_finishes_the_epoch(source: str) -> None:
-    """load_loader_state with the same num_workers resumes exactly; merge_states + resume_from
-    finishes the epoch with another num_workers, every record once."""
+    """The same num_workers resumes exactly; merge_states + with_resume finishes the epoch
+    with another num_workers, every record once."""
     state, seen = loader_state_after(source, 0, 7)
     every = sorted(r["id"] for r in StreamingJsonl(source))
     same = StatefulDataLoader(StreamingJsonl(source, shuffle=True, seed=5, buffer_size=30),
                               batch_size=BATCH, num_workers=0, collate_fn=ids)
-    load_loader_state(same, state)
+    assert saved_num_workers(state) == 0
+    same.load_state_dict(state)
     assert sorted(seen + [i for batch in same for i in batch]) == every
     merged = merge_states([state])
     resumed = StreamingJsonl(source, shuffle=True, seed=5, buffer_size=30).with_resume(merged)

@@ -29,11 +29,12 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from streamds import StateMismatchError, StreamingJsonl, merge_states
+from streamds.resume.merge import share_of
+from streamds.world import World
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
     pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
-    pytest.mark.filterwarnings("ignore:streamds .*Batches is deprecated:DeprecationWarning"),
 ]
 
 BATCH = 8
@@ -44,9 +45,8 @@ def keep(record: dict[str, Any]) -> bool:
 
 
 @pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[int]]:
-    directory = tmp_path_factory.mktemp("elastic") / "corpus"
-    every = write_mixed(directory)
+def source(mixed: tuple[Path, list[int]]) -> tuple[str, list[int]]:
+    directory, every = mixed
     return str(directory), [i for i in every if i % 7 != 3]
 
 
@@ -251,28 +251,27 @@ def test_merge_refuses_states_of_different_runs(source: tuple[str, list[int]]) -
         merge_states([first[0], other_seed[1]])
 
 
-def test_merge_finds_reader_states_inside_a_batchers_loader_state(tmp_path) -> None:
-    """A batcher's state (its own format) holds the dataset's reader state: merge_states
-    looks inside it rather than refusing it as an unknown reader state."""
-    from streamds import as_list
-    from streamds.datasets.batching import Batches
+def test_merge_finds_the_states_inside_a_batchers_loader_state(tmp_path) -> None:
+    """A batcher's state (a Mix's `.batch`) holds the mix's state, and that its readers':
+    merge_states looks inside it rather than refusing it as an unknown state."""
+    from streamds import Mix, as_list
 
     directory = tmp_path / "mixed"
     write_mixed(directory)
-    batcher = Batches(StreamingJsonl(str(directory), shuffle=True, buffer_size=16),
-                      batch_size=8, length="text")
+    batcher = Mix([StreamingJsonl(str(directory), shuffle=True, buffer_size=16)], [1.0],
+                  seed=0).batch(8)
     loader = StatefulDataLoader(batcher, batch_size=None, num_workers=2, collate_fn=as_list)
     iterator = iter(loader)
     for _ in range(3):
         next(iterator)
     merged = merge_states([loader.state_dict()])
-    assert merged["epoch"] == 0 and (merged["remaining"] or merged["tails"])
+    assert merged["stage"] == "merged-mix" and merged["epoch"] == 0
 
 
 # -- even ranks: exact at every cut, the shuffle buffer's drain included (issue 26) --------------
 #
 # What merge_states promises under even_ranks, checked below: the rest (what the new world
-# yields after resume_from=merged) never holds a record read before the checkpoint, and never
+# yields after with_resume(merged)) never holds a record read before the checkpoint, and never
 # one twice unless the new world's own split pads. With "drop", before + rest hold every record
 # the uninterrupted epoch would have read (records an old reader would have dropped at its
 # quota may be read too: they are left to read, never read twice). With "pad", before + rest
@@ -455,3 +454,25 @@ def test_even_ranks_merge_a_merge_resumed_run(even_source: str, mode: str) -> No
         assert set(before) | set(rest) == set(range(EVEN_RECORDS))
     else:
         assert len(before) == len(set(before))
+
+
+def test_even_ranks_deal_the_remaining_work_by_record_count() -> None:
+    """Under even_ranks the remaining items of a merged state go, largest first, to the
+    reader holding the fewest records: in turn, the shares below would be 115 and 95 records
+    (a pad of 20 repeats); by count they are 105 and 105 (none)."""
+    merged = {"remaining": [[0, None], [1, 40], [2, None], [3, None], [4, 7]],
+              "pending": [], "counts": {}}
+    sizes = [100, 5, 10, 90, 5]
+    shares = [share_of(merged, World(rank, 2, 0, 1), sizes)[0] for rank in range(2)]
+    loads = [sum(sizes[block] for block, _ in share) for share in shares]
+    assert loads == [105, 105]
+    assert sorted(item for share in shares for item in share) == [
+        (0, None), (1, 40), (2, None), (3, None), (4, 7)]
+    assert shares[0] == [(0, None), (1, 40)]  # each reader keeps the merged state's order
+    # buffered records count too: they are dealt in turn first
+    merged["pending"] = [[9, i] for i in range(10)]
+    shares = [share_of(merged, World(rank, 2, 0, 1), sizes) for rank in range(2)]
+    loads = [sum(sizes[block] for block, _ in work) + len(prefill)
+             for work, prefill, _ in shares]
+    assert max(loads) - min(loads) <= max(sizes)
+    assert sum(loads) == sum(sizes) + 10

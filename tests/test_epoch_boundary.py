@@ -7,8 +7,9 @@ replay epoch e and not yield nothing. The uninterrupted run is one loader doing
 ``set_epoch(0)``, a whole epoch, ``set_epoch(1)``, a whole epoch, ...
 
 Checked for `StreamingJsonl` under torchdata's StatefulDataLoader with 0-3 workers, and for
-the batchers that keep state (`Batches`, `BucketBatches`, `TokenBudgetBatches`) wrapping one,
-with 0 and 2 workers; each with the source shuffled and in file order:
+its batches that keep state (`.batch(n)`, `.batch(LengthBuckets(...))`,
+`.batch(TokenBudget(...))`), with 0 and 2 workers; each with the source shuffled and in file
+order:
 
 - the state of a finished epoch starts the next one (the issue's own scenario);
 - states taken at the end of an epoch and after the first batch of the next, in a training
@@ -17,7 +18,7 @@ with 0 and 2 workers; each with the source shuffled and in file order:
 - the same for the datasets on their own, without a loader.
 
 Batches are compared as lists of record ids. With the source in file order, `StreamingJsonl`
-and `Batches` have the same order every epoch, so there a replayed epoch goes unnoticed; those
+and `.batch(n)` have the same order every epoch, so there a replayed epoch goes unnoticed; those
 cases still catch an epoch that comes out empty or cut short.
 """
 
@@ -29,19 +30,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from resume_contract import checkpoint, ids, write_mixed
+from resume_contract import checkpoint, ids
 from torch.utils.data import IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from streamds import Storage, StreamingJsonl
-from streamds.datasets.batching import Batches, BucketBatches, TokenBudgetBatches
+from streamds import LengthBuckets, Storage, StreamingJsonl, TokenBudget
 from streamds.storage.plan import MIN_BLOCK_SIZE, make_blocks
 from streamds.storage.shards import resolve_shards
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
     pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
-    pytest.mark.filterwarnings("ignore:streamds .*Batches is deprecated:DeprecationWarning"),
 ]
 
 EPOCHS = 3  # the uninterrupted run: epochs 0, 1 and 2
@@ -92,15 +91,11 @@ def build(source: Path, kind: str, shuffle: bool) -> IterableDataset:
     if kind == "dataset":
         return dataset
     if kind == "batches":
-        return Batches(dataset, batch_size=BATCH_SIZE, length=text_length)
+        return dataset.batch(BATCH_SIZE)
     if kind == "bucket":
-        return BucketBatches(
-            dataset, batch_size=BATCH_SIZE, buffer_size=64, length=text_length, seed=1
-        )
+        return dataset.batch(LengthBuckets(BATCH_SIZE, buffer_size=64, length=text_length))
     if kind == "tokens":
-        return TokenBudgetBatches(
-            dataset, max_tokens=12_000, buffer_size=64, length=text_length, seed=1
-        )
+        return dataset.batch(TokenBudget(12_000, buffer_size=64, length=text_length))
     raise ValueError(f"unknown kind {kind!r}")
 
 
@@ -153,10 +148,9 @@ def flat(batches: list[Batch]) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def source(mixed: tuple[Path, list[int]]) -> Path:
     """322 records of every shard format, 10 blocks of 64 KiB or less."""
-    directory = tmp_path_factory.mktemp("epoch-boundary") / "mixed"
-    write_mixed(directory)
+    directory, _ = mixed
     assert len(make_blocks(resolve_shards(str(directory)), MIN_BLOCK_SIZE)) >= 9
     return directory
 

@@ -9,6 +9,7 @@ detector.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -175,18 +176,49 @@ def even_id(record: dict[str, Any]) -> bool:
     return record["id"] % 2 == 0
 
 
-@pytest.mark.parametrize("mode", ["drop", "pad"])
-def test_a_filter_keeps_rank_counts_equal(uneven: tuple[str, list[int]], mode: str) -> None:
-    """Quotas count lines before filters (documented); a rank the filter leaves short repeats
-    records, so the counts stay equal and DDP cannot hang."""
+def test_a_filter_keeps_rank_counts_equal_under_pad(uneven: tuple[str, list[int]]) -> None:
+    """Quotas count lines before filters (documented); under "pad" a rank the filter leaves
+    short repeats records, so the counts stay equal and DDP cannot hang."""
     source, _ = uneven
     natural = per_rank(source, 2, 0, False, None, keep=even_id)
     assert len(natural[0]) != len(natural[1])  # the filter alone would leave ranks uneven
-    even = per_rank(source, 2, 0, False, mode, keep=even_id)
+    even = per_rank(source, 2, 0, False, "pad", keep=even_id)
     assert len(even[0]) == len(even[1])
     assert all(i % 2 == 0 for rank in even for i in rank)
-    if mode == "pad":
-        assert set(i for rank in even for i in rank) == set(i for rank in natural for i in rank)
+    assert set(i for rank in even for i in rank) == set(i for rank in natural for i in rank)
+
+
+def test_a_filter_under_drop_is_refused_naming_the_fix(uneven: tuple[str, list[int]]) -> None:
+    """"drop" never repeats a record, and a filter would make its ranks repeat most of theirs
+    (2 ranks with a filter keeping half read nearly every record twice)."""
+    source, _ = uneven
+    dataset = StreamingJsonl(source, rank=0, world_size=2, even_ranks="drop")
+    with pytest.raises(ValueError, match=r"filter\(\) under even_ranks='drop'.*streamds convert "
+                                         r"--transform.*even_ranks='pad'"):
+        dataset.filter(even_id)
+
+
+def none_for_odd(record: dict[str, Any]) -> dict[str, Any] | None:
+    return record if record["id"] % 2 == 0 else None
+
+
+def test_a_map_that_drops_under_drop_says_it_repeats(
+    uneven: tuple[str, list[int]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A map returning None cannot be refused in advance: the repeats it forces are logged."""
+    source, _ = uneven
+    caplog.set_level(logging.WARNING, logger="streamds.stages.balance")
+    got = []
+    for rank in range(2):
+        dataset = StreamingJsonl(source, rank=rank, world_size=2, even_ranks="drop")
+        got.append([record["id"] for record in dataset.map(none_for_odd)])
+    assert len(got[0]) == len(got[1])
+    repeated = sum(len(ids) - len(set(ids)) for ids in got)
+    assert repeated
+    said = [r.getMessage() for r in caplog.records if "ran out" in r.getMessage()]
+    assert said and "repeats" in said[0]
+    shorts = [int(m.split("ran out ")[1].split(" short")[0]) for m in said]
+    assert sum(shorts) == repeated
 
 
 # -- real processes: torchrun, gloo, an all_reduce after every batch ----------------------------

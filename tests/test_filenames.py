@@ -20,12 +20,13 @@ NAMES = [
     "a.jsonl", "b.json", "c.ndjson", "d.tar", "e.tgz",  # records, plain
     "f.jsonl.zst", "g.json.gz", "h.ndjson.bz2", "i.tar.xz", "j.jsonl.zstd",  # compressed
     "A.JSONL", "B.Json.GZIP", "c.NDJSON.ZSTD", "m.jsonlines.bzip2", "n.LDJSON", "O.TGZ",  # cases
-    "train.txt", "notes.md", "k.zst", "l.tgz.tmp", "p.parquet", "q.CSV",  # not record names
+    "train.txt", "notes.md", "k.zst", "l.tgz.tmp", "p.orc", "q.CSV",  # not record names
+    "p.parquet", "r.arrow",  # columnar: records
     ".hidden.jsonl", "_SUCCESS", "_meta.jsonl", ".shard-000001.jsonl.zst.tmp", "manifest.json",
 ]  # fmt: skip
 RECORDS = {"a.jsonl", "b.json", "c.ndjson", "d.tar", "e.tgz", "f.jsonl.zst", "g.json.gz",
            "h.ndjson.bz2", "i.tar.xz", "j.jsonl.zstd", "A.JSONL", "B.Json.GZIP", "c.NDJSON.ZSTD",
-           "m.jsonlines.bzip2", "n.LDJSON", "O.TGZ"}  # fmt: skip
+           "m.jsonlines.bzip2", "n.LDJSON", "O.TGZ", "p.parquet", "r.arrow"}  # fmt: skip
 
 
 def test_record_names():
@@ -68,7 +69,12 @@ def _listing(root: Path):
     from unittest import mock
 
     # the listing decides by name; skip opening files (empty .zst have no seek table)
-    with mock.patch("streamds.storage.shards._frames_of", return_value=None):
+    from streamds.formats.columnar import Layout
+
+    # Parquet and Arrow footers are read when resolving: these empty files have none
+    with mock.patch("streamds.formats.jsonl_zst.read_seek_table", return_value=None), \
+            mock.patch("streamds.formats.parquet.layout", return_value=Layout((), ())), \
+            mock.patch("streamds.formats.arrow.layout", return_value=Layout((), ())):
         return resolve_shards(str(root))
 
 

@@ -141,7 +141,7 @@ def seekable_shard(frame_sizes: list[int]) -> Shard:
     for size in frame_sizes:
         frames.append(Frame(0, 0, offset, size))  # compressed layout is irrelevant to planning
         offset += size
-    return Shard(url="s.jsonl.zst", path="s", size=1, format="jsonl", codec="zst",
+    return Shard(url="s.jsonl.zst", path="s", size=1, format="jsonl.zst", codec="zst",
                  frames=tuple(frames))
 
 

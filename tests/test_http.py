@@ -89,3 +89,37 @@ def test_http_folder_url_and_nested_glob_read_the_folders_files(tmp_path):
     with serve(tmp_path) as server:
         for source in (f"{server.url}/t/", f"{server.url}/t/*/*.jsonl"):
             assert [r["id"] for r in StreamingJsonl(source)] == expected, source
+
+
+def test_a_folder_shared_with_python_http_server_reads_exactly_once(served):
+    """The standard library's server (`python -m http.server`) ignores Range: each file is
+    read as one stream by one reader, every record once, with workers too."""
+    import functools
+    import http.server
+    import threading
+
+    _, root = served
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    class Server(http.server.ThreadingHTTPServer):
+        def handle_error(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
+            pass  # the probe hangs up after the status line: the stdlib prints BrokenPipe
+
+    handler = functools.partial(Quiet, directory=str(root))
+    with Server(("127.0.0.1", 0), handler) as httpd:
+        thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+        thread.start()
+        try:
+            url = f"http://127.0.0.1:{httpd.server_address[1]}"
+            sources = [f"{url}/big.jsonl", f"{url}/big.jsonl.zst"]
+            ds = StreamingJsonl(sources, storage=Storage(block_size=64 << 10))
+            assert not any(shard.ranged for shard in ds.shards)
+            assert [r["id"] for r in ds] == [r["id"] for r in RECORDS] * 2
+            loader = DataLoader(ds, batch_size=64, num_workers=2, collate_fn=list)
+            ids = sorted(record["id"] for batch in loader for record in batch)
+            assert ids == sorted([r["id"] for r in RECORDS] * 2)
+        finally:
+            httpd.shutdown()

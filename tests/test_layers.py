@@ -6,20 +6,24 @@ The stack, bottom first (each layer may import itself and the layers below it, n
                                       spec: small rules every layer needs (the package's
                                       ``__init__`` is here too; it names the public API
                                       lazily, by strings, and imports nothing at run time)
-    formats       streamds/formats/   bytes on disk: codecs, seekable zstd, manifest,
-                                      file names, trees, documents, values, samples
+    formats       streamds/formats/   bytes on disk: the format registry and one module
+                                      per format (jsonl, jsonl_zst, json_file, tar), codecs,
+                                      seekable zstd, manifest, file names, trees, documents,
+                                      values, samples
     storage       streamds/storage/   shards, plan (blocks of shards), read, readahead,
                                       ranges, cache, mounts
     handover      streamds/handover/  shm_ring, shm_tensors: how batches cross processes
     stages        streamds/stages/    the reader chain and its state: chunks, lines, parse,
                                       transform, balance, records, shuffle, batch, buckets,
-                                      parse_later, ahead, pipeline, cpus, timing, state;
+                                      parse_later, ahead, pipeline (the builder), numbers,
+                                      cpus, timing, state;
                                       and the stages beside the reader: mixing, packing,
                                       pools, rebatch
-    resume        streamds/resume/    merge, plain_loader, identity, counts, totals, replay,
-                                      loader_state: resuming from a state
+    resume        streamds/resume/    merge, plain_loader, identity, counts, totals, replay:
+                                      resuming from a state
     train         streamds/train/     what a loader does with batches: loader (ds.loader),
-                                      rebatch (names the stage), collate, prefetch, stall
+                                      rebatch (names the stage), collate, prefetch, stall,
+                                      loader_state (torchdata's keys, the public merge_states)
     datasets      streamds/datasets/  what a user builds: dataset (StreamingJsonl), mix,
                                       pack, batching (.batch of a mix or packed data), callers
     integrations  streamds/integrations/  Lightning, Accelerate, transformers

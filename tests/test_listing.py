@@ -168,34 +168,33 @@ def test_inspect_lists_the_files_a_folder_listing_left_out(tmp_path: Path, capsy
 # -- 4. Parquet ---------------------------------------------------------------------------------
 
 
-def test_a_folder_of_parquet_files_is_refused_saying_how_to_convert(tmp_path: Path) -> None:
+def test_a_folder_of_parquet_files_is_read_and_a_damaged_one_named(tmp_path: Path) -> None:
+    # Parquet files are sources now (tests/test_parquet.py); bytes that are no Parquet file
+    # are named as damaged, with what to do
     (tmp_path / "part-0.parquet").write_bytes(b"PAR1\x00\x00PAR1")
-    with pytest.raises(FileNotFoundError, match=r"no JSON lines files but 1 file\(s\) in a format "
-                                                r"streamds does not read \(.*part-0\.parquet'\): "
-                                                r"streamds reads JSON lines, not Parquet; convert "
-                                                r".*pandas\.read_parquet"):
+    with pytest.raises(OSError, match=r"part-0\.parquet: damaged Parquet file \(footer\).*"
+                                      r"write the file again"):
         StreamingJsonl(str(tmp_path))
 
 
-def test_parquet_beside_json_lines_is_left_out_with_a_warning(
+def test_feather_beside_json_lines_is_left_out_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     (tmp_path / "a.jsonl").write_bytes(lines(0, 2))
-    (tmp_path / "b.parquet").write_bytes(b"PAR1\x00\x00PAR1")
+    (tmp_path / "b.feather").write_bytes(b"ARROW1\x00\x00")
     with caplog.at_level(logging.WARNING, logger="streamds.storage.shards"):
         assert ids(tmp_path) == [0, 1]
     assert len(caplog.records) == 1
-    assert "b.parquet" in caplog.text and "reads JSON lines" in caplog.text
+    assert "b.feather" in caplog.text and "reads JSON lines" in caplog.text
 
 
 @pytest.mark.parametrize("named", ["data.parquet", "*.parquet", "DATA.PQ"])
-def test_a_parquet_file_named_or_matched_is_refused_saying_how_to_convert(
+def test_a_parquet_file_named_or_matched_is_read_by_its_footer(
     tmp_path: Path, named: str
 ) -> None:
     (tmp_path / "data.parquet").write_bytes(b"PAR1\x00\x00PAR1")
     (tmp_path / "DATA.PQ").write_bytes(b"PAR1\x00\x00PAR1")
-    with pytest.raises(ValueError, match=r"is a Parquet file: streamds reads JSON lines.*"
-                                         r"to_json\('x\.jsonl', orient='records', lines=True"):
+    with pytest.raises(OSError, match=r"damaged Parquet file \(footer\)"):
         StreamingJsonl(str(tmp_path / named))
 
 

@@ -36,6 +36,21 @@ def args_for(reference_out: Path, out: Path, log: Path, workers: int = 0) -> lis
             "--tokenizer", str(reference_out / "tokenizer.json")]
 
 
+@pytest.fixture(scope="module")
+def straight(reference, tmp_path_factory):
+    """The uninterrupted run's log under `workers` workers (run once per module each)."""
+    logs: dict[int, list[dict]] = {}
+
+    def log_of(workers: int) -> list[dict]:
+        if workers not in logs:
+            out = tmp_path_factory.mktemp("straight")
+            main(args_for(reference[0], out / "run", out / "ids.jsonl", workers))
+            logs[workers] = read_log(out / "ids.jsonl")
+        return logs[workers]
+
+    return log_of
+
+
 def test_the_run_packs_and_learns(reference):
     _, summary, log = reference
     assert summary["epoch"] >= 1  # 30 steps of 4 x 64 tokens cross an epoch of 12 records
@@ -46,27 +61,25 @@ def test_the_run_packs_and_learns(reference):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_stop_and_resume_sees_the_same_sequences(reference, tmp_path, workers):
+def test_stop_and_resume_sees_the_same_sequences(reference, straight, tmp_path, workers):
     ref_out, _, _ = reference
-    straight_log, log = tmp_path / "straight.jsonl", tmp_path / "ids.jsonl"
-    main(args_for(ref_out, tmp_path / "straight", straight_log, workers))
+    log = tmp_path / "ids.jsonl"
     args = args_for(ref_out, tmp_path / "run", log, workers)
     assert main([*args, "--stop-after", "9"])["stopped_early"]
     main([*args, "--resume"])
-    expected, got = read_log(straight_log), read_log(log)
+    expected, got = straight(workers), read_log(log)
     assert [e["step"] for e in got] == list(range(1, 31))
     assert [e["digest"] for e in got] == [e["digest"] for e in expected]
     assert [e["loss"] for e in got] == pytest.approx([e["loss"] for e in expected], rel=1e-5)
 
 
-def test_killed_run_resumes_mid_document(reference, tmp_path):
+def test_killed_run_resumes_mid_document(reference, straight, tmp_path):
     ref_out, _, _ = reference
-    straight_log, log = tmp_path / "straight.jsonl", tmp_path / "ids.jsonl"
-    main(args_for(ref_out, tmp_path / "straight", straight_log))
+    log = tmp_path / "ids.jsonl"
     args = args_for(ref_out, tmp_path / "killed", log)
     kill_after_steps(args, log, 10, script=SCRIPT)
     assert 10 <= len(log.read_text().splitlines()) < 30
     main([*args, "--resume"])
     got = read_log(log)
     assert [e["step"] for e in got] == list(range(1, 31))
-    assert [e["digest"] for e in got] == [e["digest"] for e in read_log(straight_log)]
+    assert [e["digest"] for e in got] == [e["digest"] for e in straight(0)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from pathlib import Path
 from typing import Any
@@ -152,3 +153,29 @@ def test_a_mix_has_the_loader_too(tmp_path: Path, workers: int) -> None:
     batches = list(make())
     assert sorted(i for batch in batches for i in batch) == [*range(60), *range(1000, 1060)]
     run_test_save_load_state(make, [0, 3, 7], expected=batches)
+
+
+def fails_at_id_200(record: dict[str, Any]) -> dict[str, Any]:
+    if record["id"] == 200:
+        raise ValueError("record 200 is bad")
+    return record
+
+
+@pytest.mark.parametrize("small", [False, True])
+def test_a_failed_epoch_stops_its_workers_before_the_error_reaches_the_loop(
+    source: Path, small: bool
+) -> None:
+    """The error keeps the epoch's iterator alive (a reference cycle); left to the garbage
+    collector, its two workers took 10 s to go, in whatever code ran then."""
+    ds = StreamingJsonl(str(source)).map(fails_at_id_200)
+    loader = ds.loader(7, num_workers=2, small_records=small)
+    before = set(multiprocessing.active_children())
+    with pytest.raises(ValueError, match="record 200 is bad") as raised:
+        for _ in loader:
+            pass
+    assert set(multiprocessing.active_children()) - before == set()  # exited and joined
+    assert raised.value is not None  # the error (and the iterator it holds) is still alive
+    assert loader.state_dict()  # still readable after the failure
+    ds.set_epoch(1)
+    with pytest.raises(ValueError, match="record 200 is bad"):  # a new epoch starts again
+        list(loader)

@@ -300,7 +300,7 @@ def spelled_trees(draw: Any) -> dict[str, Any]:
     return {"files": files, "copies": copies,
             "converted": draw(st.booleans()),
             "damage": draw(st.sampled_from(MANIFEST_DAMAGE)),
-            "strays": draw(st.booleans()),  # notes.txt, a .parquet file, _SUCCESS
+            "strays": draw(st.booleans()),  # notes.txt, an .orc file, _SUCCESS
             "world_size": draw(st.integers(1, 2)), "workers": draw(st.integers(0, 1)),
             "shuffle": draw(st.booleans())}
 
@@ -328,7 +328,7 @@ def build_spelled(tree: dict[str, Any], root: Path) -> tuple[Counter[int], str |
         pairs.append((spec["name"], name))
     if tree["strays"]:
         (root / "notes.txt").write_text("not records\n")
-        (root / "table.parquet").write_bytes(b"PAR1\x00\x00PAR1")
+        (root / "table.orc").write_bytes(b"ORC\x00\x00")
         (root / "_SUCCESS").write_text("")
     missing = None
     if tree["converted"]:
@@ -396,4 +396,4 @@ def test_spellings_copies_and_manifests_every_record_once_or_an_error_naming_the
             assert f"/{original}'" in warned and f"/{copy}'" in warned, (original, copy)
         assert ("look like copies" in warned) == bool(pairs)
         if tree["strays"]:
-            assert "notes.txt" in warned and "table.parquet" in warned
+            assert "notes.txt" in warned and "table.orc" in warned

@@ -183,6 +183,12 @@ def test_pretty_array_in_jsonl_hint(tmp_path):
     assert "pretty-printed JSON" in message and "name it .json" in message
 
 
+def test_a_truncated_last_line_is_called_cut_short_not_pretty_printed(tmp_path):
+    message = _error(tmp_path, "cut.jsonl", b'{"a": 1}\n{"a": 2}\n{"a": [3, 4, "fi')
+    assert "line 3" in message and "cut short" in message and "on_error='skip'" in message
+    assert "pretty-printed" not in message
+
+
 def test_one_line_array_in_jsonl_is_refused(tmp_path):
     message = _error(tmp_path, "array.jsonl", b'[{"a": 1}, {"a": 2}]\n')
     assert "holds a JSON array, not a JSON object" in message and "named .json" in message
@@ -192,10 +198,11 @@ PARQUET = b"PAR1\x15\x04\x15\x00" + bytes(range(40))
 
 
 def test_parquet_named_explicitly(tmp_path):
-    # by its name: refused when the dataset is built (the listing's rule), and by convert
+    # by its name: read as Parquet (tests/test_parquet.py); these bytes are no whole Parquet
+    # file, so the dataset names it as damaged when it is built; convert refuses it
     path = tmp_path / "data.parquet"
     path.write_bytes(PARQUET)
-    with pytest.raises(ValueError, match=r"is a Parquet file.*read_parquet"):
+    with pytest.raises(OSError, match=r"data\.parquet: damaged Parquet file \(footer\)"):
         StreamingJsonl(path)
     with pytest.raises(ValueError, match="Parquet"):
         convert([str(path)], tmp_path / "out")

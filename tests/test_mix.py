@@ -288,7 +288,7 @@ def test_elastic_resume_of_a_mix(sources, world_size: int, workers: int) -> None
     rest = []
     for rank in range(world_size):
         resumed = Mix(datasets(sources, rank=rank, world_size=world_size), WEIGHTS, seed=9,
-                      stop="all", resume_from=merged)
+                      stop="all").with_resume(merged)
         loader = DataLoader(resumed, batch_size=4, num_workers=workers, collate_fn=ids)
         rest += [i for batch in loader for i in batch]
     assert_exactly_once([consumed, rest], every_id(sources))
@@ -307,8 +307,8 @@ def test_exact_resume_after_an_elastic_resume(sources) -> None:
     merged = merge_states(states)
 
     def make() -> Mix:
-        return Mix(datasets(sources, rank=1, world_size=3), WEIGHTS, seed=9, stop="all",
-                   resume_from=merged)
+        return Mix(datasets(sources, rank=1, world_size=3), WEIGHTS, seed=9,
+                   stop="all").with_resume(merged)
 
     reference = list(make())
     run_test_save_load_state(make, range(0, len(reference) + 1, 3), expected=reference)
@@ -397,8 +397,8 @@ def test_bad_arguments_name_the_fix(sources) -> None:
         Mix([[1, 2], ds[1]], WEIGHTS, seed=0)  # type: ignore[list-item]
     with pytest.raises(ValueError, match="different rank/world_size"):
         Mix([ds[0], StreamingJsonl(sources["b"][0], rank=0, world_size=2)], WEIGHTS, seed=0)
-    with pytest.raises(ValueError, match="resume_from must be the dict"):
-        Mix(ds, WEIGHTS, seed=0, resume_from={"format": "streamds/3", "stage": "merged"})
+    with pytest.raises(ValueError, match="with_resume needs the dict"):
+        Mix(ds, WEIGHTS, seed=0).with_resume({"format": "streamds/3", "stage": "merged"})
 
 
 def test_states_of_another_mix_or_world_are_refused(sources) -> None:

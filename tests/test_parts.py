@@ -21,13 +21,13 @@ import orjson
 import pytest
 from test_convert import read_output
 
-from corpora.synthetic import write_pubmed, write_small_files
 from streamds.formats.manifest import read_manifest
 from streamds.formats.seekable import SeekableWriter
 from streamds.preprocess.command import main as cli_main
 from streamds.preprocess.convert import ConversionError, convert, convert_part, merge_parts
 from streamds.preprocess.parts_plan import PLAN_NAME, read_plan
 from streamds.preprocess.sources import Inputs, Meter
+from streamds.tools.synthetic import write_pubmed, write_small_files
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -197,14 +197,24 @@ def test_other_options_or_parts_are_refused_naming_the_difference(corpus, tmp_pa
         convert(corpus["inputs"], single, shard_size=60_000, parts=2)
 
 
-def test_a_malformed_line_in_a_later_part_names_the_byte(tmp_path):
+@pytest.mark.parametrize("codec", [None, "zst"])
+def test_a_malformed_line_in_a_later_part_names_the_file_line(tmp_path, codec):
+    """Line 1501 of the file, not its line within the part that holds it (also where the
+    part begins at a seekable zstd frame inside a compressed file)."""
     lines = [orjson.dumps({"n": n}) for n in range(2000)]
     lines[1500] = b'{"n": broken'
-    path = tmp_path / "bad.jsonl"
-    path.write_bytes(b"\n".join(lines) + b"\n")
-    offset = sum(len(line) + 1 for line in lines[:1500])
-    with pytest.raises(ConversionError, match=rf"bad.jsonl: byte {offset} \(line \d+ of the part"):
-        convert([path], tmp_path / "out", parts=4)
+    data = b"\n".join(lines) + b"\n"
+    path = tmp_path / ("bad.jsonl" if codec is None else "bad.jsonl.zst")
+    if codec is None:
+        path.write_bytes(data)
+    else:
+        with open(path, "wb") as f, SeekableWriter(f, frame_size=4096) as writer:
+            writer.write_lines(lines)
+    with pytest.raises(ConversionError, match=rf"{path.name}: line 1501: ") as caught:
+        convert([path], tmp_path / "out", parts=4, shard_size=8000)
+    plan = read_plan(tmp_path / "out")
+    assert plan is not None and plan.parts[3].begin.offset > 0  # the line's part: a cut inside
+    assert "of the part" not in str(caught.value)
 
 
 def test_part_and_merge_from_separate_processes_give_the_same_output(corpus, tmp_path):

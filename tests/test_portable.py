@@ -8,9 +8,10 @@ the file and how it differs, and a different setting by name with both values.
 
 from __future__ import annotations
 
-import gc
 import itertools
 import json
+import math
+import os
 import pickle
 import shutil
 from pathlib import Path
@@ -31,6 +32,7 @@ from streamds.errors import StateMismatchError
 from streamds.preprocess.convert import convert
 from streamds.resume.identity import Identity, relative_names, source_root
 from streamds.storage.shards import Shard, natural_key
+from streamds.train.loader import stop_workers
 
 OPTIONS: dict[str, Any] = {"shuffle": True, "seed": 3, "buffer_size": 16}
 
@@ -147,12 +149,10 @@ def refused(state: Any, source: Any, workers: int = 0, **options: Any) -> str:
     again.load_state_dict(state)
     with pytest.raises(StateMismatchError) as raised:
         next(iter(again))  # a StatefulDataLoader's workers load the state as they start
-    message = str(raised.value)
     # stop the failed iterator's workers and queue feeder threads now (its traceback holds
     # it): a later fork while a feeder thread holds an import lock breaks the child's imports
-    del raised
-    gc.collect()
-    return message
+    stop_workers(again)
+    return str(raised.value)
 
 
 def test_a_deleted_shard_is_named(drive, local):
@@ -206,9 +206,6 @@ def test_a_merged_state_and_merge_states_name_the_difference(drive, local):
     (local / "train" / "part-4.tar").unlink()
     with pytest.raises(StateMismatchError, match=r"missing here .*'train/part-4.tar'"):
         StreamingJsonl(str(local), **OPTIONS).with_resume(merged)
-    with pytest.raises(StateMismatchError, match=r"missing here .*'train/part-4.tar'"), \
-            pytest.deprecated_call(match="resume_from="):
-        StreamingJsonl(str(local), resume_from=merged, **OPTIONS)
     other = StreamingJsonl(str(local), rank=1, world_size=2, **OPTIONS)
     next(iter(other))
     with pytest.raises(StateMismatchError, match=r"missing in reader \(rank 1, worker 0\) "
@@ -365,11 +362,11 @@ def test_a_state_taken_over_http_with_a_signed_url_resumes_from_local_disk(drive
 
 
 def test_a_merged_mix_state_finishes_over_the_moved_files(drive, local):
-    def mix(root: Path, rank: int | None = None, **options: Any) -> Mix:
+    def mix(root: Path, rank: int | None = None) -> Mix:
         world = {} if rank is None else {"rank": rank, "world_size": 2}
         a = StreamingJsonl(str(root / "train" / "part-0.jsonl"), **OPTIONS, **world)
         b = StreamingJsonl(str(root / "train"), **OPTIONS, **world)
-        return Mix([a, b], [0.3, 0.7], seed=1, **options)
+        return Mix([a, b], [0.3, 0.7], seed=1)
 
     seen: list[int] = []
     states = []
@@ -379,6 +376,74 @@ def test_a_merged_mix_state_finishes_over_the_moved_files(drive, local):
         seen += [next(iterator)["id"] for _ in range(25)]
         states.append(checkpoint(ranked.state_dict()))
     merged = checkpoint(merge_states(states))
-    rest = [record["id"] for record in mix(local, resume_from=merged)]
+    rest = [record["id"] for record in mix(local).with_resume(merged)]
     every = [record["id"] for record in mix(drive)]
     assert sorted(seen + rest) == sorted(every)
+
+
+# -- a file rewritten at the same size (issue 34 item 4) -------------------------------------
+
+
+def reordered_file(tmp_path: Path) -> tuple[Path, dict[str, Any], list[int]]:
+    """A 500-line file, the state after 250 of its records, and those records."""
+    path = tmp_path / "c.jsonl"
+    lines = [orjson.dumps({"i": i}) for i in range(500)]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    dataset = StreamingJsonl(str(path))
+    seen = [record["i"] for record in itertools.islice(dataset, 250)]
+    return path, checkpoint(dataset.state_dict()), seen
+
+
+def test_a_file_rewritten_at_the_same_size_is_refused_by_name(tmp_path):
+    path, state, _ = reordered_file(tmp_path)
+    lines = path.read_bytes().splitlines()
+    path.write_bytes(b"\n".join(lines[::-1]) + b"\n")  # the same lines, in another order
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    with pytest.raises(StateMismatchError,
+                       match=r"files modified since \(the same name and size\): 'c.jsonl' .*"
+                             r"cp -p"):
+        StreamingJsonl(str(path)).load_state_dict(state)
+
+
+def test_a_copy_keeping_its_times_loads_and_one_without_them_is_refused(tmp_path):
+    path, state, seen = reordered_file(tmp_path)
+    kept, fresh = tmp_path / "kept", tmp_path / "fresh"
+    kept.mkdir()
+    fresh.mkdir()
+    shutil.copy2(path, kept / path.name)
+    shutil.copy(path, fresh / path.name)
+    stat = (fresh / path.name).stat()
+    os.utime(fresh / path.name, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    resumed = StreamingJsonl(str(kept / path.name))
+    resumed.load_state_dict(state)
+    assert seen + [record["i"] for record in resumed] == list(range(500))
+    with pytest.raises(StateMismatchError, match="modification times"):
+        StreamingJsonl(str(fresh / path.name)).load_state_dict(state)
+
+
+def test_a_checksummed_copy_loads_whatever_its_times(shards, tmp_path):
+    dataset = StreamingJsonl(str(shards), **OPTIONS)
+    next(iter(dataset))
+    state = checkpoint(dataset.state_dict())
+    copy = tmp_path / "copy"
+    shutil.copytree(shards, copy, copy_function=shutil.copy)  # new modification times
+    for path in copy.iterdir():
+        stat = path.stat()
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    StreamingJsonl(str(copy), **OPTIONS).load_state_dict(state)  # the checksums name them
+
+
+@pytest.mark.parametrize(("version", "seconds"), [
+    ("mtime=1733446800.25 created=1.0", 1733446800.25),
+    ("last-modified=Fri, 06 Dec 2024 01:00:00 GMT", 1733446800.0),
+    ('etag="abc" lastmodified=2024-12-06 01:00:00+00:00', 1733446800.0),
+    ("updated=2024-12-06T01:00:00Z", 1733446800.0),
+    ('etag="abc"', None),
+    (None, None),
+])
+def test_modification_times_are_read_from_every_storage(version, seconds):
+    assert identity.modified_time(version) == seconds
+    if seconds is not None:  # a date in whole seconds is the same time as a finer mtime
+        assert identity._same_time(math.floor(seconds), seconds + 0.25)
+        assert not identity._same_time(seconds + 0.5, seconds + 0.25)

@@ -40,7 +40,7 @@ def test_training_batches_hold_every_record_once_in_the_loaders_order(
 ) -> None:
     loader = big_batches(source, workers=workers)
     flat = [i for big in loader for i in ids(big)]
-    batches = list(Rebatch(big_batches(source, workers=workers), 32, collate_fn=ids))
+    batches = list(Rebatch(big_batches(source, workers=workers), 32, collate=ids))
     assert [i for batch in batches for i in batch] == flat  # same records, same order
     assert sorted(flat) == list(range(COUNT))
     # every batch full but the last: a short big batch (a reader's last) is filled from the next
@@ -55,7 +55,7 @@ def test_resume_after_any_training_batch_is_exact(
 ) -> None:
     def make() -> Rebatch:
         loader = big_batches(source, workers=workers, snapshot_every_n_steps=snapshot)
-        return Rebatch(loader, 32, collate_fn=ids)
+        return Rebatch(loader, 32, collate=ids)
 
     # cuts inside a big batch (1), right at a seam (25 * 32 = 16 big batches of 50), after a
     # batch that spans two big batches (2: records 32..63), and at the end of the epoch
@@ -65,20 +65,20 @@ def test_resume_after_any_training_batch_is_exact(
 
 def test_a_batch_larger_than_the_big_batches_spans_several(source: Path) -> None:
     def make() -> Rebatch:
-        return Rebatch(big_batches(source, workers=2, big=7), 64, collate_fn=ids)
+        return Rebatch(big_batches(source, workers=2, big=7), 64, collate=ids)
 
     reference = run_test_save_load_state(make, [1, 4, 10])
     assert [len(batch) for batch in reference] == [64] * (COUNT // 64) + [COUNT % 64]
 
 
 def test_drop_last_drops_only_the_short_batch_at_the_end(source: Path) -> None:
-    kept = list(Rebatch(big_batches(source, workers=0), 32, collate_fn=ids, drop_last=True))
-    every = list(Rebatch(big_batches(source, workers=0), 32, collate_fn=ids))
+    kept = list(Rebatch(big_batches(source, workers=0), 32, collate=ids, drop_last=True))
+    every = list(Rebatch(big_batches(source, workers=0), 32, collate=ids))
     assert kept == every[:-1] and len(every[-1]) == COUNT % 32
 
 
 def test_a_state_skips_inside_the_big_batch_it_names(source: Path) -> None:
-    batches = Rebatch(big_batches(source, workers=0), 32, collate_fn=ids)
+    batches = Rebatch(big_batches(source, workers=0), 32, collate=ids)
     iterator = iter(batches)
     next(iterator)
     state = batches.state_dict()
@@ -89,7 +89,7 @@ def test_a_state_skips_inside_the_big_batch_it_names(source: Path) -> None:
 
 
 def test_a_state_that_does_not_fit_the_loader_is_refused(source: Path) -> None:
-    batches = Rebatch(big_batches(source, workers=0), 32, collate_fn=ids)
+    batches = Rebatch(big_batches(source, workers=0), 32, collate=ids)
     iterator = iter(batches)
     next(iterator)
     state = batches.state_dict()
@@ -123,7 +123,7 @@ def rank_states(source: Path, training_batches: int) -> tuple[list[int], list[di
     for rank in (0, 1):
         ds = StreamingJsonl(str(source), shuffle=True, seed=5, buffer_size=64, rank=rank,
                             world_size=2).batch(50)
-        batches = Rebatch(StatefulDataLoader(ds, batch_size=None), 25, collate_fn=ids)
+        batches = Rebatch(StatefulDataLoader(ds, batch_size=None), 25, collate=ids)
         iterator = iter(batches)
         seen += [i for _ in range(training_batches) for i in next(iterator)]
         states.append(pickle.loads(pickle.dumps(batches.state_dict())))
@@ -148,7 +148,7 @@ def test_states_inside_a_big_batch_refuse_to_merge(source: Path) -> None:
 
 def test_a_plain_dataloader_iterates_but_has_no_state(source: Path) -> None:
     ds = StreamingJsonl(str(source)).batch(50)
-    batches = Rebatch(DataLoader(ds, batch_size=None), 32, collate_fn=ids)
+    batches = Rebatch(DataLoader(ds, batch_size=None), 32, collate=ids)
     assert [i for batch in batches for i in batch] == list(range(COUNT))
     with pytest.raises(TypeError, match="use torchdata's StatefulDataLoader"):
         batches.state_dict()
@@ -157,7 +157,7 @@ def test_a_plain_dataloader_iterates_but_has_no_state(source: Path) -> None:
 def test_big_batches_that_are_not_lists_of_records_are_refused(source: Path) -> None:
     ds = StreamingJsonl(str(source)).batch(50, collate=lambda b: {"ids": ids(b)})
     loader = DataLoader(ds, batch_size=None)
-    with pytest.raises(TypeError, match=r"Rebatch cuts lists of records.*collate_fn"):
+    with pytest.raises(TypeError, match=r"Rebatch cuts lists of records.*collate="):
         next(iter(Rebatch(loader, 32)))
 
 
@@ -168,7 +168,7 @@ def test_in_order_false_is_refused(source: Path) -> None:
 
 def resumed_after(source: Path, cut: int, **rebatch: Any) -> tuple[list[int], dict]:
     """The ids of the first `cut` training batches and the state after them (pickled)."""
-    batches = Rebatch(big_batches(source, workers=0), 32, collate_fn=ids, **rebatch)
+    batches = Rebatch(big_batches(source, workers=0), 32, collate=ids, **rebatch)
     iterator = iter(batches)
     seen = [i for _ in range(cut) for i in next(iterator)]
     return seen, pickle.loads(pickle.dumps(batches.state_dict()))
@@ -176,7 +176,7 @@ def resumed_after(source: Path, cut: int, **rebatch: Any) -> tuple[list[int], di
 
 def test_a_loaded_state_is_the_state_until_a_batch_is_yielded(source: Path) -> None:
     seen, state = resumed_after(source, 1)
-    batches = Rebatch(big_batches(source, workers=0), 32, collate_fn=ids)
+    batches = Rebatch(big_batches(source, workers=0), 32, collate=ids)
     batches.load_state_dict(state)
     assert batches.state_dict() == state  # loaded, not yet iterated
     iterator = iter(batches)
@@ -200,14 +200,14 @@ def test_an_error_before_the_first_batch_after_a_resume_keeps_the_state(source: 
         return record
 
     ds = StreamingJsonl(str(source), shuffle=True, seed=5, buffer_size=64).map(flaky).batch(50)
-    batches = Rebatch(StatefulDataLoader(ds, batch_size=None), 32, collate_fn=ids)
+    batches = Rebatch(StatefulDataLoader(ds, batch_size=None), 32, collate=ids)
     batches.load_state_dict(state)
     with pytest.raises(Interrupt):
         next(iter(batches))
     assert batches.state_dict() == state  # the emergency checkpoint still skips the 32
 
 
-def test_an_error_in_collate_fn_does_not_count_the_batch(source: Path) -> None:
+def test_an_error_in_collate_does_not_count_the_batch(source: Path) -> None:
     calls = {"n": 0}
 
     def collate(batch: list[dict]) -> list[int]:
@@ -216,20 +216,20 @@ def test_an_error_in_collate_fn_does_not_count_the_batch(source: Path) -> None:
             raise Interrupt
         return ids(batch)
 
-    batches = Rebatch(big_batches(source, workers=0), 32, collate_fn=collate)
+    batches = Rebatch(big_batches(source, workers=0), 32, collate=collate)
     iterator = iter(batches)
     seen = next(iterator) + next(iterator)
     with pytest.raises(Interrupt):
         next(iterator)
     state = pickle.loads(pickle.dumps(batches.state_dict()))
-    resumed = Rebatch(big_batches(source, workers=0), 32, collate_fn=ids)
+    resumed = Rebatch(big_batches(source, workers=0), 32, collate=ids)
     resumed.load_state_dict(state)
     rest = [i for batch in resumed for i in batch]
     assert sorted(seen + rest) == list(range(COUNT))  # the third batch's records come again
 
 
 def test_a_stale_iterator_stops_instead_of_moving_the_state(source: Path) -> None:
-    batches = Rebatch(big_batches(source, workers=0), 32, collate_fn=ids)
+    batches = Rebatch(big_batches(source, workers=0), 32, collate=ids)
     first = iter(batches)
     next(first)
     second = iter(batches)
@@ -239,10 +239,10 @@ def test_a_stale_iterator_stops_instead_of_moving_the_state(source: Path) -> Non
 
 
 def test_after_a_whole_epoch_the_state_starts_the_next(source: Path) -> None:
-    batches = Rebatch(big_batches(source, workers=2), 32, collate_fn=ids)
+    batches = Rebatch(big_batches(source, workers=2), 32, collate=ids)
     first_epoch = list(batches)
     state = pickle.loads(pickle.dumps(batches.state_dict()))
-    resumed = Rebatch(big_batches(source, workers=2), 32, collate_fn=ids)
+    resumed = Rebatch(big_batches(source, workers=2), 32, collate=ids)
     resumed.load_state_dict(state)
     next_epoch = list(resumed)
     assert sorted(i for batch in next_epoch for i in batch) == list(range(COUNT))
@@ -251,7 +251,7 @@ def test_after_a_whole_epoch_the_state_starts_the_next(source: Path) -> None:
 
 def test_drop_last_resumes_exactly(source: Path) -> None:
     def make() -> Rebatch:
-        return Rebatch(big_batches(source, workers=2), 32, collate_fn=ids, drop_last=True)
+        return Rebatch(big_batches(source, workers=2), 32, collate=ids, drop_last=True)
 
     reference = run_test_save_load_state(make, [1, 12, 21])
     assert len(reference) == COUNT // 32 and {len(batch) for batch in reference} == {32}

@@ -28,10 +28,10 @@ from resume_contract import run_test_save_load_state
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from corpora.synthetic import write_pubmed, write_small_lines
 from streamds import RetryPolicy, Storage, StreamingJsonl
 from streamds.formats.manifest import MANIFEST_NAME
 from streamds.preprocess.convert import convert
+from streamds.tools.synthetic import write_pubmed, write_small_lines
 from testbed.http import Faults, RangeServer, serve
 
 pytest.importorskip("aiohttp", reason="HTTP needs the 'remote' extra (aiohttp)")

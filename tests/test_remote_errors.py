@@ -121,6 +121,32 @@ def test_an_unknown_storage_option_is_named(server, tmp_path, opener):
     assert "VALUEsecret" not in text and "does not exist" not in text
 
 
+@pytest.mark.parametrize("source", ["a.jsonl", ""])
+def test_a_listing_that_fails_follows_the_retry_policy(server, source):
+    """A source answering 500 is retried as `Storage(retry=...)` says (2 attempts here), not
+    for the default 5 minutes."""
+    from streamds.retry import GaveUpError
+
+    server.faults.status_for[f"/{source}"] = 500
+    with pytest.raises(GaveUpError, match="failed 2 times") as caught:
+        StreamingJsonl(with_password(f"{server.url}/{source}"), storage=Storage(retry=FAST))
+    _message(caught.value)
+    looks = [r for r in server.log if r.path == f"/{source}"]  # fsspec: a HEAD, then a GET
+    assert 0 < len(looks) <= 2 * FAST.attempts
+
+
+@pytest.mark.parametrize("opener", sorted(OPENERS))
+@pytest.mark.parametrize("options", [{"headers": "Authorization: Bearer HDRsecret"},
+                                     {"client_kwargs": {"headers": "HDRsecret"}}])
+def test_headers_given_as_a_string_are_refused_naming_the_option(server, tmp_path, opener,
+                                                                 options):
+    with pytest.raises(TypeError, match=r"\['headers'\] must be a dict.*'Authorization'"
+                       ) as caught:
+        OPENERS[opener](tmp_path, f"{server.url}/a.jsonl", storage_options=options)
+    text = str(caught.value)
+    assert "HDRsecret" not in text and "does not exist" not in text
+
+
 @pytest.mark.parametrize("opener", sorted(OPENERS))
 def test_a_missing_file_still_does_not_exist(server, tmp_path, opener):
     with pytest.raises(FileNotFoundError, match=r"nope\.jsonl.*does not exist") as caught:
@@ -128,16 +154,70 @@ def test_a_missing_file_still_does_not_exist(server, tmp_path, opener):
     _message(caught.value)
 
 
-@pytest.mark.parametrize("name", ["s.jsonl.zst", "f.jsonl.zst", "a.jsonl"])
-def test_a_server_that_ignores_range_is_named_with_the_fix(server, name):
-    """fsspec says "Open with block_size=0" and no URL; a plain file would be fetched whole
-    for every block read."""
+NO_RANGE_NAMES = ["s.jsonl.zst", "f.jsonl.zst", "a.jsonl"]
+
+
+@pytest.mark.parametrize("name", NO_RANGE_NAMES)
+def test_a_server_that_ignores_range_is_read_as_one_stream(server, name):
+    """`python -m http.server` answers every ranged GET with the whole file: each file is one
+    block, read as one stream (one GET) by the one reader that owns it."""
+    server.faults.ignore_range = True
+    ds = StreamingJsonl(f"{server.url}/{name}", storage=Storage(retry=FAST, block_size=64 << 10))
+    server.reset_log()
+    assert list(ds) == RECORDS
+    gets = [r for r in server.log if r.method == "GET"]
+    assert len(gets) == 1 and gets[0].range is None, gets
+
+
+@pytest.mark.parametrize("name", NO_RANGE_NAMES)
+def test_a_stream_from_a_server_without_range_resumes_exactly(server, name):
+    server.faults.ignore_range = True
+    storage = Storage(retry=FAST, block_size=64 << 10)
+    first = StreamingJsonl(f"{server.url}/{name}", storage=storage)
+    records = iter(first)
+    head = [next(records) for _ in range(1234)]
+    state = first.state_dict()
+    again = StreamingJsonl(f"{server.url}/{name}", storage=storage)
+    again.load_state_dict(state)
+    assert head + list(again) == RECORDS
+
+
+def test_files_from_a_server_without_range_are_dealt_whole_to_workers(server):
+    from torch.utils.data import DataLoader
+
+    server.faults.ignore_range = True
+    ds = StreamingJsonl([f"{server.url}/{name}" for name in NO_RANGE_NAMES], shuffle=True,
+                        storage=Storage(retry=FAST, block_size=64 << 10))
+    server.reset_log()
+    loader = DataLoader(ds, batch_size=100, num_workers=2, collate_fn=list)
+    ids = sorted(record["id"] for batch in loader for record in batch)
+    assert ids == sorted(list(range(len(RECORDS))) * len(NO_RANGE_NAMES))
+    assert all(r.range is None for r in server.log if r.method == "GET")
+
+
+def test_a_split_a_server_without_range_cannot_give_is_refused_naming_the_fix(server):
+    """Two ranks with even_ranks='drop' over one file that cannot be split: refused, saying
+    that the server ignores Range and what to do."""
+    server.faults.ignore_range = True
+    ds = StreamingJsonl(f"{server.url}/a.jsonl", rank=1, world_size=2, even_ranks="drop",
+                        storage=Storage(retry=FAST, block_size=64 << 10))
+    with pytest.raises(ValueError, match=r"ignores HTTP Range.*honours Range"):
+        next(iter(ds))
+
+
+@pytest.mark.parametrize("name", ["s.jsonl.zst", "a.jsonl"])
+def test_a_server_that_stops_honouring_range_is_named_with_the_fix(server, name):
+    """A server that answered ranges when the dataset was made and ignores them later: the
+    blocks were cut by ranges, so the read is refused, naming the fix. (A small foreign .zst
+    is read in one request, which such a server answers right.)"""
+    ds = StreamingJsonl(with_password(f"{server.url}/{name}"),
+                        storage=Storage(retry=FAST, block_size=64 << 10))
     server.faults.ignore_range = True
     with pytest.raises(RangeNotSupportedError) as caught:
-        read(with_password(f"{server.url}/{name}"), block_size=64 << 10)
+        list(ds)
     text = _message(caught.value)
     assert name in text and "ignores HTTP Range" in text and "block_size=0" not in text
-    assert "download" in text  # the fix
+    assert "make the dataset again" in text and "download" in text  # the fixes
 
 
 def test_a_small_file_from_a_server_that_ignores_range_still_reads(tmp_path):

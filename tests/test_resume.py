@@ -274,18 +274,13 @@ def test_contract_catches_a_loader_state_moved_by_one_line(
 # -- the whole dataset under StatefulDataLoader ------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def mixed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
-    directory = tmp_path_factory.mktemp("resume") / "mixed"
-    return directory, write_mixed(directory)
-
-
 def loader_maker(
-    source: Path, *, num_workers: int, shuffle: bool, batch_size: int = 16, **options: Any
+    source: Path, *, num_workers: int, shuffle: bool, batch_size: int = 16,
+    filtered: bool = True, **options: Any
 ) -> Callable[[], StatefulDataLoader]:
     def make() -> StatefulDataLoader:
         dataset = StreamingJsonl(str(source), shuffle=shuffle, seed=3, buffer_size=16, **options)
-        dataset = dataset.filter(keep).map(slim)
+        dataset = (dataset.filter(keep) if filtered else dataset).map(slim)
         return StatefulDataLoader(
             dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=ids
         )
@@ -331,6 +326,7 @@ def test_resume_with_even_ranks(mixed: tuple[Path, list[int]], mode: str) -> Non
             rank=rank,
             world_size=2,
             even_ranks=mode,
+            filtered=mode == "pad",  # a filter under "drop" is refused (quotas count lines)
         )
         reference = list(make())
         run_test_save_load_state(
@@ -455,9 +451,9 @@ def test_a_state_with_a_missing_or_unknown_key_is_refused(mixed: tuple[Path, lis
 
 
 @pytest.mark.parametrize(("version", "message"), [
-    ("streamds.state/1", "written by streamds 0.1"),
-    ("streamds.reader/2", "named the files by absolute path"),
-    ("streamds.reader/9", "unknown state format"),
+    ("streamds.state/1", "a state from another version of streamds"),
+    ("streamds/9", "a state from another version of streamds"),
+    ("other/1", "unknown state format 'other/1'"),
 ])
 def test_a_state_of_another_version_is_refused(
     mixed: tuple[Path, list[int]], version: str, message: str

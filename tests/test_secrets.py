@@ -29,8 +29,10 @@ from testbed.http import Faults, RangeServer, serve
 
 pytest.importorskip("aiohttp", reason="HTTP needs the 'remote' extra (aiohttp)")
 
-PASSWORD, SIGNATURE, CREDENTIAL, TOKEN = "PWsecret1", "SIGsecret2", "CREDsecret3", "TOKsecret4"
-SECRETS = (PASSWORD, SIGNATURE, CREDENTIAL, TOKEN)
+# the password holds a quote, which ends a quoted URL in a message: everything after it is
+# the marker the checks look for (a redaction that stopped at the quote would show it)
+PASSWORD, SIGNATURE, CREDENTIAL, TOKEN = "p'PWsecret1", "SIGsecret2", "CREDsecret3", "TOKsecret4"
+SECRETS = ("PWsecret1", SIGNATURE, CREDENTIAL, TOKEN)
 RECORDS = [{"id": i, "text": "word " * (i % 30)} for i in range(3000)]
 FAST = RetryPolicy(attempts=3, backoff=0.001, jitter=0.0)
 
@@ -102,9 +104,44 @@ def test_redact_hides_userinfo_in_urls_and_in_free_text(text, shown):
     assert redact(text) == shown
 
 
+@pytest.mark.parametrize(("text", "shown"), [
+    # a quote in the password: it ends the quoted URL in a message only after the "@"
+    ("source 'http://u:p'SECRET@h/x' failed", "source 'http://***@h/x' failed"),
+    ('source "http://u:p"SECRET@h/x" failed', 'source "http://***@h/x" failed'),
+    ("http://u:p<>#?SECRET@h:8/x", "http://***@h:8/x"),
+    # an unescaped "/" in the password (an S3 secret key often has one)
+    ("s3://KEY:ab/SECRET@bucket/k.jsonl", "s3://***@bucket/k.jsonl"),
+    ("http://u:p/SECRET@host/a@v1/x", "http://***@host/a@v1/x"),
+])
+def test_redact_hides_userinfo_with_any_characters(text, shown):
+    assert redact(text) == shown
+
+
+@pytest.mark.parametrize("query", [
+    # a value of a signature-like name, however short
+    "jwt=abc", "hmac=abc", "bearer=abc", "k=abc", "Policy=abc", "x-signed=abc",
+    # a value that looks like a key or a signature, whatever its name
+    "v=eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTYifQ.c2lnbmF0dXJl",  # a JWT
+    "h=9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",  # a hex digest
+    "id=AKIAIOSFODNN7EXAMPLE", "x=dGhpcyBpcyBhIHNlY3JldCB0b2tlbg%3D%3D",  # base64
+])
+def test_redact_hides_query_values_by_name_or_by_shape(query):
+    name = query.partition("=")[0]
+    assert redact(f"https://h/a.jsonl?part=1&{query}&n=2") == (
+        f"https://h/a.jsonl?part=1&{name}=***&n=2")
+    assert redact(f"'https://h/a.jsonl?{query}' is gone") == (
+        f"'https://h/a.jsonl?{name}=***' is gone")
+    assert redact(f"https://h/a.jsonl#{query}") == f"https://h/a.jsonl#{name}=***"
+
+
 @pytest.mark.parametrize("text", [
     "/data/train.jsonl", "data/a@b.jsonl", "https://host/p@v1/a.jsonl?part=1&n=2",
     "bytes 0-100 of s3://bucket/key.jsonl", "options format=jsonl.zst shard_size=256",
+    "hf://datasets/org/name@main/train.jsonl", "http://host:8080/a@b/c.jsonl",
+    "http://[::1]:8080/a@b/c.jsonl",
+    # ordinary query values stay readable: short ones, words, numbers, dates, file names
+    "https://h/a.jsonl?split=train&revision=main&X-Amz-Date=20240101T000000Z"
+    "&X-Amz-Expires=3600&file=train-00001-of-00010.jsonl&offset=123456789012345678",
 ])
 def test_redact_leaves_text_without_credentials_as_it_is(text):
     assert redact(text) == text
@@ -199,6 +236,59 @@ def test_reading_shows_no_credential_in_reprs_states_or_logs(served, caplog):
     assert_logs_clean(caplog)
 
 
+def test_a_percent_encoded_password_stays_out_of_the_storage_debug_log(served, caplog):
+    """fsspec logs the URL decoded (%27 as a quote); the filter on its loggers also knows
+    the source's literal secrets, so a record that shows one alone is redacted too."""
+    caplog.set_level(logging.DEBUG)
+    url = secret_url(served, "a.jsonl").replace(PASSWORD, "p%27PWsecret1")
+    ds = StreamingJsonl(url, storage=Storage(retry=FAST))
+    assert len(list(ds)) == len(RECORDS)
+    logging.getLogger("fsspec.http").debug("auth for %s", PASSWORD)  # the password alone
+    assert any(r.name.startswith("fsspec") for r in caplog.records), "fsspec logged nothing"
+    assert_logs_clean(caplog)
+
+
+@pytest.mark.parametrize("status", [403, 404])
+def test_tokens_of_any_name_are_hidden_in_refused_reads(served, caplog, status):
+    """A 403 or 404 names the URL; its tokens are hidden whatever the parameter is called."""
+    caplog.set_level(logging.DEBUG)
+    tokens = {"jwt": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJKV1RzZWNyZXQ1In0.c2ln",
+              "hmac": "HMACsecret6", "bearer": "BEARERsecret7", "k": "Ksecret8",
+              "Policy": "eyJTdGF0ZW1lbnQiOlt7IlBPTElDWXNlY3JldDkiOjF9XX0",
+              "t": "f3a9c1e07b5d42a8b6e19d0c7f4a2b31e8"}  # a value that looks like a key
+    query = "&".join(f"{name}={value}" for name, value in tokens.items())
+    served.faults = Faults(status_for={"/a.jsonl": status})
+    try:
+        with pytest.raises(OSError) as caught:
+            StreamingJsonl(f"{served.url}/a.jsonl?{query}&part=1", storage=Storage(retry=FAST))
+    finally:
+        served.faults = Faults()
+    text = "".join(traceback.format_exception(caught.value))
+    shown = [value for value in tokens.values() if value in text]
+    assert not shown, text
+    assert "a.jsonl" in text and "part=1" in text  # the URL is still named
+    records = "".join(logging.Formatter().format(r) for r in caplog.records)
+    assert not [value for value in tokens.values() if value in records]
+
+
+def test_a_stream_from_a_server_without_range_shows_no_credential(tmp_path, caplog):
+    """A server that ignores Range is read as one stream (fsspec's stream file, whose errors
+    show the URL as given): its records, and its 404, without the credentials."""
+    caplog.set_level(logging.DEBUG)
+    (tmp_path / "a.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in RECORDS))
+    with serve(tmp_path, Faults(ignore_range=True)) as server:
+        ds = StreamingJsonl(secret_url(server, "a.jsonl"),
+                            storage=Storage(retry=FAST, block_size=64 << 10))
+        assert not ds.shards[0].ranged
+        assert list(ds) == RECORDS
+        server.faults.status_for["/a.jsonl"] = 404
+        with pytest.raises(FileNotFoundError) as caught:
+            list(ds)
+    assert "a.jsonl" in str(caught.value)
+    assert_error_clean(caught.value)
+    assert_logs_clean(caplog)
+
+
 def test_a_state_resumes_under_a_url_signed_anew(served):
     """The state names no credential, so a checkpoint resumes with the URL signed again."""
     first = StreamingJsonl(secret_url(served, "a.jsonl"), shuffle=True, seed=4)
@@ -266,6 +356,13 @@ def test_convert_records_no_credential_and_reruns_with_a_new_signature(served, t
     assert_clean(printed.out + printed.err, "the command line's output")
     assert_tree_clean(out)
     assert_logs_clean(caplog)
+
+
+def test_inspect_of_a_url_prints_no_credential(served, capsys):
+    assert streamds_main(["inspect", secret_url(served, "a.jsonl")]) == 0
+    printed = capsys.readouterr()
+    assert "a.jsonl" in printed.out
+    assert_clean(printed.out + printed.err, "streamds inspect")
 
 
 def test_convert_in_parts_records_no_credential(served, tmp_path):

@@ -74,7 +74,7 @@ def ids(batch: list[dict[str, Any]]) -> list[int]:
 def test_rebatch_as_a_stage_resumes_exactly(path: str) -> None:
     def make() -> Rebatch:
         big = StreamingJsonl(path, shuffle=True, seed=3, buffer_size=8).batch(7)
-        return Rebatch(_Loader(big), 3, collate_fn=ids)
+        return Rebatch(_Loader(big), 3, collate=ids)
 
     reference = run_test_save_load_state(make, range(0, 14))
     assert sorted(i for batch in reference for i in batch) == list(range(40))

@@ -1,9 +1,8 @@
-"""`streamds.Storage`: the storage settings as one value, and the older spellings.
+"""`streamds.Storage`: the storage settings as one value.
 
-`StreamingJsonl(source, storage=Storage(...))` is the spelling the library, its examples and
-its tests use. The loose keywords (`storage_options=`, `readahead=`, `cache_dir=`,
-`cache_limit=`, `retry=`, `block_size=`), `transform=` and `resume_from=` stay accepted
-(DESIGN.md: code outside the repo uses them) with a DeprecationWarning naming the new spelling.
+`StreamingJsonl(source, storage=Storage(...))` is the one spelling of how the files are
+reached (fsspec options, read-ahead, the shard cache, retries, the block size); the dataset's
+constructor takes no loose storage keyword.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import corpus
 import pytest
 
 import streamds
-from streamds import RetryPolicy, Storage, StreamingJsonl, merge_states
+from streamds import RetryPolicy, Storage, StreamingJsonl
 
 SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 
@@ -52,49 +51,16 @@ def test_storage_settings_reach_the_dataset_without_a_warning(
     assert sorted(ids(data)) == list(range(120))
 
 
-@pytest.mark.parametrize(("keyword", "value", "field"), [
-    ("storage_options", {}, "options"),
-    ("readahead", 0, "readahead"),
-    ("cache_dir", "CACHE", "cache_dir"),
-    ("cache_limit", "1GB", "cache_limit"),
-    ("retry", RetryPolicy(), "retry"),
-    ("block_size", 1 << 16, "block_size"),
-])
-def test_a_loose_storage_keyword_works_and_warns(
-    source: str, tmp_path: Path, keyword: str, value: Any, field: str
-) -> None:
-    value = str(tmp_path / "cache") if value == "CACHE" else value
-    with pytest.deprecated_call(match=rf"{keyword}=.*storage=streamds\.Storage\({field}="):
-        data = StreamingJsonl(source, **{keyword: value})
-    assert data.storage == Storage(**{field: value})
-    assert sorted(ids(data)) == list(range(120))
-
-
-def test_storage_and_a_loose_keyword_together_are_refused(source: str) -> None:
-    with pytest.raises(ValueError, match=r"storage= and readahead=, retry= were both passed"):
-        StreamingJsonl(source, storage=Storage(), readahead=0, retry=RetryPolicy())
-
-
-def test_transform_works_and_warns_toward_map(source: str) -> None:
-    with pytest.deprecated_call(match=r"transform=fn.*ds\.map\(fn\)"):
-        data = StreamingJsonl(source, transform=_double)
-    assert ids(data) == ids(StreamingJsonl(source).map(_double))
-
-
-def test_resume_from_works_and_warns_toward_with_resume(source: str) -> None:
-    data = StreamingJsonl(source, shuffle=True, buffer_size=8)
-    iterator = iter(data)
-    taken = [next(iterator)["id"] for _ in range(10)]
-    merged = merge_states([data.state_dict()])
-    with pytest.deprecated_call(match=r"resume_from=merged.*ds\.with_resume\(merged\)"):
-        old = StreamingJsonl(source, shuffle=True, buffer_size=8, resume_from=merged)
-    new = StreamingJsonl(source, shuffle=True, buffer_size=8).with_resume(merged)
-    assert ids(old) == ids(new)
-    assert sorted(taken + ids(new)) == list(range(120))
+@pytest.mark.parametrize("keyword", ["storage_options", "readahead", "cache_dir",
+                                     "cache_limit", "retry", "block_size", "transform",
+                                     "resume_from"])
+def test_no_loose_keyword_is_taken(source: str, keyword: str) -> None:
+    with pytest.raises(TypeError, match=keyword):
+        StreamingJsonl(source, **{keyword: None})
 
 
 @pytest.mark.parametrize(("settings", "message"), [
-    ({"options": '{"anon": true}'}, "storage_options must be a dict, got str"),
+    ({"options": '{"anon": true}'}, r"Storage\(options=\) must be a dict, got str"),
     ({"readahead": "lots"}, "readahead: "),
     ({"readahead": -1}, "readahead must be"),
     ({"cache_dir": "s3://bucket/cache"}, "cache_dir must be a local directory"),
@@ -121,6 +87,3 @@ def test_a_dict_passed_as_storage_is_refused_without_its_values(source: str) -> 
         StreamingJsonl(source, storage={"secret": SECRET})  # type: ignore[arg-type]
     assert SECRET not in str(raised.value)
 
-
-def _double(record: dict[str, Any]) -> dict[str, Any]:
-    return {**record, "id": record["id"] * 2}

@@ -1,4 +1,4 @@
-"""Tests for corpora.synthetic: layout, determinism, relatedness, sizes, codecs, CLI."""
+"""Tests for streamds.tools.synthetic: layout, determinism, relatedness, sizes, codecs, CLI."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import orjson
 import pytest
 import zstandard
 
-from corpora import synthetic
-from corpora.synthetic import (
+from streamds.tools import synthetic
+from streamds.tools.synthetic import (
     arxiv_record,
     main,
     pubmed_record,
@@ -142,7 +142,7 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path):
 
 def test_output_does_not_depend_on_hash_seed():
     code = (
-        "import hashlib, random, orjson; from corpora.synthetic import pubmed_record; "
+        "import hashlib, random, orjson; from streamds.tools.synthetic import pubmed_record; "
         "rng = random.Random(7); "
         "print(hashlib.sha256(b''.join(orjson.dumps(pubmed_record(rng, i, target_chars=2000)) "
         "for i in range(5))).hexdigest())"
@@ -329,7 +329,7 @@ def test_cli_writes_pubmed(tmp_path, capsys):
 def test_cli_runs_as_module(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     subprocess.run(
-        [sys.executable, "-m", "corpora.synthetic", "small-files", str(tmp_path / "f"),
+        [sys.executable, "-m", "streamds.tools.synthetic", "small-files", str(tmp_path / "f"),
          "--records", "4", "--per-folder", "2"],
         env=env, check=True, capture_output=True,
     )  # fmt: skip
@@ -343,16 +343,15 @@ def test_cli_rejects_bad_size(capsys):
     assert "cannot parse size 'lots'" in capsys.readouterr().err
 
 
-def test_corpora_is_a_checkout_helper_left_out_of_the_wheel():
-    """The wheel holds the folder `streamds/` only (hatch_build.py adds the converter's folder
-    as `streamds/preprocess/`); .ci/clean_install.sh checks the installed files themselves."""
-    tomllib = pytest.importorskip("tomllib")
+def test_the_generator_is_a_streamds_command(tmp_path):
+    """`streamds synthetic` ships with the package: a README reader makes its sample data
+    after `pip install streamds`, with no clone on the path."""
+    from streamds.tools.cli import main as streamds_main
 
-    config = tomllib.loads((REPO / "pyproject.toml").read_text())
-    assert config["build-system"]["build-backend"] == "hatchling.build"
-    assert config["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == ["streamds"]
-    assert not (REPO / "streamds" / "corpora").exists()
-    assert "corpora" not in (REPO / "hatch_build.py").read_text()
+    out = tmp_path / "train.txt"
+    assert streamds_main(["synthetic", "pubmed", str(out), "--bytes", "40KB"]) == 0
+    records = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert records and records[0]["article_id"].startswith("PMC")
 
 
 # --- arXiv layout ------------------------------------------------------------------------------

@@ -9,9 +9,9 @@ import orjson
 import pytest
 
 import streamds.preprocess.text as text
-from corpora.synthetic import write_pubmed
 from streamds import Storage
 from streamds.preprocess.text import drop_short, select, strip_tags, summarisation, to_summarisation
+from streamds.tools.synthetic import write_pubmed
 
 RECORD = {
     "article_id": "PMC7",

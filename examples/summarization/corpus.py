@@ -75,14 +75,14 @@ def find_splits(data: str | Path) -> dict[str, str]:
     return splits
 
 
-LAYOUTS = ("pubmed", "arxiv")  # the synthetic generator's layouts (corpora.synthetic)
+LAYOUTS = ("pubmed", "arxiv")  # the synthetic generator's layouts (streamds.tools.synthetic)
 
 
 def generate_splits(directory: Path, *, train: int, val: int, test: int, seed: int,
                     record_chars: int, layout: str = "pubmed") -> dict[str, str]:
-    """Write a synthetic corpus in the PubMed or arXiv layout (corpora.synthetic), or reuse
+    """Write a synthetic corpus in the PubMed or arXiv layout (streamds.tools.synthetic), or reuse
     it."""
-    from corpora.synthetic import write_arxiv_splits, write_pubmed_splits
+    from streamds.tools.synthetic import write_arxiv_splits, write_pubmed_splits
 
     write = write_arxiv_splits if layout == "arxiv" else write_pubmed_splits
     marker = directory / "corpus.txt"

@@ -48,14 +48,19 @@ from tokenizers import Tokenizer
 
 from examples.summarization import corpus, rouge
 from examples.summarization.model import PointerGenerator
-from streamds import LengthBuckets, Mix, StreamingJsonl, TokenBudget
-from streamds.datasets.batching import padding_of
-from streamds.integrations.loader import stateful_loader
-from streamds.stages.buckets import Rule
-from streamds.stages.cpus import cpu_quota
-from streamds.train.collate import PadCollate, as_list
-from streamds.train.prefetch import DevicePrefetcher
-from streamds.train.stall import StallMeter
+from streamds import (
+    DevicePrefetcher,
+    LengthBuckets,
+    Mix,
+    PadCollate,
+    StallMeter,
+    StreamingJsonl,
+    TokenBudget,
+    as_list,
+    cpu_quota,
+    padding_of,
+    stateful_loader,
+)
 
 CHECKPOINT = "checkpoint.pt"
 RESULTS = "results.json"
@@ -257,7 +262,7 @@ def make_batcher(args: argparse.Namespace, corpora: dict[str, dict[str, str]],
     return features.batch(batch_rule(args) or args.batch_size, collate=collate)
 
 
-def batch_rule(args: argparse.Namespace) -> Rule | None:
+def batch_rule(args: argparse.Namespace) -> LengthBuckets | TokenBudget | None:
     """The --batching rule: LengthBuckets, a TokenBudget, or None for plain batches."""
     if args.batching == "bucket":
         return LengthBuckets(args.batch_size, buffer_size=args.bucket_buffer)
@@ -266,8 +271,8 @@ def batch_rule(args: argparse.Namespace) -> Rule | None:
     return None
 
 
-def cut_batches(records: list[dict[str, Any]], rule: Rule | None, size: int,
-                seed: int) -> list[list[dict[str, Any]]]:
+def cut_batches(records: list[dict[str, Any]], rule: LengthBuckets | TokenBudget | None,
+                size: int, seed: int) -> list[list[dict[str, Any]]]:
     """`records` (a list in memory) in batches: `rule` cuts each pool, None cuts by `size`."""
     if rule is None:
         return [records[start : start + size] for start in range(0, len(records), size)]
@@ -445,12 +450,22 @@ def main(argv: Sequence[str] | None = None, *,
     try:
         return _train(argv, command)
     except KeyboardInterrupt:
-        print(f"\ninterrupted; to continue from the last checkpoint, run: "
-              f"{again(command, '--resume')}", file=sys.stderr, flush=True)
+        print(f"\n{interrupted(argv, command)}", file=sys.stderr, flush=True)
         raise
     finally:
         if not frozen_before:
             gc.unfreeze()
+
+
+def interrupted(argv: Sequence[str] | None, command: list[str]) -> str:
+    """What to say after Ctrl-C: how to continue from the checkpoint, or, where none was
+    saved yet, that a run with --resume starts at step 0 again (reusing the corpus made)."""
+    checkpoint = Path(parse_args(argv).out) / CHECKPOINT
+    if checkpoint.exists():
+        return (f"interrupted; to continue from the last checkpoint ({shown(checkpoint)}), "
+                f"run: {again(command, '--resume')}")
+    return (f"interrupted before the first checkpoint was saved; {again(command, '--resume')} "
+            "starts again at step 0 with the corpus and tokenizer already made")
 
 
 def _train(argv: Sequence[str] | None, command: list[str]) -> dict[str, Any]:
@@ -462,8 +477,8 @@ def _train(argv: Sequence[str] | None, command: list[str]) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     log(f"output folder: {shown(out)}{os.sep} (corpus{os.sep}, tokenizer.json, {CHECKPOINT} "
         f"every {args.ckpt_every} steps, {RESULTS})")
-    log(f"stop it at any time (Ctrl-C or kill); to continue from its last checkpoint, run: "
-        f"{again(command, '--resume')}")
+    log(f"stop it at any time (Ctrl-C or kill); once a checkpoint is saved, this continues "
+        f"from it: {again(command, '--resume')}")
     if args.num_workers != args.asked_workers:
         log(f"{args.num_workers} loader worker(s) instead of {args.asked_workers}: this "
             f"process may use {usable_cpus()} CPU(s)")

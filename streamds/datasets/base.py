@@ -63,7 +63,7 @@ class StreamdsDataset(IterableDataset):
         / ``streamds.TokenBudget`` rule; `collate` makes the batch (None: a
         `streamds.RecordBatch`). Use it with ``DataLoader(ds.batch(n, collate=...),
         batch_size=None)``; a state taken after any batch resumes exactly. Each type makes
-        its own (`pooled_batches` for a mix or packed data; a reader batches in its workers)."""
+        its own (`Batched` for a mix or packed data; a reader batches in its workers)."""
         raise NotImplementedError
 
     def pack(self, packer: PackTokens) -> Packed:

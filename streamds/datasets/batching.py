@@ -1,85 +1,42 @@
-"""Batching: records -> lists of records, grouped so that padding stays small.
+"""Batching of a `Mix` or packed data: records -> whole batches, cut pool by pool.
 
 `Batched` is what ``Mix.batch(...)`` and ``Packed.batch(...)`` return: the same
 ``.batch(n | LengthBuckets | TokenBudget, collate=..., drop_last=...)`` as
-``StreamingJsonl.batch``, applied by a pool batcher around the dataset. Use
-``dataset.batch(...)``; the wrappers below are deprecated (one release) in its favour.
+``StreamingJsonl.batch``, applied by a pool batcher around the dataset (a reader batches
+inside its workers instead, as one stage of its pipeline).
 
-Each batcher reads its source in pools of `buffer_size` records (a buffer like the shuffle
-buffer), cuts each pool into batches and yields them; use it with
-``DataLoader(batcher, batch_size=None, collate_fn=PadCollate(...))``:
-
-- `Batches`: fixed `batch_size`, in arrival order (the plain baseline).
-- `BucketBatches`: sorts each pool by length and cuts it into `batch_size` batches, so a batch
-  holds records of similar length; batch order within the pool is shuffled from the seed.
-- `TokenBudgetBatches`: like `BucketBatches`, but a batch holds as many records as fit in
-  `max_tokens` padded tokens (longest length x records); a record longer than the budget
-  comes alone.
-
-The cutting rules are `streamds.LengthBuckets` and `streamds.TokenBudget`, the same ones
-``StreamingJsonl.batch(rule)`` applies inside the reader. For a `StreamingJsonl` source prefer
-that: the batches are made in the workers as one stage of the pipeline, and its state nests in
-the reader's (elastic merge included). These wrappers serve any other re-iterable source.
-
-Every record of the source lands in exactly one batch (`drop_last` drops the short batch at
-the end). Order depends on (seed, epoch, rank, worker) only.
+It reads its source in pools of records (a buffer like the shuffle buffer), cuts each pool
+into batches and yields them, for ``DataLoader(batched, batch_size=None)``. The cutting
+rules are `streamds.LengthBuckets` (sort each pool by length, cut batches of n, shuffle their
+order from the seed) and `streamds.TokenBudget` (as many records as fit in a budget of
+padded tokens; a record longer than the budget comes alone). Every record of the source
+lands in exactly one batch (`drop_last` drops the short batch at the end). Order depends on
+(seed, epoch, rank, worker) only. `padding_of` measures the padding of batches.
 
 State (for torchdata's StatefulDataLoader): the source's state where the current pool began,
 the pool's number and how many of its batches were yielded: a few integers plus the source's
-own state, never records. Resuming re-reads that pool (at most `buffer_size` records) and
-skips the batches already yielded. Sources without `state_dict()` (lists, re-iterable
-iterables) are fast-forwarded by record count instead.
+own state, never records. Resuming re-reads that pool and skips the batches already yielded.
 """
 
 from __future__ import annotations
 
 import copy
 import random
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from torch.utils.data import IterableDataset
-
 from ..checks import check_bool, check_int
 from ..seeds import derive_seed
 from ..stages.batch import RecordBatch
-from ..stages.buckets import RULES, Length, LengthBuckets, Rule, TokenBudget, as_length
+from ..stages.buckets import RULES, Length, Rule, as_length
 from ..stages.pools import PoolStage
 from ..stages.state import check_epoch_change, check_state, sealed
 from ..stages.transform import Step, apply_steps
 from ..world import detect_world
 from .base import StreamdsDataset
 
-__all__ = [
-    "Batched",
-    "Batches",
-    "BucketBatches",
-    "PaddingStats",
-    "TokenBudgetBatches",
-    "padding_of",
-]
-
-# the deprecated wrappers: what to write instead (named in their DeprecationWarning)
-DEPRECATED = {
-    "Batches": "dataset.batch(n, collate=...)",
-    "BucketBatches": "dataset.batch(streamds.LengthBuckets(n, buffer_size=...), collate=...)",
-    "TokenBudgetBatches": "dataset.batch(streamds.TokenBudget(max_tokens, buffer_size=...), "
-                          "collate=...)",
-}
-
-
-def deprecation(name: str) -> str:
-    """The message of the DeprecationWarning for the wrapper `name`."""
-    return (f"streamds {name} is deprecated and will be removed in the next release; batch "
-            f"the dataset itself: {DEPRECATED[name]} (StreamingJsonl, Mix and packed "
-            "datasets all offer .batch)")
-
-
-def _warn_deprecated(name: str) -> None:
-    # stacklevel 3: the line that constructed the wrapper, not its __init__
-    warnings.warn(deprecation(name), DeprecationWarning, stacklevel=3)
+__all__ = ["Batched", "PaddingStats", "padding_of"]
 
 
 @dataclass
@@ -130,120 +87,6 @@ def padding_of(batches: Iterable[Sequence[Any]], length: Length | str) -> Paddin
     return stats
 
 
-class _PoolBatcher(IterableDataset):
-    """Reads `pool_size` records at a time and yields the batches `_cut` makes of them: a
-    `streamds.stages.pools.PoolStage` per iterator, which owns the state."""
-
-    KIND = ""
-
-    def __init__(
-        self,
-        source: Iterable[Any],
-        *,
-        length: Length | str,
-        pool_size: int,
-        seed: int,
-        drop_last: bool,
-        collate: Callable[[list[Any]], Any] = list,
-        epoch: int = 0,
-    ) -> None:
-        super().__init__()
-        if isinstance(source, Iterator):
-            raise ValueError(
-                "source is a one-shot iterator; pass a re-iterable (a dataset, a list) so "
-                "that every epoch and every resume can read it again"
-            )
-        check_int("seed", seed, 0, "pass a non-negative integer seed")
-        if not isinstance(drop_last, bool):
-            raise ValueError(f"drop_last must be True or False, got {drop_last!r}")
-        self.source = source
-        self.length = as_length(length)
-        self.pool_size = pool_size
-        self.seed = seed
-        self.drop_last = drop_last
-        self.collate = collate
-        self.epoch = epoch
-        self._pending: PoolStage | None = None  # a loaded state, for the next iterator
-        self._active: PoolStage | None = None
-        self._stats = PaddingStats()
-
-    # -- description ---------------------------------------------------------------------
-
-    def _config(self) -> list[Any]:
-        return [self.KIND, self.pool_size, self.seed, self.drop_last]
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_active"] = None  # a live iterator stays in the process that made it
-        return state
-
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch (for the batch order and the source's own order).
-
-        A loaded state in the middle of another epoch refuses: finish that epoch first.
-        """
-        check_int("epoch", epoch, 0, "epochs count from 0")
-        check_epoch_change(self._pending, epoch)
-        self.epoch = epoch
-        if hasattr(self.source, "set_epoch"):
-            self.source.set_epoch(epoch)
-
-    @property
-    def stats(self) -> PaddingStats:
-        """Padding of the batches this process's current iterator yielded so far."""
-        return PaddingStats() if self._active is None else self._stats
-
-    # -- cutting -------------------------------------------------------------------------
-
-    def _cut(self, lengths: list[int], rng: random.Random) -> list[list[int]]:
-        """Batches as lists of pool indices (a pool is short only at the end of the source)."""
-        raise NotImplementedError
-
-    def _pool_rng(self, epoch: int, pool: int) -> random.Random:
-        world = detect_world(getattr(self.source, "rank", None),
-                             getattr(self.source, "world_size", None))
-        return random.Random(
-            derive_seed("batches", self.seed, epoch, world.rank, world.worker, pool)
-        )
-
-    def _stage(self, epoch: int) -> PoolStage:
-        return PoolStage(self.source, config=self._config(), pool_size=self.pool_size,
-                         measure=self.length, cut=self._cut, rng=self._pool_rng,
-                         collate=self.collate, epoch=epoch, on_batch=self._count)
-
-    def _count(self, lengths: list[int]) -> None:
-        self._stats.add(lengths)
-
-    # -- iteration -----------------------------------------------------------------------
-
-    def __iter__(self) -> Iterator[list[Any]]:
-        resume, self._pending = self._pending, None
-        if resume is not None and resume.finished and resume.epoch != self.epoch:
-            resume = None  # that epoch is over and another was chosen: start it afresh
-        self._stats = PaddingStats()
-        self._active = resume if resume is not None else self._stage(self.epoch)
-        # -> batches cut pool by pool (`streamds.stages.pools`)
-        return iter(self._active)
-
-    # -- state ---------------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """Position of this process's iterator: O(1) integers plus the source's state."""
-        stage = self._active or self._pending or self._stage(self.epoch)
-        return sealed(stage.get_state())
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from `state` at the next `iter()`; refuses a state of another batcher."""
-        check_state(state, PoolStage.STAGE, PoolStage.KEYS, "batcher")
-        PoolStage.check(state, self._config())
-        stage = self._stage(self.epoch)
-        stage.reset(state)
-        self._active = None
-        self._pending = stage
-        if not stage.finished:  # a finished state leaves the epoch to set_epoch
-            self.epoch = stage.epoch
-
-
 def _no_length(record: Any) -> int:
     """Fixed-size batches are cut by count: no record needs measuring."""
     return 0
@@ -259,18 +102,18 @@ def _seed_of(source: Any) -> int:
     return 0
 
 
-class Batched(_PoolBatcher, StreamdsDataset):
+class Batched(StreamdsDataset):
     """Whole batches of a `Mix` or a packed dataset: what their ``.batch(...)`` returns.
 
     `size` is the number of records per batch (`drop_last` drops the short last one) or a
     `streamds.LengthBuckets` / `streamds.TokenBudget` rule, as in ``StreamingJsonl.batch``;
     `collate` turns each list of records into the batch (None: a `streamds.RecordBatch`).
     Use it with ``DataLoader(batched, batch_size=None)``. The epoch is the source's; the
-    state is the pool batcher's (the source's state where the current pool began, the pool's
-    number, its batches yielded), so a state taken after any batch resumes exactly.
-    `.map` / `.filter` apply to whole batches (a state between them stays exact: a batch a
-    filter drops was counted before the next one is handed out); `.batch` batches the
-    batches; `.pack` is refused.
+    state is the pool batcher's (`streamds.stages.pools.PoolStage`: the source's state where
+    the current pool began, the pool's number, its batches yielded), so a state taken after
+    any batch resumes exactly. `.map` / `.filter` apply to whole batches (a state between
+    them stays exact: a batch a filter drops was counted before the next one is handed out);
+    `.batch` batches the batches; `.pack` is refused.
     """
 
     KIND = "batched"
@@ -279,6 +122,7 @@ class Batched(_PoolBatcher, StreamdsDataset):
         self, source: Any, size: int | Rule, *,
         collate: Callable[[list[Any]], Any] | None = None, drop_last: bool = False,
     ) -> None:
+        super().__init__()
         if collate is not None and not callable(collate):
             raise ValueError(f"collate must be callable or None, got {collate!r}")
         check_bool("drop_last", drop_last)
@@ -295,15 +139,59 @@ class Batched(_PoolBatcher, StreamdsDataset):
                       "streamds.LengthBuckets / TokenBudget rule")
             self.rule = None
             length, pool_size = _no_length, size
-        super().__init__(source, length=length, pool_size=pool_size, seed=_seed_of(source),
-                         drop_last=drop_last,
-                         collate=RecordBatch if collate is None else collate,
-                         epoch=source.epoch)
+        self.source = source
         self.size = size
+        self.length = as_length(length)
+        self.pool_size = pool_size
+        self.seed = _seed_of(source)
+        self.drop_last = drop_last
+        self.collate = RecordBatch if collate is None else collate
         self._steps: tuple[Step, ...] = ()  # map and filter of whole batches (.map/.filter)
+        self._pending: PoolStage | None = None  # a loaded state, for the next iterator
+        self._active: PoolStage | None = None
+        self._stats = PaddingStats()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_active"] = None  # a live iterator stays in the process that made it
+        return state
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch (for the batch order and the source's own order).
+
+        A loaded state in the middle of another epoch refuses: finish that epoch first.
+        """
+        check_int("epoch", epoch, 0, "epochs count from 0")
+        check_epoch_change(self._pending, epoch)
+        self.source.set_epoch(epoch)
+
+    @property
+    def stats(self) -> PaddingStats:
+        """Padding of the batches this process's current iterator yielded so far."""
+        return PaddingStats() if self._active is None else self._stats
+
+    def _pool_rng(self, epoch: int, pool: int) -> random.Random:
+        world = detect_world(self.rank, self.world_size)
+        return random.Random(
+            derive_seed("batches", self.seed, epoch, world.rank, world.worker, pool)
+        )
+
+    def _stage(self, epoch: int) -> PoolStage:
+        return PoolStage(self.source, config=self._config(), pool_size=self.pool_size,
+                         measure=self.length, cut=self._cut, rng=self._pool_rng,
+                         collate=self.collate, epoch=epoch, on_batch=self._count)
+
+    def _count(self, lengths: list[int]) -> None:
+        self._stats.add(lengths)
 
     def __iter__(self) -> Iterator[Any]:
-        batches = super().__iter__()
+        resume, self._pending = self._pending, None
+        if resume is not None and resume.finished and resume.epoch != self.epoch:
+            resume = None  # that epoch is over and another was chosen: start it afresh
+        self._stats = PaddingStats()
+        self._active = resume if resume is not None else self._stage(self.epoch)
+        # -> batches cut pool by pool (`streamds.stages.pools`)
+        batches = iter(self._active)
         # -> its own map and filter, on whole batches
         return apply_steps(batches, self._steps, "these batches") if self._steps else batches
 
@@ -350,7 +238,7 @@ class Batched(_PoolBatcher, StreamdsDataset):
 
     def _config(self) -> list[Any]:
         cut = ["size", self.size] if self.rule is None else self.rule.config()
-        return [*super()._config(), cut]
+        return [self.KIND, self.pool_size, self.seed, self.drop_last, cut]
 
     def _cut(self, lengths: list[int], rng: random.Random) -> list[list[int]]:
         if self.rule is not None:
@@ -377,122 +265,20 @@ class Batched(_PoolBatcher, StreamdsDataset):
         clone._steps = self._steps
         return clone
 
+    # -- state ---------------------------------------------------------------------------
 
-class Batches(_PoolBatcher):
-    """Batches of `batch_size` records in arrival order: the plain baseline.
+    def state_dict(self) -> dict[str, Any]:
+        """Position of this process's iterator: O(1) integers plus the source's state."""
+        stage = self._active or self._pending or self._stage(self.epoch)
+        return sealed(stage.get_state())
 
-    Deprecated (removed in the next release): use ``dataset.batch(n)``.
-
-    Example::
-
-        loader = DataLoader(Batches(ds, batch_size=32), batch_size=None, collate_fn=collate)
-    """
-
-    KIND = "plain"
-
-    def __init__(
-        self,
-        source: Iterable[Any],
-        *,
-        batch_size: int,
-        drop_last: bool = False,
-        length: Length | str = "input_ids",
-    ) -> None:
-        _warn_deprecated("Batches")
-        check_int("batch_size", batch_size, 1, "the number of records per batch")
-        super().__init__(source, length=length, pool_size=batch_size, seed=0,
-                         drop_last=drop_last)
-        self.batch_size = batch_size
-
-    def _cut(self, lengths: list[int], rng: random.Random) -> list[list[int]]:
-        if self.drop_last and len(lengths) < self.batch_size:
-            return []
-        return [list(range(len(lengths)))]
-
-
-class BucketBatches(_PoolBatcher):
-    """Batches of `batch_size` records of similar length.
-
-    Deprecated (removed in the next release): use
-    ``dataset.batch(LengthBuckets(n, buffer_size=...))``.
-
-    Each pool of `buffer_size` records (rounded up to whole batches) is sorted by length and
-    cut into batches; the batches of a pool come in a shuffled order. Padding falls roughly
-    by the factor the pool is larger than a batch; so does the randomness of which records
-    share a batch, so keep `buffer_size` well below the corpus and shuffle the source. The
-    final pool's short batch goes where it pads least; `drop_last` drops it.
-
-    Example::
-
-        ds = StreamingJsonl("train.jsonl.zst", shuffle=True).map(tokenize)
-        batches = BucketBatches(ds, batch_size=32, buffer_size=2048, length="input_ids")
-        loader = DataLoader(batches, batch_size=None, collate_fn=PadCollate(), num_workers=4)
-    """
-
-    KIND = "bucket"
-
-    def __init__(
-        self,
-        source: Iterable[Any],
-        *,
-        batch_size: int,
-        buffer_size: int = 1024,
-        length: Length | str = "input_ids",
-        seed: int = 0,
-        drop_last: bool = False,
-    ) -> None:
-        _warn_deprecated("BucketBatches")
-        self.rule = LengthBuckets(batch_size, buffer_size=buffer_size, length=length,
-                                  drop_last=drop_last)
-        super().__init__(source, length=length, pool_size=self.rule.pool_size, seed=seed,
-                         drop_last=drop_last)
-        self.batch_size = batch_size
-
-    def _config(self) -> list[Any]:
-        return [*super()._config(), self.batch_size]
-
-    def _cut(self, lengths: list[int], rng: random.Random) -> list[list[int]]:
-        return self.rule.cut(lengths, rng)
-
-
-class TokenBudgetBatches(_PoolBatcher):
-    """Batches holding at most `max_tokens` padded tokens (longest length x records).
-
-    Deprecated (removed in the next release): use
-    ``dataset.batch(TokenBudget(max_tokens, buffer_size=...))``.
-
-    Each pool of `buffer_size` records is sorted by length and cut greedily: a batch grows
-    while ``len(batch) * longest <= max_tokens`` (and `max_batch_size`, if given, allows). A
-    record longer than `max_tokens` comes in a batch of its own, never dropped. Short records
-    make big batches and long records small ones, so every step costs about the same.
-
-    Example::
-
-        batches = TokenBudgetBatches(ds, max_tokens=16384, buffer_size=4096)
-    """
-
-    KIND = "tokens"
-
-    def __init__(
-        self,
-        source: Iterable[Any],
-        *,
-        max_tokens: int,
-        buffer_size: int = 1024,
-        max_batch_size: int | None = None,
-        length: Length | str = "input_ids",
-        seed: int = 0,
-    ) -> None:
-        _warn_deprecated("TokenBudgetBatches")
-        self.rule = TokenBudget(max_tokens, buffer_size=buffer_size,
-                                max_batch_size=max_batch_size, length=length)
-        super().__init__(source, length=length, pool_size=buffer_size, seed=seed,
-                         drop_last=False)
-        self.max_tokens = max_tokens
-        self.max_batch_size = max_batch_size
-
-    def _config(self) -> list[Any]:
-        return [*super()._config(), self.max_tokens, self.max_batch_size]
-
-    def _cut(self, lengths: list[int], rng: random.Random) -> list[list[int]]:
-        return self.rule.cut(lengths, rng)
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state` at the next `iter()`; refuses a state of another batcher."""
+        check_state(state, PoolStage.STAGE, PoolStage.KEYS, "batcher")
+        PoolStage.check(state, self._config())
+        stage = self._stage(self.epoch)
+        stage.reset(state)
+        self._active = None
+        self._pending = stage
+        if not stage.finished:  # a finished state leaves the epoch to set_epoch
+            self.epoch = stage.epoch

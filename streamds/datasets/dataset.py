@@ -45,15 +45,15 @@ from ..stages.cache import RecordsCache
 from ..stages.cpus import WORKER_CPUS
 from ..stages.parse import ON_ERROR
 from ..stages.pipeline import Reader, Spec
-from ..stages.state import ReaderState, check_epoch_change, refuse_old, stage_of
+from ..stages.state import ReaderState, check_epoch_change, refuse_other_version, stage_of
 from ..stages.timing import StageTimer
-from ..stages.transform import Step, describe_step
+from ..stages.transform import Step, describe_step, step_settings
 from ..storage.plan import Plan, make_blocks, small_corpus_piece
 from ..storage.read import open_decoded_at
 from ..storage.readahead import DEFAULT_READAHEAD, wants_readahead
 from ..storage.records_cache import RecordStore, block_key, uncacheable
-from ..storage.settings import UNSET, Storage, deprecated, storage_of
-from ..storage.shards import Shard, resolve_shards, source_items
+from ..storage.settings import Storage, storage_of
+from ..storage.shards import Shard, resolve_shards, source_items, with_columns
 from ..world import World, detect_world
 from .base import StreamdsDataset
 from .callers import check_outer_split, loader_len_call
@@ -94,11 +94,14 @@ class StreamingJsonl(StreamdsDataset):
         ds = ds.map(to_text)  # a function defined at module level (workers pickle it)
         loader = DataLoader(ds, batch_size=32, num_workers=4)
 
-    How the files are reached (fsspec options, read-ahead, a local cache, retries, the block
-    size) is one `streamds.Storage` value: ``storage=Storage(options={"anon": True})``. The
-    older keywords (``storage_options=``, ``readahead=``, ``cache_dir=``, ``cache_limit=``,
-    ``retry=``, ``block_size=``, ``transform=`` for `.map`, ``resume_from=`` for
-    `.with_resume`) are still accepted with a DeprecationWarning.
+    Parquet (``.parquet``, ``.pq``) and Arrow IPC (``.arrow``) files are read by row group:
+    ``columns=["article", "abstract"]`` reads only those columns, ``format="parquet"`` (any
+    registered format's name) reads files whose names say nothing (docs/reading.md).
+
+    How the files are reached (fsspec options, read-ahead, a local cache of the shards,
+    retries, the block size) is one `streamds.Storage` value:
+    ``storage=Storage(options={"anon": True})``. Steps are added with `.map` / `.filter`, an
+    elastic resume with `.with_resume(merged)`.
     """
 
     def __init__(
@@ -113,37 +116,16 @@ class StreamingJsonl(StreamdsDataset):
         world_size: int | None = None,
         even_ranks: str | None = None,
         storage: Storage | None = None,
-        worker_cpus: str = "auto",
-        # older spellings, still accepted with a DeprecationWarning: .map(fn) and
-        # .with_resume(merged), and the storage settings one by one (see `Storage`)
-        transform: Callable[[Any], Any] | None = None,
-        resume_from: dict[str, Any] | None = None,
-        storage_options: Any = UNSET,
-        block_size: Any = UNSET,
-        readahead: Any = UNSET,
-        retry: Any = UNSET,
-        cache_dir: Any = UNSET,
-        cache_limit: Any = UNSET,
+        columns: Sequence[str] | None = None,
+        format: str | None = None,
     ) -> None:
         super().__init__()
         check_bool("shuffle", shuffle)
         check_int("seed", seed, 0, "pass a non-negative integer seed below 2**64",
                   maximum=MAX_SEED)
         check_int("buffer_size", buffer_size, 1, "use shuffle=False to disable shuffling")
-        storage = storage_of(storage, {
-            "storage_options": storage_options, "block_size": block_size,
-            "readahead": readahead, "retry": retry, "cache_dir": cache_dir,
-            "cache_limit": cache_limit})
-        if transform is not None and not callable(transform):
-            raise ValueError(f"transform must be callable or None, got {transform!r}")
-        if transform is not None:
-            deprecated("transform=fn", "ds.map(fn)")
-        if resume_from is not None:
-            deprecated("resume_from=merged", "ds.with_resume(merged)")
+        storage = storage_of(storage)
         check_choice("on_error", on_error, ON_ERROR)
-        check_choice("worker_cpus", worker_cpus, WORKER_CPUS,
-                     "'auto' leaves the main process a CPU where that pays, 'all' lets the OS "
-                     "place the workers")
         if world_size is not None:
             check_int("world_size", world_size, 1, "the number of distributed processes")
         if rank is not None:
@@ -165,13 +147,15 @@ class StreamingJsonl(StreamdsDataset):
         self.rank = rank
         self.world_size = world_size
         self.even_ranks = even_ranks
-        self.worker_cpus = worker_cpus
+        self.worker_cpus = "auto"  # where the workers run (`.batch(worker_cpus=)`)
         self.retry = RetryPolicy() if storage.retry is None else storage.retry
         self._epoch = _Epoch(0)
-        self._steps: tuple[Step, ...] = (Step("map", transform),) if transform is not None else ()
+        self._steps: tuple[Step, ...] = ()  # map and filter of the records (.map/.filter)
         self._batch: BatchSpec | None = None  # whole batches out of the workers (.batch)
         self._records_cache: RecordsCache | None = None  # stored records (.cache)
-        self._shards: list[Shard] = resolve_shards(source, storage_options, on_error=on_error)
+        self._shards: list[Shard] = with_columns(
+            resolve_shards(source, storage_options, on_error=on_error, retry=self.retry,
+                           format=format), columns)
         # even ranks cut a small corpus finer, so that ranks' shares differ by little
         self._fine_piece = small_corpus_piece(self._shards) if even_ranks is not None else None
         # what a state says about the corpus (names under the source root, sizes, checksums)
@@ -198,8 +182,6 @@ class StreamingJsonl(StreamdsDataset):
             self._block_counts = count_block_records(self._shards, self._block_list)
         # where the next iterators start (`streamds.resume.start`): a fresh epoch unless resumed
         self._start = Start()
-        if resume_from is not None:  # elastic resume
-            self._start = Start(MERGED, Merged(self._check_merged(resume_from)))
         self._active: Reader | None = None
         self._in_mix = False  # a source of a streamds.Mix (`_detached`): no empty-rank check
         self._worker_epoch: int | None = None  # the epoch a DataLoader worker last started
@@ -245,9 +227,18 @@ class StreamingJsonl(StreamdsDataset):
         return Spec(self._shards, self._block_list, self._plan, self._steps, self.on_error,
                     self.buffer_size, self.retry, opener, batch=self._batch,
                     readahead=self.readahead, cache=self._cache, worker_cpus=self.worker_cpus,
-                    records_cache=self._records_cache)
+                    records_cache=self._records_cache, even_ranks=self.even_ranks)
 
     def _with_step(self, step: Step) -> StreamingJsonl:
+        if step.kind == "filter" and self.even_ranks == "drop":
+            # quotas count lines (records before the steps): a rank the filter leaves short
+            # would have to repeat records, which "drop" promises never to do
+            raise ValueError(
+                "filter() under even_ranks='drop': the ranks' quotas count records before the "
+                "steps, so a filter would leave ranks short and they would repeat records; "
+                "filter the corpus when converting it (`streamds convert --transform "
+                "module:function`, a function returning None drops a record), or use "
+                "even_ranks='pad' (ranks short of records repeat some, by design)")
         clone = copy.copy(self)
         clone._steps = (*self._steps, step)
         clone._active = None
@@ -263,12 +254,15 @@ class StreamingJsonl(StreamdsDataset):
         same states, as without it. Steps added after `.cache()` run on the stored records.
 
         `key` names what the steps compute (the tokenizer and its settings: steps are told
-        apart by their names only, not their code or a partial's arguments): another key, a
+        apart by their names and their arguments' reprs where stable, never by their code;
+        a step whose settings have no stable repr is logged): another key, a
         changed source file (name, size, manifest checksum, or modification time), another
         on_error or steps of other names never read records stored under the old one.
         `limit`: bytes the directory may hold (an int or a size such as "10GB"; None: no
         bound); least recently used blocks go first. The directory is shared by the workers
-        and ranks of one machine (one writer per block). Shards whose storage gives no
+        and ranks of one machine (one writer per block). Each reader checks the shards it
+        reads against their storage once per epoch (a stat; a HEAD request remotely), so a
+        file rewritten under a long-lived dataset is read anew. Shards whose storage gives no
         modification time and no manifest checksum cannot be told stale: they are read as
         without a cache (logged once).
         What the steps make must be dicts of str, int, float, bool, None, lists, bytes,
@@ -284,7 +278,7 @@ class StreamingJsonl(StreamdsDataset):
             raise ValueError(f"cache directory must be a local path, got {directory!r}; "
                              "put the cache on the machine's own disk (e.g. /content/cache "
                              "on Colab), not on a remote or mounted source")
-        directory = os.fspath(directory)
+        directory = os.path.expanduser(os.fspath(directory))  # "~/cache": the home's
         if os.path.exists(directory) and not os.path.isdir(directory):
             raise ValueError(f"cache directory {directory!r} is a file; pass a directory "
                              "(made if missing)")
@@ -294,8 +288,19 @@ class StreamingJsonl(StreamdsDataset):
         limit = None if limit is None else size_setting(
             "limit", limit, "the bytes the cache directory may hold, or None for no bound")
         steps = self._steps
+        # steps are told apart by their names and, where stable, their settings (a
+        # partial's arguments, a callable object's repr); the rest only by `key`
+        settings = [step_settings(step.fn) for step in steps]
         upstream = "; ".join([f"on_error={self.on_error}"]
-                             + [describe_step(steps, step) for step in steps])
+                             + [f"{describe_step(steps, step)} {said}"
+                                for step, said in zip(steps, settings, strict=True)])
+        vague = [describe_step(steps, step) for step, said in zip(steps, settings, strict=True)
+                 if said is None]
+        if vague:
+            log.warning("ds.cache: %s is told apart from other steps of its name by key=%r "
+                        "alone (its settings have no stable repr): put what it computes "
+                        "with (the tokenizer, its settings) in key, or another step of that "
+                        "name reads these records", vague[0], key)
         names = [name for name, _, _ in self._identity.files]
         keys = tuple(block_key(self._shards[block.shard], block, name=names[block.shard],
                                key=key, upstream=upstream) for block in self._block_list)
@@ -305,7 +310,9 @@ class StreamingJsonl(StreamdsDataset):
                         "(the first: %s): %s", len(stale), len(self._shards),
                         names[stale[0]], uncacheable(self._shards[stale[0]]))
         clone = copy.copy(self)
-        clone._records_cache = RecordsCache(RecordStore(directory, limit), keys, len(steps))
+        clone._records_cache = RecordsCache(
+            RecordStore(directory, limit), keys, len(steps), tuple(self._shards),
+            tuple(self._block_list), tuple(names), key, upstream)
         clone._active = None
         return clone
 
@@ -324,7 +331,7 @@ class StreamingJsonl(StreamdsDataset):
     def batch(
         self, size: int | LengthBuckets | TokenBudget, *,
         collate: Callable[[list[Any]], Any] | None = None, drop_last: bool = False,
-        ahead: int | str = "auto",
+        ahead: int | str = "auto", worker_cpus: str = "auto",
     ) -> StreamingJsonl:
         """A new dataset that yields whole batches, made in the workers.
 
@@ -355,6 +362,11 @@ class StreamingJsonl(StreamdsDataset):
         turns on a CPU), else none, and none under a CPU quota or on one CPU (there the
         workers have no idle CPU time to use: `streamds.stages.cpus`). They are held in the worker's
         memory, on top of the loader's ``prefetch_factor`` batches.
+
+        `worker_cpus`: "auto" leaves the main process a CPU where that pays (workers that fit
+        beside it keep off one CPU; workers that do not measure both ways and keep the
+        faster: `streamds.stages.cpus`); "all" lets the OS place the workers, as torch does.
+        A dataset without `.batch()` places its workers as "auto" does.
         """
         if collate is not None and not callable(collate):
             raise ValueError(f"collate must be callable or None, got {collate!r}")
@@ -362,6 +374,9 @@ class StreamingJsonl(StreamdsDataset):
         if ahead != "auto":
             check_int("ahead", ahead, 0, "'auto', or the batches a worker makes ahead of "
                       "requests (0: none)")
+        check_choice("worker_cpus", worker_cpus, WORKER_CPUS,
+                     "'auto' leaves the main process a CPU where that pays, 'all' lets the OS "
+                     "place the workers")
         collate = RecordBatch if collate is None else collate
         if isinstance(size, RULES):
             if drop_last:
@@ -377,6 +392,7 @@ class StreamingJsonl(StreamdsDataset):
             spec = BatchSpec(size, collate, drop_last, ahead=ahead)
         clone = copy.copy(self)
         clone._batch = spec
+        clone.worker_cpus = worker_cpus
         clone._active = None
         return clone
 
@@ -481,7 +497,7 @@ class StreamingJsonl(StreamdsDataset):
         sizes = [shard.decoded_size for shard in self._shards]
         if counts is not None and sum(counts) and all(size is not None for size in sizes):
             return sum(sizes) / sum(counts)  # type: ignore[arg-type]
-        if not self._shards or self._shards[0].format != "jsonl":
+        if not self._shards or not self._shards[0].format.line_positions:
             return None
         with open_decoded_at(self._shards[0], 0, SAMPLE_BYTES) as stream:
             head = stream.read(SAMPLE_BYTES)
@@ -580,7 +596,7 @@ class StreamingJsonl(StreamdsDataset):
         loads as `with_resume` takes it.
         """
         if isinstance(state, dict):
-            refuse_old(state)
+            refuse_other_version(state)
         if stage_of(state) == MERGED_STATE:
             self._active = None
             self._start = Start(MERGED, Merged(self._check_merged(state)))
@@ -626,13 +642,13 @@ class StreamingJsonl(StreamdsDataset):
         if merged is None:
             return None
         if isinstance(merged, dict):
-            refuse_old(merged)
+            refuse_other_version(merged)
         if stage_of(merged) != MERGED_STATE:
             raise ValueError(
-                "resume_from must be the dict streamds.merge_states() returns; to resume with "
+                "with_resume needs the dict streamds.merge_states() returns; to resume with "
                 "the same world, use load_state_dict() instead"
             )
-        check_identity(merged["fingerprint"], self._identity, "resume_from (a merged state)")
+        check_identity(merged["fingerprint"], self._identity, "the merged state")
         self.epoch = merged["epoch"]
         # a reader's start (state_dict() before iter()) loads as the merged state it names
         return {key: copy.deepcopy(value) for key, value in merged.items()
@@ -650,8 +666,8 @@ class StreamingJsonl(StreamdsDataset):
         again. Computed from record counts per block (one counting pass over the data, kept
         for later calls), never by reading and discarding records; the resumed loader yields
         exactly what the interrupted one would have, in the same order. Exact only when
-        every line yields a record, so a dataset with a `.filter`, a `.map` (or `transform=`;
-        returning None drops a record) or `on_error="skip"` is refused unless
+        every line yields a record, so a dataset with a `.filter`, a `.map` (returning None
+        drops a record) or `on_error="skip"` is refused unless
         `every_line_yields=True` says each non-blank line yields exactly one record; use
         torchdata's StatefulDataLoader with `state_dict()` for those. A dataset batched by
         `LengthBuckets` resumes at its pool (re-read and cut again, the batches already
@@ -698,7 +714,7 @@ class StreamingJsonl(StreamdsDataset):
         )
         starts = after_batches(
             self._layout(), self._spec(), self.epoch, here, taken=taken, next_worker=next_worker,
-            batch_size=batch_size, rule=rule, batched=self._batch is not None)
+            batch_size=batch_size, rule=rule)
         clone = copy.copy(self)
         clone._start = self._start.under(Start(AFTER_BATCHES, starts))
         return clone

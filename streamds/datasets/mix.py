@@ -39,7 +39,7 @@ from ..stages.state import (
     check_epoch_change,
     check_state,
     nested,
-    refuse_old,
+    refuse_other_version,
     sealed,
     stage_of,
     unnested,
@@ -88,7 +88,6 @@ class Mix(StreamdsDataset):
         *,
         seed: int,
         stop: str = "all",
-        resume_from: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         from .dataset import StreamingJsonl
@@ -152,8 +151,6 @@ class Mix(StreamdsDataset):
         self._iterators: list[Iterator[Any]] = []  # the sources' iterators, while iterating
         self._held: list[Any] | None = None  # sources' states of a reader that began finished
         self._steps: tuple[Step, ...] = ()  # map and filter of the mixed records (.map/.filter)
-        if resume_from is not None:
-            self._resume(resume_from)
 
     def __repr__(self) -> str:
         return (f"Mix({len(self.datasets)} datasets, weights={[round(w, 4) for w in self.weights]}"
@@ -225,7 +222,7 @@ class Mix(StreamdsDataset):
                     f"the mix state was taken by reader (rank, world_size, worker, num_workers)"
                     f"={_tuple(pending.world)} but is loaded by {_tuple(world)}; resume with "
                     "the same world, or merge the states of all readers with "
-                    "streamds.merge_states() and pass the result as Mix(..., resume_from=)"
+                    "streamds.merge_states() and pass the result to mix.with_resume()"
                 )
             stage = copy.deepcopy(pending)
             return stage
@@ -307,7 +304,7 @@ class Mix(StreamdsDataset):
             source._require_line_per_record(every_line_yields)
         require_line_per_record(self._steps, "raise", every_line_yields)
         if self._merged is not None:
-            raise ValueError("resume_after_batches does not combine with resume_from; use "
+            raise ValueError("resume_after_batches does not combine with with_resume; use "
                              "torchdata's StatefulDataLoader and state_dict() for that")
         here = detect_world(self.rank, self.world_size)
         readers = max(1, num_workers)
@@ -361,7 +358,7 @@ class Mix(StreamdsDataset):
         check_state(state, MixStage.STAGE, MixStage.KEYS, "mix dataset")
         stage = MixStage.load(state, self._config())
         for source in stage.sources or ():  # loaded at the next iter(); refuse old ones now
-            refuse_old(source)
+            refuse_other_version(source)
         self._active = None
         self._pending = stage
         if not stage.finished:  # a finished state leaves the epoch to set_epoch
@@ -374,7 +371,7 @@ class Mix(StreamdsDataset):
 
     def with_resume(self, merged: dict[str, Any]) -> Mix:
         """A copy that finishes the epoch of `merged` (`streamds.merge_states` of the states
-        of every reader of this mix) under this mix's world, as ``resume_from=`` does."""
+        of every reader of this mix) under this mix's world (elastic resume)."""
         clone = copy.copy(self)
         clone._pending = None
         clone._active = None
@@ -383,10 +380,10 @@ class Mix(StreamdsDataset):
 
     def _resume(self, merged: dict[str, Any]) -> None:
         if isinstance(merged, dict):
-            refuse_old(merged)
+            refuse_other_version(merged)
         if stage_of(merged) != MixStage.MERGED or merged.get(FORMAT) != STATE_FORMAT:
             raise ValueError(
-                "resume_from must be the dict streamds.merge_states() returns for the states "
+                "with_resume needs the dict streamds.merge_states() returns for the states "
                 "of a Mix; to resume with the same world, use load_state_dict() instead"
             )
         found = MergedMix.from_node(merged)

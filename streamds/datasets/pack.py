@@ -36,7 +36,7 @@ from ..stages.state import (
     STATE_FORMAT,
     check_state,
     nested,
-    refuse_old,
+    refuse_other_version,
     sealed,
     stage_of,
     unnested,
@@ -217,7 +217,7 @@ class Packed(StreamdsDataset):
         """A copy that finishes the epoch of `merged` (`streamds.merge_states` of the packed
         states of every reader) under this dataset's world: every token once."""
         if isinstance(merged, dict):
-            refuse_old(merged)
+            refuse_other_version(merged)
         if stage_of(merged) != PackStage.MERGED or merged.get(FORMAT) != STATE_FORMAT:
             raise ValueError(
                 "with_resume needs the dict streamds.merge_states() returns for the states of "

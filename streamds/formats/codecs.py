@@ -184,6 +184,15 @@ class _MarkTransient(_Stream):
         self._raw = raw
         self._url = url
 
+    def seekable(self) -> bool:  # a file read in place (Parquet, Arrow) seeks the raw file
+        return self._raw.seekable()
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
     def read(self, size: int = -1) -> bytes:
         try:
             return self._raw.read(size)

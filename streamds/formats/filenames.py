@@ -13,6 +13,7 @@ import re
 from .codecs import codec_of, strip_codec
 
 __all__ = [
+    "COLUMNAR_SUFFIXES",
     "FOREIGN_FORMATS",
     "MANIFEST_NAME",
     "RECORD_SUFFIXES",
@@ -32,14 +33,15 @@ __all__ = [
 MANIFEST_NAME = "manifest.json"  # beside converted shards; never read as records
 # before any codec suffix, matched in any case (A.JSONL, d.Jsonl, B.JSONL.GZ)
 RECORD_SUFFIXES = (".json", ".jsonl", ".ndjson", ".jsonlines", ".ldjson", ".tar", ".tgz")
+# columnar files streamds reads (`streamds.formats.parquet`, `.arrow`), never compressed
+# on the outside (their pages are)
+COLUMNAR_SUFFIXES = (".parquet", ".pq", ".arrow")
 # data formats streamds does not read: suffix -> name in messages
 FOREIGN_FORMATS = {
-    ".parquet": "Parquet", ".pq": "Parquet", ".arrow": "Arrow", ".feather": "Feather",
+    ".feather": "Feather",
     ".avro": "Avro", ".orc": "ORC", ".csv": "CSV", ".tsv": "TSV",
 }  # fmt: skip
 _CONVERT_HINTS = {
-    "Parquet": "pandas.read_parquet('x.parquet').to_json('x.jsonl', orient='records', "
-               "lines=True, force_ascii=False)",
     "Feather": "pandas.read_feather('x.feather').to_json('x.jsonl', orient='records', "
                "lines=True, force_ascii=False)",
     "CSV": "pandas.read_csv('x.csv').to_json('x.jsonl', orient='records', lines=True, "
@@ -93,6 +95,8 @@ def left_out_reason(name: str) -> str | None:
         return "a temporary file (.tmp) of an unfinished copy or conversion"
     if lowered.endswith(RECORD_SUFFIXES) or strip_codec(lowered).endswith(RECORD_SUFFIXES):
         return None
+    if lowered.endswith(COLUMNAR_SUFFIXES):
+        return None
     kind = foreign_format(name)
     if kind is not None:
         return f"a {kind} file: {foreign_hint(kind)}"
@@ -105,8 +109,8 @@ def left_out_reason(name: str) -> str | None:
 def foreign_format(name: str) -> str | None:
     """The name of the data format streamds does not read that `name` says (Parquet, CSV ...).
 
-    >>> foreign_format("part-0.PARQUET"), foreign_format("a.jsonl")
-    ('Parquet', None)
+    >>> foreign_format("part-0.ORC"), foreign_format("a.jsonl")
+    ('ORC', None)
     """
     lowered = strip_codec(name).lower()
     for suffix, kind in FOREIGN_FORMATS.items():

@@ -33,6 +33,7 @@ from pathlib import PurePath
 from typing import Any
 
 from .filenames import MANIFEST_NAME, is_hidden, is_record_name, left_out_reason
+from .unfinished import MARKER_NAMES
 
 __all__ = [
     "LeftOut",
@@ -88,7 +89,9 @@ HIDDEN_FOLDER = "hidden folder (starts with '.'); name it in the source to read 
 
 class LeftOut:
     """What folder listings did not take: every file's reason counted, the first `keep`
-    named (a folder of 100,000 stray files stays small), and every manifest passed.
+    named (a folder of 100,000 stray files stays small), and every manifest passed, and every
+    converter journal or plan (`formats.unfinished`: a folder with one and no manifest is
+    an unfinished conversion).
 
     Paths are as the listing names them (the walk's root joined with the components).
     """
@@ -98,13 +101,17 @@ class LeftOut:
         self.counts: Counter[str] = Counter()  # reason -> files and folders
         self.examples: list[tuple[str, str]] = []  # (path, reason), the first `keep`
         self.manifests: list[str] = []  # every manifest.json passed
+        self.markers: list[str] = []  # every converter journal or plan passed
 
     def add(self, path: str, reason: str) -> None:
         self.counts[reason] += 1
         if len(self.examples) < self.keep:
             self.examples.append((path, reason))
-        if path.rsplit("/", 1)[-1].rsplit(os.sep, 1)[-1] == MANIFEST_NAME:
+        name = path.rsplit("/", 1)[-1].rsplit(os.sep, 1)[-1]
+        if name == MANIFEST_NAME:
             self.manifests.append(path)
+        elif name in MARKER_NAMES:
+            self.markers.append(path)
 
     def __len__(self) -> int:
         return sum(self.counts.values())
@@ -113,6 +120,7 @@ class LeftOut:
         self.counts.update(other.counts)
         self.examples.extend(other.examples[: max(0, self.keep - len(self.examples))])
         self.manifests.extend(other.manifests)
+        self.markers.extend(other.markers)
 
     def summary(self, *, limit: int = 5) -> str:
         """One line per reason: how many, and the first few paths."""

@@ -302,6 +302,10 @@ def explain(line: bytes, err: Exception, *, offset: int | None, file_start: bool
         return ("the line holds NaN or Infinity, which JSON does not allow (Python's "
                 "json.dumps writes them unless allow_nan=False); write null (or a string) "
                 "for them instead")
+    if _goes_on(line, err) and not file_start:  # records before it ended on their lines
+        return ("the line ends before its JSON value does: it was cut short (a write or copy "
+                "that was interrupted leaves the last line so); copy the file again from its "
+                "source, or pass on_error='skip' to skip and count it")
     if _goes_on(line, err):
         return ("the line holds the start of a JSON value that goes on over the next lines: "
                 "the file looks like pretty-printed JSON (one document, e.g. an array), not "

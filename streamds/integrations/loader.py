@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ..train.loader import stateful_loader, torchdata_set_vital_ignored
+from ..train.loader import stateful_loader, stop_workers, torchdata_set_vital_ignored
 from . import require
 
 _stateful = require("torchdata.stateful_dataloader")
@@ -55,13 +55,17 @@ class StreamdsLoader(_stateful.StatefulDataLoader):
         return self._keep_states(iterator)
 
     def _keep_states(self, iterator: Iterator[Any]) -> Iterator[Any]:
-        for batch in iterator:
-            self._handed += 1
-            self._after[self._handed] = super().state_dict()
-            behind = self._handed - 2 if self.trained is None else self.trained
-            for old in [n for n in self._after if n < behind]:
-                del self._after[old]  # only the batches ahead of training are kept
-            yield batch
+        try:
+            for batch in iterator:
+                self._handed += 1
+                self._after[self._handed] = super().state_dict()
+                behind = self._handed - 2 if self.trained is None else self.trained
+                for old in [n for n in self._after if n < behind]:
+                    del self._after[old]  # only the batches ahead of training are kept
+                yield batch
+        except Exception:
+            stop_workers(self)  # the epoch failed: its workers stop now (see stop_workers)
+            raise
         # the epoch ran out: the state after the last batch may not say so yet (a reader whose
         # records fill whole batches is done only when asked for one more), so keep the state
         # taken now; loaded, it would otherwise restart this epoch instead of the next
@@ -89,7 +93,7 @@ class StreamdsLoader(_stateful.StatefulDataLoader):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """This rank's own state in the same world, else the merged states of all ranks (the
         dataset then finishes their epoch under this world)."""
-        from ..resume.merge import merge_states
+        from ..train.loader_state import merge_states
 
         states = state_dict[RANKS]
         rank, size = _world()

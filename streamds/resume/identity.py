@@ -16,7 +16,18 @@ every state it takes, so taking a state stays O(1)::
      "listing": "files:" + base64(zlib(JSON [[name, size, checksum], ...]))   # small corpora
               | "folders:" + base64(zlib(JSON [[folder, files, bytes, digest], ...]))
               | "",                            # too many folders: the totals alone
-     "settings": {"seed", "shuffle", "buffer_size", "block_size", "even_ranks"}}
+     "settings": {"seed", "shuffle", "buffer_size", "block_size", "even_ranks"},
+     "modified": "times:" + base64(zlib(JSON [seconds | null, ...]))   # per file
+               | "digest:" + hex digest of them}                        # too many files
+
+A file's name, size and checksum say where its records are only where a checksum is known
+(a converted corpus's manifest): a file rewritten at the same size with its lines in another
+order has the same name and size. So a state also carries each file's modification time
+(from the storage's mtime or Last-Modified; null where a checksum names the content or the
+storage gives none), and a file whose time differs is refused by name: its records may have
+moved. Copies that keep modification times (``cp -p``, ``rsync -t``, ``shutil.copy2``)
+still load anywhere; a time that cannot be compared (none on one side) is logged as a file
+that cannot be checked.
 
 The listing only serves to name what differs when the digests disagree; it is bounded
 (`LISTING_LIMIT` characters) so that a StatefulDataLoader worker can send it after every batch.
@@ -25,11 +36,16 @@ The listing only serves to name what differs when the digests disagree; it is bo
 from __future__ import annotations
 
 import base64
+import email.utils
 import hashlib
+import logging
+import math
 import posixpath
+import re
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -40,12 +56,21 @@ from ..errors import StateMismatchError
 from ..storage.shards import Shard, has_magic
 
 __all__ = ["IDENTITY_KEYS", "LISTING_LIMIT", "SETTINGS", "Identity", "check_identity",
-           "differences", "relative_names", "source_root"]
+           "differences", "modified_time", "relative_names", "source_root"]
 
-IDENTITY_KEYS = frozenset(("corpus", "files", "bytes", "listing", "settings"))
+log = logging.getLogger(__name__)
+
+IDENTITY_KEYS = frozenset(("corpus", "files", "bytes", "listing", "settings", "modified"))
 SETTINGS = ("seed", "shuffle", "buffer_size", "block_size", "even_ranks")
 LISTING_LIMIT = 16384  # characters of listing a state carries at most
 _FILES, _FOLDERS = "files:", "folders:"
+_TIMES, _TIMES_DIGEST = "times:", "digest:"
+# where a storage's version names the modification time (`Shard.version`: "key=value ..."):
+# a local or SFTP mtime in seconds, an HTTP Last-Modified date, S3's and GCS's timestamps
+_MTIME = re.compile(r"(?:^| )mtime=([0-9.eE+-]+)(?: |$)")
+_HTTP_DATE = re.compile(r"(?:^| )last-modified=(\w{3}, \d{2} \w{3} \d{4} [\d:]{8} GMT)")
+_ISO_DATE = re.compile(r"(?:^| )(?:lastmodified|last_modified|updated)=(\d{4}-\d{2}-\d{2}"
+                       r"[T ][\d:.]+(?:Z|[+-]\d{2}:?\d{2})?)")
 _NAMED = 5  # files named per kind of difference; the rest are counted
 
 
@@ -97,6 +122,53 @@ def relative_names(shards: Sequence[Shard], roots: Sequence[str]) -> list[str]:
     return names
 
 
+def modified_time(version: str | None) -> float | None:
+    """The modification time (seconds since the epoch) a storage's version string names
+    (`Shard.version`), None where it names none (an ETag alone, nothing)."""
+    if not version:
+        return None
+    found = _MTIME.search(version)
+    if found:
+        try:
+            return float(found.group(1))
+        except ValueError:
+            return None
+    found = _HTTP_DATE.search(version)
+    try:
+        if found:
+            return email.utils.parsedate_to_datetime(found.group(1)).timestamp()
+        found = _ISO_DATE.search(version)
+        if found:
+            when = datetime.fromisoformat(found.group(1).replace("Z", "+00:00"))
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=timezone.utc)
+            return when.timestamp()
+    except (TypeError, ValueError):
+        return None
+    return None
+
+
+def _same_time(theirs: float, mine: float) -> bool:
+    """Whether two modification times are one: equal, or equal to the second where either
+    comes from a date with whole seconds (an HTTP Last-Modified beside a local mtime)."""
+    if theirs == mine:
+        return True
+    return (float(theirs).is_integer() or float(mine).is_integer()) and (
+        math.floor(theirs) == math.floor(mine))
+
+
+def _times_state(times: list[float | None]) -> str:
+    packed = _TIMES + base64.b64encode(zlib.compress(orjson.dumps(times))).decode("ascii")
+    return packed if len(packed) <= LISTING_LIMIT else _TIMES_DIGEST + _digest(times)
+
+
+def _times_of(modified: str) -> list[float | None] | None:
+    """The per-file times of a state's "modified" (None: only their digest is there)."""
+    if not modified.startswith(_TIMES):
+        return None
+    return orjson.loads(zlib.decompress(base64.b64decode(modified[len(_TIMES):])))
+
+
 def _digest(value: Any, size: int = 12) -> str:
     return hashlib.blake2b(orjson.dumps(value), digest_size=size).hexdigest()
 
@@ -137,15 +209,23 @@ class Identity:
            settings: dict[str, Any]) -> Identity:
         files = [[name, shard.size, shard.checksum] for name, shard in zip(names, shards,
                                                                             strict=True)]
-        read = [[shard.format, shard.codec, len(shard.frames or ())] for shard in shards]
+        read = [[shard.format.name, shard.codec, len(shard.frames or ())] for shard in shards]
+        # the columns a Parquet or Arrow file is read with: other columns, other records
+        read += [[index, list(shard.columns)] for index, shard in enumerate(shards)
+                 if shard.columns]
         # a file takes a few characters at least: skip compressing what cannot fit
         listing = _pack(_FILES, files) if len(files) <= LISTING_LIMIT // 2 else ""
         if not listing or len(listing) > LISTING_LIMIT:
             listing = _pack(_FOLDERS, _folder_rows(files))
         if len(listing) > LISTING_LIMIT:
             listing = ""
+        # a checksum names a file's content wherever it lies; else its modification time
+        # tells a rewritten file from the one the state was taken over
+        times = [None if shard.checksum is not None else modified_time(shard.version)
+                 for shard in shards]
         state = {"corpus": _digest([files, read]), "files": len(files), "bytes": _bytes(files),
-                 "listing": listing, "settings": {key: settings[key] for key in SETTINGS}}
+                 "listing": listing, "settings": {key: settings[key] for key in SETTINGS},
+                 "modified": _times_state(times)}
         return cls(state, files)
 
     def to_state(self) -> dict[str, Any]:
@@ -185,7 +265,8 @@ def differences(theirs: Any, mine: dict[str, Any], files: list[list[Any]] | None
     said = [f"{key}={theirs['settings'][key]!r} {old_at}, {value!r} {new_at}"
             for key, value in mine["settings"].items() if theirs["settings"][key] != value]
     if theirs["corpus"] == mine["corpus"]:
-        return said
+        changed = _times_differ(theirs, mine, files, old_at, new_at)
+        return said + ([changed] if changed else [])
     old_kind, old = _rows(theirs)
     new_kind, new = (_FILES, files) if files is not None else _rows(mine)
     if old_kind == new_kind == _FILES:
@@ -201,6 +282,49 @@ def differences(theirs: Any, mine: dict[str, Any], files: list[list[Any]] | None
     said.append(f"the corpus has {theirs['files']} files ({theirs['bytes']} bytes) {old_at}, "
                 f"{mine['files']} ({mine['bytes']} bytes) {new_at}")
     return said
+
+
+def _times_differ(theirs: dict[str, Any], mine: dict[str, Any],
+                  files: list[list[Any]] | None, old_at: str, new_at: str) -> str:
+    """What differs between the modification times of the same files (names, sizes and
+    checksums alike), in words; "" where nothing shows a change. A file without a time on
+    one side cannot be checked: logged."""
+    if theirs["modified"] == mine["modified"]:
+        return ""
+    old, new = _times_of(theirs["modified"]), _times_of(mine["modified"])
+    fix = ("its records may have moved, so the state cannot say where it stands in it. "
+           "If the files are the same, copied without their modification times, copy them "
+           "with the times kept (cp -p, rsync -t, shutil.copy2) or convert the corpus "
+           "(`streamds convert`: its manifest's checksums name the content); else restart "
+           "the epoch")
+    if old is None or new is None or len(old) != len(new):
+        return (f"the modification times of the {mine['files']} files differ ({old_at}, "
+                f"{new_at}; too many files to name which): a file rewritten at the same size: "
+                + fix)
+    if files is None:
+        kind, files = _rows(mine)
+        if kind != _FILES:
+            files = [[f"file {i + 1}"] for i in range(len(new))]
+    names = [row[0] for row in files]
+    pairs = list(zip(old, new, strict=True))
+    changed = [i for i, (a, b) in enumerate(pairs)
+               if a is not None and b is not None and not _same_time(a, b)]
+    unknown = [i for i, (a, b) in enumerate(pairs) if (a is None) != (b is None)]
+    if unknown:
+        log.info("%d file(s) of the state's corpus cannot be checked for changes (a "
+                 "modification time is known only %s), e.g. %r", len(unknown),
+                 old_at if new[unknown[0]] is None else new_at, names[unknown[0]])
+    if not changed:
+        return ""
+    listed = [f"{names[i]!r} ({_when(old[i])} {old_at}, {_when(new[i])} {new_at})"
+              for i in changed]
+    return _listed("files modified since (the same name and size)", listed) + "; " + fix
+
+
+def _when(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="microseconds")
 
 
 def _listed(label: str, items: list[str]) -> str:

@@ -12,20 +12,27 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..errors import StateMismatchError
 from ..seeds import shuffle_seed_parts
-from ..stages.balance import EvenRanks, pad_work
-from ..stages.batch import Batch
-from ..stages.buckets import PoolBatch, is_pool_state, pool_rng
-from ..stages.chunks import Chunk, ChunkCursor, Position, WorkItem, counts_in
-from ..stages.lines import Lines
+from ..stages.balance import pad_work
+from ..stages.buckets import PoolBatch, pool_rng
+from ..stages.chunks import Chunk, Position, WorkItem, counts_in
 from ..stages.mixing import MixStage
 from ..stages.packing import PackStage
 from ..stages.parse import DROPPED, Marker
-from ..stages.pipeline import Spec, reading_front, steps_after_buffer
+from ..stages.pipeline import (
+    Spec,
+    buffer_intake,
+    preparer,
+    read_up_to,
+    rest_of,
+    steps_after_buffer,
+    steps_before_buffer,
+    work_after,
+)
 from ..stages.pools import PoolStage
 from ..stages.rebatch import Rebatch
 from ..stages.records import fetch_records
@@ -41,7 +48,7 @@ from ..stages.state import (
     nested,
     sealed,
 )
-from ..stages.transform import AfterBuffer, Composed, Step
+from ..stages.transform import Composed, Step
 from ..storage.plan import Plan
 from ..world import World
 from .identity import differences
@@ -79,8 +86,6 @@ MERGED_READER = "reader"
 START_KEYS = (MERGED_READER, "finished")
 # a tail's key for the pool its reader had handed batches out of (`PoolBatch.pool_of`)
 _POOL = "open_pool"
-# torchdata StatefulDataLoader: batches yielded since the worker states in its state were taken
-LOADER_STEPS_SINCE_SNAPSHOT = "_steps_since_snapshot"
 
 
 def _reader_states(found: Any) -> Iterator[dict[str, Any]]:
@@ -106,26 +111,9 @@ def merged_counts(merged: dict[str, Any]) -> dict[str, int]:
     return dict(merged["counts"])
 
 
-def _next_record(position: dict[str, Any]) -> tuple[int, int | None]:
-    """(work item, offset) of the next record of a `ChunkCursor` position; between chunks,
-    where the line reader below stands."""
-    found = ChunkCursor.next_record(position)
-    if found is not None:
-        return found
-    return Lines.position_in(ChunkCursor.source_of(position))
-
-
-def _from_position(work: list[WorkItem], position: dict[str, Any]) -> list[WorkItem]:
-    """The work items left after a `ChunkCursor` position."""
-    item, offset = _next_record(position)
-    if item >= len(work):
-        return []
-    block, start = work[item]
-    return [(block, start if offset is None else offset), *work[item + 1 :]]
-
-
 def _unfinished(state: ReaderState) -> tuple[list[WorkItem], list[Position], dict | None]:
-    """(work left, buffered positions, tail to resolve) of one reader."""
+    """(work left, buffered positions, tail to resolve) of one reader: its pipeline's stages
+    say what it leaves (`rest_of`); under a shuffle that is a tail, resolved by reading."""
     num_blocks, seed, shuffle = state.plan
     work = state.work
     if work is None:
@@ -134,37 +122,18 @@ def _unfinished(state: ReaderState) -> tuple[list[WorkItem], list[Position], dic
         return [], [], None
     if state.pipeline is None:  # the reader had not started
         return list(work), list(state.prefill), None
-    pipeline = state.pipeline
-    pool = None
-    if is_pool_state(pipeline):  # batches cut from pools: the pool's start, batches out of it
-        pool = PoolBatch.pool_of(pipeline)
-        pipeline = PoolBatch.source_of(pipeline)
-        if not PoolBatch.emitted_of(pool):
-            pool = None  # nothing handed out of this pool yet: its source state says it all
-        elif not shuffle:
-            raise ValueError(
-                "merge_states cannot carry over the rest of a pool of batches cut by length "
-                "with shuffle=False (a reader without a shuffle buffer has nowhere to put "
-                "them); use shuffle=True with .batch(LengthBuckets/TokenBudget), or resume "
-                "in the same world with load_state_dict()"
-            )
-    if Batch.owns(pipeline):  # a Batch stage wraps the records stage's state
-        pipeline = Batch.source_of(pipeline)
-    if not shuffle:
-        return _from_position(work, pipeline), [], None
-    snapshot = pipeline
-    if steps_after_buffer(shuffle, state.quota is not None):  # the map and filter stage's
-        snapshot = AfterBuffer.source_state(pipeline)  # counts are taken with the others
-    at = Shuffle.source_of(snapshot)  # where the source stood at the buffer's snapshot
+    rest = rest_of(state.pipeline)
+    if rest.snapshot is None:  # in order: the work after its position
+        return work_after(work, rest.position), [], None
     tail = {
-        "work": [list(item) for item in _from_position(work, at)],
-        "even": None if state.quota is None else _even_stream(state, list(work), at),
-        "snapshot": Shuffle.snapshot_of(snapshot),  # with the records handed out since
+        "work": [list(item) for item in work_after(work, rest.position)],
+        "even": None if state.quota is None else _even_stream(state, list(work), rest.position),
+        "snapshot": rest.snapshot,  # with the records handed out since
         "seed": list(shuffle_seed_parts(seed, state.epoch, state.share.rank,
                                         state.share.worker)),
     }
-    if pool is not None:
-        tail[_POOL] = pool
+    if rest.pool is not None:
+        tail[_POOL] = rest.pool
     return [], [], tail
 
 
@@ -181,20 +150,7 @@ def _even_stream(state: ReaderState, work: list[WorkItem], position: dict[str, A
     pad = pad_work(Plan(num_blocks, seed, shuffle), state.epoch, work)
     return {"work": [list(item) for item in work], "pad": [list(item) for item in pad],
             "quota": max(0, state.quota - len(state.prefill)), "position": position,
-            "upto": list(_read_up_to(position))}
-
-
-def _read_up_to(position: dict[str, Any]) -> tuple[int, int | None]:
-    """(k, o): the records an even-ranks reader had passed on before a shuffle snapshot are
-    those of its stream's items before k, and of item k those before offset o (None: none).
-    Between chunks that is where the quota cut the stream, else where the line reader stands."""
-    found = ChunkCursor.next_record(position)
-    if found is not None:
-        return found
-    cut = EvenRanks.cut_of(ChunkCursor.source_of(position))
-    if cut is not None:
-        return cut
-    return Lines.position_in(ChunkCursor.source_of(position))
+            "upto": list(read_up_to(position))}
 
 
 class _Reads:
@@ -257,7 +213,7 @@ def merge_states(states: Any) -> dict[str, Any]:
     a list; reader states are found wherever they nest. Load the result with
     ``StreamingJsonl(source, ..., rank=r, world_size=n).with_resume(merged)``.
 
-    States of a `streamds.Mix` merge source by source (load with ``Mix(..., resume_from=)``);
+    States of a `streamds.Mix` merge source by source (load with ``mix.with_resume(merged)``);
     states of a packed dataset keep every reader's leftover tokens (load with
     ``packed.with_resume(merged)``).
 
@@ -270,7 +226,6 @@ def merge_states(states: Any) -> dict[str, Any]:
     """
     _check_batchers(states)
     _check_rebatches(states)
-    _check_loader_snapshots(states)
     # stages that merge their own nodes (each merges what it nests through `_merge_sources`);
     # the top-most nodes found name the one stage the states are of
     found = list(find_nodes(states, tuple(_OWN_MERGE)))
@@ -350,7 +305,7 @@ def _unstarted(starts: list[dict[str, Any]]) -> tuple[dict[str, Any], list[World
         if MERGED_READER not in start:
             raise ValueError(
                 "merge_states takes the states of the readers of one checkpoint, not a merged "
-                "state; resume from a merged state with resume_from= / with_resume()"
+                "state; resume from a merged state with with_resume()"
             )
         state = {key: value for key, value in start.items() if key not in START_KEYS}
         if before is not None and state != before:
@@ -380,29 +335,6 @@ def _check_rebatches(states: Any) -> None:
         Rebatch.check_merge(rebatch)
 
 
-def _check_loader_snapshots(found: Any) -> None:
-    """Refuse a StatefulDataLoader state taken between its snapshots
-    (``snapshot_every_n_steps`` > 1): its workers' states are that many batches old, and only
-    the loader itself replays the batches since; merging would read them a second time."""
-    if isinstance(found, dict):
-        since = found.get(LOADER_STEPS_SINCE_SNAPSHOT)
-        if since:
-            raise ValueError(
-                f"merge_states cannot use a StatefulDataLoader state taken {since} batches "
-                "after its last snapshot (snapshot_every_n_steps > 1): the reader states in "
-                "it are that old, so the batches since would be read again; for an elastic "
-                "resume save the states at a step that is a multiple of "
-                "snapshot_every_n_steps, or resume in the same world with load_state_dict()"
-            )
-        values: Iterable[Any] = found.values()
-    elif isinstance(found, (list, tuple)):
-        values = found
-    else:
-        return
-    for value in values:
-        _check_loader_snapshots(value)
-
-
 # stage -> its merge of the nodes of every reader (the reader's own merge is below)
 _OWN_MERGE: dict[str, Callable[[list[dict[str, Any]], Callable[[list[Any]], Any]],
                                dict[str, Any]]] = {
@@ -417,21 +349,15 @@ def _merge_sources(nodes: list[Any]) -> Any:
     return nested(merge_states([sealed(node) for node in nodes]))
 
 
-def _before_buffer(spec: Spec, even: bool) -> tuple[Step, ...]:
-    """The steps a shuffling reader runs before its buffer (`steps_after_buffer`)."""
-    return () if steps_after_buffer(True, even) else spec.steps
-
-
 def _read_after(
     spec: Spec, work: list[WorkItem], limit: int
 ) -> tuple[list[tuple[int, Position]], list[WorkItem]]:
     """(work item, position) of the first `limit` records of `work` that a shuffling
     reader's buffer takes in (one not under even_ranks), and the work left after them."""
-    *_, chunks = reading_front(spec, work, _before_buffer(spec, even=False))
     found: list[tuple[int, Position]] = []
     if limit == 0:
         return found, list(work)
-    for chunk in chunks:
+    for chunk in buffer_intake(spec, work):
         for index, item in enumerate(chunk.items):
             if item.__class__ is Marker:
                 continue
@@ -451,14 +377,11 @@ def _read_even(
     found: what the quota would have dropped is left to read, pad work never is."""
     work = [(block, start) for block, start in even["work"]]
     pad = [(block, start) for block, start in even["pad"]]
-    *_, mapped = reading_front(spec, work, _before_buffer(spec, even=True), pad_work=pad)
-    chunks = EvenRanks(mapped, even["quota"], work_items=len(work), pad_items=len(pad))
-    cursor = ChunkCursor(chunks)
-    cursor.reset(even["position"])
     found: list[tuple[int, Position]] = []
     last: tuple[Chunk, int] | None = None
     if limit:
-        for chunk in cursor.chunks():
+        for chunk in buffer_intake(spec, work, pad=pad, quota=even["quota"],
+                                   position=even["position"]):
             for index, item in enumerate(chunk.items):
                 if item.__class__ is Marker:
                     continue
@@ -523,7 +446,7 @@ def _resolve_pool(tail: dict[str, Any], spec: Spec
             "or .batch(TokenBudget(...)) with the same arguments)"
         )
     even = tail.get("even") is not None
-    before = _before_buffer(spec, even)
+    before = steps_before_buffer(spec, even)
     after = spec.steps if steps_after_buffer(True, even) else ()  # run as records leave it
     # the pool: the first pool_size records out of the buffer that pass `after`; the records
     # out of the buffer are the same first ones however many are drawn, so draw more (twice
@@ -532,7 +455,7 @@ def _resolve_pool(tail: dict[str, Any], spec: Spec
     while True:
         work, buffered, handed = _resolve(tail, spec, then=then)
         records = fetch_records(handed, shards=spec.shards, blocks=spec.blocks,
-                                prepare=_preparer(spec, before), opener=spec.opener,
+                                prepare=preparer(spec, before), opener=spec.opener,
                                 retry=spec.retry)
         kept = _passing(records, after)
         if len(kept) >= rule.pool_size or len(handed) < then:  # full, or the epoch's end
@@ -556,12 +479,6 @@ def _passing(records: list[Any], steps: tuple[Step, ...]) -> list[tuple[int, Any
     apply = Composed(steps)
     done = [apply(record) for record in records]
     return [(index, record) for index, record in enumerate(done) if record is not DROPPED]
-
-
-def _preparer(spec: Spec, steps: tuple[Step, ...]) -> Callable[[Chunk], Chunk]:
-    """Raw lines -> the records the reader's pipeline makes of them (parse, then `steps`)."""
-    _, parse, transform = reading_front(spec, [], steps)
-    return lambda chunk: transform.transform(parse.parse(chunk))
 
 
 def resolve_tails(merged: dict[str, Any], spec: Spec) -> dict[str, Any]:
@@ -588,15 +505,32 @@ def resolve_tails(merged: dict[str, Any], spec: Spec) -> dict[str, Any]:
     return resolved
 
 
-def share_of(merged: dict[str, Any], world: World) -> tuple[list[WorkItem], list[Position],
-                                                            dict[str, int]]:
+def share_of(merged: dict[str, Any], world: World, sizes: Sequence[int] | None = None
+             ) -> tuple[list[WorkItem], list[Position], dict[str, int]]:
     """This reader's part of a resolved merged state: work items, prefill (records that were
     in a shuffle buffer, put back into this reader's), and (for reader 0 only) the counts
-    carried over."""
+    carried over.
+
+    Work items are dealt in turn; with `sizes` (the records of each remaining item, known
+    under even_ranks) by record count instead, largest first to the reader holding the
+    fewest, so that the readers' shares differ by as little as whole items allow: even
+    ranks then pad (repeat) as few records as the remaining tails permit, instead of
+    whatever a deal in turn leaves uneven."""
     step, first = world.readers, world.reader
-    work = [(b, s) for b, s in merged["remaining"][first::step]]
+    remaining = merged["remaining"]
     prefill = [(b, o) for b, o in merged["pending"][first::step]]
     counts = merged["counts"] if first == 0 else {}
+    if sizes is None:
+        work = [(b, s) for b, s in remaining[first::step]]
+        return work, prefill, dict(counts)
+    pending = len(merged["pending"])
+    loads = [pending // step + (reader < pending % step) for reader in range(step)]
+    owner = [0] * len(remaining)
+    for index in sorted(range(len(remaining)), key=lambda i: (-sizes[i], i)):
+        reader = min(range(step), key=lambda r: (loads[r], r))
+        owner[index] = reader
+        loads[reader] += sizes[index]
+    work = [(b, s) for (b, s), mine in zip(remaining, owner, strict=True) if mine == first]
     return work, prefill, dict(counts)
 
 

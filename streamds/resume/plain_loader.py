@@ -35,7 +35,7 @@ __all__ = [
     "batches_after",
     "batches_per_reader",
     "epoch_batches",
-    "pipeline_state_after",
+    "records_state_after",
     "require_line_per_record",
 ]
 
@@ -65,7 +65,7 @@ def require_line_per_record(
     if "filter" in kinds:
         why.append("a .filter() step")
     if "map" in kinds:
-        why.append("a .map() or transform= step (one that returns None drops its record)")
+        why.append("a .map() step (one that returns None drops its record)")
     if on_error == "skip":
         why.append('on_error="skip" (malformed lines are skipped)')
     if why:
@@ -144,7 +144,7 @@ def _positions_of(
             for chunk in read_lines(shard, block, block_id, resume_at=start):
                 lines = cut_bom(chunk.lines, chunk.offsets, chunk.labels)
                 for offset, line in zip(chunk.offsets, lines, strict=False):
-                    if not line.strip():
+                    if shard.format.parses and not line.strip():  # else values: all records
                         continue
                     if number in wanted_here:
                         found[number] = (k, offset)
@@ -175,30 +175,10 @@ def _count_mismatch(
     )
 
 
-def pipeline_state_after(
+def records_state_after(
+    reader: Reader,
     yielded: int,
     *,
-    reader: Reader,
-    work: Sequence[WorkItem],
-    counts: Sequence[int],
-    shuffle: bool,
-    buffer_size: int,
-    seed_parts: tuple[int | str, ...],
-) -> dict[str, Any]:
-    """The pipeline state of `reader` (below a batcher) once it has yielded `yielded`
-    records of its `work`.
-
-    `counts[k]` is the number of records of `work[k]`.
-    """
-    return reader.over_records(_records_state_after(
-        yielded, reader=reader, work=work, counts=counts, shuffle=shuffle,
-        buffer_size=buffer_size, seed_parts=seed_parts))
-
-
-def _records_state_after(
-    yielded: int,
-    *,
-    reader: Reader,
     work: Sequence[WorkItem],
     counts: Sequence[int],
     shuffle: bool,
@@ -206,7 +186,8 @@ def _records_state_after(
     seed_parts: tuple[int | str, ...],
 ) -> dict[str, Any]:
     """The state of `reader`'s records stage (the shuffle, or the in-order records) once it
-    has handed out `yielded` records."""
+    has handed out `yielded` records of its `work` (`counts[k]` records in `work[k]`): for
+    `streamds.stages.pipeline.state_after`."""
     shards, blocks = reader.spec.shards, reader.spec.blocks
     total = sum(counts)
 

@@ -9,59 +9,15 @@ by reading only the blocks that hold them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
 from itertools import islice
 from typing import Any
 
-from ..stages.chunks import Chunk, ChunkCursor, Position
+from ..stages.chunks import ChunkCursor
+from ..stages.numbers import NEW, Numbers
+from ..stages.pipeline import numbers_shuffle
 from ..stages.shuffle import Shuffle
 
 __all__ = ["NEW", "Numbers", "replay"]
-
-NEW = -1  # block id of a numbered record in a replay: (NEW, n) is the n-th record read
-
-
-class Numbers:
-    """A stand-in chunk source: records (NEW, 0), (NEW, 1), ... up to `total` (None: no end),
-    one per chunk so that the records read are exactly those pulled.
-
-    State: ``{"next": n}``, the number of the next record."""
-
-    NEXT = "next"
-
-    @classmethod
-    def state_at(cls, number: int) -> dict[str, Any]:
-        """The state before record `number`."""
-        return {cls.NEXT: number}
-
-    @classmethod
-    def next_of(cls, state: dict[str, Any]) -> int:
-        """The number of the next record of a state."""
-        return int(state[cls.NEXT])
-
-    def __init__(self, total: int | None) -> None:
-        self.total = total
-        self.reset()
-
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        self.next = 0 if state is None else self.next_of(state)
-
-    def get_state(self) -> dict[str, Any]:
-        return self.state_at(self.next)
-
-    @property
-    def counts(self) -> dict[str, int]:
-        return {}
-
-    def __iter__(self) -> Iterator[Chunk]:
-        while self.total is None or self.next < self.total:
-            number = self.next
-            self.next += 1
-            yield Chunk(0, NEW, [number, number + 1], [(NEW, number)], True)
-
-
-def _identity(positions: Sequence[Position]) -> list[Any]:
-    return list(positions)
 
 
 def replay(
@@ -75,8 +31,7 @@ def replay(
     Returns the shuffle (its `buffered()` and `get_state()`) and the numbers source (how many
     records it read: `.next`). `handed`, if given, receives the records handed out, in order.
     """
-    numbers = Numbers(total)
-    shuffle = Shuffle(numbers, size=size, seed_parts=seed_parts, fetch=_identity)
+    shuffle, numbers = numbers_shuffle(total, size=size, seed_parts=seed_parts)
     if snapshot is not None:
         start = ChunkCursor.between(Numbers.state_at(0))
         shuffle.reset(Shuffle.restarted(snapshot, start))

@@ -14,22 +14,22 @@ import copy
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from ..errors import StateMismatchError
 from ..seeds import shuffle_seed_parts
 from ..stages.balance import check_split, empty_rank, pad_work, quotas
-from ..stages.batch import Batch
-from ..stages.buckets import LengthBuckets, PoolBatch
-from ..stages.chunks import Position, WorkItem
-from ..stages.pipeline import Reader, Spec
+from ..stages.buckets import LengthBuckets
+from ..stages.chunks import HandedOut, Position, WorkItem
+from ..stages.pipeline import Spec, state_after
 from ..stages.state import ReaderState
 from ..storage.plan import Block, Plan
-from ..storage.shards import Shard
+from ..storage.shards import Shard, unsplit_note
 from ..world import World
 from .counts import count_from
 from .merge import MERGED_READER, share_of
-from .plain_loader import pipeline_state_after
+from .plain_loader import records_state_after
 
 __all__ = ["AFTER_BATCHES", "FRESH", "LOADED", "MERGED", "Layout", "Merged", "Start",
            "after_batches", "after_records", "choose", "describe", "fresh", "pad_work_of",
@@ -48,18 +48,25 @@ class Merged:
     """A merged state to finish under this world, and the same with its tails read (once per
     process: the tails depend on the map and filter steps, so a new step drops them)."""
 
-    __slots__ = ("resolved", "state")
+    __slots__ = ("resolved", "sizes", "state")
 
     def __init__(self, state: dict[str, Any]) -> None:
         self.state = state
         self.resolved: dict[str, Any] | None = None
+        self.sizes: list[int] | None = None  # records of each remaining item (even ranks)
 
-    def share(self, world: World, resolve: Resolve) -> tuple[list[WorkItem], list[Position],
-                                                           dict[str, int]]:
-        """Reader `world`'s work, prefill and carried counts of the merged state."""
+    def share(self, world: World, resolve: Resolve, layout: Layout | None = None
+              ) -> tuple[list[WorkItem], list[Position], dict[str, int]]:
+        """Reader `world`'s work, prefill and carried counts of the merged state; with a
+        `layout` under even_ranks, work dealt by record count (`share_of`)."""
         if self.resolved is None:
             self.resolved = resolve(self.state)
-        return share_of(self.resolved, world)
+        if layout is None or layout.even_ranks is None:
+            return share_of(self.resolved, world)
+        if self.sizes is None:
+            self.sizes = [records_of(layout, [(block, start)])
+                          for block, start in self.resolved["remaining"]]
+        return share_of(self.resolved, world, self.sizes)
 
 
 @dataclass(frozen=True)
@@ -179,7 +186,7 @@ def choose(start: Start, layout: Layout, epoch: int, world: World, resolve: Reso
             return state
     if base.kind == MERGED and base.payload.state["epoch"] == epoch:
         state = fresh(layout, epoch, world)
-        state.work, state.prefill, state.carried = base.payload.share(world, resolve)
+        state.work, state.prefill, state.carried = base.payload.share(world, resolve, layout)
         return with_quota(state, layout, resolve, merged=base.payload, report=report)
     return with_quota(fresh(layout, epoch, world), layout, resolve, report=report)
 
@@ -207,14 +214,17 @@ def with_quota(state: ReaderState, layout: Layout, resolve: Resolve, *,
         for reader in range(world.readers):
             other = World(reader // world.num_workers, world.world_size,
                           reader % world.num_workers, world.num_workers)
-            work, prefill, _ = merged.share(other, resolve)
+            work, prefill, _ = merged.share(other, resolve, layout)
             counts.append(records_of(layout, work) + len(prefill))
     else:
         assert layout.block_counts is not None
         counts = layout.plan.reader_records(state.epoch, world, layout.block_counts)
     shares = quotas(counts, world.world_size, layout.even_ranks)
-    said = check_split(counts, shares, world.world_size, layout.even_ranks,
-                       blocks=layout.plan.num_blocks, resumed=merged is not None)
+    try:
+        said = check_split(counts, shares, world.world_size, layout.even_ranks,
+                           blocks=layout.plan.num_blocks, resumed=merged is not None)
+    except ValueError as err:  # a split the blocks cannot give: say when Range is why
+        raise ValueError(f"{err}{unsplit_note(layout.shards)}") from None
     if said is not None and report and world.reader == 0:
         log.warning("epoch %d: %s", state.epoch, said)
     return replace(state, quota=shares[world.reader])
@@ -225,6 +235,7 @@ def _check_rank_has_work(layout: Layout, world: World) -> None:
                       corpus_bytes=sum(shard.size for shard in layout.shards))
     if said is None:
         return
+    said += unsplit_note(layout.shards)
     if not layout.world_given:
         raise ValueError(said)
     key = (layout.fingerprint["corpus"], world.rank, world.world_size)
@@ -251,12 +262,12 @@ def pad_work_of(plan: Plan, state: ReaderState) -> list[WorkItem]:
 
 def after_batches(
     layout: Layout, spec: Spec, epoch: int, here: World, *, taken: Sequence[int],
-    next_worker: int, batch_size: int, rule: LengthBuckets | None, batched: bool,
+    next_worker: int, batch_size: int, rule: LengthBuckets | None,
 ) -> dict[int, ReaderState]:
     """{worker: state} of every worker of rank `here` for a plain loader that resumes after
     its workers handed out `taken` batches each and worker `next_worker` is next in line
     (it becomes worker 0). `rule`: the dataset cuts batches from pools (a pool's batches
-    already handed out are re-read, cut and skipped); `batched`: it makes batches itself."""
+    already handed out are re-read, cut and skipped)."""
     assert layout.block_counts is not None
     counts = layout.block_counts
     readers = len(taken)
@@ -271,18 +282,13 @@ def after_batches(
         # records handed out before the resume point: whole batches, or whole pools
         pool, emitted = divmod(taken[old] * batch_size, rule.pool_size) if rule else (0, 0)
         before = pool * rule.pool_size if rule else taken[old] * batch_size
-        state.pipeline = pipeline_state_after(
-            min(before, records[old]),
-            reader=Reader(spec, state), work=works[old],
+        # (a pool's batches handed out: re-read, cut, skipped)
+        handed = HandedOut(min(before, records[old]), pool, emitted // batch_size)
+        state.pipeline = state_after(spec, state, handed, partial(
+            records_state_after, work=works[old],
             counts=[counts[block] for block, _ in works[old]],
             shuffle=layout.shuffle, buffer_size=layout.buffer_size,
-            seed_parts=shuffle_seed_parts(layout.seed, epoch, here.rank, old),
-        )
-        if rule is not None:  # the pool's batches handed out: re-read, cut, skip them
-            state.pipeline = PoolBatch.state_over(state.pipeline, rule.config(), pool,
-                                                  emitted // batch_size)
-        elif batched:  # the Batch stage wraps the records stage's state
-            state.pipeline = Batch.state_over(state.pipeline)
+            seed_parts=shuffle_seed_parts(layout.seed, epoch, here.rank, old)))
         starts[worker] = state
     return starts
 
@@ -299,11 +305,10 @@ def after_records(layout: Layout, spec: Spec, epoch: int, seat: World, world: Wo
     state.seat = (seat.rank, seat.worker)
     if yielded == 0:
         return state
-    state.pipeline = pipeline_state_after(
-        min(yielded, sum(counts)), reader=Reader(spec, state), work=work, counts=counts,
-        shuffle=layout.shuffle, buffer_size=layout.buffer_size,
-        seed_parts=shuffle_seed_parts(layout.seed, epoch, seat.rank, seat.worker),
-    )
+    state.pipeline = state_after(spec, state, HandedOut(min(yielded, sum(counts))), partial(
+        records_state_after, work=work, counts=counts, shuffle=layout.shuffle,
+        buffer_size=layout.buffer_size,
+        seed_parts=shuffle_seed_parts(layout.seed, epoch, seat.rank, seat.worker)))
     return state
 
 

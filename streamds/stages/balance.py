@@ -21,6 +21,7 @@ rank with nothing to read when ranks are not evened (a DDP job would wait for it
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -33,6 +34,8 @@ __all__ = [
     "EVEN_RANKS", "WARN_FRACTION", "EvenRanks", "check_split", "empty_rank", "pad_work",
     "quotas", "records_in",
 ]
+
+log = logging.getLogger(__name__)
 
 EVEN_RANKS = (None, "drop", "pad")
 WARN_FRACTION = 0.01  # a split that drops or repeats more than this share of records warns
@@ -152,10 +155,12 @@ class EvenRanks:
         return None if cut is None else (cut[0], cut[1])
 
     def __init__(
-        self, source: Any, quota: int | None, *, work_items: int = 0, pad_items: int = 0
+        self, source: Any, quota: int | None, *, work_items: int = 0, pad_items: int = 0,
+        mode: str | None = None,
     ) -> None:
         self.source = source
         self.quota = quota
+        self.mode = mode  # "drop": a repeat breaks its promise, and is logged
         self.work_items = work_items  # items of the reader's own work; then pad passes
         self.pad_items = pad_items
         self.reset()
@@ -196,6 +201,8 @@ class EvenRanks:
             if this != passes[0]:
                 if passes[1] == 0:
                     break  # a whole pass over the pad work found no record
+                if passes[0] < 0 and self.mode == "drop":
+                    self._say_repeats(quota)
                 passes = [this, 0 if passes[0] >= 0 else 1]
             passes[1] += count
             if self._emitted + count >= quota:
@@ -210,6 +217,16 @@ class EvenRanks:
             f"even_ranks could not fill this reader's quota of {quota} records: it found "
             f"{self._emitted} (does a filter drop every record?)"
         )
+
+    def _say_repeats(self, quota: int) -> None:
+        """Under "drop" a reader's own records fell short of its quota (quotas count lines;
+        a map returned None or lines were skipped): it repeats some rather than hang DDP."""
+        log.warning(
+            "even_ranks='drop': a reader's own records ran out %d short of its quota of %d "
+            "(quotas count lines; its map returned None or on_error='skip' skipped lines), so "
+            "it repeats %d records to keep every rank's batches the same; drop those records "
+            "when converting the corpus (`streamds convert --transform`, None drops a record) "
+            "to have none repeated", quota - self._emitted, quota, quota - self._emitted)
 
     @staticmethod
     def _cut(chunk: Chunk, keep: int) -> Chunk:

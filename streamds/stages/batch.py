@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import get_worker_info
 
 from ..handover import shm_ring
-from .chunks import SOURCE, STAGE, checked
+from .chunks import SOURCE, STAGE, Below, HandedOut, Rest, checked
 
 if TYPE_CHECKING:
     from .buckets import Rule
@@ -139,6 +139,17 @@ class Batch:
         return {STAGE: cls.STAGE, cls.SOURCE: source}
 
     @classmethod
+    def unfinished(cls, state: dict[str, Any], below: Below) -> Rest:
+        """What a reader batched at `state` leaves: what its records stage leaves (a batch is
+        handed out whole, so none is open)."""
+        return below(cls.source_of(state))
+
+    def over(self, source: Any, handed: HandedOut) -> dict[str, Any]:
+        """This stage's state once the reader has handed out `handed` (whole batches), its
+        records stage standing at `source`."""
+        return self.state_over(source)
+
+    @classmethod
     def owns(cls, state: Any) -> bool:
         """Whether a pipeline state is this stage's."""
         return isinstance(state, dict) and state.get(STAGE) == cls.STAGE
@@ -154,13 +165,17 @@ class Batch:
         self.spec = spec
         self.collate = collate
         self.positions = positions
+        self._failed: Any = None  # the source's state before a batch whose making raised
 
     def reset(self, state: dict[str, Any] | None = None) -> None:
         if state is not None:
             checked(state, self.STAGE)
         self.source.reset(None if state is None else state[self.SOURCE])
+        self._failed = None
 
     def get_state(self) -> dict[str, Any]:
+        if self._failed is not None:
+            return self.state_over(self._failed)
         return self.state_over(self.source.get_state())
 
     @property
@@ -170,9 +185,24 @@ class Batch:
     @property
     def done(self) -> bool:
         """Whether the last batch has been handed out (its records are the source's last)."""
-        return self.source.done
+        return self._failed is None and self.source.done
 
     def __iter__(self) -> Iterator[Any]:
+        # a batch whose making raises (its collate, or a stage below on one of its records)
+        # hands out none of its records: the state then stands before it (guarantee 12), so
+        # the source's state is kept before each batch (O(1) small integers)
+        before = self.source.get_state()
+        try:
+            for batch in self._batches():
+                yield batch
+                before = self.source.get_state()
+        except GeneratorExit:  # closed at a yield: that batch was handed out
+            raise
+        except BaseException:  # an error, or an interrupt while a batch was made
+            self._failed = before
+            raise
+
+    def _batches(self) -> Iterator[Any]:
         size, collate, drop_last = self.spec.size, self.collate, self.spec.drop_last
         assert size is not None, "a BatchSpec with a rule goes to PoolBatch"
         if self.positions:

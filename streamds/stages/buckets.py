@@ -29,7 +29,7 @@ from typing import Any
 from ..checks import check_bool, check_int, check_optional_int
 from ..errors import StateMismatchError
 from ..seeds import derive_seed
-from .chunks import SOURCE, STAGE, checked
+from .chunks import SOURCE, STAGE, Below, HandedOut, Rest, checked
 
 __all__ = [
     "FieldLength",
@@ -243,6 +243,30 @@ class PoolBatch:
                 cls.EMITTED: emitted}
 
     @classmethod
+    def unfinished(cls, state: dict[str, Any], below: Below) -> Rest:
+        """What a reader at `state` leaves: what its records stage left where the pool began,
+        and the pool, if batches of it were handed out (its records are cut again from the
+        buffer's draws, so they need a shuffle buffer below to be put back into)."""
+        rest = below(cls.source_of(state))
+        pool = cls.pool_of(state)
+        if not cls.emitted_of(pool):
+            return rest  # nothing handed out of this pool yet: its source says it all
+        if rest.snapshot is None:
+            raise ValueError(
+                "merge_states cannot carry over the rest of a pool of batches cut by length "
+                "with shuffle=False (a reader without a shuffle buffer has nowhere to put "
+                "them); use shuffle=True with .batch(LengthBuckets/TokenBudget), or resume "
+                "in the same world with load_state_dict()"
+            )
+        rest.pool = pool
+        return rest
+
+    def over(self, source: Any, handed: HandedOut) -> dict[str, Any]:
+        """This stage's state once the reader has handed out `handed`: pool `handed.pool`
+        beginning where its source stands at `source`, `handed.batches` of it handed out."""
+        return self.state_over(source, self.rule.config(), handed.pool, handed.batches)
+
+    @classmethod
     def source_of(cls, state: dict[str, Any]) -> Any:
         """The source's state where the state's pool began."""
         return state[cls.SOURCE]
@@ -326,9 +350,9 @@ class PoolBatch:
                                pool_rng(self.seed_parts, self._pool))
             self._count = len(batches)
             for number in range(self._emitted, len(batches)):
-                self._emitted = number + 1
-                batch = [pool[i] for i in batches[number]]
-                yield collate(batch)
+                made = collate([pool[i] for i in batches[number]])
+                self._emitted = number + 1  # after the collate: one that raises is not counted
+                yield made
             self._pool += 1
             self._emitted = 0
             self._count = None

@@ -36,10 +36,11 @@ import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import StateMismatchError
+from ..storage.plan import Block
 from ..storage.records_cache import (
     BAD_LINE,
     BLANK_LINE,
@@ -48,8 +49,11 @@ from ..storage.records_cache import (
     CachedBlockError,
     RecordStore,
     UncacheableRecordError,
+    block_key,
+    uncacheable,
 )
 from ..storage.records_cache import DROPPED as STORED_DROP
+from ..storage.shards import Shard, stat_shard
 from .chunks import Chunk, Position, Stored
 from .parse import BAD, BLANK, DROPPED, LineNumbers, Marker
 
@@ -64,11 +68,68 @@ PIECE = 1024  # placeholders per chunk of a stored block (bounds what one chunk 
 class RecordsCache:
     """What `ds.cache(directory, key=...)` asked for: the store, each block's key (None: the
     block is read as without a cache) and how many of the dataset's steps run before it
-    (their records are stored; the steps after run on the stored records)."""
+    (their records are stored; the steps after run on the stored records).
+
+    `keys` are made from the shards as listed when `.cache()` was called; a reader checks
+    each shard it uses against its storage once per epoch (`shard_now`), since a file may
+    change under a dataset that lives for many epochs. `shards`, `blocks`, `names` (the
+    shards' names under the source root), `key` and `upstream` make the keys again.
+    """
 
     store: RecordStore
     keys: tuple[str | None, ...]
     steps: int
+    shards: tuple[Shard, ...]
+    blocks: tuple[Block, ...]
+    names: tuple[str, ...]
+    key: str
+    upstream: str
+
+    def shard_now(self, index: int) -> Shard | None:
+        """Shard `index` as its storage describes it now (one stat): itself where unchanged,
+        a copy with the new version where only that changed and no checksum names its
+        content (its blocks get new keys), None where its records cannot be told from
+        stored ones (a new size, or a manifest checksum that may be stale): read it as
+        without the cache. Logged once per process and file."""
+        shard = self.shards[index]
+        if uncacheable(shard) is not None:
+            return shard  # no key to check
+        try:
+            size, version = stat_shard(shard)
+        except OSError:
+            return None  # reading it says what is wrong
+        if (size, version) == (shard.size, shard.version):
+            return shard
+        if size == shard.size and shard.checksum is None and version is not None:
+            _say_once(shard.url, logging.INFO, "ds.cache: %s changed since the dataset was "
+                      "made (%s, was %s); its records are computed again and stored anew",
+                      shard.url, version, shard.version)
+            return replace(shard, version=version)
+        _say_once(shard.url, logging.WARNING,
+                  "ds.cache: %s changed since the dataset was made (%s bytes, %s; was %s "
+                  "bytes, %s); it is read from the source, not the cache, while this dataset "
+                  "lives: build the dataset again (its blocks and checksums are taken when it "
+                  "is made)", shard.url, size, version, shard.size, shard.version)
+        return None
+
+    def key_now(self, block: int, shard: Shard | None) -> str | None:
+        """Block `block`'s key for its shard as `shard_now` gave it."""
+        if shard is None:
+            return None
+        index = self.blocks[block].shard
+        if shard is self.shards[index]:
+            return self.keys[block]
+        return block_key(shard, self.blocks[block], name=self.names[index], key=self.key,
+                         upstream=self.upstream)
+
+
+_said: set[str] = set()  # files whose change was logged in this process
+
+
+def _say_once(url: str, level: int, message: str, *args: Any) -> None:
+    if url not in _said:
+        _said.add(url)
+        log.log(level, message, *args)
 
 
 class _Held:
@@ -114,6 +175,20 @@ class BlockCache:
         self._held: dict[int, _Held] = {}
         self._damaged: list[_Held] = []
         self._filling: dict[int, _Filling] = {}
+        self._keys: dict[int, str | None] = {}  # per block, checked against its shard now
+        self._shards: dict[int, Shard | None] = {}  # per shard: `RecordsCache.shard_now`
+
+    def _key(self, block: int) -> str | None:
+        """Block `block`'s key, its shard checked against its storage once per reader (a
+        reader lives one epoch): a file changed since `.cache()` never gets stale records."""
+        if block in self._keys:
+            return self._keys[block]
+        spec = self.spec
+        index = spec.blocks[block].shard
+        if index not in self._shards:
+            self._shards[index] = spec.shard_now(index)
+        key = self._keys[block] = spec.key_now(block, self._shards[index])
+        return key
 
     # -- reading (Lines) ---------------------------------------------------------------------
 
@@ -129,7 +204,7 @@ class BlockCache:
         held = self._held.get(block)
         if held is not None:
             return held
-        key = self.spec.keys[block]
+        key = self._key(block)
         if key is None:
             return None
         reader = self.spec.store.get(key)
@@ -230,7 +305,7 @@ class BlockCache:
         old = self._filling.pop(block, None)
         if old is not None:  # a pass that stopped short (even ranks' padding reads it again)
             old.writer.abort()
-        key = self.spec.keys[block]
+        key = self._key(block)
         if key is None:
             return
         writer = self.spec.store.start(key)

@@ -14,14 +14,15 @@ use its operations (`ChunkCursor.at`, `Lines.position_in`, `Shuffle.snapshot_of`
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import StateMismatchError
 
-__all__ = ["COUNTS", "SOURCE", "STAGE", "Chunk", "ChunkCursor", "ChunkStage", "Position",
-           "Stored", "WorkItem", "checked", "counts_in", "find", "nodes"]
+__all__ = ["COUNTS", "SOURCE", "STAGE", "Below", "Chunk", "ChunkCursor", "ChunkStage",
+           "HandedOut", "Position", "Rest", "Stored", "WorkItem", "checked", "counts_in", "find",
+           "nodes"]
 
 STAGE = "stage"  # the key by which every node of a state tree names its stage
 
@@ -82,6 +83,34 @@ class ChunkStage(Protocol):
     def __iter__(self) -> Iterator[Chunk]: ...
     @property
     def counts(self) -> dict[str, int]: ...
+
+
+@dataclass
+class Rest:
+    """What a reader's pipeline state leaves of its epoch, as its stages tell it (the elastic
+    merge: each node's stage answers `unfinished(node, below)`, `below` going on down to its
+    source's node): where the record stream stands (a `ChunkCursor` position; under a
+    shuffle, at the buffer's snapshot), the buffer's `snapshot` (`Shuffle.snapshot_of`), and
+    the `pool` of batches being handed out (`PoolBatch.pool_of`; None: none begun)."""
+
+    position: dict[str, Any]
+    snapshot: dict[str, Any] | None = None
+    pool: dict[str, Any] | None = None
+
+
+Below = Callable[[Any], Rest]  # a source's node -> what it leaves (the walk on down)
+
+
+@dataclass(frozen=True)
+class HandedOut:
+    """A start: a reader that has handed out `records` records of its epoch (a plain
+    loader's resume), then, batching by a rule, `batches` batches of its pool number `pool`
+    (which begins after those records). Each stage above the records stage answers for its
+    own state at that point (`over(source_state, handed)`)."""
+
+    records: int
+    pool: int = 0
+    batches: int = 0
 
 
 def nodes(state: Any) -> Iterator[dict[str, Any]]:
@@ -166,10 +195,17 @@ class ChunkCursor:
             return None
         return item, position[cls.OFFSET]
 
+    @classmethod
+    def unfinished(cls, position: dict[str, Any], below: Below) -> Rest:
+        """What a reader whose records stage stands at `position` leaves: the rest of its
+        stream from there (the in-order records stage's state is its cursor's)."""
+        return Rest(position)
+
     def __init__(self, source: ChunkStage) -> None:
         self.source = source
         self.before: dict[str, Any] | None = None
         self._cut: tuple[int, int] | None = None
+        self.failed = False  # making the next chunk raised: a position stands before it
 
     def reset(self, position: dict[str, Any] | None) -> None:
         if position is None:
@@ -180,13 +216,21 @@ class ChunkCursor:
             self.source.reset(position[self.SOURCE])
             self._cut = (position[self.ITEM], position[self.OFFSET])
         self.before = None
+        self.failed = False
 
     def chunks(self) -> Iterator[Chunk]:
         source = self.source
         stream = iter(source)
         while True:
             before = source.get_state()
-            chunk = next(stream, None)
+            try:
+                chunk = next(stream, None)
+            except BaseException:
+                # a stage below raised while making the chunk (a step, a bad line): none of
+                # its records was handed out, so a state taken now resumes at its start,
+                # where the failing record is read again (guarantee 12)
+                self.before, self.failed = before, True
+                raise
             if chunk is None:
                 self.before = before
                 return
@@ -202,6 +246,8 @@ class ChunkCursor:
 
     def position(self, chunk: Chunk | None, index: int) -> dict[str, Any]:
         """Where the record `index` of `chunk` is (None: past the last chunk)."""
+        if self.failed:  # before the chunk whose making raised
+            return self.between(self.before)
         if chunk is None or index >= len(chunk.items):
             return self.between(self.source.get_state())  # the chunk is spent: after it
         return self.at(self.before, chunk.work_index, chunk.offsets[index])

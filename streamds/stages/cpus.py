@@ -45,7 +45,7 @@ __all__ = ["FIT", "KEEP", "TUNE", "CpuPlan", "TuneCpus", "cpu_quota", "on_planne
 
 log = logging.getLogger(__name__)
 
-WORKER_CPUS = ("auto", "all")  # StreamingJsonl(worker_cpus=...)
+WORKER_CPUS = ("auto", "all")  # StreamingJsonl.batch(..., worker_cpus=...)
 
 KEEP, FIT, TUNE = "keep", "fit", "tune"
 WARM_UP = 5.0  # seconds before the first measurement: a shorter run would not win back its cost

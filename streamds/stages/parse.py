@@ -26,7 +26,8 @@ import orjson
 
 from ..errors import CorruptRecordError
 from ..formats import values
-from ..storage.read import CutLines, Opener, count_newlines, open_decoded_at
+from ..formats.jsonl import CutLines
+from ..storage.read import Opener, count_newlines, open_decoded_at
 from .chunks import COUNTS, SOURCE, STAGE, Chunk, checked
 
 if TYPE_CHECKING:
@@ -124,12 +125,9 @@ class LineNumbers:
         """``"file.jsonl: line 12 (byte offset 345)"``: where the record at a position is,
         known by its position alone (for a tar shard its ordinal in the file)."""
         url = self.url(block)
-        kind = self.shards[self.blocks[block].shard].format
-        if kind == "tar":
-            return f"{url}: record {offset + 1} of the file"
-        if kind != "jsonl":  # a .json file: JSON lines, or one document's elements
-            return (f"{url}: position {offset} (a byte offset if the file holds JSON lines, "
-                    "else the index of the document's element)")
+        said = self.shards[self.blocks[block].shard].format.place(url, offset)
+        if said is not None:  # a position that is no line's byte offset: as its format says
+            return said
         line = self.line(block, offset)
         if line is None:
             return f"{url}: byte offset {offset}"
@@ -277,6 +275,10 @@ class Parse:
 
     def parse(self, chunk: Chunk) -> Chunk:
         """`chunk` with its lines parsed (also used to re-read buffered records)."""
+        if not self.shards[self.blocks[chunk.block].shard].format.parses:
+            # the format read Python values (a columnar format): nothing to parse
+            return Chunk(chunk.work_index, chunk.block, chunk.offsets, chunk.items, True,
+                         chunk.labels)
         where = self.where
 
         def locate(index: int) -> tuple[int | None, str]:

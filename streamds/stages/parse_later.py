@@ -54,15 +54,15 @@ __all__ = ["LineBatch", "MalformedLine", "ParseLater", "parses_later"]
 
 def parses_later(spec: Spec, collate: Any) -> bool:
     """Whether a reader with `spec` leaves its lines for the main process to parse: in a
-    DataLoader worker, making batches of plain records (`RecordBatch`) of JSONL shards, with
+    DataLoader worker, making batches of plain records (`RecordBatch`) of JSON lines shards, with
     nothing that needs a record's value in the worker (map, filter, a length rule, counting
-    malformed lines under on_error='skip')."""
+    malformed lines under on_error='skip'): shards whose records are lines at byte offsets."""
     batch = spec.batch
     return (
         get_worker_info() is not None
         and batch is not None and batch.rule is None and collate is RecordBatch
         and not spec.steps and spec.on_error == "raise" and spec.records_cache is None
-        and all(shard.format == "jsonl" for shard in spec.shards)
+        and all(shard.format.line_positions for shard in spec.shards)
     )
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -44,18 +44,21 @@ from .balance import EvenRanks
 from .batch import Batch, BatchSpec
 from .buckets import PoolBatch
 from .cache import BlockCache, RecordsCache
-from .chunks import Chunk, ChunkCursor, Position, Stored, WorkItem
+from .chunks import Chunk, ChunkCursor, HandedOut, Position, Rest, Stored, WorkItem
 from .cpus import TUNE, on_planned_cpus, worker_plan
 from .lines import Lines
+from .numbers import Numbers
 from .parse import DROPPED, WARN_BAD_LINES, LineNumbers, Parse
 from .parse_later import LineBatch, ParseLater, parses_later
 from .records import Records, fetch_records
 from .shuffle import Shuffle
-from .state import ReaderState
+from .state import ReaderState, stage_of
 from .timing import StageTimer, Timed
 from .transform import AfterBuffer, Step, Transform, compose
 
-__all__ = ["Reader", "Spec", "describe_counts", "reading_front", "steps_after_buffer"]
+__all__ = ["Reader", "Spec", "buffer_intake", "describe_counts", "numbers_shuffle", "preparer",
+           "read_up_to", "reading_front", "rest_of", "state_after", "steps_after_buffer",
+           "steps_before_buffer", "work_after"]
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +89,7 @@ class Spec:
     cache: CacheSpec | None = None  # the local copy of remote or mounted shards
     worker_cpus: str = "auto"  # workers leave the main process a CPU (streamds.stages.cpus); "all"
     records_cache: RecordsCache | None = None  # `ds.cache`: stored records of the first steps
+    even_ranks: str | None = None  # "drop" | "pad" | None (`streamds.stages.balance`)
 
 
 def steps_after_buffer(shuffle: bool, even_ranks: bool) -> bool:
@@ -100,19 +104,140 @@ _MAPPED_FIRST = ("; under even_ranks the map and filter steps run before the buf
                  "mapped first")
 
 
+def _untimed(stage: Any, name: str) -> Any:
+    return stage
+
+
 def reading_front(
     spec: Spec, work: Sequence[WorkItem], steps: Sequence[Step], *,
-    pad_work: Sequence[WorkItem] = (),
+    pad_work: Sequence[WorkItem] = (), where: LineNumbers | None = None,
+    stored: BlockCache | None = None, later: bool = False,
+    timed: Callable[[Any, str], Any] = _untimed, reading: bool = False,
 ) -> tuple[Lines, Parse, Transform]:
-    """Lines -> Parse -> Transform over `work` (then `pad_work`) with `steps`, as a reader's
-    pipeline reads its records (no cache, no timing): for the resumes that read a share of
+    """The front of every reader chain: Lines -> Parse -> Transform over `work` (then
+    `pad_work`) with `steps`. A reader's (`reading`) reads ahead and through the shard cache,
+    with `stored` (`ds.cache`) and its stages timed; without, as the resumes read a share of
     the records again to find their positions (`streamds.resume.merge`)."""
-    where = LineNumbers(spec.shards, spec.blocks, spec.opener)  # for messages
+    where = where or LineNumbers(spec.shards, spec.blocks, spec.opener)  # for messages
+    # -> chunks of raw lines of the blocks of `work` (then of `pad_work`, under even ranks);
+    #    a block `stored` holds: chunks of placeholders of its stored records instead
     lines = Lines(spec.shards, spec.blocks, work, on_error=spec.on_error, opener=spec.opener,
-                  retry=spec.retry, pad_work=pad_work)
-    parse = Parse(lines, spec.shards, spec.blocks, on_error=spec.on_error, opener=spec.opener,
-                  where=where)
-    return lines, parse, Transform(parse, tuple(steps), where=where)
+                  retry=spec.retry, pad_work=pad_work,
+                  readahead=spec.readahead if reading else 0,
+                  cache=spec.cache if reading else None, stored=stored)
+    # -> chunks of JSON values; BAD and BLANK markers where a line holds no record
+    #    (or of the lines themselves, when the main process parses the batches: `later`)
+    parse: Parse = (
+        ParseLater(timed(lines, "lines")) if later else
+        Parse(timed(lines, "lines"), spec.shards, spec.blocks, on_error=spec.on_error,
+              opener=spec.opener, where=where))
+    # -> chunks of the user's records after `steps`; DROPPED where removed
+    cached_steps = 0 if stored is None or spec.records_cache is None else spec.records_cache.steps
+    transform = Transform(timed(parse, "parse"), tuple(steps), where=where, cache=stored,
+                          cached_steps=cached_steps)
+    return lines, parse, transform
+
+
+def steps_before_buffer(spec: Spec, even: bool) -> tuple[Step, ...]:
+    """The steps a shuffling reader runs before its buffer (`steps_after_buffer`)."""
+    return () if steps_after_buffer(True, even) else tuple(spec.steps)
+
+
+def buffer_intake(
+    spec: Spec, work: Sequence[WorkItem], *, pad: Sequence[WorkItem] = (),
+    quota: int | None = None, position: dict[str, Any] | None = None,
+) -> Iterator[Chunk]:
+    """Chunks of the records a shuffling reader's buffer takes in from `work` (as its
+    pipeline reads them, no cache): parsed, and mapped where the steps run before the buffer.
+    Under even ranks (`quota` given), its whole stream: `work`, then `pad` cycled, ended by
+    the quota, from `position` (a `ChunkCursor` position of that stream; None: its start).
+    For the elastic resume that reads the records after a buffer's snapshot."""
+    even = quota is not None
+    *_, mapped = reading_front(spec, work, steps_before_buffer(spec, even),
+                               pad_work=pad if even else ())
+    if not even:
+        return iter(mapped)
+    cursor = ChunkCursor(EvenRanks(mapped, quota, work_items=len(work), pad_items=len(pad)))
+    cursor.reset(position)
+    return cursor.chunks()
+
+
+def preparer(spec: Spec, steps: Sequence[Step]) -> Callable[[Chunk], Chunk]:
+    """Raw lines -> the records a reader's pipeline makes of them (parsed, then `steps`)."""
+    _, parse, transform = reading_front(spec, [], steps)
+    return lambda chunk: transform.transform(parse.parse(chunk))
+
+
+def state_after(spec: Spec, state: ReaderState, handed: HandedOut,
+                records_state: Callable[[Reader, int], dict[str, Any]]) -> dict[str, Any]:
+    """The pipeline state of reader `state` once it has handed out `handed` (a plain
+    loader's resume): `records_state(reader, n)` places the built reader's records stage
+    after its first n records (from record counts; `streamds.resume.plain_loader`), and each
+    stage above it answers for its own node (`Reader.state_over`)."""
+    reader = Reader(spec, state)
+    return reader.state_over(records_state(reader, handed.records), handed)
+
+
+# the stages whose nodes a reader's pipeline state holds, from the top down to its records
+# stage's cursor, by the name each node gives (`unfinished`: what the reader leaves)
+_UNWINDING = {stage.STAGE: stage for stage in (PoolBatch, Batch, AfterBuffer, Shuffle,
+                                               ChunkCursor)}
+
+
+def rest_of(pipeline: dict[str, Any]) -> Rest:
+    """What a reader whose pipeline stands at `pipeline` leaves of its epoch (an elastic
+    merge): each node's stage answers for its node, asking on down its source's."""
+    stage = _UNWINDING.get(stage_of(pipeline) or "")
+    if stage is None:
+        raise StateMismatchError(
+            f"damaged streamds state: a reader's pipeline holds a node of stage "
+            f"{stage_of(pipeline)!r} where one of {sorted(_UNWINDING)} belongs; pass the dict "
+            "that state_dict() returned, unchanged")
+    return stage.unfinished(pipeline, rest_of)
+
+
+def _next_record(position: dict[str, Any]) -> tuple[int, int | None]:
+    """(work item, offset) of the next record of a `ChunkCursor` position; between chunks,
+    where the line reader below stands."""
+    found = ChunkCursor.next_record(position)
+    if found is not None:
+        return found
+    return Lines.position_in(ChunkCursor.source_of(position))
+
+
+def work_after(work: Sequence[WorkItem], position: dict[str, Any]) -> list[WorkItem]:
+    """The items of `work` left after a records stage's `ChunkCursor` position."""
+    item, offset = _next_record(position)
+    if item >= len(work):
+        return []
+    block, start = work[item]
+    return [(block, start if offset is None else offset), *work[item + 1 :]]
+
+
+def read_up_to(position: dict[str, Any]) -> tuple[int, int | None]:
+    """(k, o): the records an even-ranks reader had passed on before a `ChunkCursor` position
+    are those of its stream's items before k, and of item k those before offset o (None:
+    none). Between chunks that is where the quota cut the stream, else where the line reader
+    stands."""
+    found = ChunkCursor.next_record(position)
+    if found is not None:
+        return found
+    cut = EvenRanks.cut_of(ChunkCursor.source_of(position))
+    if cut is not None:
+        return cut
+    return Lines.position_in(ChunkCursor.source_of(position))
+
+
+def _numbered(positions: Sequence[Position]) -> list[Any]:
+    return list(positions)  # a number's record is its position
+
+
+def numbers_shuffle(total: int | None, *, size: int, seed_parts: tuple[int | str, ...]
+                    ) -> tuple[Shuffle, Numbers]:
+    """A shuffle over the record numbers 0, 1, ... `total` (None: no end), and its source:
+    the replay of a reader's buffer without reading its records (`streamds.resume.replay`)."""
+    numbers = Numbers(total)
+    return Shuffle(numbers, size=size, seed_parts=seed_parts, fetch=_numbered), numbers
 
 
 class Reader:
@@ -142,28 +267,19 @@ class Reader:
         cached = spec.records_cache
         self.cache = None if cached is None else BlockCache(
             cached, late=self.late, where=where, compute=self._compute)
-        # -> chunks of raw lines of this reader's blocks (then pad blocks, under even ranks);
-        #    a block the cache holds: chunks of placeholders of its stored records instead
-        self.lines = Lines(spec.shards, spec.blocks, work, on_error=spec.on_error,
-                           opener=spec.opener, retry=spec.retry, pad_work=pad,
-                           readahead=spec.readahead, cache=spec.cache, stored=self.cache)
         collate = None if spec.batch is None else spec.batch.collate
         later = parses_later(spec, collate)
-        # -> chunks of JSON values; BAD and BLANK markers where a line holds no record
-        #    (or of the lines themselves, when the main process parses the batches)
-        self.parse: Parse = (
-            ParseLater(timed(self.lines, "lines")) if later else
-            Parse(timed(self.lines, "lines"), spec.shards, spec.blocks,
-                  on_error=spec.on_error, opener=spec.opener, where=where))
-        # -> chunks of the user's records after map and filter; DROPPED where removed (none:
-        #    the steps run after the shuffle buffer, `late`)
+        # -> chunks of the user's records after map and filter (none where the steps run
+        #    after the shuffle buffer, `late`), from this reader's blocks (`reading_front`)
+        self.lines, self.parse, self.transform = reading_front(
+            spec, work, () if self.late else spec.steps, pad_work=pad, where=where,
+            stored=self.cache, later=later, timed=timed, reading=True)
         cached_steps = 0 if cached is None else cached.steps
-        self.transform = Transform(timed(self.parse, "parse"), () if self.late else spec.steps,
-                                   where=where, cache=self.cache, cached_steps=cached_steps)
         # -> chunks holding exactly `quota` records in all (even ranks), else all of them
         quota = None if state.quota is None else max(0, state.quota - len(state.prefill))
         mapped = self.transform if self.late else timed(self.transform, "transform")
-        self.even = EvenRanks(mapped, quota, work_items=len(work), pad_items=len(pad))
+        self.even = EvenRanks(mapped, quota, work_items=len(work), pad_items=len(pad),
+                              mode=spec.even_ranks)
         # -> records one at a time: in order, or through the seeded shuffle buffer
         self.records: Records | Shuffle
         end = None if self.late else self._end  # called by the stage that ends last
@@ -180,10 +296,14 @@ class Reader:
             self.records = Records(timed(self.even, "even_ranks"), on_end=end)
         # -> the same records after the user's map and filter, where those run after the buffer
         self.top: Records | Shuffle | AfterBuffer = self.records
+        # the stages above the records stage, the records stage's first: each says its state
+        # over the one below for a plain loader's resume (`state_after`)
+        self.above: list[AfterBuffer | Batch | PoolBatch] = []
         if self.late:
             self.top = AfterBuffer(timed(self.records, "emit"), spec.steps, where=where,
                                    on_end=self._end, cache=self.cache,
                                    cached_steps=cached_steps)
+            self.above.append(self.top)
         # -> whole batches, when the dataset was made with .batch(n) or .batch(rule)
         emit = timed(self.top, "transform" if self.late else "emit")
         self.out: Any = emit
@@ -197,6 +317,7 @@ class Reader:
             else:
                 parts = shuffle_seed_parts(spec.plan.seed, state.epoch, world.rank, world.worker)
                 self.out = PoolBatch(emit, spec.batch.rule, collate=collate, seed_parts=parts)
+            self.above.append(self.out)
         self.out.reset(state.pipeline)
         self.finished = state.finished
         self.ahead: MadeAhead | None = None  # batches made ahead in a worker's thread
@@ -206,11 +327,15 @@ class Reader:
         mapped only where the steps run before the buffer."""
         return self.transform.transform(self.parse.parse(chunk))
 
-    def over_records(self, state: dict[str, Any]) -> dict[str, Any]:
-        """The pipeline state (below a batcher) whose records stage -- the shuffle, or the
-        in-order records -- stands at `state`, no record dropped after it (for resumes
-        computed from record counts, where every line yields a record)."""
-        return AfterBuffer.state_over(state) if self.late else state
+    def state_over(self, records: dict[str, Any], handed: HandedOut) -> dict[str, Any]:
+        """The pipeline state once the reader has handed out `handed`, its records stage --
+        the shuffle, or the in-order records -- standing at `records`: each stage above it
+        answers for its own node (for resumes computed from record counts, where every line
+        yields a record)."""
+        node = records
+        for stage in self.above:
+            node = stage.over(node, handed)
+        return node
 
     def fetch(self, positions: Sequence[Position]) -> list[Any]:
         """The records at `positions` as the shuffle buffer holds them (for resumes)."""

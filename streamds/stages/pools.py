@@ -1,9 +1,9 @@
 """`PoolStage`: any re-iterable source -> batches, cut from pools of `pool_size` records.
 
-The stage behind ``Mix.batch``, ``Packed.batch`` and the deprecated wrappers of
-`streamds.datasets.batching`: it reads its source `pool_size` records at a time, has `cut`
-turn the pool's lengths into batches (lists of pool indices) with the generator of that pool,
-and yields ``collate(records)`` for each. Every record lands in exactly one batch.
+The stage behind ``Mix.batch`` and ``Packed.batch`` (`streamds.datasets.batching.Batched`):
+it reads its source `pool_size` records at a time, has `cut` turn the pool's lengths into
+batches (lists of pool indices) with the generator of that pool, and yields
+``collate(records)`` for each. Every record lands in exactly one batch.
 
 State node (``get_state()``; the top of a saved state also carries the format)::
 

@@ -43,7 +43,7 @@ def _records_of(batch: Any) -> list[Any]:
     raise TypeError(
         f"Rebatch cuts lists of records, and the loader yielded a {type(batch).__name__}; "
         "give the loader big batches of records (ds.batch(n) without a collate, "
-        "batch_size=None) and pass the collate to Rebatch(..., collate_fn=...) instead"
+        "batch_size=None) and pass the collate to Rebatch(..., collate=...) instead"
     )
 
 
@@ -51,7 +51,7 @@ class Rebatch:
     """Training batches of `batch_size` records cut from `loader`'s bigger batches.
 
     ``Rebatch(StatefulDataLoader(ds.batch(2048), batch_size=None, num_workers=2), 32)``:
-    iterate it as the loader; `collate_fn` (in the main process) turns each list of records
+    iterate it as the loader; `collate` (in the main process) turns each list of records
     into what the model takes; `drop_last` drops the short batch at the end of an epoch.
     `state_dict()` / `load_state_dict()` need a loader that has them (torchdata's
     StatefulDataLoader), and resume after any training batch. Checkpoint this object's
@@ -68,7 +68,7 @@ class Rebatch:
         loader: Iterable[Any],
         batch_size: int,
         *,
-        collate_fn: Callable[[list[Any]], Any] | None = None,
+        collate: Callable[[list[Any]], Any] | None = None,
         drop_last: bool = False,
     ) -> None:
         check_int("batch_size", batch_size, 1, "pass the number of records a training batch holds")
@@ -85,7 +85,7 @@ class Rebatch:
             )
         self.loader = loader
         self.batch_size = batch_size
-        self.collate_fn = collate_fn
+        self.collate = collate
         self.drop_last = drop_last
         self._loaded: dict[str, Any] | None = None  # a loaded state not yet iterated from
         self._position: dict[str, Any] | None = None  # where the live iterator stands
@@ -128,6 +128,12 @@ class Rebatch:
         self._loaded = dict(state)
         self._position = None
         self._generation += 1
+
+    @classmethod
+    def loader_state_of(cls, state: dict[str, Any]) -> Any:
+        """The state of the loader inside a Rebatch `state` (to check it before loading)."""
+        check_state(state, cls.STAGE, cls.KEYS, "Rebatch")
+        return state[cls.LOADER]
 
     # the stage protocol's names for the same two operations
     def get_state(self) -> dict[str, Any]:
@@ -182,7 +188,7 @@ class Rebatch:
                 self._position = self._state(self._loader_state(), 0)
                 return
             batch = held.take(self.batch_size)
-            out = batch if self.collate_fn is None else self.collate_fn(batch)
+            out = batch if self.collate is None else self.collate(batch)
             self._position = self._state(*held.position())  # only once `out` exists
             yield out
             if self._generation != generation:

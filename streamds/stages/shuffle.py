@@ -36,7 +36,17 @@ from itertools import islice
 from typing import Any
 
 from ..seeds import derive_seed
-from .chunks import SOURCE, STAGE, Chunk, ChunkCursor, ChunkStage, Position, checked
+from .chunks import (
+    SOURCE,
+    STAGE,
+    Below,
+    Chunk,
+    ChunkCursor,
+    ChunkStage,
+    Position,
+    Rest,
+    checked,
+)
 from .parse import Marker
 from .records import PositionedBatch
 
@@ -86,6 +96,13 @@ class Shuffle:
     def source_of(cls, state: dict[str, Any]) -> dict[str, Any]:
         """The `ChunkCursor` position of the source at the state's snapshot."""
         return state[cls.SOURCE]
+
+    @classmethod
+    def unfinished(cls, state: dict[str, Any], below: Below) -> Rest:
+        """What a reader whose buffer stands at `state` leaves: its source's stream from
+        where it stood at the buffer's snapshot, and the snapshot (the records handed out
+        since are replayed from it)."""
+        return Rest(cls.source_of(state), snapshot=cls.snapshot_of(state))
 
     @classmethod
     def snapshot_of(cls, state: dict[str, Any]) -> dict[str, Any]:
@@ -357,9 +374,19 @@ class Shuffle:
             self._finish()
         return random_, record, block, offset
 
+    def give_back(self) -> None:
+        """The record handed out last was not used (a step above raised on it): the state
+        now stands before it, so a resume hands it out again (guarantee 12). Only the state
+        changes; the iteration that raised is over."""
+        if self.done:  # it was the last: back to the state before the final snapshot
+            self._snapshot, self._since, self._round = self._before_finish
+            self.done = False
+        self._since -= 1
+
     def _finish(self) -> None:
         """A last snapshot, past every record (O(1): the buffer is empty), so the state at the
         end says "finished" and carries the epoch's exact counts."""
+        self._before_finish = (self._snapshot, self._since, self._round)  # for `give_back`
         self._next_round(self.cursor.position(None, 0))
         self.done = True
         if self.on_end is not None:

@@ -31,8 +31,8 @@ One format version covers the whole state tree (`STATE_FORMAT`): readers, merged
 mixes, packed data, batchers and `Rebatch`. It is carried once, at the top of a state a user
 saves (`sealed`); every node of the tree says which stage it is (its "stage" key), and a node
 nested in another's state (a mix's sources, a packed dataset's source) carries no format of
-its own (`nested` strips it, `unnested` puts it back to load the node on its own). States of
-the formats of earlier streamds versions are refused by name (`refuse_old`).
+its own (`nested` strips it, `unnested` puts it back to load the node on its own). A state
+that carries another streamds format is refused as one (`refuse_other_version`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ from .chunks import STAGE, Position, WorkItem, counts_in
 
 __all__ = [
     "FORMAT",
-    "OLD_FORMATS",
     "READER",
     "STAGE",
     "STATE_FORMAT",
@@ -60,7 +59,7 @@ __all__ = [
     "check_worlds",
     "find_nodes",
     "nested",
-    "refuse_old",
+    "refuse_other_version",
     "sealed",
     "stage_of",
     "unnested",
@@ -70,23 +69,6 @@ __all__ = [
 STATE_FORMAT = "streamds/3"
 FORMAT = "format"  # the key that carries it
 READER = "reader"  # the stage of a reader's state (`ReaderState`)
-_EARLIER = "written by an earlier streamds version"
-# formats of earlier versions (one per family then), refused with the reason
-_OLD_REASONS = {
-    "streamds.state/1": "written by streamds 0.1",
-    "streamds.reader/2": f"{_EARLIER}, whose states named the files by absolute path (this one "
-                         "names them relative to the source root, so that states survive "
-                         "moving the files)",
-    "streamds.reader/3": _EARLIER,
-    "streamds.merged/2": _EARLIER,
-    "streamds.mix/1": _EARLIER,
-    "streamds.merged-mix/1": _EARLIER,
-    "streamds.packed/1": _EARLIER,
-    "streamds.merged-packed/1": _EARLIER,
-    "streamds.batches/2": _EARLIER,
-    "streamds.rebatch/1": _EARLIER,
-}
-OLD_FORMATS = tuple(_OLD_REASONS)
 _KEYS = ("format", "stage", "fingerprint", "epoch", "world", "plan", "seat", "work", "prefill",
          "carried", "quota", "finished", "pipeline")
 
@@ -191,19 +173,20 @@ def check_epoch_change(pending: Positioned | None, epoch: int, *, or_else: str =
         )
 
 
-def refuse_old(state: dict[str, Any]) -> None:
-    """Refuse a state of an earlier streamds version, naming its format and what to do."""
+def refuse_other_version(state: dict[str, Any]) -> None:
+    """Refuse a state that another streamds version wrote (a streamds format but not this
+    one), saying what to do."""
     found = state.get(FORMAT)
-    if isinstance(found, str) and found in _OLD_REASONS:
+    if isinstance(found, str) and found.startswith("streamds") and found != STATE_FORMAT:
         raise StateMismatchError(
-            f"this state has format {found!r}, {_OLD_REASONS[found]}; this version reads "
-            f"{STATE_FORMAT!r} only. Finish the epoch with the streamds version that took the "
+            f"a state from another version of streamds (format {found!r}; this version reads "
+            f"{STATE_FORMAT!r}): finish the epoch with the streamds version that took the "
             "state, or start the epoch afresh (its records are not lost, only read again)"
         )
 
 
 def _check_format(state: dict[str, Any], what: str) -> None:
-    refuse_old(state)
+    refuse_other_version(state)
     if state[FORMAT] != STATE_FORMAT:
         raise StateMismatchError(
             f"unknown state format {state[FORMAT]!r} for a {what} state; this version reads "
@@ -249,7 +232,7 @@ def nested(state: Any) -> Any:
     """A state to nest inside another stage's: a streamds state loses its format (the top of
     the tree carries it); any other object's state (a user's source) stays as it is."""
     if isinstance(state, dict) and STAGE in state:
-        refuse_old(state)
+        refuse_other_version(state)
         return {k: v for k, v in state.items() if k != FORMAT}
     return state
 
@@ -271,10 +254,10 @@ def stage_of(found: Any) -> str | None:
 
 def find_nodes(found: Any, stages: tuple[str, ...]) -> Iterator[dict[str, Any]]:
     """Every node of a stage in `stages` nested anywhere in `found` (a StatefulDataLoader's
-    state, a list of them), not looking inside them. A state of an earlier version met on the
-    way is refused by name."""
+    state, a list of them), not looking inside them. A state of another streamds version met
+    on the way is refused."""
     if isinstance(found, dict):
-        refuse_old(found)
+        refuse_other_version(found)
         if stage_of(found) in stages:
             yield found
             return

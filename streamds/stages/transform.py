@@ -30,12 +30,13 @@ import functools
 import logging
 import pickle
 import sys
+import types
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import StateMismatchError
 from ..storage.records_cache import UncacheableRecordError
-from .chunks import COUNTS, SOURCE, STAGE, Chunk, Stored, checked
+from .chunks import COUNTS, SOURCE, STAGE, Below, Chunk, HandedOut, Rest, Stored, checked
 from .parse import DROPPED, LineNumbers, Marker
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ __all__ = [
     "apply_steps",
     "compose",
     "describe_step",
+    "step_settings",
     "transform_items",
     "unpicklable_step",
 ]
@@ -101,6 +103,25 @@ def _name(fn: Any) -> str:
     name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
     module = getattr(fn, "__module__", None)
     return f"{module}.{name}" if module else name
+
+
+def step_settings(fn: Any) -> str | None:
+    """What tells `fn` apart from another step of its name, for `ds.cache` keys: "" for a
+    function (its name says it all), a partial's arguments or a callable object's own repr
+    where those reprs are stable; None where nothing stable can be said (an object with the
+    default repr, an argument whose repr holds its address)."""
+    if isinstance(fn, functools.partial):
+        inner = step_settings(fn.func)
+        if inner is None:
+            return None
+        said = ", ".join([*map(repr, fn.args), *(f"{k}={v!r}" for k, v in fn.keywords.items())])
+        return None if " at 0x" in said else f"{inner}({said})"
+    if isinstance(fn, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
+        return ""
+    if type(fn).__repr__ is object.__repr__:
+        return None
+    said = repr(fn)
+    return None if " at 0x" in said else said
 
 
 def describe_step(steps: Sequence[Step], step: Step) -> str:
@@ -357,6 +378,17 @@ class AfterBuffer:
         return {STAGE: cls.STAGE, cls.SOURCE: source_state, cls.COUNTS: {"dropped": dropped}}
 
     @classmethod
+    def unfinished(cls, state: dict[str, Any], below: Below) -> Rest:
+        """What a reader at `state` leaves: what the buffer below leaves (its state counts
+        every record it handed out, those the steps dropped included)."""
+        return below(cls.source_state(state))
+
+    def over(self, source: Any, handed: HandedOut) -> dict[str, Any]:
+        """This stage's state once the reader has handed out `handed` (every line a record,
+        none dropped), the buffer below standing at `source`."""
+        return self.state_over(source)
+
+    @classmethod
     def source_state(cls, state: dict[str, Any]) -> Any:
         """The source's part of a state of this stage (strict)."""
         if not isinstance(state, dict) or state.get(STAGE) != cls.STAGE:
@@ -402,10 +434,14 @@ class AfterBuffer:
             try:
                 out = apply(record)
             except Exception as err:
+                self.source.give_back()  # a state taken now hands this record out again
                 wrapped = _annotated(err, self._note(apply.failed))
                 if wrapped is None:
                     raise
                 raise wrapped from err
+            except BaseException:  # an interrupt inside a step: the record was not used
+                self.source.give_back()
+                raise
             if out is DROPPED:
                 self._dropped += 1
                 continue
@@ -426,12 +462,17 @@ class AfterBuffer:
                 if out is not DROPPED and after.steps:
                     out = after(out)
             except UncacheableRecordError:
+                source.give_back()
                 raise
             except Exception as err:
+                source.give_back()  # a state taken now hands this record out again
                 wrapped = _annotated(err, self._note(before.failed or after.failed))
                 if wrapped is None:
                     raise
                 raise wrapped from err
+            except BaseException:  # an interrupt inside a step: the record was not used
+                source.give_back()
+                raise
             if out is DROPPED:
                 self._dropped += 1
                 continue

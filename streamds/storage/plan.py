@@ -1,7 +1,8 @@
 """Plan: split shards into blocks, order them per epoch and assign them to readers.
 
-A block decodes to whole lines on its own: a line-aligned byte range of a plain file, a run of
-frames of a seekable zstd file, or a whole file. Blocks are numbered in corpus order, and the
+A block reads to whole records on its own: a line-aligned byte range of a plain file, a run of
+frames of a seekable zstd file, or a whole file; each shard's format cuts its file
+(`Format.blocks`, `streamds.formats.registry`). Blocks are numbered in corpus order, and the
 numbering depends on the corpus alone, never on the world, so a position (block, offset)
 means the same thing to every reader and to any later world. All functions here are pure.
 
@@ -21,6 +22,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..formats.protocol import Block
 from ..seeds import rng_for
 from ..world import World
 from .shards import Shard
@@ -37,28 +39,11 @@ SMALL_CORPUS_BLOCKS = 1024  # fine=True: a corpus under this many 64 KiB blocks 
 MIN_SMALL_BLOCK = 1 << 10  # ... of at least this many bytes
 
 
-@dataclass(frozen=True)
-class Block:
-    """Decoded bytes [start, end) of one shard; it owns the lines that begin inside them.
-
-    `end` is None for a block that runs to the end of its shard (compressed files without a
-    seek table, tar files). For tar shards, offsets count records instead of bytes.
-    """
-
-    shard: int
-    start: int = 0
-    end: int | None = None
-
-
 def _splittable_size(shard: Shard) -> int:
     """Decoded bytes of a shard that can be cut into blocks (0: it is read whole)."""
-    if shard.format != "jsonl":
+    if not shard.ranged:  # a server without Range: read whole, as one stream
         return 0
-    if shard.codec is None and shard.size is not None:
-        return shard.size
-    if shard.frames:
-        return shard.decoded_size or 0
-    return 0
+    return shard.format.split_size(shard)
 
 
 def small_corpus_piece(shards: Sequence[Shard]) -> int | None:
@@ -76,36 +61,6 @@ def _piece_size(decoded_size: int, block_size: int, small: int | None) -> int:
     return min(block_size, max(MIN_BLOCK_SIZE, math.ceil(decoded_size / SPLITS_PER_FILE)))
 
 
-def _byte_ranges(index: int, size: int, block_size: int, small: int | None) -> list[Block]:
-    if size == 0:
-        return [Block(index, 0, None)]
-    piece = _piece_size(size, block_size, small)
-    starts = range(0, size, piece)
-    return [Block(index, start, min(start + piece, size)) for start in starts[:-1]] + [
-        Block(index, starts[-1], None)
-    ]
-
-
-def _frame_runs(index: int, shard: Shard, block_size: int, small: int | None) -> list[Block]:
-    frames = shard.frames or ()
-    if not frames:
-        return [Block(index, 0, None)]
-    piece = _piece_size(shard.decoded_size or 0, block_size, small)
-    blocks: list[Block] = []
-    run_start = frames[0].decompressed_offset
-    for frame in frames:
-        frame_end = frame.decompressed_offset + frame.decompressed_size
-        if frame_end - run_start >= piece:
-            blocks.append(Block(index, run_start, frame_end))
-            run_start = frame_end
-    if run_start < frames[-1].decompressed_offset + frames[-1].decompressed_size or not blocks:
-        blocks.append(Block(index, run_start, None))
-    else:  # the last run ended exactly at a piece boundary: let it run to the end
-        last = blocks.pop()
-        blocks.append(Block(index, last.start, None))
-    return blocks
-
-
 def make_blocks(
     shards: Sequence[Shard], block_size: int = DEFAULT_BLOCK_SIZE, *, fine: bool = False
 ) -> list[Block]:
@@ -114,16 +69,16 @@ def make_blocks(
     `fine`: cut a small corpus into about SMALL_CORPUS_BLOCKS blocks (see the module).
     """
     small = small_corpus_piece(shards) if fine else None
+
+    def piece(size: int) -> int:  # the target block size of a file of `size` units
+        return _piece_size(size, block_size, small)
+
     blocks: list[Block] = []
     for index, shard in enumerate(shards):
-        if shard.format != "jsonl":  # tar, or any format read whole: one block
+        if not shard.ranged:  # a server without Range: the file is read whole, as one stream
             blocks.append(Block(index))
-        elif shard.codec is None and shard.size is not None:
-            blocks.extend(_byte_ranges(index, shard.size, block_size, small))
-        elif shard.frames is not None:
-            blocks.extend(_frame_runs(index, shard, block_size, small))
         else:
-            blocks.append(Block(index))
+            blocks.extend(shard.format.blocks(index, shard, piece))  # its format cuts the file
     return blocks
 
 

@@ -7,6 +7,8 @@ files (so a slow mount sees one open per shard and parallel reads), one ranged G
 at the same offset per the `RetryPolicy`; permanent ones (missing, forbidden, a file that
 shrank since it was listed) raise at once, naming the URL.
 
+`StreamFile` reads a file from a server that ignores Range (`range_probe`) as one stream.
+
 `RangeFile` is a read-only file over those ranges, from an offset on. Its reads come from a
 `ReadAhead`'s prefetched pieces when one holds the bytes, else straight from storage in
 requests sized to what the caller planned to read (`planned_end`), so a block never fetches
@@ -26,14 +28,14 @@ from typing import Protocol
 from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import CorruptShardError
-from ..redact import describe_error, redact, safe_cause
+from ..redact import describe_error, redact, safe_cause, scrubbed
 from ..retry import DEFAULT_RETRY, RangeNotSupportedError, RetryPolicy, as_os_error, retrying
 from .cache import Cache, CacheSpec, pread_full
 from .mounts import on_fuse_mount
 from .shards import Shard, process_fs
 
 __all__ = ["DIRECT_REQUEST", "LINE_PROBE", "Prefetched", "RangeFile", "RangeReader",
-           "stored_span"]
+           "StreamFile", "stored_span"]
 
 DIRECT_REQUEST = 4 << 20  # bytes per request when nothing was fetched ahead
 LINE_PROBE = 64 << 10  # bytes planned past a plain block's end, for the line crossing it
@@ -207,6 +209,70 @@ def _read_full(f: io.RawIOBase, size: int) -> bytes:
     return b"".join(parts)
 
 
+class StreamFile(io.RawIOBase):
+    """Stored bytes of one shard from `start` on, read as one stream (one GET of the whole
+    file, the bytes before `start` discarded): for a server that ignores HTTP Range
+    (`Shard.ranged` false). Not seekable; a failure mid-way raises the `as_os_error` kind,
+    and the line reader retries by opening a new stream at its first unread line."""
+
+    def __init__(self, shard: Shard, start: int) -> None:
+        self._shard = shard
+        self._pos = 0
+        self._stream = None
+        try:
+            fs = process_fs(shard.fs)
+            self._stream = fs.open(shard.path, mode="rb", block_size=0, size=shard.size)
+            self._skip(start)
+        except BaseException as err:
+            self.close()
+            self._raise(err)
+
+    def _raise(self, err: BaseException) -> None:
+        converted = as_os_error(err, self._shard.url)
+        if isinstance(converted, Exception) and safe_cause(converted) is None:
+            raise scrubbed(converted) from None  # fsspec's text shows the URL as given
+        if converted is err:
+            raise
+        raise converted from safe_cause(err)
+
+    def _skip(self, start: int) -> None:
+        while self._pos < start:
+            data = self._stream.read(min(start - self._pos, DIRECT_REQUEST))
+            if not data:
+                raise CorruptShardError(
+                    f"{self._shard.url}: the file ends at byte {self._pos}, before offset "
+                    f"{start}; it shrank or is being rewritten: make the dataset again once "
+                    "the file is complete", url=self._shard.url, offset=self._pos)
+            self._pos += len(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        if size is None or size < 0:
+            return _read_full(self, 1 << 62)  # type: ignore[arg-type]
+        try:
+            data = self._stream.read(size)
+        except Exception as err:
+            self._raise(err)
+        self._pos += len(data)
+        return data
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+        super().close()
+
+
 class Prefetched(Protocol):
     """Where a `RangeFile` looks first: bytes already fetched ahead."""
 
@@ -249,8 +315,11 @@ class RangeFile(io.RawIOBase):
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         if whence == io.SEEK_CUR:
             offset += self._pos
+        elif whence == io.SEEK_END and self._stop is not None:  # a Parquet footer's reader
+            offset += self._stop
         elif whence != io.SEEK_SET:
-            raise io.UnsupportedOperation("a RangeFile seeks from the start or the current spot")
+            raise io.UnsupportedOperation("a RangeFile of unknown size seeks from the start or "
+                                          "the current spot")
         self._pos = offset
         return offset
 

@@ -74,16 +74,14 @@ def on_fuse(shards: Iterable[Shard]) -> bool:
 
 
 def block_span(shard: Shard, start: int, end: int | None, *, at_line: bool) -> Span | None:
-    """The stored bytes a reader reads for decoded bytes [start, end) of a block of `shard`
-    (tar and ``.json`` shards: the whole file); None when the file's size is unknown.
-    `at_line`: a line begins at `start` (a resume point); else, unless the shard's frames
-    end lines, the reader looks for the newline before `start` first."""
-    if shard.format != "jsonl":
-        first, last = 0, shard.size
-    else:
-        if not at_line and start > 0 and not shard.frames_end_lines:
-            start -= 1
-        first, _, last = stored_span(shard, start, end)
+    """The stored bytes a reader reads for positions [start, end) of a block of `shard`, as
+    its format says (`Format.read_range`: formats read whole, the whole file); None when the
+    file's size is unknown, or for a file read as one stream (`Shard.ranged` false: nothing
+    can be fetched ahead by ranges). `at_line`: a record begins at `start` (a resume point)."""
+    if not shard.ranged:
+        return None
+    decoded_start, decoded_end = shard.format.read_range(shard, start, end, at_line=at_line)
+    first, _, last = stored_span(shard, decoded_start, decoded_end)
     return None if last is None else (shard, first, last)
 
 

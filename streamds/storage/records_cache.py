@@ -230,7 +230,7 @@ def block_key(shard: Shard, block: Block, *, name: str, key: str, upstream: str 
     content = (f"checksum={shard.checksum}" if shard.checksum is not None
                else f"version={shard.version}")
     parts = (f"format={FORMAT_VERSION}", f"name={_plain_name(name)}", f"size={shard.size}",
-             content, f"read={shard.format}/{shard.codec}",
+             content, f"read={shard.format.name}/{shard.codec}",
              f"block={block.start}:{block.end}", f"key={key}", f"upstream={upstream}")
     digest = hashlib.blake2b(digest_size=_KEY_DIGITS // 2)
     for part in parts:
@@ -560,6 +560,18 @@ def decode_record(data: bytes) -> Any:
 
 
 
+_READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)  # a directory that cannot be written
+_said: set[tuple[str, str]] = set()  # (directory, kind) logged in this process
+
+
+def _say_once(directory: str, kind: str, message: str, *args: Any) -> None:
+    """Log a warning of `kind` about `directory` once per process (each block would repeat
+    it)."""
+    if (directory, kind) not in _said:
+        _said.add((directory, kind))
+        log.warning(message, *args)
+
+
 def _checksum(data: bytes) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
@@ -590,12 +602,30 @@ class RecordStore:
         _check_key(key)
         return Path(self.directory) / f"{key}{SUFFIX}"
 
-    def _lock_fd(self, path: Path) -> int:
+    def _lock_fd(self, path: Path, *, write: bool) -> int | None:
+        """The descriptor to lock `path` by (None: the directory cannot be written, and
+        `write` was asked: store nothing). Reading a directory nobody can write (a cache
+        made elsewhere and mounted read-only) locks the lock file, or the block's file,
+        opened read-only: nobody can remove it there."""
         if fcntl is None:
             raise OSError(errno.ENOSYS, "ds.cache needs file locks (fcntl), which this system "
                           "lacks; leave the cache out")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(f"{path}{_LOCK}", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return os.open(f"{path}{_LOCK}", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            if err.errno not in _READ_ONLY:
+                raise
+            if write:
+                _say_once(self.directory, "read-only",
+                          "ds.cache: the directory %s cannot be written (%s): blocks it does "
+                          "not hold are computed every epoch and not stored; give the cache a "
+                          "writable directory", self.directory, err.strerror)
+                return None
+        try:
+            return os.open(f"{path}{_LOCK}", os.O_RDONLY)
+        except FileNotFoundError:
+            return os.open(path, os.O_RDONLY)
 
     def get(self, key: str) -> BlockReader | None:
         """The block's records, or None where it is not stored (or being written or removed
@@ -604,7 +634,11 @@ class RecordStore:
         path = self.path_of(key)
         if not path.exists():
             return None
-        lock = self._lock_fd(path)
+        try:
+            lock = self._lock_fd(path, write=False)
+        except FileNotFoundError:  # removed meanwhile, in a directory we cannot write
+            return None
+        assert lock is not None
         if not try_lock(lock, fcntl.LOCK_SH):
             os.close(lock)
             return None
@@ -619,7 +653,8 @@ class RecordStore:
             log.warning("%s; removing it (its block is computed again)", err)
             os.close(fd)
             fcntl.flock(lock, fcntl.LOCK_UN)
-            remove_if_unused(path, lock)
+            with contextlib.suppress(OSError):  # a read-only directory keeps it
+                remove_if_unused(path, lock)
             os.close(lock)
             return None
         except BaseException:
@@ -638,7 +673,9 @@ class RecordStore:
         Removes a partial file a dead writer left.
         """
         path = self.path_of(key)
-        lock = self._lock_fd(path)
+        lock = self._lock_fd(path, write=True)
+        if lock is None:
+            return None
         if not try_lock(lock, fcntl.LOCK_EX):
             os.close(lock)
             return None
@@ -851,6 +888,10 @@ class BlockWriter:
 
     def _give_up(self, why: str) -> None:
         log.debug("not storing block %s: %s", self.key, why)
+        _say_once(self._store.directory, "not stored",
+                  "ds.cache: a block is not stored in %s: %s; blocks that are not stored are "
+                  "computed every epoch (raise limit=, or free disk space; further blocks are "
+                  "logged at DEBUG)", self._store.directory, why)
         self.abort()
 
     def abort(self) -> None:

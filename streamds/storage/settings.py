@@ -4,15 +4,13 @@
         options={"anon": True}, readahead="64MB", cache_dir="/content/cache",
         cache_limit="40GB", retry=streamds.RetryPolicy(give_up_after=600)))
 
-Checked when it is made, with the messages the loose keywords of `StreamingJsonl` give
-(`storage_options=`, `readahead=`, ... still work, with a DeprecationWarning). Its repr shows
-the names of the fsspec options, never their values: they may hold keys.
+Checked when it is made, each message naming the setting, the value and the fix. Its repr
+shows the names of the fsspec options, never their values: they may hold keys.
 """
 
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,20 +21,7 @@ from .cache import CacheSpec, namespace_of
 from .plan import DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE
 from .shards import Shard
 
-__all__ = ["LOOSE", "UNSET", "Storage", "deprecated", "storage_of"]
-
-# StreamingJsonl's loose keyword -> the Storage field it sets
-LOOSE = {"storage_options": "options", "readahead": "readahead", "cache_dir": "cache_dir",
-         "cache_limit": "cache_limit", "retry": "retry", "block_size": "block_size"}
-
-
-
-class _Unset:
-    def __repr__(self) -> str:
-        return "<unset>"
-
-
-UNSET: Any = _Unset()  # the default of a deprecated keyword: tells "not passed" from None
+__all__ = ["Storage", "storage_of"]
 
 
 @dataclass(frozen=True, repr=False)
@@ -57,7 +42,7 @@ class Storage:
     def __post_init__(self) -> None:
         if self.options is not None and not isinstance(self.options, dict):
             raise ValueError(  # its value is not shown: it may hold keys
-                f"storage_options must be a dict, got {type(self.options).__name__}; pass "
+                f"Storage(options=) must be a dict, got {type(self.options).__name__}; pass "
                 "e.g. {'anon': True} (parse a JSON string with json.loads first)")
         if self.readahead != "auto":
             size_setting("readahead", self.readahead,
@@ -106,20 +91,8 @@ class Storage:
         return CacheSpec(directory, self.cache_limit_bytes, namespace_of(shards))
 
 
-def storage_of(storage: Storage | None, loose: dict[str, Any]) -> Storage:
-    """The storage settings of a `StreamingJsonl`: `storage`, or the loose keywords passed
-    (`UNSET`: not passed; deprecated), not both."""
-    given = {name: value for name, value in loose.items() if value is not UNSET}
-    fields = ", ".join(f"{LOOSE[name]}=..." for name in given)
-    if given and storage is not None:
-        raise ValueError(
-            f"storage= and {', '.join(f'{name}=' for name in given)} were both passed; pass "
-            f"the settings in one place: storage=streamds.Storage({fields})"
-        )
-    if given:
-        deprecated(", ".join(f"{name}=" for name in given),
-                   f"storage=streamds.Storage({fields})", stacklevel=4)
-        return Storage(**{LOOSE[name]: value for name, value in given.items()})
+def storage_of(storage: Storage | None) -> Storage:
+    """The storage settings of a `StreamingJsonl`: `storage`, or the defaults for None."""
     if storage is None:
         return Storage()
     if not isinstance(storage, Storage):
@@ -127,10 +100,3 @@ def storage_of(storage: Storage | None, loose: dict[str, Any]) -> Storage:
             f"storage must be a streamds.Storage or None, got {type(storage).__name__}; pass "
             "e.g. storage=streamds.Storage(options={'anon': True})")
     return storage
-
-
-def deprecated(old: str, new: str, *, stacklevel: int = 3) -> None:
-    """Warn that `StreamingJsonl(old)` has a newer spelling `new` (`stacklevel` 3: the caller
-    of the function that calls this)."""
-    warnings.warn(f"StreamingJsonl({old}) is deprecated; use {new} instead (the old spelling "
-                  "is accepted for one more release)", DeprecationWarning, stacklevel=stacklevel)

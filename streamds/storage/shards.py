@@ -1,10 +1,10 @@
 """Sources -> shards: resolve a path, list, directory, glob or fsspec URL to sorted files.
 
 A `Shard` is one file with what planning needs to know about it: its size, its format
-(JSON lines, a tar of JSON members, or a ``.json`` file read whole as a document or as lines
-by the rule of `streamds.formats.documents`), its codec and, for seekable zstd files, its
-frames. Resolving lists and stats files but keeps nothing open, so shards pickle into
-workers.
+(a `streamds.formats.registry` format object, settled when the file is resolved: JSON lines,
+seekable zstd JSON lines, a tar of JSON members, a ``.json`` file read whole ...), its codec
+and, for seekable zstd files, its frames. Resolving lists and stats files but keeps nothing
+open, so shards pickle into workers.
 
 A folder listing also checks what it found against any `manifest.json` in the folder (a
 listed shard that is missing is an error: its records would be lost), reports the files it
@@ -15,11 +15,12 @@ twice). Only the heads of such pairs are read.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -27,15 +28,12 @@ from typing import Any, BinaryIO
 import fsspec
 from fsspec.core import url_to_fs
 
-from ..errors import CorruptShardError
 from ..formats.codecs import codec_of, decode, require_codec, strip_codec
-from ..formats.documents import LINES, RESOLVE_ABOVE, is_document_name, probe
 from ..formats.filenames import (
     RECORD_SUFFIXES,
     copy_of,
     foreign_format,
     foreign_hint,
-    format_of,
     sibling_key,
 )
 from ..formats.manifest import (
@@ -46,7 +44,10 @@ from ..formats.manifest import (
     check_listing,
     parse_manifest,
 )
-from ..formats.seekable import Frame, SeekTableError, read_seek_table
+from ..formats.protocol import FileFacts, Format
+from ..formats.registry import named, of_file
+from ..formats.registry import named as format_named
+from ..formats.seekable import Frame
 from ..formats.trees import (
     LeftOut,
     canonical_path,
@@ -57,13 +58,16 @@ from ..formats.trees import (
     remote_is_folder,
     remote_record_files,
 )
-from ..redact import guard_loggers, redact, safe_cause, scrubbed
-from ..retry import DEFAULT_RETRY, lookup_error, option_error, retrying
+from ..formats.unfinished import check_finished
+from ..redact import guard_loggers, guard_source, redact, safe_cause, scrubbed
+from ..retry import DEFAULT_RETRY, RetryPolicy, lookup_error, option_error, retrying
+from .range_probe import RangeAnswers
 
 __all__ = [
     "Listing",
     "Shard",
     "canonical_path",
+    "check_options",
     "has_magic",
     "list_source",
     "natural_key",
@@ -71,6 +75,9 @@ __all__ = [
     "resolve_shards",
     "same_file_error",
     "source_items",
+    "stat_shard",
+    "unsplit_note",
+    "with_columns",
 ]
 
 log = logging.getLogger(__name__)
@@ -110,14 +117,25 @@ class Shard:
     url: str  # how messages, sorting and the cache name it: credentials redacted (`redact`)
     path: str = field(repr=False)  # the path within `fs` (a URL's credentials included)
     size: int | None  # stored bytes; None when the storage does not say (some HTTP servers)
-    format: str  # "jsonl", "tar", or "json": a .json file read whole (a document or lines)
+    # how the file is read (`streamds.formats.registry`); a name given here is looked up
+    format: Format
     codec: str | None  # "zst", "gz", "bz2", "xz" or None
     frames: tuple[Frame, ...] | None = None  # seekable zstd frames, when the file has a seek table
     frame_records: tuple[int, ...] | None = None  # records per frame, from a manifest
     checksum: str | None = None  # the manifest's xxh64 hex digest of the stored file
+    layout: Any = None  # what else the format read to cut blocks (`Settled.layout`)
+    columns: tuple[str, ...] | None = None  # Parquet and Arrow files: the columns read (None: all)
     # what the storage said identifies this content (ETag, Last-Modified, mtime: `_version_of`)
     version: str | None = field(default=None, compare=False)
+    # the storage serves parts of the file (False: an HTTP server that ignores Range; the
+    # file is then one block, read as one stream: `range_probe`)
+    ranged: bool = field(default=True, compare=False)
     fs: fsspec.AbstractFileSystem = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.format, str):
+            object.__setattr__(self, "format", named(self.format))
+        self.format.check(self)
 
     @property
     def decoded_size(self) -> int | None:
@@ -148,10 +166,10 @@ def _url_of(fs: fsspec.AbstractFileSystem, path: str, given: str) -> str:
 
 
 # What the storage says identifies a file's content, most specific first: an object store's
-# ETag or generation, an HTTP server's ETag or Last-Modified, a local file's modification
-# time, an in-memory file's creation time
-_VERSION_KEYS = ("etag", "generation", "version_id", "last-modified", "lastmodified",
-                 "last_modified", "updated", "mtime", "created")
+# ETag or generation, the Hugging Face Hub's git blob id, an HTTP server's ETag or
+# Last-Modified, a local file's modification time, an in-memory file's creation time
+_VERSION_KEYS = ("etag", "generation", "version_id", "blob_id", "last-modified",
+                 "lastmodified", "last_modified", "updated", "mtime", "created")
 
 
 def _version_of(info: dict) -> str | None:
@@ -160,6 +178,13 @@ def _version_of(info: dict) -> str | None:
     lowered = {str(key).lower(): value for key, value in info.items()}
     found = [f"{key}={lowered[key]}" for key in _VERSION_KEYS if lowered.get(key) is not None]
     return " ".join(found) or None
+
+
+def stat_shard(shard: Shard) -> tuple[int | None, str | None]:
+    """(size, version) the storage gives for `shard` now, as `Shard` holds them from the
+    listing: one stat (a HEAD request remotely)."""
+    info = process_fs(shard.fs).info(shard.path)
+    return info.get("size"), _version_of(info)
 
 
 def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
@@ -227,6 +252,12 @@ def _list_files(item: str, storage_options: dict[str, Any]) -> _Found:
     shown = redact(item)
     try:
         fs, path = url_to_fs(item, **storage_options)
+    except ImportError as err:  # fsspec's hf:// needs huggingface_hub
+        if not item.startswith("hf://"):
+            raise
+        raise ImportError(f"source {shown!r} is on the Hugging Face Hub, which needs "
+                          "huggingface_hub; install it with pip install 'streamds[hub]'"
+                          ) from err
     except TypeError as err:
         if not storage_options:
             raise
@@ -252,6 +283,9 @@ def _list_files(item: str, storage_options: dict[str, Any]) -> _Found:
         infos = [_local_info(fs, os.path.join(walk.root, *rel), item) for rel in rels]
     else:
         infos = _remote_files(fs, path, glob, left_out, storage_options)
+    if left_out.markers:  # a conversion that stopped: its shards hold only some records
+        check_finished(left_out.markers, left_out.manifests, fs.cat_file,
+                       lambda folder: folder if _is_local(fs) else redact(folder))
     if not infos and glob:
         raise FileNotFoundError(
             f"no files match the pattern {shown!r}; check the glob (wildcards skip hidden "
@@ -369,104 +403,110 @@ def _identity(fs: fsspec.AbstractFileSystem, info: dict, real_dirs: dict[str, st
     return fs.unstrip_protocol(fs._strip_protocol(info["name"]))
 
 
-def _read_frames(fs: fsspec.AbstractFileSystem, path: str, size: int, url: str):
-    with fs.open(path, mode="rb") as raw:
-        return read_seek_table(raw, size, name=url)
-
-
-def _frames_of(
-    fs: fsspec.AbstractFileSystem, path: str, size: int | None, url: str, on_error: str
-) -> tuple[Frame, ...] | None:
-    """The seek table of a .zst file (None: a foreign .zst). Transient errors are retried.
-
-    A damaged table raises CorruptShardError, or under on_error="skip" the file is read
-    as a plain zstd stream (whole-file block) instead.
-    """
-    if size is None:
-        return None
-    try:
-        frames = retrying(
-            lambda: _read_frames(fs, path, size, url), DEFAULT_RETRY, f"{url}: seek table"
-        )
-    except SeekTableError as err:
-        if on_error == "skip":
-            log.warning("%s; reading it as a plain zstd stream", err)
-            return None
-        raise CorruptShardError(
-            f"{url}: damaged seek table ({err}); convert the file again, or pass "
-            "on_error='skip' to read it as a plain zstd stream",
-            url=url,
-            offset=size,
-        ) from err
-    return tuple(frames) if frames is not None else None
-
-
-def _manifest_frames(fs: fsspec.AbstractFileSystem, infos: list[dict]) -> dict[str, Any]:
-    """path -> (bytes, frames, records per frame, checksum) from the manifest.json beside
-    .zst files.
+def _manifest_entries(fs: fsspec.AbstractFileSystem, infos: list[dict]) -> dict[str, Any]:
+    """path -> (the manifest's format, its `ShardEntry`) from the manifest.json beside .zst
+    files, for their formats to settle from (`FileFacts.listed`).
 
     Saves opening every shard for its seek table. A missing or unreadable manifest is
-    skipped (the seek tables are read instead); so is an entry whose size is not the file's.
+    skipped (the seek tables are read instead).
     """
     known: dict[str, Any] = {}
     parents = {info["name"].rsplit("/", 1)[0] for info in infos if codec_of(info["name"]) == "zst"}
     for parent in sorted(parents):
         try:
             manifest = parse_manifest(fs.cat_file(f"{parent}/{MANIFEST_NAME}"), name=parent)
+            fmt = named(manifest.shard_format)
         except Exception:  # optional: any failure falls back to reading the seek tables
             continue
-        if manifest.shard_format == "jsonl.zst":
-            for entry in manifest.shards:
-                known[f"{parent}/{entry.name}"] = (
-                    entry.bytes, entry.seek_frames(), tuple(entry.records_per_frame),
-                    entry.checksum,
-                )
+        for entry in manifest.shards:
+            known[f"{parent}/{entry.name}"] = (fmt, entry)
     return known
 
 
-def _probe_plain(fs: fsspec.AbstractFileSystem, path: str) -> str:
-    with fs.open(path, mode="rb") as raw:
-        return probe(raw.read)[0]
+def _reader_of(fs: fsspec.AbstractFileSystem, path: str, url: str, retry: RetryPolicy
+               ) -> Callable[[Callable[[BinaryIO], Any], str], Any]:
+    """`FileFacts.read`: fn(the stored file), opened and closed here, transient errors retried."""
 
+    def read(fn: Callable[[BinaryIO], Any], what: str) -> Any:
+        def once() -> Any:
+            with fs.open(path, mode="rb") as raw:
+                return fn(raw)
 
-def _json_format(
-    fs: fsspec.AbstractFileSystem, path: str, size: int | None, codec: str | None, url: str
-) -> str:
-    """The format of a ``.json`` file (`streamds.formats.documents`): "jsonl" for a large
-    plain file of JSON lines, which then splits into blocks; otherwise "json", one block
-    whose reader decides between a document and JSON lines (so resolving a tree of small
-    files opens none of them)."""
-    if codec is not None or size is None or size <= RESOLVE_ABOVE:
-        return "json"
-    found = retrying(lambda: _probe_plain(fs, path), DEFAULT_RETRY, f"{url}: first line")
-    return "jsonl" if found == LINES else "json"
+        return retrying(once, retry, f"{url}: {what}")
+
+    return read
 
 
 def _shard_of(
-    fs: fsspec.AbstractFileSystem, info: dict, given: str, known: dict, on_error: str
+    fs: fsspec.AbstractFileSystem, info: dict, given: str, known: dict, on_error: str,
+    retry: RetryPolicy, answers: RangeAnswers, forced: Format | None = None,
 ) -> Shard:
     path = info["name"]
     url = _url_of(fs, path, given)
     name = _before_query(fs, path).rsplit("/", 1)[-1]  # "a.jsonl.zst?sig=..." is a .zst file
     foreign = foreign_format(name)
-    if foreign in ("Parquet", "Arrow", "Feather", "Avro", "ORC"):  # binary: never JSON lines
+    if foreign in ("Feather", "Avro", "ORC"):  # binary: never JSON lines
         raise ValueError(f"{url} is a {foreign} file: {foreign_hint(foreign)}")
-    fmt, codec = format_of(name)
+    fmt, codec = of_file(name)
+    if forced is not None:  # format=...: a file whose name says nothing (or says wrong)
+        fmt = forced
     require_codec(codec, url)
     size = info.get("size")
-    frames = frame_records = checksum = None
-    if fmt == "jsonl" and is_document_name(name):
-        fmt = _json_format(fs, path, size, codec, url)
-    if codec == "zst" and fmt == "jsonl":
-        listed = known.get(path)
-        if listed is not None and listed[0] == size:
-            frames, frame_records, checksum = listed[1], listed[2] or None, listed[3]
-        else:
-            frames = _frames_of(fs, path, size, url, on_error)
+    ranged = answers.honours_range(fs, path)  # else one stream: no probe, no seek table
+    # a file read as one stream is planned as a file of unknown size: one block, no seek
+    # table or first line probed (its format settles without reading it)
+    settled = fmt.settle(FileFacts(name=name, url=url, size=size if ranged else None,
+                                   codec=codec, on_error=on_error,
+                                   read=_reader_of(fs, path, url, retry),
+                                   listed=known.get(path) if ranged else None))
     return Shard(
-        url=url, path=path, size=size, format=fmt, codec=codec, frames=frames,
-        frame_records=frame_records, checksum=checksum, version=_version_of(info), fs=fs,
+        url=url, path=path, size=size, format=settled.format, codec=codec,
+        frames=settled.frames, frame_records=settled.frame_records, checksum=settled.checksum,
+        version=_version_of(info), layout=settled.layout, ranged=ranged, fs=fs,
     )
+
+
+def unsplit_note(shards: Sequence[Shard]) -> str:
+    """What to add to a refusal of a split that blocks cannot give (an empty rank, ranks
+    without records) when some files are whole because their server ignores Range."""
+    whole = [shard.url for shard in shards if not shard.ranged]
+    if not whole:
+        return ""
+    return (f"; {len(whole)} file(s) ({whole[0]!r}{' ...' if len(whole) > 1 else ''}) come "
+            "from a server that ignores HTTP Range, so each is one block read by one reader: "
+            "serve them from a server that honours Range (an object store, nginx, Apache) or "
+            "download them, and they split across readers")
+
+
+def with_columns(shards: list[Shard], columns: Sequence[str] | None) -> list[Shard]:
+    """`shards` with the Parquet and Arrow files set to read `columns` only (None: all).
+
+    Refuses a `columns` that is not a list of names, or that names a column a file of the
+    corpus lacks (naming the file), here in the constructor rather than in a worker.
+    """
+    if columns is None:
+        return shards
+    if isinstance(columns, str) or not all(isinstance(name, str) for name in columns):
+        raise TypeError(f"columns must be a list of column names, got {columns!r:.80}")
+    if not columns:
+        raise ValueError("columns is empty; name at least one column, or pass None for all")
+    chosen = tuple(dict.fromkeys(columns))
+    columnar = [shard for shard in shards if hasattr(shard.layout, "columns")]
+    if not columnar:
+        raise ValueError(
+            f"columns={list(chosen)!r} selects columns of Parquet and Arrow files, and the "
+            "source has none; leave columns out for JSON lines"
+        )
+    for shard in columnar:
+        missing = [name for name in chosen if name not in shard.layout.columns]
+        if missing:
+            raise ValueError(
+                f"columns: {shard.url} has no column {missing[0]!r}; its columns are "
+                f"{list(shard.layout.columns)}; fix columns=[...]"
+            )
+    picked = set(map(id, columnar))
+    return [dataclasses.replace(shard, columns=chosen) if id(shard) in picked else shard
+            for shard in shards]
 
 
 def source_items(source: Any, *, name: str = "source") -> list[str]:
@@ -521,20 +561,50 @@ class Listing:
     left_out: LeftOut
 
 
+# storage options the filesystems take as mappings (HTTP's headers, the clients' keyword
+# arguments): anything else fails deep inside the client, where it reads as a missing file
+_MAPPING_OPTIONS = ("headers", "client_kwargs", "config_kwargs", "s3_additional_kwargs")
+
+
+def check_options(options: Mapping[str, Any], where: str = "storage_options") -> None:
+    """Refuse an option that must be a mapping given as something else (a header line as a
+    string), naming the option and the fix; its value is never shown (it may be a secret)."""
+    for name in _MAPPING_OPTIONS:
+        value = options.get(name)
+        if value is not None and not isinstance(value, Mapping):
+            raise TypeError(
+                f"{where}[{name!r}] must be a dict, got a {type(value).__name__} (not shown: it "
+                "may hold a secret); pass one entry per name, e.g. Storage(options={'headers': "
+                "{'Authorization': 'Bearer TOKEN'}}) for HTTP headers"
+            )
+    nested = options.get("client_kwargs")
+    if isinstance(nested, Mapping):
+        check_options(nested, f"{where}['client_kwargs']")
+
+
 def list_source(
-    source: Source, storage_options: dict[str, Any] | None = None, *, on_error: str = "raise"
+    source: Source, storage_options: dict[str, Any] | None = None, *, on_error: str = "raise",
+    retry: RetryPolicy = DEFAULT_RETRY,
+    format: str | None = None,
 ) -> Listing:
-    """The shards of `source` (`resolve_shards`) and what its listings left out, and why."""
+    """The shards of `source` (`resolve_shards`) and what its listings left out, and why.
+    A listing or a look at a file that fails for a transient cause (a 5xx, a dropped
+    connection) is retried per `retry`, the dataset's policy. `format`: the registered format
+    every file is read in, whatever its name says."""
+    forced = None if format is None else format_named(format)  # ValueError: the known ones
     items = source_items(source)
     options = dict(storage_options or {})
+    check_options(options)
+    guard_source(items, options)  # the storage libraries' log records: these secrets redacted
     shards: list[Shard] = []
     listed: list[Shard] = []  # found by a folder or glob listing (not named themselves)
     left_out = LeftOut()
+    answers = RangeAnswers()  # which HTTP servers ignore Range, asked once each
     named: dict[str, str] = {}  # identity -> the URL that first named it
     real_dirs: dict[str, str] = {}
     for given in items:
         try:
-            found = retrying(functools.partial(_list_files, given, options), DEFAULT_RETRY,
+            found = retrying(functools.partial(_list_files, given, options), retry,
                              redact(given))
         except Exception as err:  # what the storage raised, showing a credential: redacted
             if safe_cause(err) is not None:
@@ -551,8 +621,9 @@ def list_source(
             _check_manifests(given, found)
             _report_left_out(given, found.left_out)
             left_out.extend(found.left_out)
-        known = _manifest_frames(fs, infos)
-        made = [_shard_of(fs, info, given, known, on_error) for info in infos]
+        known = _manifest_entries(fs, infos)
+        made = [_shard_of(fs, info, given, known, on_error, retry, answers, forced)
+                for info in infos]
         shards.extend(made)
         if found.left_out is not None:
             listed.extend(made)
@@ -562,7 +633,9 @@ def list_source(
 
 
 def resolve_shards(
-    source: Source, storage_options: dict[str, Any] | None = None, *, on_error: str = "raise"
+    source: Source, storage_options: dict[str, Any] | None = None, *, on_error: str = "raise",
+    retry: RetryPolicy = DEFAULT_RETRY,
+    format: str | None = None,
 ) -> list[Shard]:
     """All files `source` names, in natural order of their URLs, each file once.
 
@@ -573,7 +646,8 @@ def resolve_shards(
     lists that is missing (`MissingShardError`), and ValueError when one file is named twice
     under any spelling (see `canonical_path`) or is in a format streamds does not read.
     """
-    return list_source(source, storage_options, on_error=on_error).shards
+    return list_source(source, storage_options, on_error=on_error, retry=retry,
+                       format=format).shards
 
 
 # -- copies ------------------------------------------------------------------------------

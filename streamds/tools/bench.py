@@ -12,11 +12,11 @@
    StatefulDataLoader does; those calls are timed on the same timer. What the wall time holds
    beyond the stages and the states (collation, the loop itself, starting the reader) is
    "collate/other";
-2. a ``DataLoader`` over the same dataset for each ``--num-workers`` value: records/s over
-   the whole run and the time to the first batch;
-3. where a batch of ``--batch-size`` records is a small message (under ~75 KB), the same with
-   big batches out of the workers (``ds.batch(n)``, n records making ~300 KB) cut into
-   training batches in the main process by `streamds.Rebatch`, for each ``--num-workers``.
+2. each way users load, for each ``--num-workers`` value: records/s over the whole run and
+   the time to the first batch. The ways (`WAYS`): a plain ``DataLoader(ds, batch_size=B,
+   collate_fn=as_list)``; ``.batch``, whole batches made in the workers,
+   ``DataLoader(ds.batch(B), batch_size=None)``; and ``ds.loader(B)``, the one-call
+   ``StatefulDataLoader`` (small records cross in large messages, cut in the main process).
 
 Every rate is over the whole run, from ``iter()`` on: the wait for the first batch (workers
 starting; a shuffle buffer filling, each record through the transform where it runs before
@@ -25,9 +25,11 @@ would leave it out (a buffer that drains without refilling runs at the shuffle's
 the transform's). Each run goes on for ``--seconds`` after its first batch, so the part after
 the wait is measured however long the wait was; the time to the first batch is reported apart.
 
-It prints a table and recommendations (the costliest stage and what to do about it; the best
-``num_workers``, from the whole-run rates; big batches where they pay off; why the first batch
-is slow, where it is), or with ``--json`` one JSON object. Progress bars go to stderr.
+It prints a table and recommendations in one voice: the fastest way and ``num_workers``
+measured (from the whole-run rates) and why; the costliest stage and what to do about it,
+never advising workers where no way with workers beat the best without; why the first batch
+is slow, where it is. With ``--json``, one JSON object. Progress goes to stderr: a bar per
+measurement over its time limit, so what it shows as remaining is the real remaining time.
 
 `run_bench()` returns the same report as a dict, for programs and tests.
 
@@ -62,18 +64,16 @@ from ..spec import load_function
 from ..stages.pipeline import Reader
 from ..stages.timing import StageTimer
 from ..train.collate import as_list
-from ..train.rebatch import Rebatch
 
 __all__ = ["main", "run_bench"]
 
 DOMINANT = 0.5  # a stage taking this share of the time is "the bottleneck"
 IO_BOUND = 0.6  # a pass using the CPU less than this share of its time waits on storage
-NEAR_BEST = 0.95  # fewer workers within 5% of the best are recommended instead
+NEAR_BEST = 0.95  # a run within 5% of the fastest, with fewer workers, is advised instead
 MIN_RATED = 1e-3  # seconds: a stage that took less shows no records/s in the table
-MESSAGE_BYTES = 300_000  # a worker's message size (benchmarks/throughput.py, "~300 KB a batch")
-BIG_ENOUGH = 4  # training batches this many times smaller than a message get big-batch runs
-BIG_GAIN = 1.1  # big batches are recommended when they beat the best plain loader by this
-MIN_BIG_BATCHES = 4  # ... in a run that held at least this many big batches
+# the ways users load, simplest last: between runs equally fast, the one named first is
+# advised (ds.loader is one call and resumes exactly; .batch resumes exactly too)
+WAYS = ("ds.loader", ".batch", "DataLoader")
 SLOW_FIRST_BATCH = 5.0  # seconds: a first batch slower than this gets a note saying why
 STATE_CALLS = "state_dict"  # the timer's name for the bench's ds.state_dict() calls
 # report rows: the reader's stages (source first), then what the consumer loop adds
@@ -124,7 +124,7 @@ def measure_pipeline(
         as_list(batch)  # the collate DataLoader uses in the loader runs below
         count += len(batch)
         batches += 1
-        bar.update(len(batch))
+        bar.batch(clock(), count)
         batch = []
         if state_every_batch:
             start = clock()
@@ -135,20 +135,21 @@ def measure_pipeline(
     gc.collect()
     cpu_start, started = cpu(), clock()
     try:
-        with tqdm(total=records, desc="pipeline", unit="rec", disable=not progress) as bar:
-            stream = iter(dataset)
-            try:
-                for record in stream:
-                    batch.append(record)
-                    if len(batch) == batch_size:
-                        end_batch()
-                        if count >= records or clock() - started > (first_at or 0) + seconds:
-                            break
-                else:
-                    if batch:  # the short last batch of the corpus
-                        end_batch()
-            finally:
-                _close(stream)
+        bar = _Progress("pipeline, 1 process", seconds, progress)
+        stream = iter(dataset)
+        try:
+            for record in stream:
+                batch.append(record)
+                if len(batch) == batch_size:
+                    end_batch()
+                    if count >= records or clock() - started > (first_at or 0) + seconds:
+                        break
+            else:
+                if batch:  # the short last batch of the corpus
+                    end_batch()
+        finally:
+            bar.close()
+            _close(stream)
         wall = clock() - started
         cpu_time = cpu() - cpu_start
         counts = dict(dataset.counts)
@@ -194,23 +195,35 @@ def _marshalled_bytes(batch: list[Any]) -> float | None:
         return None
 
 
-def big_batch_size(bytes_per_record: float | None, batch_size: int) -> int | None:
-    """Records in a ~`MESSAGE_BYTES` message, a multiple of `batch_size`; None where a
-    training batch is a big enough message already."""
-    if not bytes_per_record:
-        return None
-    big = round(MESSAGE_BYTES / bytes_per_record / batch_size) * batch_size
-    return big if big >= BIG_ENOUGH * batch_size else None
+class _Progress:
+    """A bar over a measurement's time limit, counted from its first batch (the wait before it
+    is shown as waiting): what it shows as remaining is the time the run has left, also where
+    the records limit ends it earlier."""
+
+    def __init__(self, desc: str, seconds: float, enabled: bool) -> None:
+        self.bar = tqdm(total=round(seconds, 1), desc=desc, unit="s", disable=not enabled,
+                        bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} s "
+                        "[{elapsed}<{remaining}{postfix}]")
+        self.bar.set_postfix_str("waiting for the first batch", refresh=False)
+        self.first: float | None = None
+
+    def batch(self, now: float, records: int) -> None:
+        if self.first is None:
+            self.first = now
+        self.bar.set_postfix_str(f"{records:,} records", refresh=False)
+        self.bar.update(min(self.bar.total, now - self.first) - self.bar.n)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 @dataclass
 class LoaderRun:
     """What one loader run measured, in seconds from ``iter(loader)``: its end, its first
-    batch, and the end of the first message the workers sent (`warm_at`, `warm_records`
-    records in by then)."""
+    batch, and the end of the first batch (`warm_at`, `warm_records` records in by then)."""
 
+    way: str
     num_workers: int
-    big_batch: int | None
     records: int
     batches: int
     seconds: float
@@ -221,13 +234,13 @@ class LoaderRun:
     def report(self) -> dict[str, Any]:
         """The run's report entry. `records_per_s` is over the whole run, the wait for the
         first batch included: the rate a training run gets, and the one advice comes from;
-        the rate after the first message is kept for comparison."""
+        the rate after the first batch is kept for comparison."""
         after = None
         if self.warm_at is not None and self.records > self.warm_records:
             after = _rate(self.records - self.warm_records, self.seconds - self.warm_at)
         return {
+            "way": self.way,
             "num_workers": self.num_workers,
-            "big_batch": self.big_batch,
             "records": self.records,
             "batches": self.batches,
             "seconds": self.seconds,
@@ -235,6 +248,29 @@ class LoaderRun:
             "records_per_s": _rate(self.records, self.seconds),
             "records_per_s_after_first_batch": after,
         }
+
+
+def build_loader(dataset: StreamingJsonl, way: str, *, num_workers: int,
+                 batch_size: int) -> Any:
+    """The loader of `way` (one of `WAYS`), yielding lists of `batch_size` records."""
+    if way == "DataLoader":
+        return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
+                          collate_fn=as_list)
+    if way == ".batch":
+        return DataLoader(dataset.batch(batch_size), batch_size=None, num_workers=num_workers)
+    if way == "ds.loader":
+        return dataset.loader(batch_size, num_workers=num_workers)
+    raise ValueError(f"way must be one of {WAYS}, got {way!r}")
+
+
+def code_of(way: str, num_workers: int, batch_size: int) -> str:
+    """How a user writes the loader of `way`."""
+    if way == "DataLoader":
+        return (f"DataLoader(ds, batch_size={batch_size}, num_workers={num_workers}, "
+                "collate_fn=as_list)")
+    if way == ".batch":
+        return f"DataLoader(ds.batch({batch_size}), batch_size=None, num_workers={num_workers})"
+    return f"ds.loader({batch_size}, num_workers={num_workers})"
 
 
 def measure_loader(
@@ -245,60 +281,56 @@ def measure_loader(
     records: int,
     seconds: float,
     progress: bool,
-    big: int | None = None,
+    way: str = "DataLoader",
 ) -> dict[str, Any]:
-    """DataLoader throughput with `num_workers` (`LoaderRun.report`), for `seconds` after
-    its first batch or up to `records`; with `big`, of
-    ``Rebatch(DataLoader(dataset.batch(big), batch_size=None), batch_size)``."""
-    loader: Any
-    if big is None:
-        loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
-                            collate_fn=as_list)
-    else:
-        big_batches = DataLoader(dataset.batch(big), batch_size=None, num_workers=num_workers)
-        loader = Rebatch(big_batches, batch_size, collate_fn=as_list)
+    """The throughput of the loader of `way` with `num_workers` (`LoaderRun.report`), for
+    `seconds` after its first batch or up to `records`."""
+    loader = build_loader(dataset, way, num_workers=num_workers, batch_size=batch_size)
     timer = time.perf_counter
     count = batches = 0
     first = None
-    # the rate after the wait counts from the end of the first batch the workers sent (a big
-    # batch is cut into many training batches that then come almost for free)
-    warm_at, warm_count = None, 0
-    warm_size = big or 1
+    warm_at, warm_count = None, 0  # the rate after the wait counts from the first batch
     gc.collect()
+    bar = _Progress(f"{way} num_workers={num_workers}", seconds, progress)
     started = timer()
-    desc = f"{'rebatched ' if big else ''}loader num_workers={num_workers}"
-    with tqdm(total=records, desc=desc, unit="rec", disable=not progress) as bar:
-        iterator = iter(loader)
-        try:
-            for batch in iterator:
-                if first is None:
-                    first = timer() - started
-                count += len(batch)
-                batches += 1
-                if warm_at is None and count >= warm_size:
-                    warm_at, warm_count = timer() - started, count
-                bar.update(len(batch))
-                if count >= records or timer() - started > first + seconds:
-                    break
-        finally:
-            elapsed = timer() - started
-            del iterator  # shuts the workers down
-    return LoaderRun(num_workers, big, count, batches, elapsed, first, warm_at,
+    iterator = iter(loader)
+    try:
+        for batch in iterator:
+            now = timer()
+            if first is None:
+                first = now - started
+            count += len(batch)
+            batches += 1
+            if warm_at is None:
+                warm_at, warm_count = now - started, count
+            bar.batch(now, count)
+            if count >= records or now - started > first + seconds:
+                break
+    finally:
+        elapsed = timer() - started
+        bar.close()
+        _close(iterator)
+        del iterator  # shuts the workers down
+    return LoaderRun(way, num_workers, count, batches, elapsed, first, warm_at,
                      warm_count).report()
 
 
-def _best_workers(runs: list[dict[str, Any]]) -> int | None:
+def best_run(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The run to advise: among those within `NEAR_BEST` of the fastest whole-run rate, the
+    one with the fewest workers, then the way named first in `WAYS`."""
     rated = [r for r in runs if r["records_per_s"] is not None and r["records"] > 0]
     if not rated:
         return None
     top = max(r["records_per_s"] for r in rated)
-    return min(r["num_workers"] for r in rated if r["records_per_s"] >= NEAR_BEST * top)
+    close = [r for r in rated if r["records_per_s"] >= NEAR_BEST * top]
+    return min(close, key=lambda r: (r["num_workers"], WAYS.index(r.get("way", "DataLoader"))))
 
 
 def _workers_help(report: dict[str, Any]) -> bool:
-    """False where the loader runs showed that worker processes do not pay off."""
+    """False where the runs showed that worker processes do not pay off in any way."""
     tried = {run["num_workers"] for run in report["loader"]}
-    return not (report["best_num_workers"] == 0 and len(tried) > 1)
+    best = report.get("best")
+    return not (best is not None and best["num_workers"] == 0 and len(tried) > 1)
 
 
 def _stage_fix(name: str, report: dict[str, Any]) -> tuple[str, str]:
@@ -366,30 +398,45 @@ def _recommend(report: dict[str, Any]) -> tuple[str | None, str | None, list[str
             notes.append(f"{what} is the bottleneck ({cost}); {fix}")
         else:
             notes.append(f"no single stage dominates; the costliest is {what} ({cost}); {fix}")
-    runs, best = report["loader"], report["best_num_workers"]
+    best = report.get("best")
     if best is not None:
-        by_workers = {r["num_workers"]: r for r in runs}
-        rate = by_workers[best]["records_per_s"]
-        first = by_workers[best]["time_to_first_batch_s"]
-        after = "" if first is None else f", the first batch after {first:.1f} s"
-        notes.append(f"use num_workers={best} ({rate:,.0f} records/s over the whole "
-                     f"run{after})")
-        tried = sorted(by_workers)
-        if best == tried[-1] and len(tried) > 1:
-            below = by_workers[tried[-2]]["records_per_s"] or 0.0
-            if rate > 1.2 * below:
-                notes.append(
-                    f"throughput still grows with workers; try more than {best} if you "
-                    "have the cores"
-                )
-        if best == 0 and len(tried) > 1:
-            notes.append(
-                "worker processes do not pay off here: their start-up and transfer cost more "
-                "than the work they take over"
-            )
-        notes += _big_batch_note(report)
-        notes += _first_batch_note(report, first)
+        notes += _loader_notes(report, best)
+        notes += _first_batch_note(report, best["time_to_first_batch_s"])
     return costliest, bottleneck, notes
+
+
+def _loader_notes(report: dict[str, Any], best: dict[str, Any]) -> list[str]:
+    """The advised loader, why (its rate against the plainest run), and where the workers
+    stand: still gaining at the most tried, or not paying off in any way."""
+    runs = report["loader"]
+    rate, first = best["records_per_s"], best["time_to_first_batch_s"]
+    after = "" if first is None else f", the first batch after {first:.2f} s"
+    code = code_of(best["way"], best["num_workers"], report["batch_size"])
+    top = max(runs, key=lambda r: r["records_per_s"] or 0.0)
+    if top is best or top["records_per_s"] == rate:
+        why = "the fastest way measured"
+    else:  # within NEAR_BEST of the fastest: fewer workers, or a way that resumes exactly
+        fewer = best["num_workers"] < top["num_workers"]
+        why = (f"within {100 * (1 - rate / top['records_per_s']):.0f}% of the fastest, "
+               f"{code_of(top['way'], top['num_workers'], report['batch_size'])}, with "
+               f"{'fewer workers' if fewer else 'less to set up'}")
+    plain = [r for r in runs if r["way"] == "DataLoader" and r["num_workers"] == 0
+             and r["records_per_s"]]
+    if plain and rate > 1.05 * plain[0]["records_per_s"]:
+        why += f", {rate / plain[0]['records_per_s']:.2f}x a plain DataLoader with no workers"
+    if best["way"] != "DataLoader":
+        why += "; its state_dict() resumes exactly after any batch"
+    notes = [f"use {code}: {rate:,.0f} records/s over the whole run{after} ({why})"]
+    tried = sorted({r["num_workers"] for r in runs})
+    same_way = {r["num_workers"]: r["records_per_s"] or 0.0 for r in runs
+                if r["way"] == best["way"]}
+    if best["num_workers"] == tried[-1] and len(tried) > 1 and rate > 1.2 * same_way[tried[-2]]:
+        notes.append(f"throughput still grows with workers; try more than {tried[-1]} if you "
+                     "have the cores")
+    if best["num_workers"] == 0 and len(tried) > 1:
+        notes.append("worker processes did not pay off in any way measured: their start-up "
+                     "and hand-over cost more than the work they take over")
+    return notes
 
 
 def _first_batch_note(report: dict[str, Any], first: float | None) -> list[str]:
@@ -415,27 +462,6 @@ def _first_batch_note(report: dict[str, Any], first: float | None) -> list[str]:
         "where each rank's quota counts what it keeps). ds.cache(directory, key=...) stores "
         "its output in the first epoch, so later epochs and resumes fill the buffer from "
         "disk; a smaller buffer_size shortens the first epoch's wait"
-    ]
-
-
-def _big_batch_note(report: dict[str, Any]) -> list[str]:
-    """Recommend big batches and `Rebatch` where their runs beat the best plain loader."""
-    runs = [r for r in report["rebatched"] if r["records"] >= MIN_BIG_BATCHES * r["big_batch"]]
-    best = _best_workers(runs)  # runs too short to hold a few big batches advise nothing
-    if best is None:
-        return []
-    run = next(r for r in runs if r["num_workers"] == best)
-    plain_rate = max(r["records_per_s"] or 0.0 for r in report["loader"])
-    if run["records_per_s"] < BIG_GAIN * plain_rate:
-        return []
-    size = report["batch_size"]
-    return [
-        f"big batches pay off: Rebatch(DataLoader(ds.batch("
-        f"{run['big_batch']}), batch_size=None, num_workers={best}), {size}) yields "
-        f"batches of {size} at {run['records_per_s']:,.0f} records/s, "
-        f"{run['records_per_s'] / plain_rate:.1f}x the best plain DataLoader (fewer, larger "
-        "messages, less work per training batch); with StatefulDataLoader its state_dict() "
-        "stays exact"
     ]
 
 
@@ -495,17 +521,13 @@ def run_bench(
     report.update(measure_pipeline(dataset, batch_size=batch_size, records=records,
                                    seconds=seconds, state_every_batch=state_every_batch,
                                    progress=progress))
-    big = big_batch_size(report["bytes_per_record"], batch_size)
-    def loader_run(workers: int, big: int | None) -> dict[str, Any]:
-        return measure_loader(dataset, num_workers=workers, batch_size=batch_size,
-                              records=records, seconds=seconds, progress=progress, big=big)
-
-    report["loader"], report["rebatched"] = [], []
-    for n in num_workers:  # plain and big-batch runs in turn, so machine noise hits both
-        report["loader"].append(loader_run(n, None))
-        if big is not None:
-            report["rebatched"].append(loader_run(n, big))
-    report["best_num_workers"] = _best_workers(report["loader"])
+    report["loader"] = [
+        measure_loader(dataset, way=way, num_workers=n, batch_size=batch_size,
+                       records=records, seconds=seconds, progress=progress)
+        for n in num_workers for way in WAYS  # the ways in turn, so machine noise hits all
+    ]
+    report["best"] = best_run(report["loader"])
+    report["best_num_workers"] = None if report["best"] is None else report["best"]["num_workers"]
     report["costliest"], report["bottleneck"], report["recommendations"] = _recommend(report)
     return report
 
@@ -559,26 +581,15 @@ def format_report(report: dict[str, Any]) -> str:
     out += [
         "",
         "records/s: over the whole run, the wait for the first batch included",
-        f"{'DataLoader':<16}{'records/s':>12}{'1st batch':>11}",
+        f"{'way':<12}{'workers':>8}{'records/s':>12}{'1st batch':>11}",
     ]
     for run in report["loader"]:
-        mark = "  <- best" if run["num_workers"] == report["best_num_workers"] else ""
+        mark = "  <- advised" if run is report["best"] or run == report["best"] else ""
         out.append(
-            f"{'num_workers=' + str(run['num_workers']):<16}"
+            f"{run['way']:<12}{run['num_workers']:>8}"
             f"{_fmt(run['records_per_s'], ',.0f'):>12}"
             f"{_fmt(run['time_to_first_batch_s'], '.2f'):>9} s{mark}"
         )
-    if report.get("rebatched"):
-        big = report["rebatched"][0]["big_batch"]
-        out += ["", f"{'Rebatch':<16}{'records/s':>12}{'1st batch':>11}   "
-                f"(DataLoader(ds.batch({big}), batch_size=None) cut into batches of "
-                f"{report['batch_size']})"]
-        for run in report["rebatched"]:
-            out.append(
-                f"{'num_workers=' + str(run['num_workers']):<16}"
-                f"{_fmt(run['records_per_s'], ',.0f'):>12}"
-                f"{_fmt(run['time_to_first_batch_s'], '.2f'):>9} s"
-            )
     out.append("")
     out += [f"- {note}" for note in report["recommendations"]]
     return "\n".join(out)
@@ -615,7 +626,8 @@ def build_parser(prog: str = "streamds bench") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Measure the input pipeline on your data: where the time goes, stage by "
-        "stage, and DataLoader throughput per num_workers.",
+        "stage, and the throughput of each way to load (DataLoader, .batch, ds.loader) per "
+        "num_workers; advise the fastest.",
     )
     parser.add_argument("source", nargs="+",
                         help="file, directory, glob or URL, as StreamingJsonl takes them")

@@ -1,4 +1,4 @@
-"""The ``streamds`` command: convert, inspect, verify, bench.
+"""The ``streamds`` command: convert, inspect, verify, bench, synthetic.
 
 ::
 
@@ -10,6 +10,7 @@
     streamds inspect DIR_OR_FILE [--no-count] [--quiet]
     streamds verify DIR_OR_FILE [--quiet]
     streamds bench SOURCE [...]
+    streamds synthetic {pubmed,small-lines,splits,small-files} OUT ...
 
 Exit status: 0 on success, 1 when `verify` finds damage, 2 for bad arguments or input.
 The library never prints; this module does (results on stdout, progress on stderr).
@@ -21,6 +22,7 @@ imported only when asked for, and no other module of streamds imports the conver
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -33,17 +35,19 @@ import orjson
 
 from ..formats.filenames import is_record_name
 from ..formats.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest, verify_shard
+from ..formats.unfinished import MARKER_NAMES, UnfinishedConversionError, check_finished
 from ..redact import redact
 from ..units import human_bytes
 
 __all__ = ["main"]
 
-_USAGE = """usage: streamds {convert,inspect,verify,bench} ...
+_USAGE = """usage: streamds {convert,inspect,verify,bench,synthetic} ...
 
   convert INPUT... --output DIR   JSONL files, small-file trees, tar shards -> seekable shards
   inspect DIR_OR_FILE             shards, records, bytes, frames, codec, ratio, a sample record
   verify DIR_OR_FILE              re-read every shard against manifest.json (exit 1 on damage)
   bench SOURCE [...]              loader throughput and where the time goes
+  synthetic pubmed OUT --bytes 8MB   a PubMed-layout sample corpus to try things on
 
 Run `streamds COMMAND --help` for a command's options."""
 
@@ -86,7 +90,7 @@ def _count_records(shard: Any) -> tuple[int, int]:
     from ..storage.plan import Block
     from ..storage.read import open_decoded_at, read_lines
 
-    if shard.format in ("tar", "json"):  # members, or a document's records: as the reader
+    if not shard.format.line_positions:  # members, a document's records: as the reader
         records = decoded = 0
         for chunk in read_lines(shard, Block(0), 0):
             records += sum(1 for line in chunk.lines if line.strip())
@@ -103,24 +107,24 @@ def _count_records(shard: Any) -> tuple[int, int]:
 
 
 def _inspect_manifest(directory: Path, manifest: Manifest) -> list[str]:
+    from ..formats.registry import named
     from ..storage.shards import resolve_shards
 
     totals = manifest.totals
     ratio = totals["decoded_bytes"] / totals["bytes"] if totals["bytes"] else 0.0
-    zstd = manifest.shard_format == "jsonl.zst"
+    fmt = named(manifest.shard_format)
     c = manifest.counts
     out = [
         f"{directory}: converted shards ({MANIFEST_NAME}, version 1)",
-        f"  format     {manifest.shard_format}"
-        + (" (seekable zstd: frames of whole lines + seek table)" if zstd else " (webdataset)"),
-        f"  codec      {'zst' if zstd else 'none'}",
-        f"  seekable   {'yes' if zstd else 'no (tar: split by whole shard)'}",
+        f"  format     {fmt.name} ({fmt.summary})",
+        f"  codec      {fmt.codec or 'none'}",
+        f"  seekable   {'yes' if fmt.splits else f'no ({fmt.name}: split by whole shard)'}",
         f"  shards     {totals['shards']:,}",
         f"  records    {totals['records']:,}",
         f"  bytes      {human_bytes(totals['bytes'])} stored, "
         f"{human_bytes(totals['decoded_bytes'])} decoded (ratio {ratio:.2f}x)",
     ]
-    if zstd:
+    if fmt.splits:
         frames = totals["frames"]
         mean = totals["decoded_bytes"] / frames if frames else 0
         out.append(f"  frames     {frames:,} (mean {human_bytes(mean)} decoded)")
@@ -165,7 +169,7 @@ def _inspect_files(target: str, count: bool, quiet: bool) -> list[str]:
 
     listing = list_source(target)
     shards = listing.shards
-    out = [f"{target}: {len(shards)} file{'s' * (len(shards) != 1)}"]
+    out = [f"{redact(target)}: {len(shards)} file{'s' * (len(shards) != 1)}"]
     out.append(f"  {'file':<40}{'codec':>6}{'seekable':>9}{'frames':>8}{'records':>12}"
                f"{'bytes':>11}{'decoded':>11}{'ratio':>7}")
     total_records = total_bytes = total_decoded = 0
@@ -199,7 +203,7 @@ def _inspect_files(target: str, count: bool, quiet: bool) -> list[str]:
         ratio_all = total_decoded / total_bytes if total_bytes else 0.0
         out.append(f"  total      {total_records:,} records, {human_bytes(total_bytes)} stored, "
                    f"{human_bytes(total_decoded)} decoded (ratio {ratio_all:.2f}x)")
-    formats = sorted({s.format for s in shards})
+    formats = sorted({s.format.name for s in shards})
     out.append(f"  format     {', '.join(formats)}")
     out.extend(_left_out_lines(listing.left_out, target))
     record = _first_record(shards)
@@ -313,6 +317,13 @@ def _cmd_verify(argv: Sequence[str]) -> int:
     try:
         manifest = read_manifest(directory)
     except FileNotFoundError:
+        try:  # a conversion that stopped: name the command that finishes it
+            check_finished([str(directory / name) for name in MARKER_NAMES
+                            if (directory / name).is_file()], [],
+                           lambda path: Path(path).read_bytes(), str)
+        except UnfinishedConversionError as err:
+            print(f"streamds verify: error: {err}", file=sys.stderr)
+            return 1
         print(f"streamds verify: error: {directory} has no {MANIFEST_NAME}; verify works on "
               "directories written by `streamds convert`, and on single files", file=sys.stderr)
         return 2
@@ -369,11 +380,18 @@ def _cmd_bench(argv: Sequence[str]) -> int:
     return int(bench.main(list(argv)) or 0)
 
 
+def _cmd_synthetic(argv: Sequence[str]) -> int:
+    from . import synthetic
+
+    return synthetic.main(list(argv))
+
+
 _COMMANDS = {
     "convert": _cmd_convert,
     "inspect": _cmd_inspect,
     "verify": _cmd_verify,
     "bench": _cmd_bench,
+    "synthetic": _cmd_synthetic,
 }
 
 
@@ -392,7 +410,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command is None:
         print(f"{_USAGE}\n\nstreamds: error: unknown command {argv[0]!r}", file=sys.stderr)
         return 2
-    return command(argv[1:])
+    try:
+        status = command(argv[1:])
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+    except BrokenPipeError:
+        return _output_closed()
+    return status
+
+
+def _output_closed() -> int:
+    """The reader of stdout went away (`streamds inspect DIR | head -1`): stop quietly, with
+    the status a shell gives a command ended by SIGPIPE, and send what is still buffered
+    to /dev/null so that the interpreter's last flush does not fail again."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return 128 + 13  # SIGPIPE
 
 
 if __name__ == "__main__":

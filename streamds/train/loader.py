@@ -28,10 +28,11 @@ from typing import Any
 
 from ..checks import check_bool, check_int
 from .collate import as_list
+from .loader_state import check_num_workers
 from .rebatch import Rebatch
 
 __all__ = ["MESSAGE_RECORDS", "SMALL_RECORD", "Loader", "auto_workers", "stateful_loader",
-           "torchdata_set_vital_ignored", "usable_cpus"]
+           "stop_workers", "torchdata_set_vital_ignored", "usable_cpus"]
 
 MESSAGE_RECORDS = 2048  # records of small size a worker hands over in one message
 SMALL_RECORD = 1024  # mean JSON bytes under which records cross in big messages
@@ -70,6 +71,25 @@ def stateful_loader(dataset: Any, **options: Any) -> Any:
         ) from err
     with torchdata_set_vital_ignored():
         return StatefulDataLoader(dataset, **options)
+
+
+def stop_workers(loader: Any) -> None:
+    """Stop the workers of `loader`'s current epoch now (a loader whose epoch raised).
+
+    The error a worker raised keeps the epoch's iterator alive in a reference cycle (torch's
+    re-raise holds the exception in its own frame), so only the garbage collector frees it,
+    at some later moment, and torch's shutdown from there waits its 5 s join timeout per
+    worker before killing it (10 s for two workers, in whatever code runs then). Stopped
+    here, while the iterator is in use, they exit at once. The state (`state_dict()`) lives
+    in the main process and stays readable. Persistent workers are left as they are: the
+    user keeps them for the next epoch on purpose.
+    """
+    if getattr(loader, "persistent_workers", False):
+        return
+    iterator = getattr(loader, "_iterator", None)  # torchdata's loader keeps its epoch's
+    shutdown = getattr(iterator, "_shutdown_workers", None)  # none without workers
+    if shutdown is not None:
+        shutdown()
 
 
 def usable_cpus() -> int:
@@ -136,7 +156,7 @@ class Loader:
             big = dataset.batch(max(batch_size, MESSAGE_RECORDS))
             self.loader = stateful_loader(big, batch_size=None, num_workers=num_workers,
                                           **loader_options)
-            self._batches = Rebatch(self.loader, batch_size, collate_fn=collate,
+            self._batches = Rebatch(self.loader, batch_size, collate=collate,
                                     drop_last=drop_last)
         else:  # training batches made and collated in the workers, handed on as made
             batches = dataset.batch(batch_size, collate=collate or as_list,
@@ -148,7 +168,14 @@ class Loader:
             self._batches = self.loader
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self._batches)
+        return self._stopping_workers_on_error(iter(self._batches))
+
+    def _stopping_workers_on_error(self, batches: Iterator[Any]) -> Iterator[Any]:
+        try:
+            yield from batches
+        except Exception:
+            stop_workers(self.loader)  # now, not seconds later in the garbage collector
+            raise
 
     def __len__(self) -> int:
         """Batches per epoch for this rank, where the dataset knows its record counts."""
@@ -171,5 +198,8 @@ class Loader:
         return self._batches.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at `state` (from `state_dict()` of a Loader made the same way)."""
+        """Resume at `state` (from `state_dict()` of a Loader made the same way); a state
+        taken with another `num_workers` is refused naming `merge_states` (elastic resume)."""
+        taken = Rebatch.loader_state_of(state) if self.small_records else state
+        check_num_workers(taken, self.num_workers)
         self._batches.load_state_dict(state)

@@ -25,11 +25,11 @@ core: sentences are built from pre-combined templates with one ``str.format`` ca
 
 Command line::
 
-    python -m corpora.synthetic pubmed train.jsonl.zst --bytes 1GB
-    python -m corpora.synthetic small-lines lines.jsonl --bytes 256MB
-    python -m corpora.synthetic splits pubmed-dataset --train 2000 --val 200 --test 200
-    python -m corpora.synthetic splits arxiv-dataset --layout arxiv --train 2000 --val 20 --test 20
-    python -m corpora.synthetic small-files many-files --records 100000
+    streamds synthetic pubmed train.jsonl.zst --bytes 1GB
+    streamds synthetic small-lines lines.jsonl --bytes 256MB
+    streamds synthetic splits pubmed-dataset --train 2000 --val 200 --test 200
+    streamds synthetic splits arxiv-dataset --layout arxiv --train 2000 --val 20 --test 20
+    streamds synthetic small-files many-files --records 100000
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from typing import BinaryIO
 import orjson
 import zstandard
 
-from streamds.units import size_argument
+from ..units import size_argument
 
 __all__ = [
     "arxiv_record",
@@ -725,9 +725,9 @@ def write_small_lines(
 # --- command line --------------------------------------------------------------------------
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m corpora.synthetic {pubmed,small-lines,splits,small-files} OUT ...``."""
+    """``streamds synthetic {pubmed,small-lines,splits,small-files} OUT ...``."""
     parser = argparse.ArgumentParser(
-        prog="python -m corpora.synthetic", description=__doc__.split("\n\n")[0]
+        prog="streamds synthetic", description=__doc__.split("\n\n")[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("pubmed", help="one JSONL file of PubMed-layout records (.zst/.gz ok)")

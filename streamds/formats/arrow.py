@@ -1,0 +1,146 @@
+"""Arrow IPC files (``.arrow``): record batches -> a `Layout`; rows [start, end) -> records.
+
+Both IPC formats are read: the file format (``ARROW1`` magic, a footer that locates each
+record batch) and the stream format (what `datasets`' ``save_to_disk`` and its cache write:
+batches one after another, no footer). Row counts live in each batch's message, so the
+layout costs one pass over the file's messages: cheap for a local file (memory-mapped, no
+copy), a whole download for a remote one. A block of the file format reads its batch alone;
+a block of the stream format reads the messages before it too (the stream has no index).
+Records are what `to_pylist()` gives, by the rule of `columnar.refusal`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, BinaryIO
+
+from ..errors import CorruptShardError
+from .columnar import (
+    Columnar,
+    Group,
+    Layout,
+    checked_schema,
+    group_of,
+    records_of,
+    require_pyarrow,
+    storage_error,
+    watched,
+)
+
+__all__ = ["FILE_MAGIC", "FORMAT", "Arrow", "layout", "read_rows"]
+
+FILE_MAGIC = b"ARROW1"  # the file format starts (and ends) with it; a stream does not
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split())
+
+
+def _damaged(url: str, where: str, err: Exception, offset: int = 0) -> CorruptShardError:
+    return CorruptShardError(
+        f"{url}: damaged Arrow IPC file ({where}): {_one_line(err)}; copy or write the file "
+        "again, or pass on_error='skip' to skip the damaged block",
+        url=url,
+        offset=offset,
+    )
+
+
+def _open(file: BinaryIO, url: str) -> tuple[Any, bool]:
+    """(reader, is a stream) for `file`, positioned at its start."""
+    pa = require_pyarrow(url)
+    file.seek(0)
+    is_file = file.read(len(FILE_MAGIC)) == FILE_MAGIC
+    file.seek(0)
+    try:
+        if is_file:
+            return pa.ipc.open_file(file), False
+        return pa.ipc.open_stream(file), True
+    except (OSError, ValueError) as err:
+        if storage_error(err, file):
+            raise
+        raise _damaged(url, "header" if not is_file else "footer", err) from err
+
+
+def _batches(reader: Any, stream: bool) -> Iterator[Any]:
+    if stream:
+        yield from reader
+    else:
+        for index in range(reader.num_record_batches):
+            yield reader.get_batch(index)
+
+
+def layout(file: BinaryIO, url: str) -> Layout:
+    """The record batches of an Arrow IPC file (one pass over its messages)."""
+    file = watched(file)
+    reader, stream = _open(file, url)
+    groups = []
+    try:
+        for batch in _batches(reader, stream):
+            groups.append(Group(batch.num_rows))
+    except (OSError, ValueError) as err:
+        if storage_error(err, file):
+            raise
+        raise _damaged(url, f"record batch {len(groups)}", err) from err
+    return Layout(tuple(groups), tuple(reader.schema.names), stream=stream)
+
+
+def read_rows(
+    file: BinaryIO, url: str, start: int, end: int, *, columns: Sequence[str] | None = None,
+    key: Any = None, planned: Layout | None = None,
+) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """(file row number of the first, records) for file rows [start, end), which lie in one
+    record batch; only `columns` (None: all) become records. `planned`: the file's layout
+    (the file format then reads that batch alone)."""
+    if start >= end:
+        return
+    pa = require_pyarrow(url)
+    file = watched(file)
+    reader, stream = _open(file, url)
+    names = checked_schema(reader.schema, columns, url, pa)
+    row, index, found = 0, 0, None
+    try:
+        if stream or planned is None:
+            for batch in _batches(reader, stream):
+                if row + batch.num_rows > start:
+                    found = batch
+                    break
+                row += batch.num_rows
+                index += 1
+        else:
+            index = group_of(planned, start)
+            row = planned.first_rows()[index]
+            if index < reader.num_record_batches:
+                found = reader.get_batch(index)
+    except (OSError, ValueError) as err:
+        if storage_error(err, file):
+            raise
+        raise _damaged(url, f"record batch {index}", err, offset=row) from err
+    if found is None or row + found.num_rows < end:
+        raise CorruptShardError(
+            f"{url}: rows {start}-{end} were planned in record batch {index}, the file holds "
+            "fewer; the file changed since the dataset was built: build it again",
+            url=url, offset=start,
+        )
+    batch = found.select(names) if names != list(found.schema.names) else found
+    yield start, records_of(batch.slice(start - row, end - start))
+
+
+class Arrow(Columnar):
+    """Arrow IPC files (``.arrow``: the stream or the file format): blocks are row ranges of
+    record batches."""
+
+    name = "arrow"
+    suffixes = (".arrow",)
+    summary = "Arrow IPC (stream or file format): record batches, read by row ranges"
+    group_word = "record batch"
+
+    def layout_of(self, file: BinaryIO, url: str) -> Layout:
+        return layout(file, url)
+
+    def rows_of(self, file: BinaryIO, shard: Any, start: int, end: int
+                ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+        return read_rows(file, shard.url, start, end, columns=shard.columns,
+                         planned=shard.layout)
+
+
+FORMAT = Arrow()

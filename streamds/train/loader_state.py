@@ -1,0 +1,96 @@
+"""What streamds reads of a torchdata StatefulDataLoader's state: the one module that names
+its private keys (torchdata offers no public way to ask a saved state how many workers took
+it, or how old its worker states are), so a change in torchdata's layout is fixed here.
+
+A StatefulDataLoader's state goes back into a loader with the same number of workers.
+
+torchdata's `StatefulDataLoader` keeps one dataset state per worker, so its state fits only a
+loader with the `num_workers` that took it. Between two loaders with workers, each worker's
+dataset refuses a state of another world (`StateMismatchError`, naming `merge_states`); between
+a single-process loader (``num_workers=0``) and one with workers, torchdata fails first, with a
+bare ``AssertionError``, before the dataset sees the state. `check_num_workers` says so before
+loading (``ds.loader(...).load_state_dict`` calls it: ``num_workers="auto"`` gives another
+count on another machine), and how to change the number of workers: merge the states
+(elastic resume).
+
+`merge_states` (the public one) refuses a loader state taken between snapshots
+(`steps_since_snapshot`) before the states are merged (`streamds.resume.merge`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import StateMismatchError
+from ..resume import merge
+
+__all__ = ["check_num_workers", "merge_states", "saved_num_workers", "steps_since_snapshot"]
+
+_SNAPSHOT = "_snapshot"  # torchdata's keys: a loader with workers ...
+_MAIN_SNAPSHOT = "_main_snapshot"
+_NUM_WORKERS = "_num_workers"
+_STEPS_SINCE_SNAPSHOT = "_steps_since_snapshot"  # batches yielded since the worker snapshots
+_NUM_YIELDED = "_num_yielded"  # ... and a single-process loader
+
+
+def saved_num_workers(state: Any) -> int:
+    """The `num_workers` of the StatefulDataLoader whose `state_dict()` is `state`."""
+    if isinstance(state, dict) and _SNAPSHOT in state:
+        return int(state[_SNAPSHOT][_MAIN_SNAPSHOT][_NUM_WORKERS])
+    if isinstance(state, dict) and _NUM_YIELDED in state:
+        return 0
+    raise StateMismatchError(
+        "not a StatefulDataLoader state: pass the dict that loader.state_dict() returned (for a "
+        "dataset's own state, use StreamingJsonl.load_state_dict)"
+    )
+
+
+def check_num_workers(state: Any, num_workers: int) -> None:
+    """Refuse a StatefulDataLoader `state` taken with another number of workers than
+    `num_workers`, naming both and the fix."""
+    saved = saved_num_workers(state)
+    if saved != num_workers:
+        raise StateMismatchError(
+            f"the loader state was taken with num_workers={saved}, but this loader has "
+            f"num_workers={num_workers}; resume with num_workers={saved}, or finish the epoch "
+            "with any number of workers: merged = streamds.merge_states([...]) over the "
+            "loader states of every rank, then a fresh loader over "
+            "dataset.with_resume(merged) (without load_state_dict)"
+        )
+
+
+def steps_since_snapshot(found: Any) -> Iterator[int]:
+    """For every StatefulDataLoader state nested anywhere in `found` (a list of them, a dict
+    holding them), the batches it yielded after the worker states it holds were taken: more
+    than 0 when it was saved between snapshots (``snapshot_every_n_steps`` > 1). torchdata
+    keeps that count under a private key and offers no public way to ask for it."""
+    if isinstance(found, dict):
+        since = found.get(_STEPS_SINCE_SNAPSHOT)
+        if isinstance(since, int):
+            yield since
+        values: Any = found.values()
+    elif isinstance(found, (list, tuple)):
+        values = found
+    else:
+        return
+    for value in values:
+        yield from steps_since_snapshot(value)
+
+
+def merge_states(states: Any) -> dict[str, Any]:
+    """One world-independent state from the states of every reader of one epoch: the
+    `state_dict()` of each rank's StatefulDataLoader (or of each dataset), in a list (see
+    `streamds.resume.merge.merge_states`). Refuses a loader state taken between its snapshots
+    (``snapshot_every_n_steps`` > 1): its workers' states are that many batches old, and
+    only the loader itself replays the batches since; merging would read them again."""
+    since = max(steps_since_snapshot(states), default=0)
+    if since:
+        raise ValueError(
+            f"merge_states cannot use a StatefulDataLoader state taken {since} batches "
+            "after its last snapshot (snapshot_every_n_steps > 1): the reader states in "
+            "it are that old, so the batches since would be read again; for an elastic "
+            "resume save the states at a step that is a multiple of "
+            "snapshot_every_n_steps, or resume in the same world with load_state_dict()"
+        )
+    return merge.merge_states(states)
