@@ -12,7 +12,7 @@ the children's PYTHONPATH, in the same rounds.
 Every run is a fresh process (imports done before the clock starts) that reads the whole
 file `--repeats` times; the rounds interleave every row, and each figure is the median over
 the rounds of the row's median run ("x loop": the loop's median time in the same round over
-the row's, median over the rounds). The corpus (`corpora.synthetic` PubMed layout, written
+the row's, median over the rounds). The corpus (`streamds.tools.synthetic` PubMed layout, written
 as seekable zstd with a manifest, as `streamds convert` writes it) is generated under
 `bench-data/` and kept for the next run unless `--delete-corpus`.
 
@@ -58,7 +58,7 @@ ROWS = {
 
 def corpus(size: int, record_chars: int, seed: int) -> tuple[Path, int, int]:
     """(the seekable .jsonl.zst, records, decoded bytes), generated when missing."""
-    from corpora.synthetic import write_pubmed
+    from streamds.tools.synthetic import write_pubmed
 
     name = f"parse-pubmed-{_size_name(size)}-c{record_chars}-s{seed}"
     zst = DATA_DIR / f"{name}.seekable-l3" / "shard-000000.jsonl.zst"
