@@ -10,7 +10,7 @@ line reading every format of JSON lines shares (`jsonl_zst`, `json_file`).
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import closing
 from itertools import accumulate
 from operator import add
@@ -18,9 +18,64 @@ from typing import Any, BinaryIO
 
 from .protocol import Block, Cursor, Format, LineChunk, Opener, Piece
 
-__all__ = ["FORMAT", "Jsonl", "byte_ranges", "line_chunks"]
+__all__ = ["FORMAT", "CutLines", "Jsonl", "byte_ranges", "line_chunks"]
 
 _PROBE = 64 << 10  # bytes read past a block's end (or before its start) to find a newline
+_FEW_LINES = 64  # lines a read buffer may hold to be left uncut (long lines: the copy costs)
+
+
+class CutLines(Sequence[bytes]):
+    """The lines of a read buffer, as a list that is cut out of it only when first asked for,
+    so a parser that reads them in place (`ends`, through a memoryview) never copies them.
+    Line i is ``data[ends[i - 1] + 1 : ends[i]]`` (the first from 0)."""
+
+    __slots__ = ("_lines", "data", "ends")
+
+    def __init__(self, data: bytes, ends: list[int]) -> None:
+        self.data = data
+        self.ends = ends  # where each line ends in `data` (its newline, or the data's end)
+        self._lines: list[bytes] | None = None
+
+    @property
+    def cut(self) -> bool:
+        """Whether the lines were cut out (asked for) already."""
+        return self._lines is not None
+
+    def _list(self) -> list[bytes]:
+        if self._lines is None:
+            self._lines = self.data.split(b"\n", len(self.ends))[: len(self.ends)]
+        return self._lines
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._list()[index]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._list())
+
+    def __eq__(self, other: object) -> bool:
+        return self._list() == (list(other) if isinstance(other, CutLines) else other)
+
+    __hash__ = None  # type: ignore[assignment]  # like the list it stands for
+
+    def __repr__(self) -> str:
+        return f"CutLines({self._list()!r})"
+
+
+def _line_ends(buffer: bytes) -> list[int] | None:
+    """Where each newline of `buffer` is, when it holds at most `_FEW_LINES` (None: more; a
+    split is then cheaper than finding them one by one)."""
+    ends: list[int] = []
+    find = buffer.find
+    at = find(b"\n")
+    while at >= 0:
+        if len(ends) == _FEW_LINES or (len(ends) == 8 and at * _FEW_LINES < 8 * len(buffer)):
+            return None  # more lines, or the first 8 shorter than the buffer's 64th part
+        ends.append(at)
+        at = find(b"\n", at + 1)
+    return ends
 
 
 def byte_ranges(index: int, size: int, piece: Piece) -> list[Block]:
@@ -81,14 +136,24 @@ def line_chunks(
                 pending.append(data)
                 continue
             pending.append(data)
-            lines = b"".join(pending).split(b"\n")
-            tail = lines.pop()
-            if at_eof and tail:  # a final line without a newline is a record
-                lines.append(tail)
+            buffer = b"".join(pending)
+            lines: Any
+            ends = _line_ends(buffer)
+            if ends is None:  # many lines: one split, at C speed
+                lines = buffer.split(b"\n")
+                tail = lines.pop()
+                if at_eof and tail:  # a final line without a newline is a record
+                    lines.append(tail)
+                offsets = list(accumulate(map((1).__add__, map(len, lines)), add, initial=pos))
+            else:  # a few long lines: found in place, cut out only if asked for
+                tail = buffer[ends[-1] + 1 if ends else 0 :]
+                if at_eof and tail:  # a final line without a newline is a record
+                    ends.append(len(buffer))
+                lines = CutLines(buffer, ends)
+                offsets = [pos, *(pos + end + 1 for end in ends)]
             if not lines:
                 return
             pending = [] if at_eof or not tail else [tail]
-            offsets = list(accumulate(map((1).__add__, map(len, lines)), add, initial=pos))
             if at_eof and tail:
                 offsets[-1] -= 1  # no newline after the last line
             if end is not None and offsets[-1] > end:
@@ -96,10 +161,12 @@ def line_chunks(
                 if owned < len(lines):
                     cursor.next_line = offsets[owned]
                     if owned:
-                        yield LineChunk(block_id, offsets[: owned + 1], lines[:owned])
+                        kept = CutLines(buffer, lines.ends[:owned]) if isinstance(
+                            lines, CutLines) else lines[:owned]
+                        yield LineChunk(block_id, offsets[: owned + 1], kept, data=buffer)
                     return
             pos = cursor.next_line = offsets[-1]
-            yield LineChunk(block_id, offsets, lines)
+            yield LineChunk(block_id, offsets, lines, data=buffer)
             if at_eof:
                 return
 

@@ -7,7 +7,7 @@ into), never storage: reading is handed an `Opener` by storage, resolving a `Fil
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, TypeVar
 
@@ -46,13 +46,16 @@ class LineChunk:
     for JSON lines; the record's ordinal for tar shards and JSON documents); `offsets[-1]` is
     the position of the record after the chunk. `labels` names tar members and document
     parts, for error messages. `lines` holds JSON text (bytes) for formats that parse, Python
-    values for those that do not (`Format.parses`).
+    values for those that do not (`Format.parses`). `data`: JSON lines only, the decoded
+    bytes the lines were cut from at each newline (the lines are its first pieces), so a
+    search over every line (`streamds.formats.values.loads_many`) needs no copy.
     """
 
     block: int
     offsets: list[int]
-    lines: list[Any]
+    lines: Sequence[Any]  # a list, or `jsonl.CutLines` (cut from `data` when asked for)
     labels: list[str] | None = None
+    data: bytes | None = None
 
 
 class Cursor:

@@ -39,7 +39,8 @@ WorkItem = tuple[int, int | None]  # (block id, offset to start at; None: the bl
 class Chunk:
     """Items of one work item. `offsets[i]` is where item i's line begins (a record ordinal
     when `labels` is set: see `Position`); `offsets[-1]` is where the line after the chunk
-    begins. `clean`: every item is a record (no markers)."""
+    begins. `clean`: every item is a record (no markers). `data`: raw lines only, the bytes
+    they were cut from (`streamds.storage.read.LineChunk`), for parsing; None elsewhere."""
 
     work_index: int  # which work item, counted in this reader's work
     block: int  # block id
@@ -48,6 +49,7 @@ class Chunk:
     clean: bool
     labels: list[str] | None = None  # tar member or JSON document, for errors; None: lines
     stored: bool = False  # `Stored` placeholders (and line markers) of a block ds.cache holds
+    data: bytes | None = None
 
     def starting_at(self, offset: int) -> Chunk:
         """The part of the chunk from the line at `offset` on."""

@@ -168,7 +168,8 @@ class Lines:
                     self._offset = raw.offsets[-1]
                     if lines_in_pass is not None:
                         lines_in_pass += len(raw.lines)
-                    yield Chunk(k, block_id, raw.offsets, raw.lines, False, raw.labels)
+                    yield Chunk(k, block_id, raw.offsets, raw.lines, False, raw.labels,
+                                data=raw.data)
             except CorruptShardError as err:
                 if stored is not None:
                     stored.abandon(block_id)

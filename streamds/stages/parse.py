@@ -26,6 +26,7 @@ import orjson
 
 from ..errors import CorruptRecordError
 from ..formats import values
+from ..formats.jsonl import CutLines
 from ..storage.read import Opener, count_newlines, open_decoded_at
 from .chunks import COUNTS, SOURCE, STAGE, Chunk, checked
 
@@ -201,7 +202,10 @@ def parse_chunk(
     Values are exact (`streamds.formats.values`: no integer turned into a float); a line
     that is not a JSON object (a number, an array, null) is malformed too."""
     try:
-        items, records = values.loads_many(chunk.items)
+        lines = chunk.items
+        uncut = isinstance(lines, CutLines) and not lines.cut  # read them in place
+        items, records = values.loads_many(lines, chunk.data,
+                                           lines.ends if uncut else None)
         if records:
             return items, True
     except orjson.JSONDecodeError:

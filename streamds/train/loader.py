@@ -12,7 +12,8 @@ says it (`record_bytes()`: a converted corpus's manifest, or the first lines of 
 - larger or unknown records: the workers make the training batches themselves
   (``ds.batch(batch_size, collate=...)``), so the collate runs where the records are.
 
-Either way a state taken after any batch resumes exactly. The collate defaults to a list of
+Either way a state taken after any batch resumes exactly, and batches are handed on as the
+collate made them (no torch conversion walks them). The collate defaults to a list of
 records: torch's default collate fails on records of strings and lists of unequal length (most
 text corpora), and a list never does.
 """
@@ -157,10 +158,12 @@ class Loader:
                                           **loader_options)
             self._batches = Rebatch(self.loader, batch_size, collate=collate,
                                     drop_last=drop_last)
-        else:  # training batches made and collated in the workers
+        else:  # training batches made and collated in the workers, handed on as made
             batches = dataset.batch(batch_size, collate=collate or as_list,
                                     drop_last=drop_last)
-            self.loader = stateful_loader(batches, batch_size=None,
+            # collate_fn=as_list: not torch's default conversion, which copies every record
+            # and walks every value of a batch (thousands of calls a batch of large records)
+            self.loader = stateful_loader(batches, batch_size=None, collate_fn=as_list,
                                           num_workers=num_workers, **loader_options)
             self._batches = self.loader
 
