@@ -11,6 +11,7 @@ import corpus
 import numpy as np
 import pytest
 from resume_contract import ids, records, run_test_save_load_state
+from torch.utils.data import DataLoader
 
 from streamds import StreamingJsonl
 from streamds.train.loader import Loader, auto_workers, usable_cpus
@@ -73,13 +74,7 @@ def with_array(record: dict[str, Any]) -> dict[str, Any]:
     return {**record, "array": np.arange(3)}
 
 
-@pytest.mark.parametrize("small, workers", [
-    (False, 0), (False, 2), (True, 0),
-    pytest.param(True, 2, marks=pytest.mark.xfail(strict=True, reason=(
-        "a bug outside the loader: a worker's RecordBatch is marshalled "
-        "(stages/batch.reduce_records_in_worker), and marshal writes a numpy array, like "
-        "anything with the buffer protocol, as bytes"))),
-])
+@pytest.mark.parametrize("small, workers", [(False, 0), (False, 2), (True, 0), (True, 2)])
 def test_batches_are_handed_on_as_made(source: Path, workers: int, small: bool) -> None:
     """Neither route runs torch's default conversion over a batch (it copies every record,
     walks every value, and turns arrays into tensors): the records come as the map made
@@ -91,6 +86,25 @@ def test_batches_are_handed_on_as_made(source: Path, workers: int, small: bool) 
         assert all(type(record["array"]) is np.ndarray for record in batch)
         seen += len(batch)
     assert seen == COUNT
+
+
+def buffers(record: dict[str, Any]) -> dict[str, Any]:
+    """Values marshal would silently write as bytes (they have the buffer protocol)."""
+    i = record["id"]
+    return {"id": i, "scalar": np.int64(i), "nested": [[np.float32(0.5)], bytearray(b"ab")]}
+
+
+def test_values_a_map_makes_cross_from_the_workers_unchanged(source: Path) -> None:
+    """A worker's batch is marshalled only where marshal gives it back as it was: numpy
+    scalars and arrays, a bytearray, anywhere in a record, arrive as the map made them."""
+    batches = DataLoader(StreamingJsonl(str(source)).map(buffers).batch(5), batch_size=None,
+                         num_workers=2)
+    seen = [record for batch in batches for record in batch]
+    assert sorted(record["id"] for record in seen) == list(range(COUNT))
+    for record in seen:
+        assert type(record["scalar"]) is np.int64 and record["scalar"] == record["id"]
+        assert type(record["nested"][0][0]) is np.float32
+        assert type(record["nested"][1]) is bytearray
 
 
 def test_set_epoch_chooses_the_order(source: Path) -> None:

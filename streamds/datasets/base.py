@@ -37,6 +37,7 @@ from typing import Any, ClassVar, Self
 from torch.utils.data import IterableDataset
 
 from ..checks import check_int, size_setting
+from ..stages.batch import records_from_user_steps
 from ..stages.buckets import Rule
 from ..stages.packing import PackTokens
 from ..stages.state import Positioned, check_epoch_change, refuse_other_version
@@ -111,9 +112,12 @@ class StreamdsDataset(IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         items = self._open()
+        if not self._steps:
+            return items
+        records_from_user_steps()  # what they make is checked before it is marshalled
         # -> the type's own map and filter, on what its stage yields; a state taken between
         # items stays exact (an item a step drops was counted before the next is handed out)
-        return apply_steps(items, self._steps, self._ITEMS) if self._steps else items
+        return apply_steps(items, self._steps, self._ITEMS)
 
     def _live(self) -> dict[str, Any]:
         """Attributes that iterate, as a copy or a pickled dataset (a DataLoader worker's)

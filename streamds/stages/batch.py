@@ -25,7 +25,7 @@ from .chunks import SOURCE, STAGE, Below, HandedOut, Rest, checked
 if TYPE_CHECKING:
     from .buckets import Rule
 
-__all__ = ["Batch", "BatchSettings", "RecordBatch"]
+__all__ = ["Batch", "BatchSettings", "RecordBatch", "marshal_exact", "records_from_user_steps"]
 
 
 class RecordBatch:
@@ -83,16 +83,57 @@ def _reduce_for_queue(batch: RecordBatch) -> tuple[Any, ...]:
 ForkingPickler.register(RecordBatch, _reduce_for_queue)
 
 
+# Whether a user's map or filter made some records this process hands over. marshal writes
+# any object with the buffer protocol (a numpy array or scalar, a bytearray, a memoryview) as
+# bytes without a word, so records a user step made are checked first (`marshal_exact`);
+# records as parsed (dicts, lists, str, int, float, bool, None, bytes) never need it.
+_user_records = False
+
+
+def records_from_user_steps() -> None:
+    """Note that a map or filter runs in this process: its batches are checked before they
+    are marshalled (called where a reader or dataset with steps starts iterating)."""
+    global _user_records
+    _user_records = True
+
+
+_MARSHAL_EXACT = frozenset({str, int, float, bool, type(None), bytes})
+_CONTAINERS = frozenset({dict, list, tuple})
+
+
+def marshal_exact(value: Any) -> bool:
+    """Whether marshal gives `value` back as it is: only the exact types above, in dicts,
+    lists and tuples (a subclass, or an object marshal would turn into bytes, is not)."""
+    kind = type(value)
+    if kind is dict:
+        if not set(map(type, value)) <= _MARSHAL_EXACT:
+            return False
+        items: Any = value.values()
+    elif kind is list or kind is tuple:
+        items = value
+    else:
+        return kind in _MARSHAL_EXACT
+    kinds = set(map(type, items))
+    if kinds <= _MARSHAL_EXACT:
+        return True
+    if not kinds <= _MARSHAL_EXACT | _CONTAINERS:
+        return False
+    return all(marshal_exact(item) for item in items if type(item) in _CONTAINERS)
+
+
 def reduce_records_in_worker(records: list[Any]) -> tuple[Any, ...]:
     """A worker's batch as the main process will rebuild it: marshalled into the worker's
     shared-memory ring (`streamds.handover.shm_ring`), else marshalled through the pipe, else
-    (records marshal cannot carry: numpy arrays, tensors, subclasses of dict) pickled.
+    (records marshal cannot carry exactly: numpy arrays and scalars, tensors, subclasses of
+    dict) pickled.
 
     marshal is exact for what JSON parsing and most maps make (dict, list, tuple, str, bytes,
     int, float, bool, None), is safe between a worker and its main process (the same
     interpreter), and reads and writes a batch faster than pickle (`benchmarks/throughput.py`
     times pickle, orjson and marshal per batch).
     """
+    if _user_records and not marshal_exact(records):
+        return (RecordBatch, (records,))
     try:
         payload = marshal.dumps(records)
     except ValueError:  # "unmarshallable object" or nested too deeply

@@ -36,7 +36,7 @@ from ..handover.shm_tensors import leave_as_tensor_batches
 from ..seeds import shuffle_seed_parts
 from .ahead import AHEAD, MadeAhead
 from .balance import EvenRanks
-from .batch import Batch
+from .batch import Batch, records_from_user_steps
 from .buckets import PoolBatch
 from .chunks import Chunk, ChunkCursor, HandedOut, Position, Rest, Stored, WorkItem
 from .cpus import TUNE, on_planned_cpus, worker_plan
@@ -238,6 +238,8 @@ class Reader:
         work = state.work if state.work is not None else spec.plan.work(state.epoch, world)
         pad = list(pad_work) if state.quota is not None else []
         where = LineNumbers(spec.shards, spec.blocks, spec.opener)  # for messages
+        if spec.steps:  # what a user's step makes is checked before it is marshalled
+            records_from_user_steps()
         self.late = steps_after_buffer(spec.plan.shuffle, state.quota is not None)
         # `ds.cache`: the store of the records the first steps make, per block
         cached = spec.records_cache
