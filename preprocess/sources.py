@@ -88,6 +88,7 @@ from streamds.storage.shards import Shard, check_options, same_file_error, sourc
 
 from .files_ahead import FilesAhead
 from .listing import ListingWalk, RemoteTree, remote_tree, remote_version
+from .rows import rows_of_file
 
 __all__ = [
     "DEFAULT_READ_AHEAD",
@@ -124,7 +125,7 @@ class Leaf:
     rel: Rel | None
     path: str
     kind: str  # "jsonl", "json" (a document or JSON lines, decided when read), "tar", or
-    # "rows" (Parquet, Arrow: refused when read)
+    # "rows" (Parquet, Arrow: records by file row, `preprocess.rows`)
     codec: str | None
     size: int | None = None  # stored bytes, when known without asking (a listing, a stat)
     fs: AbstractFileSystem | None = field(default=None, compare=False, repr=False)
@@ -211,10 +212,14 @@ class RawRecord(NamedTuple):
 
     data: bytes
     leaf: Leaf
-    offset: int  # decoded byte offset of the line (JSONL), ordinal (tar, array element)
-    line: int  # 1-based line number (JSONL), ordinal + 1 (tar, array element), 1 (document)
+    offset: int  # decoded byte offset of the line (JSONL), ordinal (tar, array element,
+    # a Parquet or Arrow file's row)
+    line: int  # 1-based line number (JSONL), ordinal + 1 (tar, array element, row), 1
+    # (document)
     member: str | None = None  # tar member name
     element: int | None = None  # the ordinal of an array document's element
+    value: dict[str, Any] | None = None  # the record, where the reader yields values (Parquet,
+    # Arrow: `data` is its JSON text)
 
     @property
     def position(self) -> Position:
@@ -229,6 +234,8 @@ class RawRecord(NamedTuple):
             return f"{self.leaf.path}: element {self.element} of the JSON array"
         if self.leaf.kind == "json":
             return self.leaf.path
+        if self.leaf.kind == "rows":
+            return f"{self.leaf.path}: row {self.offset} of the file"
         if self.leaf.lines_from:  # a part cut inside the file numbers from its cut
             before = _newlines_before(self.leaf)
             if before is None:
@@ -506,6 +513,18 @@ def _read_tar(leaf: Leaf, first: int, meter: Meter, policy: RetryPolicy) -> Iter
         raise SourceError(str(err)) from err
     finally:
         stream.close()
+
+
+def _read_rows(leaf: Leaf, first: int, meter: Meter) -> Iterator[RawRecord]:
+    """The records of a Parquet or Arrow leaf from file row `first` (`preprocess.rows`)."""
+
+    def count(stored: int) -> None:
+        meter.stored_bytes += stored
+
+    found = rows_of_file(leaf.path, first, count, size=leaf.size, fs=leaf.fs,
+                         fs_path=leaf.fs_path, version=leaf.version)
+    for row, data, record in found:
+        yield RawRecord(data, leaf, row, row + 1, value=record)
 
 
 # -- inputs ------------------------------------------------------------------------------
@@ -833,11 +852,8 @@ class Inputs:
                 yield from _json_records(leaf, offset, line, meter, got, policy)
             elif leaf.kind == "tar":
                 yield from _read_tar(leaf, offset, meter, policy)
-            elif leaf.kind == "rows":  # Parquet, Arrow: StreamingJsonl reads them, not convert
-                raise ValueError(
-                    f"{leaf.path}: streamds convert reads JSON lines and tar shards, not "
-                    "Parquet or Arrow files; read the file with StreamingJsonl directly (it "
-                    "splits row groups and resumes exactly)")
+            elif leaf.kind == "rows":
+                yield from _read_rows(leaf, offset, meter)
             else:
                 yield from _read_jsonl(leaf, offset, line, meter, policy, anchor, stop)
         except CorruptShardError as err:
