@@ -9,6 +9,7 @@ import decimal
 import os
 from pathlib import Path
 
+import fsspec
 import pyarrow as pa
 import pyarrow.ipc
 import pyarrow.parquet as pq
@@ -207,4 +208,15 @@ def test_a_damaged_file_is_named(folder, tmp_path, capsys):
 
 def test_the_command_line_converts_a_folder(folder, tmp_path, capsys):
     assert convert_main([str(folder), "--output", str(tmp_path / "out"), "--quiet"]) == 0
+    assert read_back(tmp_path / "out") == list(StreamingJsonl(folder))
+
+
+def test_a_remote_parquet_folder_converts(folder, tmp_path):
+    fs = fsspec.filesystem("memory")
+    for path in sorted(folder.iterdir()):
+        fs.pipe(f"/convertpq/{path.name}", path.read_bytes())
+    try:
+        convert(["memory://convertpq/"], tmp_path / "out", **SMALL)
+    finally:
+        fs.rm("/convertpq", recursive=True)
     assert read_back(tmp_path / "out") == list(StreamingJsonl(folder))
