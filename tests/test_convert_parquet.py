@@ -101,7 +101,8 @@ def test_a_transform_sees_each_record(folder, tmp_path):
         return None if record["id"] % 2 else {"id": record["id"], "n": len(record["text"])}
 
     result = convert([folder], tmp_path / "out", transform=short, **SMALL)
-    want = [{"id": r["id"], "n": len(r["text"])} for r in StreamingJsonl(folder) if r["id"] % 2 == 0]
+    want = [{"id": r["id"], "n": len(r["text"])} for r in StreamingJsonl(folder)
+            if r["id"] % 2 == 0]
     assert read_back(tmp_path / "out") == want
     assert result.manifest.totals["records"] == len(want)
 
@@ -147,7 +148,7 @@ def test_a_rerun_after_an_input_changed_is_refused_or_converts_afresh(folder, tm
     write_parquet(tmp_path / "new", [[40, 25, 7]], first=1000)  # same shape, other rows
     os.replace(tmp_path / "new" / "train-00000-of-00001.parquet",
                folder / "train-00000-of-00003.parquet")
-    with pytest.raises(InputsChangedError, match="train-00000-of-00003.parquet"):
+    with pytest.raises(InputsChangedError, match=r"train-00000-of-00003\.parquet"):
         convert([folder], out, **SMALL)
     convert([folder], out, overwrite=True, **SMALL)
     got = read_back(out)
@@ -164,7 +165,7 @@ def test_an_input_changed_during_the_conversion_fails_it(folder, tmp_path):
             os.replace(tmp_path / "new" / "train-00000-of-00001.parquet", first)
         return record
 
-    with pytest.raises(InputsChangedError, match="train-00000-of-00003.parquet"):
+    with pytest.raises(InputsChangedError, match=r"train-00000-of-00003\.parquet"):
         convert([folder], out, transform=change_the_first_file, **SMALL)
     assert not (out / "manifest.json").exists()
 
