@@ -4,7 +4,7 @@
 
     format of the file name             # streamds.formats.registry: parquet, arrow
       -> layout_of(file)                # the footer (Arrow stream: its message headers)
-      -> rows_of(file, rows of a group) # the format module's reader: to_pylist() records,
+      -> rows_from(file, first row)     # the format module's reader: to_pylist() records,
                                         #   its refusals by column (decimal, zoned timestamps)
       -> json_refusal(value)            # what JSON cannot hold, refused naming the column
       -> (row, JSON text, record)       # the row is the position a resume restarts at
@@ -27,7 +27,7 @@ from contextlib import closing
 from typing import Any
 
 from streamds.formats import values
-from streamds.formats.columnar import Columnar, UnsupportedColumnError, group_of, require_pyarrow
+from streamds.formats.columnar import Columnar, UnsupportedColumnError, require_pyarrow
 from streamds.formats.registry import of_file
 from streamds.storage.shards import Shard
 
@@ -113,22 +113,17 @@ def rows_of_file(
         shard = Shard(url=path, path=fs_path or path, size=stored, format=fmt, codec=None,
                       layout=layout, version=version)
         total = layout.rows
-        firsts = layout.first_rows()
         counted = stored * first // total if total else 0
-        for group in range(group_of(layout, first), len(layout.groups)):
-            start, end = max(first, firsts[group]), firsts[group + 1]
-            if start >= end:
-                continue
-            try:
-                for row, records in fmt.rows_of(file, shard, start, end):
-                    for at, record in enumerate(records, row):
-                        _checked(path, at, record)
-                        yield at, dumps(record), record
-            except UnsupportedColumnError as err:  # the library's refusal, in convert's words
-                raise ColumnError(str(err).replace(
-                    "or leave it out with columns=[...]",
-                    "or read the file with StreamingJsonl(columns=[...]) without it")) from err
-            done = stored * end // total
-            count(done - counted)
-            counted = done
+        try:
+            for row, records in fmt.rows_from(file, shard, first):
+                for at, record in enumerate(records, row):
+                    _checked(path, at, record)
+                    yield at, dumps(record), record
+                done = stored * (row + len(records)) // total
+                count(done - counted)
+                counted = done
+        except UnsupportedColumnError as err:  # the library's refusal, in convert's words
+            raise ColumnError(str(err).replace(
+                "or leave it out with columns=[...]",
+                "or read the file with StreamingJsonl(columns=[...]) without it")) from err
         count(stored - counted)  # the rest: the footer, a file without rows

@@ -124,7 +124,12 @@ def test_arrow_ipc_converts(tmp_path, stream):
     assert len(want) == 76 and read_back(tmp_path / "out") == want
 
 
-def test_an_interrupted_conversion_resumes_inside_a_row_group(folder, tmp_path):
+@pytest.mark.parametrize("kind", ["parquet", "arrow stream", "arrow file"])
+def test_an_interrupted_conversion_resumes_inside_a_row_group(folder, tmp_path, kind):
+    if kind != "parquet":
+        folder = tmp_path / "arrow"
+        folder.mkdir()
+        write_arrow(folder / "data.arrow", [50, 3, 70], stream=kind == "arrow stream")
     out = tmp_path / "out"
 
     class Stop(Exception):
@@ -205,6 +210,16 @@ def test_a_damaged_file_is_named(folder, tmp_path, capsys):
     result = convert([folder], tmp_path / "skip", on_error="skip", **SMALL)
     assert result.manifest.counts["bad"] == 1
     assert len(read_back(tmp_path / "skip")) == 193 - 1
+
+
+def test_a_damaged_arrow_stream_is_named_with_its_record_batch(tmp_path):
+    path = tmp_path / "cache-00000.arrow"
+    write_arrow(path, [30, 30, 30], stream=True)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) * 2 // 3])  # cut inside the second batch
+    with pytest.raises(ConversionError, match=r"cache-00000\.arrow: damaged Arrow IPC file "
+                                              r"\(record batch 2\)"):
+        convert([path], tmp_path / "out", **SMALL)
 
 
 def test_the_command_line_converts_a_folder(folder, tmp_path, capsys):
