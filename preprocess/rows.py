@@ -85,12 +85,13 @@ def _checked(path: str, row: int, record: dict[str, Any]) -> None:
 
 def _open(path: str, fs: Any, fs_path: str, size: int | None, version: str | None
           ) -> tuple[Any, int, str | None]:
-    """(the file, its stored size, what identifies its content here): a local file
-    memory-mapped (pyarrow reads it without copies), a remote one through its filesystem."""
+    """(the file, its stored size, what identifies its content here): a local file through
+    pyarrow's own file object (no Python between; not memory-mapped, so a file truncated
+    while it is read is an error, not a SIGBUS), a remote one through its filesystem."""
     if fs is not None:
         file = fs.open(fs_path, "rb")
         return file, size if size is not None else int(file.size or 0), version
-    file = require_pyarrow(path).memory_map(path)
+    file = require_pyarrow(path).OSFile(path)
     info = os.fstat(file.fileno())  # the footer cache's key: a file rewritten is another
     return file, info.st_size, f"{info.st_ino}:{info.st_mtime_ns}:{info.st_ctime_ns}"
 
