@@ -4,9 +4,10 @@ An input is a JSONL file (plain, .zst, .gz, .bz2 or .xz; any name but .json and 
 as JSONL, so PubMed's ``train.txt`` is one), a ``.json`` file (one document, possibly
 pretty-printed, an array being its elements, or JSON lines: the reader's rule, see
 `streamds.formats.documents`), a tar shard (webdataset layout: each ``.json`` member is one
-record, each ``.jsonl`` member one record per line), a directory, or a glob. Inputs expand
-to *leaves* (single files), listed once before the first record is read and kept (a few
-hundred bytes per file):
+record, each ``.jsonl`` member one record per line), a Parquet or Arrow IPC file (each row
+one record, as `StreamingJsonl` reads it: `preprocess.rows`), a directory, or a glob.
+Inputs expand to *leaves* (single files), listed once before the first record is read and
+kept (a few hundred bytes per file):
 
 - a directory or a glob, expanded by the reader's rule (`streamds.formats.trees`): a
   directory names every record-looking file at any depth (``.json``, ``.jsonl``,
@@ -37,7 +38,8 @@ the records `StreamingJsonl` reads from it.
 
 A `Position` (input index, path under the input, offset, line) names where a record
 begins: the decoded byte offset of its line in a JSONL file (a ``.json`` file of lines too),
-its ordinal in a tar shard or an array document, 0 for any other document.
+its ordinal in a tar shard or an array document, the file row of a Parquet or Arrow row, 0
+for any other document.
 `Inputs.records(start=position)` restarts exactly there, without reading the files before
 it (a plain file, local or remote, is read from the offset; compressed files decode and
 discard up to it). This is what makes an interrupted conversion resume.
