@@ -67,13 +67,15 @@ __all__ = ["build_parser", "main", "summary"]
 def build_parser(prog: str = "python -m streamds.preprocess") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Convert JSONL files, trees of small .json files and tar shards into "
+        description="Convert JSONL files, trees of small .json files, tar shards, and Parquet "
+        "and Arrow files into "
         "seekable .jsonl.zst (or webdataset .tar) shards with a manifest. Rerun the same "
         "command after an interruption to resume.",
     )
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
                         help="JSONL file (.jsonl/.txt, plain or .zst/.gz/.bz2/.xz), directory "
-                        "or glob of .json files (any depth), or tar shard")
+                        "or glob of .json files (any depth), tar shard, or Parquet (.parquet, "
+                        ".pq) or Arrow IPC (.arrow) file")
     parser.add_argument("--output", "-o", required=True, metavar="DIR")
     parser.add_argument("--shard-size", type=size_argument, default=DEFAULT_SHARD_SIZE,
                         metavar="SIZE", help="uncompressed bytes per shard (default 256MB)")

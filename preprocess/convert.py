@@ -1,4 +1,5 @@
-"""Convert JSONL files, small-file trees and tar shards into seekable zstd (or tar) shards.
+"""Convert JSONL files, small-file trees, tar shards, Parquet and Arrow files into seekable
+zstd (or tar) shards.
 
 The pipeline, one stage per line::
 

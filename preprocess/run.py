@@ -3,7 +3,9 @@
 ::
 
     Inputs.records(start)             # RawRecord(bytes, file, offset, line), input order
-      -> values.loads                 # exact; malformed or not an object: ConversionError
+      -> values.loads                 # (a Parquet or Arrow row comes as its record and its
+                                      # JSON text: nothing to parse or write again)
+                                      # exact; malformed or not an object: ConversionError
                                       # (file, line, what the file looks like) or counted "bad"
       -> transform(record)            # optional; None drops the record (counted "dropped")
       -> values.dumps                 # one compact line per record, read back exactly
@@ -170,10 +172,13 @@ class ConversionRun:
             data = raw.data
             read_bytes = len(data) + (raw.leaf.kind == "jsonl")
             error: Exception | None = None
-            try:
-                record = loads(data)
-            except decode_error as err:
-                error, record = err, None
+            if raw.value is not None:  # a Parquet or Arrow row: a record already
+                record = raw.value
+            else:
+                try:
+                    record = loads(data)
+                except decode_error as err:
+                    error, record = err, None
             if error is not None or type(record) is not dict:  # a record is a JSON object
                 if not self.skip_errors:
                     raise ConversionError(
@@ -200,7 +205,7 @@ class ConversionRun:
                         f"{raw.where}: the transform returned {type(record).__name__}, not a "
                         "dict: a record is a JSON object (return None to drop a record)")
             try:
-                line = dumps(record)
+                line = data if raw.value is not None and apply is None else dumps(record)
             except (TypeError, ValueError) as err:
                 raise ConversionError(
                     f"{raw.where}: the transformed record is not JSON-serialisable: {err}"

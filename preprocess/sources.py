@@ -4,9 +4,10 @@ An input is a JSONL file (plain, .zst, .gz, .bz2 or .xz; any name but .json and 
 as JSONL, so PubMed's ``train.txt`` is one), a ``.json`` file (one document, possibly
 pretty-printed, an array being its elements, or JSON lines: the reader's rule, see
 `streamds.formats.documents`), a tar shard (webdataset layout: each ``.json`` member is one
-record, each ``.jsonl`` member one record per line), a directory, or a glob. Inputs expand
-to *leaves* (single files), listed once before the first record is read and kept (a few
-hundred bytes per file):
+record, each ``.jsonl`` member one record per line), a Parquet or Arrow IPC file (each row
+one record, as `StreamingJsonl` reads it: `preprocess.rows`), a directory, or a glob.
+Inputs expand to *leaves* (single files), listed once before the first record is read and
+kept (a few hundred bytes per file):
 
 - a directory or a glob, expanded by the reader's rule (`streamds.formats.trees`): a
   directory names every record-looking file at any depth (``.json``, ``.jsonl``,
@@ -37,7 +38,8 @@ the records `StreamingJsonl` reads from it.
 
 A `Position` (input index, path under the input, offset, line) names where a record
 begins: the decoded byte offset of its line in a JSONL file (a ``.json`` file of lines too),
-its ordinal in a tar shard or an array document, 0 for any other document.
+its ordinal in a tar shard or an array document, the file row of a Parquet or Arrow row, 0
+for any other document.
 `Inputs.records(start=position)` restarts exactly there, without reading the files before
 it (a plain file, local or remote, is read from the offset; compressed files decode and
 discard up to it). This is what makes an interrupted conversion resume.
@@ -88,6 +90,7 @@ from streamds.storage.shards import Shard, check_options, same_file_error, sourc
 
 from .files_ahead import FilesAhead
 from .listing import ListingWalk, RemoteTree, remote_tree, remote_version
+from .rows import rows_of_file
 
 __all__ = [
     "DEFAULT_READ_AHEAD",
@@ -124,7 +127,7 @@ class Leaf:
     rel: Rel | None
     path: str
     kind: str  # "jsonl", "json" (a document or JSON lines, decided when read), "tar", or
-    # "rows" (Parquet, Arrow: refused when read)
+    # "rows" (Parquet, Arrow: records by file row, `preprocess.rows`)
     codec: str | None
     size: int | None = None  # stored bytes, when known without asking (a listing, a stat)
     fs: AbstractFileSystem | None = field(default=None, compare=False, repr=False)
@@ -211,10 +214,14 @@ class RawRecord(NamedTuple):
 
     data: bytes
     leaf: Leaf
-    offset: int  # decoded byte offset of the line (JSONL), ordinal (tar, array element)
-    line: int  # 1-based line number (JSONL), ordinal + 1 (tar, array element), 1 (document)
+    offset: int  # decoded byte offset of the line (JSONL), ordinal (tar, array element,
+    # a Parquet or Arrow file's row)
+    line: int  # 1-based line number (JSONL), ordinal + 1 (tar, array element, row), 1
+    # (document)
     member: str | None = None  # tar member name
     element: int | None = None  # the ordinal of an array document's element
+    value: dict[str, Any] | None = None  # the record, where the reader yields values (Parquet,
+    # Arrow: `data` is its JSON text)
 
     @property
     def position(self) -> Position:
@@ -229,6 +236,8 @@ class RawRecord(NamedTuple):
             return f"{self.leaf.path}: element {self.element} of the JSON array"
         if self.leaf.kind == "json":
             return self.leaf.path
+        if self.leaf.kind == "rows":
+            return f"{self.leaf.path}: row {self.offset} of the file"
         if self.leaf.lines_from:  # a part cut inside the file numbers from its cut
             before = _newlines_before(self.leaf)
             if before is None:
@@ -506,6 +515,18 @@ def _read_tar(leaf: Leaf, first: int, meter: Meter, policy: RetryPolicy) -> Iter
         raise SourceError(str(err)) from err
     finally:
         stream.close()
+
+
+def _read_rows(leaf: Leaf, first: int, meter: Meter) -> Iterator[RawRecord]:
+    """The records of a Parquet or Arrow leaf from file row `first` (`preprocess.rows`)."""
+
+    def count(stored: int) -> None:
+        meter.stored_bytes += stored
+
+    found = rows_of_file(leaf.path, first, count, size=leaf.size, fs=leaf.fs,
+                         fs_path=leaf.fs_path, version=leaf.version)
+    for row, data, record in found:
+        yield RawRecord(data, leaf, row, row + 1, value=record)
 
 
 # -- inputs ------------------------------------------------------------------------------
@@ -833,11 +854,8 @@ class Inputs:
                 yield from _json_records(leaf, offset, line, meter, got, policy)
             elif leaf.kind == "tar":
                 yield from _read_tar(leaf, offset, meter, policy)
-            elif leaf.kind == "rows":  # Parquet, Arrow: StreamingJsonl reads them, not convert
-                raise ValueError(
-                    f"{leaf.path}: streamds convert reads JSON lines and tar shards, not "
-                    "Parquet or Arrow files; read the file with StreamingJsonl directly (it "
-                    "splits row groups and resumes exactly)")
+            elif leaf.kind == "rows":
+                yield from _read_rows(leaf, offset, meter)
             else:
                 yield from _read_jsonl(leaf, offset, line, meter, policy, anchor, stop)
         except CorruptShardError as err:

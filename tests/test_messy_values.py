@@ -199,12 +199,12 @@ PARQUET = b"PAR1\x15\x04\x15\x00" + bytes(range(40))
 
 def test_parquet_named_explicitly(tmp_path):
     # by its name: read as Parquet (tests/test_parquet.py); these bytes are no whole Parquet
-    # file, so the dataset names it as damaged when it is built; convert refuses it
+    # file, so the dataset names it as damaged when it is built, and convert too
     path = tmp_path / "data.parquet"
     path.write_bytes(PARQUET)
     with pytest.raises(OSError, match=r"data\.parquet: damaged Parquet file \(footer\)"):
         StreamingJsonl(path)
-    with pytest.raises(ValueError, match="Parquet"):
+    with pytest.raises(ValueError, match=r"data\.parquet: damaged Parquet file \(footer\)"):
         convert([str(path)], tmp_path / "out")
 
 

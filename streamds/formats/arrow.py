@@ -27,9 +27,10 @@ from .columnar import (
     watched,
 )
 
-__all__ = ["FILE_MAGIC", "FORMAT", "Arrow", "layout", "read_rows"]
+__all__ = ["BATCH_ROWS", "FILE_MAGIC", "FORMAT", "Arrow", "layout", "read_from", "read_rows"]
 
 FILE_MAGIC = b"ARROW1"  # the file format starts (and ends) with it; a stream does not
+BATCH_ROWS = 1024  # rows of a record batch converted to records at a time (`read_from`)
 
 
 def _one_line(err: Exception) -> str:
@@ -125,6 +126,32 @@ def read_rows(
     yield start, records_of(batch.slice(start - row, end - start))
 
 
+def read_from(
+    file: BinaryIO, url: str, first: int, *, columns: Sequence[str] | None = None,
+    batch_rows: int = BATCH_ROWS,
+) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """(file row number of the first, records) for every row from `first` to the file's
+    end, in one pass over its record batches (a stream has no index: reading it batch by
+    batch with `read_rows` would read the messages before each batch again)."""
+    pa = require_pyarrow(url)
+    file = watched(file)
+    reader, stream = _open(file, url)
+    names = checked_schema(reader.schema, columns, url, pa)
+    row, index = 0, 0
+    try:
+        for batch in _batches(reader, stream):
+            end = row + batch.num_rows
+            if end > first:
+                batch = batch.select(names) if names != list(batch.schema.names) else batch
+                for at in range(max(first, row), end, batch_rows):
+                    yield at, records_of(batch.slice(at - row, min(batch_rows, end - at)))
+            row, index = end, index + 1
+    except (OSError, ValueError) as err:
+        if storage_error(err, file):
+            raise
+        raise _damaged(url, f"record batch {index}", err, offset=row) from err
+
+
 class Arrow(Columnar):
     """Arrow IPC files (``.arrow``: the stream or the file format): blocks are row ranges of
     record batches."""
@@ -141,6 +168,10 @@ class Arrow(Columnar):
                 ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
         return read_rows(file, shard.url, start, end, columns=shard.columns,
                          planned=shard.layout)
+
+    def rows_from(self, file: BinaryIO, shard: Any, first: int
+                  ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+        return read_from(file, shard.url, first, columns=shard.columns)
 
 
 FORMAT = Arrow()

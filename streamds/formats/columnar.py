@@ -264,6 +264,16 @@ class Columnar(Format):
                 ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
         raise NotImplementedError
 
+    def rows_from(self, file: BinaryIO, shard: Any, first: int
+                  ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+        """(file row number of the first, records) for every row from `first` to the file's
+        end, in file order, group by group (`streamds convert` reads whole files so)."""
+        firsts = shard.layout.first_rows()
+        for group in range(group_of(shard.layout, first), len(shard.layout.groups)):
+            start, end = max(first, firsts[group]), firsts[group + 1]
+            if start < end:
+                yield from self.rows_of(file, shard, start, end)
+
     def settle(self, facts: FileFacts) -> Settled:
         require_pyarrow(facts.url)
         if facts.codec is not None:
