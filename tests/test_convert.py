@@ -662,6 +662,19 @@ def _keep_even_labels(record: dict[str, Any]) -> dict[str, Any] | None:
     return record if record["label"] % 2 == 0 else None
 
 
+def _nan_score(record: dict[str, Any]) -> dict[str, Any]:
+    return {**record, "score": float("nan") if record["label"] == 3 else 0.5}
+
+
+def test_a_transform_that_returns_nan_is_refused_naming_the_line(corpus, tmp_path):
+    """orjson writes NaN and Infinity as null: the converter refuses them instead of changing
+    the value, naming the file and line of the record."""
+    lines = corpus["root"] / "lines.jsonl"
+    first = next(i for i, r in enumerate(corpus["expected"]["lines.jsonl"]) if r["label"] == 3)
+    with pytest.raises(ConversionError, match=rf"lines\.jsonl: line {first + 1}: .*NaN"):
+        convert([lines], tmp_path / "nan", transform=_nan_score)
+
+
 def test_bad_options_fail_early_naming_the_parameter(corpus, tmp_path):
     train = corpus["root"] / "train.txt"
     for kwargs, match in [({"shard_size": 0}, "shard_size"), ({"format": "zip"}, "format"),

@@ -176,9 +176,10 @@ def loads_many(lines: Sequence[bytes], data: bytes | None = None,
 def dumps(value: Any) -> bytes:
     """Compact JSON that `loads` reads back to `value`: orjson's, or `json`'s for what orjson
     will not write (integers beyond 64 bits, strings with lone surrogates, written escaped).
-    Raises TypeError for a value that is not JSON (NaN included: ValueError)."""
+    Raises TypeError for a value that is not JSON, ValueError for NaN or Infinity (orjson
+    writes those as null, which would change the value without a word)."""
     try:
-        return orjson.dumps(value)
+        out = orjson.dumps(value)
     except TypeError as err:
         try:
             text = json.dumps(value, ensure_ascii=False, separators=(",", ":"),
@@ -189,6 +190,23 @@ def dumps(value: Any) -> bytes:
             return text.encode("utf-8")
         except UnicodeEncodeError:  # a lone surrogate: escaped, as json.dumps writes it
             return json.dumps(value, separators=(",", ":"), allow_nan=False).encode("ascii")
+    if b"null" in out and _holds_non_finite(value):  # NaN and Infinity come out as null
+        raise ValueError("Out of range float values are not JSON compliant: NaN or Infinity; "
+                         "write null (or a string) for them instead")
+    return out
+
+
+def _holds_non_finite(value: Any) -> bool:
+    """Whether a NaN or an infinite float stands anywhere in `value`."""
+    kind = type(value)
+    if kind is float:
+        return not math.isfinite(value)
+    if kind is dict:
+        value = value.values()
+    elif kind is not list and kind is not tuple:
+        return isinstance(value, float) and not math.isfinite(value)
+    return any(_holds_non_finite(item) for item in value
+               if type(item) in (float, dict, list, tuple) or isinstance(item, float))
 
 
 # -- records ----------------------------------------------------------------------------
