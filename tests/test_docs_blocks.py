@@ -14,7 +14,10 @@ change that (they do not show on GitHub or the docs site):
   a multi-process launcher; the reason is the skip's.
 - ``<!-- run -->``: run a ```bash block too (shell blocks run only where marked).
 - ``<!-- runs: N -->``: run it N times in the same directory (a block that resumes from the
-  checkpoint its previous run left).
+  checkpoint its previous run left); the last run must print "resumed", so that a block that
+  only looks tested (a checkpoint never written, a resume that starts over) fails.
+- ``<!-- save: NAME -->``: do not run this block; write it as NAME into the directory of the
+  next block of the page, which runs it (a script launched by ``torchrun`` in a bash block).
 - ``<!-- slow -->``: the block takes more than a few seconds (``pytest -m 'not slow'`` leaves it).
 """
 
@@ -26,7 +29,7 @@ import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -34,7 +37,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^( *)```(\S*)\s*$")
-DIRECTIVE = re.compile(r"^\s*<!--\s*(setup|skip|runs|run|slow)\s*(?::\s*(.*?))?\s*-->\s*$")
+DIRECTIVE = re.compile(r"^\s*<!--\s*(setup|skip|runs|run|slow|save)\s*(?::\s*(.*?))?\s*-->\s*$")
 
 # The files a `setup:` names, made once per test session with the commands a reader would run
 # (`streamds synthetic` ships with the package).
@@ -62,6 +65,7 @@ class Block:
     language: str
     code: str
     directives: dict[str, str]
+    files: tuple[tuple[str, str], ...] = ()  # (name, code) of the saved blocks just above
 
     @property
     def id(self) -> str:
@@ -88,12 +92,26 @@ def blocks_of(page: Path) -> list[Block]:
         code = "\n".join(line[len(indent):] for line in lines[i + 1:end]) + "\n"
         found.append(Block(page, i + 1, language, code, directives))
         i = end + 1
-    return found
+    return _with_saved_files(found)
+
+
+def _with_saved_files(found: list[Block]) -> list[Block]:
+    """Each block with the `save:` blocks just above it as its files (a saved block is not
+    run on its own)."""
+    out: list[Block] = []
+    saved: list[tuple[str, str]] = []
+    for block in found:
+        out.append(replace(block, files=tuple(saved)))
+        if "save" in block.directives:
+            saved.append((block.directives["save"], block.code))
+        else:
+            saved = []
+    return out
 
 
 BLOCKS = [block for page in PAGES for block in blocks_of(page)]
-RUNNABLE = [block for block in BLOCKS
-            if block.language == "python" or "run" in block.directives]
+RUNNABLE = [block for block in BLOCKS if "save" not in block.directives
+            and (block.language == "python" or "run" in block.directives)]
 README = [block for block in RUNNABLE if block.page.name == "README.md"]
 
 
@@ -110,6 +128,9 @@ def _env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     # `streamds` and `python` in a shell block are this interpreter's
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    # blocks run 4 at a time: torch's intra-op threads, one per core in each process, would
+    # spin against each other (a tiny model's step then costs 15x the CPU)
+    env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
 
@@ -146,13 +167,19 @@ def _run(block: Block, where: Path, setups: dict[str, Path], *,
         script = where / f"block{block.line}.sh"
         argv = ["bash", "-euo", "pipefail", str(script)]
     script.write_text(block.code)
-    for run in range(int(block.directives.get("runs", 1))):
+    for name, code in block.files:
+        (where / name).write_text(code)
+    runs = int(block.directives.get("runs", 1))
+    for run in range(runs):
         done = subprocess.run(argv, cwd=where, env=env or _env(), capture_output=True,
                               text=True, timeout=300)
         (where / f"{script.stem}.out{run + 1}").write_text(done.stdout)
         if done.returncode:
             return (f"{block.id} failed (run {run + 1}):\n"
                     f"{done.stdout[-2000:]}{done.stderr[-3000:]}")
+    if runs > 1 and "resumed" not in done.stdout:
+        return (f"{block.id}: run {runs} printed no 'resumed': the run before left no "
+                f"checkpoint to resume from, or the block does not say so:\n{done.stdout[-2000:]}")
     return None
 
 
@@ -209,6 +236,12 @@ def test_every_block_is_run_or_skipped_with_a_reason():
             assert block.directives["skip"], f"{block.id}: <!-- skip: REASON --> needs a reason"
         if "setup" in block.directives:
             assert block.directives["setup"] in SETUPS, f"{block.id}: no setup of that name"
+        if "save" in block.directives:
+            assert block.directives["save"], f"{block.id}: <!-- save: NAME --> needs a name"
+            after = [other for other in BLOCKS if other.page == block.page
+                     and other.line > block.line]
+            assert after and after[0] in RUNNABLE and "skip" not in after[0].directives, (
+                f"{block.id}: a saved block must be followed by the block that runs it")
     assert sum(block.page.name == "README.md" for block in RUNNABLE) >= 4
 
 

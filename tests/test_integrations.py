@@ -184,6 +184,24 @@ def test_streamds_trainer_without_a_steady_length_needs_max_steps(tmp_path: Path
         assert epoch >= 2
 
 
+def test_streamds_trainer_pins_memory_only_for_an_accelerator(tmp_path: Path,
+                                                               source: str) -> None:
+    # Trainer's dataloader_pin_memory defaults to True; on CPU torch warns at every epoch that
+    # pinning has no accelerator to serve
+    pytest.importorskip("transformers")
+    import framework_worker as worker
+    from transformers import TrainingArguments
+
+    from streamds.integrations.transformers import StreamdsTrainer
+
+    # (not use_cpu=True, which turns dataloader_pin_memory off itself)
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], max_steps=1,
+                             dataloader_pin_memory=True)
+    trainer = StreamdsTrainer(model=worker.tiny_model(), args=args,
+                              train_dataset=StreamingJsonl(source), data_collator=worker.collate)
+    assert trainer.get_train_dataloader().pin_memory == (args.device.type != "cpu")
+
+
 def test_loaders_are_built_without_torchdatas_set_vital_warning(source: str) -> None:
     """torchdata's constructor calls torch's deprecated set_vital; ours ignore exactly that."""
     from torchdata.stateful_dataloader import StatefulDataLoader

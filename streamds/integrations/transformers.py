@@ -90,7 +90,7 @@ class StreamdsTrainer(_transformers.Trainer):
         options: dict[str, Any] = {
             "batch_size": self._train_batch_size, "collate_fn": collate,
             "num_workers": args.dataloader_num_workers,
-            "pin_memory": args.dataloader_pin_memory,
+            "pin_memory": args.dataloader_pin_memory and args.device.type != "cpu",
             "persistent_workers": args.dataloader_persistent_workers,
             "prefetch_factor": args.dataloader_prefetch_factor,
             "multiprocessing_context": args.dataloader_multiprocessing_context,
