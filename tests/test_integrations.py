@@ -264,3 +264,25 @@ def test_lightning_does_not_warn_that_an_exact_len_could_be_inaccurate(tmp_path:
     said = [str(w.message) for w in found]
     assert trainer.global_step == 6
     assert not any("could be inaccurate" in message for message in said), said
+
+
+def test_a_max_steps_stream_refuses_a_reader_without_blocks_instead_of_hanging(
+        tmp_path: Path) -> None:
+    """StreamdsTrainer with max_steps streams epoch after epoch in each worker; a worker that
+    owns no block of a one-block corpus got empty epochs forever (a DataLoader timeout)."""
+    pytest.importorskip("transformers")
+    from torch.utils.data import DataLoader
+
+    from streamds.integrations.transformers import EpochStream
+
+    path = tmp_path / "one-block.jsonl"
+    path.write_bytes(corpus.jsonl(corpus.make_records(12)))
+    loader = DataLoader(EpochStream(StreamingJsonl(path)), batch_size=None, num_workers=2,
+                        timeout=60)  # broken, the empty worker would time the loader out
+    records = 0
+    with pytest.raises(ValueError, match=r"worker 1 of 2.*got no record in epochs 0 and 1"):
+        for _ in loader:
+            records += 1
+            assert records < 100_000, "the empty worker was never refused"
+    one = iter(EpochStream(StreamingJsonl(path)))  # one reader owns the block: it streams on
+    assert [next(one)["id"] for _ in range(24)] == list(range(12)) * 2

@@ -29,7 +29,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from . import require
 
@@ -54,16 +54,36 @@ class EpochLoader(DataLoader):
 
 
 class EpochStream(IterableDataset):
-    """Epoch after epoch of `dataset` from its current epoch on, without end (no len)."""
+    """Epoch after epoch of `dataset` from its current epoch on, without end (no len).
+
+    A reader that gets no record in two epochs in a row is refused: blocks are dealt to the
+    readers by their index, so one that owns none now owns none in any epoch, and streaming
+    empty epochs would wait forever (a corpus of fewer blocks than readers)."""
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
         self.first = dataset.epoch
 
     def __iter__(self) -> Iterator[Any]:
+        empty = 0
         for epoch in itertools.count(self.first):
             self.dataset.set_epoch(epoch)
-            yield from self.dataset
+            yielded = False
+            for item in self.dataset:
+                yielded = True
+                yield item
+            empty = 0 if yielded else empty + 1
+            if empty == 2:
+                info = get_worker_info()
+                where = "" if info is None else f" (DataLoader worker {info.id} of "
+                where += "" if info is None else f"{info.num_workers})"
+                raise ValueError(
+                    f"with max_steps a reader{where} streams epoch after epoch, and it got no "
+                    f"record in epochs {epoch - 1} and {epoch}: the corpus has fewer blocks "
+                    "than readers (ranks x dataloader_num_workers), or a filter dropped every "
+                    "record of its blocks; use fewer "
+                    "dataloader_num_workers, or more blocks (convert with a smaller "
+                    "--frame-size, or read the plain .jsonl)")
 
 
 class StreamdsTrainer(_transformers.Trainer):
