@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from ..errors import StateMismatchError
 from ..storage.records_cache import UncacheableRecordError
 from .chunks import COUNTS, SOURCE, STAGE, Below, Chunk, HandedOut, Rest, Stored, checked
+from .forks import quiet_tokenizers_forks
 from .parse import DROPPED, LineNumbers, Marker
 
 if TYPE_CHECKING:
@@ -69,6 +70,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+quiet_tokenizers_forks()  # forked workers that run a tokenizer print no fork warning
 
 HAS_NOTES = sys.version_info >= (3, 11)  # BaseException.add_note
 
