@@ -256,3 +256,18 @@ def test_tokenizers_in_forked_workers_print_no_fork_warning(corpus: Path,
     # with the variable set, and the main process has it unset again
     assert "workers saw ['false']\n" in done.stdout and "main process has None\n" in done.stdout
     assert "forked" not in done.stdout + done.stderr, (done.stdout + done.stderr)[-2000:]
+
+
+def test_a_mix_maps_batched_in_lists_of_one(corpus: Path) -> None:
+    from streamds import Mix
+
+    def mixed(batch_size: int | None) -> list[Any]:
+        source = StreamingJsonl(str(corpus), storage=Storage(block_size=64 << 10))
+        mix = Mix([source], [1.0], seed=0)
+        if batch_size is None:
+            return list(mix.map(tokens))
+        return list(mix.map(tokens_batched, batch_size=batch_size))
+
+    CALLS["batches"] = CALLS["records"] = 0
+    assert mixed(8) == mixed(None)
+    assert CALLS["batches"] == CALLS["records"] == RECORDS
