@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from torch.utils.data import IterableDataset
 
-from ..stages.transform import Step
+from ..stages.transform import BatchedMap, Step
 from ..train.loader import Loader
 
 if TYPE_CHECKING:
@@ -58,7 +58,9 @@ class StreamdsDataset(IterableDataset):
                 isinstance(batch_size, bool) or not isinstance(batch_size, int)
                 or batch_size < 1):
             raise ValueError(f"map's batch_size must be a positive integer, got {batch_size!r}")
-        return self._with_step(Step("map", fn, batch_size))
+        if batch_size is None:
+            return self._with_step(Step("map", fn))
+        return self._with_step(BatchedMap("map", fn, batch_size))  # type: ignore[arg-type]
 
     def filter(self, predicate: Callable[[Any], bool]) -> Self:
         """A new dataset of the same type keeping the items for which `predicate(item)` is

@@ -19,7 +19,7 @@ A step that raises keeps its exception type; the exception gains a note naming t
 the same type, chained, where one can be built from a message). Finding the record costs
 nothing until a step raises: the chunk's iterator says how far it got.
 
-A batched map (``Step("map", fn, batch_size)``, `ds.map(fn, batch_size=n)`) takes a list of
+A batched map (`BatchedMap`, `ds.map(fn, batch_size=n)`) takes a list of
 records and returns a list of the same length (None drops a record), so that a fast
 tokenizer's `encode_batch` runs once per batch. Before the buffer it runs on the records of
 one chunk at a time, in slices of at most `batch_size` (a batch never spans two chunks), so
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AfterBuffer",
     "BatchLengthError",
+    "BatchedMap",
     "Composed",
     "Step",
     "Transform",
@@ -265,27 +266,49 @@ def unpicklable_step(steps: Sequence[Step]) -> str | None:
     return None
 
 
+def _reduce(step: Any, rebuild: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`step`'s pickle recipe, or `pickle.PicklingError` naming it and the fix."""
+    what = _unpicklable(step.fn)
+    if what is not None:
+        raise pickle.PicklingError(_refusal(f"the {step.kind} step {_name(step.fn)}", what))
+    return (type(step), rebuild)
+
+
 class Step(NamedTuple):
     """One step: ``Step("map", fn)`` or ``Step("filter", predicate)`` (a plain 2-tuple works
-    alike); ``Step("map", fn, n)`` is a batched map: `fn` takes a list of at most `n`
-    records and returns a list of as many results. Pickling one whose function is a lambda
-    or a nested function raises `pickle.PicklingError` naming the step and the fix, instead
-    of pickle's "attribute lookup <lambda> on __main__ failed"; copies share the function."""
+    alike). Pickling one whose function is a lambda or a nested function raises
+    `pickle.PicklingError` naming the step and the fix, instead of pickle's "attribute lookup
+    <lambda> on __main__ failed"; copies share the function."""
 
     kind: str
     fn: Callable[[Any], Any]
-    batch_size: int | None = None  # a batched map's records per call
 
     def __reduce__(self) -> tuple[Any, ...]:
-        what = _unpicklable(self.fn)
-        if what is not None:
-            raise pickle.PicklingError(_refusal(f"the {self.kind} step {_name(self.fn)}", what))
-        return (Step, (self.kind, self.fn, self.batch_size))
+        return _reduce(self, (self.kind, self.fn))
 
     def __copy__(self) -> Step:
         return self
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Step:
+        return self
+
+
+class BatchedMap(NamedTuple):
+    """A batched map step, ``BatchedMap("map", fn, n)`` (`ds.map(fn, batch_size=n)`): `fn`
+    takes a list of at most `n` records and returns a list of as many results (None drops a
+    record). Pickles and copies as `Step` does."""
+
+    kind: str
+    fn: Callable[[list[Any]], list[Any]]
+    batch_size: int
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _reduce(self, (self.kind, self.fn, self.batch_size))
+
+    def __copy__(self) -> BatchedMap:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> BatchedMap:
         return self
 
 
