@@ -41,7 +41,7 @@ from ..stages.batch import records_from_user_steps
 from ..stages.buckets import Rule
 from ..stages.packing import PackTokens
 from ..stages.state import Positioned, check_epoch_change, refuse_other_version
-from ..stages.transform import Step, apply_steps
+from ..stages.transform import BatchedMap, Step, apply_steps
 from ..train.loader import Loader
 from .callers import loader_len_call
 
@@ -140,12 +140,26 @@ class StreamdsDataset(IterableDataset):
         clone._steps = (*self._steps, step)
         return clone
 
-    def map(self, fn: Callable[[Any], Any]) -> Self:
+    def map(self, fn: Callable[[Any], Any], *, batch_size: int | None = None) -> Self:
         """A new dataset of the same type whose items are `fn(item)`; None drops the item.
-        The original is unchanged. It runs in the reader (the DataLoader worker)."""
+        The original is unchanged. It runs in the reader (the DataLoader worker).
+
+        With `batch_size=n`, `fn` takes a list of at most n items and returns a list of as
+        many results, in order (None drops an item), so a fast tokenizer runs once per list
+        (``tokenizer.encode_batch(texts)``, Rust threads, no per-item Python call). A reader
+        calls it on the records of one chunk at a time (a list never spans two chunks) and
+        then runs its steps before the shuffle buffer; each result must depend on its item
+        alone (not on the list it came in), as resumes map some records again in other
+        lists. A mix or packed data calls it on lists of one."""
         if not callable(fn):
             raise ValueError(f"map needs a callable, got {fn!r}")
-        return self._with_step(Step("map", fn))
+        if batch_size is not None and (
+                isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                or batch_size < 1):
+            raise ValueError(f"map's batch_size must be a positive integer, got {batch_size!r}")
+        if batch_size is None:
+            return self._with_step(Step("map", fn))
+        return self._with_step(BatchedMap("map", fn, batch_size))  # type: ignore[arg-type]
 
     def filter(self, predicate: Callable[[Any], bool]) -> Self:
         """A new dataset of the same type keeping the items for which `predicate(item)` is

@@ -447,7 +447,8 @@ def _resolve_pool(tail: dict[str, Any], spec: ReaderDescription
         )
     even = tail.get("even") is not None
     before = steps_before_buffer(spec, even)
-    after = spec.steps if steps_after_buffer(True, even) else ()  # run as records leave it
+    # run as records leave it
+    after = spec.steps if steps_after_buffer(True, even, spec.steps) else ()
     # the pool: the first pool_size records out of the buffer that pass `after`; the records
     # out of the buffer are the same first ones however many are drawn, so draw more (twice
     # as many) until enough pass, then stop the buffer just after the last one the pool took

@@ -60,7 +60,7 @@ def require_line_per_record(
     word that every non-blank line yields exactly one record."""
     if every_line_yields:
         return
-    kinds = [kind for kind, _ in steps]
+    kinds = [step[0] for step in steps]
     why = []
     if "filter" in kinds:
         why.append("a .filter() step")

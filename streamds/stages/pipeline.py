@@ -10,7 +10,8 @@ records as they leave the shuffle buffer, so the buffer holds parsed records (me
 the records as read, not as mapped) and the first record, also after a resume, comes after
 reading and parsing the buffer, not mapping it. Under even_ranks they run before the buffer,
 as every reader does without a shuffle: a reader's quota counts records after the steps, and
-a record dropped after the buffer would leave its rank short. A step that drops records
+a record dropped after the buffer would leave its rank short; and where a step is a batched
+map (`ds.map(fn, batch_size=n)`), which runs on a chunk's records at once. A step that drops records
 changes which records the buffer draws from, so the shuffled order for a seed differs from
 that of streamds versions that mapped before the buffer (the records do not).
 
@@ -50,7 +51,7 @@ from .records import Records, fetch_records
 from .shuffle import Shuffle
 from .state import ReaderState, stage_of
 from .timing import StageTimer, Timed
-from .transform import AfterBuffer, Step, Transform, compose
+from .transform import AfterBuffer, Step, Transform, compose, has_batched
 
 __all__ = ["Reader", "buffer_intake", "describe_counts", "numbers_shuffle", "preparer",
            "read_up_to", "reading_front", "rest_of", "state_after", "steps_after_buffer",
@@ -68,10 +69,12 @@ _COUNTED = {
 _LOST = ("bad", "corrupt_blocks")  # counters of data lost to errors: a warning
 
 
-def steps_after_buffer(shuffle: bool, even_ranks: bool) -> bool:
+def steps_after_buffer(shuffle: bool, even_ranks: bool, steps: Sequence[Step] = ()) -> bool:
     """Whether a reader runs its map and filter steps after the shuffle buffer (else before
-    it): with a buffer, unless its ranks are evened (their quotas count mapped records)."""
-    return shuffle and not even_ranks
+    it): with a buffer, unless its ranks are evened (their quotas count mapped records) or a
+    step is a batched map (it runs on a chunk's records at once: records leave the buffer one
+    at a time, and a look-ahead batch would hold records no state names)."""
+    return shuffle and not even_ranks and not has_batched(steps)
 
 
 # what the slow-fill log adds where the steps run before the buffer
@@ -116,7 +119,7 @@ def reading_front(
 
 def steps_before_buffer(spec: ReaderDescription, even: bool) -> tuple[Step, ...]:
     """The steps a shuffling reader runs before its buffer (`steps_after_buffer`)."""
-    return () if steps_after_buffer(True, even) else tuple(spec.steps)
+    return () if steps_after_buffer(True, even, spec.steps) else tuple(spec.steps)
 
 
 def buffer_intake(
@@ -240,7 +243,7 @@ class Reader:
         where = LineNumbers(spec.shards, spec.blocks, spec.opener)  # for messages
         if spec.steps:  # what a user's step makes is checked before it is marshalled
             records_from_user_steps()
-        self.late = steps_after_buffer(spec.plan.shuffle, state.quota is not None)
+        self.late = steps_after_buffer(spec.plan.shuffle, state.quota is not None, spec.steps)
         # `ds.cache`: the store of the records the first steps make, per block
         cached = spec.records_cache
         self.cache = None if cached is None else BlockCache(

@@ -19,6 +19,16 @@ A step that raises keeps its exception type; the exception gains a note naming t
 the same type, chained, where one can be built from a message). Finding the record costs
 nothing until a step raises: the chunk's iterator says how far it got.
 
+A batched map (`BatchedMap`, `ds.map(fn, batch_size=n)`) takes a list of
+records and returns a list of the same length (None drops a record), so that a fast
+tokenizer's `encode_batch` runs once per batch. Before the buffer it runs on the records of
+one chunk at a time, in slices of at most `batch_size` (a batch never spans two chunks), so
+the stage's state stays that of a per-record step: a chunk is handed on whole or not at all.
+A reader with a batched step runs all its steps before the shuffle buffer
+(`streamds.stages.pipeline.steps_after_buffer`): after the buffer, records leave one at a
+time and a look-ahead batch would hold records no state can name. Where records come one at a
+time (`apply_steps`, `AfterBuffer`), a batched step runs on batches of one.
+
 Steps travel to DataLoader workers by pickling under the "spawn" and "forkserver" start
 methods; a `Step` holding a lambda or a nested function refuses to pickle with a message that
 names it and the fix (`unpicklable_step` says the same of any list of steps).
@@ -37,6 +47,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from ..errors import StateMismatchError
 from ..storage.record_codec import UncacheableRecordError
 from .chunks import COUNTS, SOURCE, STAGE, Below, Chunk, HandedOut, Rest, Stored, checked
+from .forks import quiet_tokenizers_forks
 from .parse import DROPPED, LineNumbers, Marker
 
 if TYPE_CHECKING:
@@ -44,18 +55,24 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AfterBuffer",
+    "BatchLengthError",
+    "BatchedMap",
     "Composed",
     "Step",
     "Transform",
     "apply_steps",
+    "batch_size_of",
     "compose",
     "describe_step",
+    "has_batched",
     "step_settings",
     "transform_items",
     "unpicklable_step",
 ]
 
 log = logging.getLogger(__name__)
+
+quiet_tokenizers_forks()  # forked workers that run a tokenizer print no fork warning
 
 HAS_NOTES = sys.version_info >= (3, 11)  # BaseException.add_note
 
@@ -69,11 +86,19 @@ class Composed:
         self.steps = tuple(steps)
         self.dropped = 0
         self.failed: Step | None = None
+        # (kind, fn, batch size or None) per step, unpacked once here rather than per record
+        self._plan = tuple((step[0], step[1], batch_size_of(step)) for step in self.steps)
+        self.batched = any(batched for *_, batched in self._plan)
 
     def __call__(self, record: Any) -> Any:
         try:  # free until something raises (and one setup opcode before Python 3.11)
-            for kind, fn in self.steps:
-                if kind == "map":
+            for kind, fn, batched in self._plan:
+                if batched:  # a batched map, here on a batch of one
+                    record = one_of(fn([record]), 1, (kind, fn))[0]
+                    if record is None:
+                        self.dropped += 1
+                        return DROPPED
+                elif kind == "map":
                     record = fn(record)
                     if record is None:
                         self.dropped += 1
@@ -83,13 +108,86 @@ class Composed:
                     return DROPPED
             return record
         except Exception:
-            self.failed = (kind, fn)
+            self.failed = next(s for s in self.steps if s[0] == kind and s[1] is fn)
             raise
+
+    def over_chunk(self, items: list[Any]) -> list[Any]:
+        """`items` (a chunk's records and markers) through the steps, step by step: a
+        per-record step on each record, a batched map on the live records in slices of its
+        batch size. Raises `StepFailed` saying the failing record's index (a batch's first)."""
+        for step, (_, fn, batched) in zip(self.steps, self._plan, strict=True):
+            live = [i for i, item in enumerate(items) if item.__class__ is not Marker]
+            if not batched:
+                one = Composed((step,))
+                at = 0
+                try:
+                    for at in live:
+                        items[at] = one(items[at])
+                except Exception as err:
+                    self.failed = step
+                    raise StepFailed(at, 1) from err
+                finally:
+                    self.dropped += one.dropped
+                continue
+            for start in range(0, len(live), batched):
+                where = live[start:start + batched]
+                try:
+                    out = one_of(fn([items[i] for i in where]), len(where), step)
+                except Exception as err:
+                    self.failed = step
+                    raise StepFailed(where[0], len(where)) from err
+                for i, record in zip(where, out, strict=True):
+                    if record is None:
+                        self.dropped += 1
+                        items[i] = DROPPED
+                    else:
+                        items[i] = record
+        return items
+
+
+class StepFailed(Exception):
+    """Internal: a step raised (the cause) on the record at `index` of a chunk, or on the
+    batch of `size` records starting there."""
+
+    def __init__(self, index: int, size: int) -> None:
+        super().__init__(index, size)
+        self.index = index
+        self.size = size
 
 
 def compose(steps: Sequence[Step]) -> Composed | None:
     """One function applying `steps` in order, or None when there are none."""
     return Composed(steps) if steps else None
+
+
+def batch_size_of(step: Sequence[Any]) -> int | None:
+    """A batched map's records per call; None for a per-record step (a plain 2-tuple too)."""
+    return step[2] if len(step) > 2 and step[2] else None
+
+
+def has_batched(steps: Sequence[Step]) -> bool:
+    """Whether any of `steps` is a batched map."""
+    return any(batch_size_of(step) for step in steps)
+
+
+class BatchLengthError(ValueError):
+    """A batched map returned something other than a list of one result per record."""
+
+
+def one_of(out: Any, expected: int, step: Step) -> Sequence[Any]:
+    """`out`, the result of batched map `step` on `expected` records, checked to be a list
+    of `expected` results (a dict, such as a tokenizer's `BatchEncoding`, is refused)."""
+    if isinstance(out, (dict, str, bytes)) or not hasattr(out, "__len__") \
+            or not hasattr(out, "__getitem__"):
+        raise BatchLengthError(
+            f"the batched map {_name(step[1])} returned a {type(out).__name__}, not a list "
+            f"of {expected} records; return one result per record, in order (for a "
+            "tokenizer's output: [dict(zip(enc, values)) for values in zip(*enc.values())])")
+    if len(out) != expected:
+        raise BatchLengthError(
+            f"the batched map {_name(step[1])} returned {len(out)} results for {expected} "
+            "records; it must return one per record, in order (None drops a record)")
+    return out
 
 
 def transform_items(apply: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
@@ -126,9 +224,10 @@ def step_settings(fn: Any) -> str | None:
 
 def describe_step(steps: Sequence[Step], step: Step) -> str:
     """``"map step 2 of 3 (mymodule.tokenize)"``."""
-    kind, fn = step
+    kind, fn = step[0], step[1]
     number = next((i for i, s in enumerate(steps, 1) if s[0] == kind and s[1] is fn), 0)
-    return f"{kind} step {number} of {len(steps)} ({_name(fn)})"
+    batched = " batched" if batch_size_of(step) else ""
+    return f"{kind}{batched} step {number} of {len(steps)} ({_name(fn)})"
 
 
 def _unpicklable(fn: Any) -> str | None:
@@ -167,6 +266,14 @@ def unpicklable_step(steps: Sequence[Step]) -> str | None:
     return None
 
 
+def _reduce(step: Any, rebuild: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`step`'s pickle recipe, or `pickle.PicklingError` naming it and the fix."""
+    what = _unpicklable(step.fn)
+    if what is not None:
+        raise pickle.PicklingError(_refusal(f"the {step.kind} step {_name(step.fn)}", what))
+    return (type(step), rebuild)
+
+
 class Step(NamedTuple):
     """One step: ``Step("map", fn)`` or ``Step("filter", predicate)`` (a plain 2-tuple works
     alike). Pickling one whose function is a lambda or a nested function raises
@@ -177,15 +284,31 @@ class Step(NamedTuple):
     fn: Callable[[Any], Any]
 
     def __reduce__(self) -> tuple[Any, ...]:
-        what = _unpicklable(self.fn)
-        if what is not None:
-            raise pickle.PicklingError(_refusal(f"the {self.kind} step {_name(self.fn)}", what))
-        return (Step, (self.kind, self.fn))
+        return _reduce(self, (self.kind, self.fn))
 
     def __copy__(self) -> Step:
         return self
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Step:
+        return self
+
+
+class BatchedMap(NamedTuple):
+    """A batched map step, ``BatchedMap("map", fn, n)`` (`ds.map(fn, batch_size=n)`): `fn`
+    takes a list of at most `n` records and returns a list of as many results (None drops a
+    record). Pickles and copies as `Step` does."""
+
+    kind: str
+    fn: Callable[[list[Any]], list[Any]]
+    batch_size: int
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _reduce(self, (self.kind, self.fn, self.batch_size))
+
+    def __copy__(self) -> BatchedMap:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> BatchedMap:
         return self
 
 
@@ -277,6 +400,8 @@ class Transform:
         if apply is None:
             return chunk
         before = apply.dropped
+        if apply.batched:
+            return self._run_batched(chunk, apply, before)
         records: Iterator[Any] = iter(chunk.items)
         try:
             if chunk.clean:  # every item a record: no marker checks per item
@@ -293,14 +418,29 @@ class Transform:
         clean = chunk.clean and apply.dropped == before
         return Chunk(chunk.work_index, chunk.block, chunk.offsets, items, clean, chunk.labels)
 
-    def _note(self, chunk: Chunk, index: int, step: Step | None) -> str:
+    def _run_batched(self, chunk: Chunk, apply: Composed, before: int) -> Chunk:
+        """`run` where a step is a batched map: the chunk's records step by step."""
+        try:
+            items = apply.over_chunk(list(chunk.items))
+        except StepFailed as failed:
+            err = failed.__cause__
+            assert isinstance(err, Exception)
+            wrapped = _annotated(err, self._note(chunk, failed.index, apply.failed, failed.size))
+            if wrapped is None:
+                raise err from None
+            raise wrapped from err
+        clean = chunk.clean and apply.dropped == before
+        return Chunk(chunk.work_index, chunk.block, chunk.offsets, items, clean, chunk.labels)
+
+    def _note(self, chunk: Chunk, index: int, step: Step | None, size: int = 1) -> str:
         which = "a step" if step is None else describe_step(self.steps, step)
         offset = chunk.offsets[index]
         if self.where is None:
             place = f"block {chunk.block}, byte offset {offset}"
         else:
             place = f"{self.where.url(chunk.block)}: {self.where.describe(chunk, index)[1]}"
-        return f"streamds: raised in the transform stage, {which}, on the record at {place}"
+        what = "the record" if size == 1 else f"the batch of {size} records starting"
+        return f"streamds: raised in the transform stage, {which}, on {what} at {place}"
 
     def _cached(self, cache: BlockCache) -> Iterator[Chunk]:
         """`__iter__` with `ds.cache`: stored blocks' records come from the store, the
