@@ -246,3 +246,59 @@ def test_lightning_does_not_warn_that_an_exact_len_could_be_inaccurate(tmp_path:
     said = [str(w.message) for w in found]
     assert trainer.global_step == 6
     assert not any("could be inaccurate" in message for message in said), said
+
+
+def _lightning_module(pl):  # a linear model over framework_worker's batches
+    import framework_worker as worker
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(worker.SEQ, 1)
+
+        def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+            return self.layer(batch["input_ids"].float()).pow(2).mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    return Module()
+
+
+def test_lightning_without_the_callback_is_refused_naming_it(source: str, tmp_path: Path) -> None:
+    """Without StreamdsCallback every epoch would repeat epoch 0's order and a checkpoint
+    would count the batch fetched ahead: the loader refuses to start, naming the callback;
+    with it, the same fit runs (and iterating the loader outside Lightning is unaffected)."""
+    pl = pytest.importorskip("lightning.pytorch")
+    import framework_worker as worker
+
+    from streamds.integrations.lightning import StreamdsCallback
+
+    def fit(callbacks: list) -> pl.Trainer:
+        loader = StreamdsLoader(StreamingJsonl(source, shuffle=True, seed=1), batch_size=8,
+                                num_workers=0, collate_fn=worker.collate)
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=False,
+                             callbacks=callbacks, enable_progress_bar=False,
+                             enable_model_summary=False, enable_checkpointing=False,
+                             default_root_dir=str(tmp_path))
+        trainer.fit(_lightning_module(pl), train_dataloaders=loader)
+        return trainer
+
+    with pytest.raises(ValueError, match=r"callbacks=\[StreamdsCallback\(\)\]"):
+        fit([])
+    assert fit([StreamdsCallback()]).global_step == 2 * RECORDS // 8
+    assert len(list(StreamdsLoader(StreamingJsonl(source), batch_size=8, collate_fn=ids))) == (
+        RECORDS // 8)
+
+
+def test_another_loaders_state_is_refused_naming_what_to_pass(source: str) -> None:
+    from streamds import StateMismatchError
+    from streamds.integrations.loader import stateful_loader
+
+    plain = stateful_loader(StreamingJsonl(source), batch_size=4, collate_fn=ids)
+    next(iter(plain))
+    loader = StreamdsLoader(StreamingJsonl(source), batch_size=4)
+    for other in (plain.state_dict(), StreamingJsonl(source).state_dict(), [1]):
+        with pytest.raises(StateMismatchError, match=r"not a StreamdsLoader state .*"
+                           r"StreamdsLoader.state_dict\(\)"):
+            loader.load_state_dict(other)
