@@ -302,3 +302,25 @@ def test_another_loaders_state_is_refused_naming_what_to_pass(source: str) -> No
         with pytest.raises(StateMismatchError, match=r"not a StreamdsLoader state .*"
                            r"StreamdsLoader.state_dict\(\)"):
             loader.load_state_dict(other)
+
+
+@pytest.mark.parametrize("given", ["batch", "loader", "mix_batch"])
+def test_streamds_trainer_refuses_batches_naming_the_dataset_to_pass(
+        source: str, tmp_path: Path, given: str) -> None:
+    """Trainer batches records itself: ds.batch(8) would reach the user's collate as lists of
+    batches, and ds.loader(8) made Trainer ask for max_steps even where it was set."""
+    pytest.importorskip("transformers")
+    import framework_worker as worker
+    from transformers import TrainingArguments
+
+    from streamds import Mix
+    from streamds.integrations.transformers import StreamdsTrainer
+
+    ds = StreamingJsonl(source)
+    train = {"batch": lambda: ds.batch(8), "loader": lambda: ds.loader(8, num_workers=0),
+             "mix_batch": lambda: Mix([ds], weights=[1.0], seed=0).batch(8)}[given]()
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=3, report_to=[],
+                             use_cpu=True, save_strategy="no", remove_unused_columns=False)
+    with pytest.raises(ValueError, match=r"train_dataset=ds, .*per_device_train_batch_size=8"):
+        StreamdsTrainer(model=worker.tiny_model(), args=args, train_dataset=train,
+                        data_collator=worker.collate)
