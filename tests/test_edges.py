@@ -70,19 +70,21 @@ def test_resume_after_the_last_batch_is_refused_with_the_epochs_length(
 # -- persistent workers and set_epoch -------------------------------------------------------------
 
 
-def epochs_through(dataset: StreamingJsonl, *, persistent: bool, log_file: Path) -> list[list]:
-    """Two epochs (set_epoch(0), set_epoch(1)) through one DataLoader with a forked worker;
-    the worker's log records go to `log_file` (a handler it inherits)."""
+def epochs_through(dataset: StreamingJsonl, *, persistent: bool, log_file: Path,
+                   set_epochs: bool = True, context: str = "fork") -> list[list]:
+    """Two epochs (set_epoch(0), set_epoch(1) unless not `set_epochs`) through one DataLoader
+    with a worker; a forked worker's log records go to `log_file` (a handler it inherits)."""
     handler = logging.FileHandler(log_file)
     logger = logging.getLogger("streamds")
     logger.addHandler(handler)
     try:
         loader = DataLoader(dataset, batch_size=BATCH, num_workers=1, collate_fn=ids,
                             persistent_workers=persistent,
-                            multiprocessing_context=multiprocessing.get_context("fork"))
+                            multiprocessing_context=multiprocessing.get_context(context))
         epochs = []
         for epoch in range(2):
-            dataset.set_epoch(epoch)
+            if set_epochs:
+                dataset.set_epoch(epoch)
             epochs.append([i for batch in loader for i in batch])
         return epochs
     finally:
@@ -90,14 +92,28 @@ def epochs_through(dataset: StreamingJsonl, *, persistent: bool, log_file: Path)
         handler.close()
 
 
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_set_epoch_reaches_persistent_workers(source: str, tmp_path: Path, context: str) -> None:
+    """Persistent workers start each epoch's iterator from the epoch the main process set:
+    the same orders as workers started afresh for each epoch."""
+    def dataset() -> StreamingJsonl:
+        return StreamingJsonl(source, shuffle=True, seed=3, buffer_size=50)
+
+    kept = epochs_through(dataset(), persistent=True, log_file=tmp_path / "kept.log",
+                          context=context)
+    fresh = epochs_through(dataset(), persistent=False, log_file=tmp_path / "fresh.log")
+    assert kept == fresh and kept[0] != kept[1]
+
+
 def test_persistent_workers_that_miss_set_epoch_warn(source: str, tmp_path: Path) -> None:
     dataset = StreamingJsonl(source, shuffle=True, seed=3, buffer_size=50)
     log_file = tmp_path / "worker.log"
-    first, second = epochs_through(dataset, persistent=True, log_file=log_file)
-    assert first == second  # the worker never saw set_epoch(1): what the warning is about
+    first, second = epochs_through(dataset, persistent=True, log_file=log_file,
+                                   set_epochs=False)
+    assert first == second  # set_epoch(1) was never called: what the warning is about
     said = log_file.read_text()
     assert "starts epoch 0 again" in said and "persistent_workers=True" in said
-    assert "set_epoch()" in said
+    assert "set_epoch(epoch)" in said
 
 
 def test_workers_that_start_each_epoch_anew_are_quiet(source: str, tmp_path: Path) -> None:

@@ -57,6 +57,7 @@ from ..storage.shards import Shard, resolve_shards, source_items, with_columns
 from ..world import World, detect_world
 from .base import StreamdsDataset
 from .callers import check_outer_split, loader_len_call
+from .epoch import SharedEpoch
 from .pack import Packed, PackTokens
 
 __all__ = ["StreamingJsonl"]
@@ -66,20 +67,6 @@ log = logging.getLogger(__name__)
 MAX_SEED = (1 << 64) - 1  # seeds are 64-bit, as torch's and numpy's are
 SAMPLE_BYTES = 1 << 16  # read to guess the size of records where no manifest says it
 
-
-
-class _Epoch:
-    """The epoch of a dataset and of every copy derived from it (`map`, `filter`, `batch`,
-    `pack`, `with_resume`, `resume_after_batches`): `set_epoch` on any of them reaches them
-    all, so a loader over ``base.map(f)`` follows ``base.set_epoch(e)``. `loaded`: a state
-    loaded into one of them in the middle of its epoch, until its iterator starts (the
-    epoch may not change under it)."""
-
-    __slots__ = ("loaded", "value")
-
-    def __init__(self, value: int) -> None:
-        self.value = value
-        self.loaded: ReaderState | None = None
 
 
 class StreamingJsonl(StreamdsDataset):
@@ -149,7 +136,7 @@ class StreamingJsonl(StreamdsDataset):
         self.even_ranks = even_ranks
         self.worker_cpus = "auto"  # where the workers run (`.batch(worker_cpus=)`)
         self.retry = RetryPolicy() if storage.retry is None else storage.retry
-        self._epoch = _Epoch(0)
+        self._epoch = SharedEpoch(0)
         self._steps: tuple[Step, ...] = ()  # map and filter of the records (.map/.filter)
         self._batch: BatchSpec | None = None  # whole batches out of the workers (.batch)
         self._records_cache: RecordsCache | None = None  # stored records (.cache)
@@ -216,7 +203,7 @@ class StreamingJsonl(StreamdsDataset):
         """A copy with an epoch of its own, for a `streamds.Mix`, which sets the epochs of
         its sources itself (each source's pass may be in another epoch)."""
         clone = copy.copy(self)
-        clone._epoch = _Epoch(self.epoch)
+        clone._epoch = SharedEpoch(self.epoch)
         clone._epoch.loaded = clone._start.loaded
         clone._active = None
         clone._in_mix = True
@@ -405,11 +392,9 @@ class StreamingJsonl(StreamdsDataset):
         ``mix.set_epoch(e)`` (a source's own call that the mix would ignore is refused).
 
         A loaded state in the middle of another epoch refuses: finish that epoch first.
-        DataLoader workers copy the dataset when they start, so call it before the loader
-        starts its workers: with ``persistent_workers=True`` they start once, the call does
-        not reach them, and every epoch repeats the first one's order (a worker that starts
-        the same shuffled epoch twice logs a warning). Leave persistent_workers off, or build
-        a new DataLoader after each set_epoch().
+        Call it before each epoch's loop: DataLoader workers, persistent ones too, read the
+        epoch when their iterator starts (`streamds.datasets.epoch.SharedEpoch`); a worker
+        that starts the same shuffled epoch twice logs a warning.
         """
         check_int("epoch", epoch, 0, "epochs count from 0")
         check_epoch_change(self._epoch.loaded, epoch,
@@ -454,18 +439,16 @@ class StreamingJsonl(StreamdsDataset):
         """Warn when a DataLoader worker starts the same shuffled epoch a second time.
 
         Only a persistent worker (``persistent_workers=True``) iterates its copy of the dataset
-        twice; its copy never sees the main process's set_epoch(), so that is all a worker can
-        detect: it cannot tell whether set_epoch() was called.
+        twice; it reads the epoch that the main process set, so the same epoch again means
+        that set_epoch() was not called between the two.
         """
         if get_worker_info() is None:
             return
         again = self._worker_epoch == self.epoch and self._start.loaded is None
         if again and self.shuffle:
             log.warning(
-                "a DataLoader worker starts epoch %d again: with persistent_workers=True the "
-                "workers keep the copy of the dataset they started with, so set_epoch() in "
-                "the main process does not reach them and every epoch repeats this order; "
-                "use persistent_workers=False, or a new DataLoader after each set_epoch()",
+                "a DataLoader worker (persistent_workers=True) starts epoch %d again: every "
+                "epoch repeats this order; call ds.set_epoch(epoch) before each epoch's loop",
                 self.epoch)
         self._worker_epoch = self.epoch
 

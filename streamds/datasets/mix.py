@@ -47,6 +47,7 @@ from ..stages.state import (
 from ..stages.transform import Step, apply_steps
 from ..world import World, detect_world
 from .base import StreamdsDataset
+from .epoch import SharedEpoch
 
 if TYPE_CHECKING:
     from ..stages.buckets import Rule
@@ -143,7 +144,7 @@ class Mix(StreamdsDataset):
         self.seed = seed
         self.stop = stop
         self.rank, self.world_size = worlds.pop()
-        self.epoch = 0
+        self._epoch = SharedEpoch(0)  # shared with its workers, persistent ones too
         self._pending: MixStage | None = None  # a loaded state, for the next iterator
         self._merged: MergedMix | None = None  # a merged state (elastic resume)
         self._batch_starts: dict[int, MixStage] = {}  # worker -> start (plain loader)
@@ -168,6 +169,7 @@ class Mix(StreamdsDataset):
     def _with_step(self, step: Step) -> Mix:
         clone = copy.copy(self)
         clone._steps = (*self._steps, step)
+        clone._epoch = SharedEpoch(self.epoch)  # an epoch of its own, as before
         # sources of its own: iterating the clone must not move this mix's sources
         clone.datasets = [ds._detached() for ds in self.datasets]
         clone._active, clone._iterators, clone._held = None, [], None
@@ -190,6 +192,14 @@ class Mix(StreamdsDataset):
         from .pack import Packed
 
         return Packed(self, packer)
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch.value
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self._epoch.value = value
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: it seeds the draws and every source's order. Call it rather
