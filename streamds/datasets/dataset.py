@@ -392,9 +392,10 @@ class StreamingJsonl(StreamdsDataset):
         ``mix.set_epoch(e)`` (a source's own call that the mix would ignore is refused).
 
         A loaded state in the middle of another epoch refuses: finish that epoch first.
-        Call it before each epoch's loop: DataLoader workers, persistent ones too, read the
-        epoch when their iterator starts (`streamds.datasets.epoch.SharedEpoch`); a worker
-        that starts the same shuffled epoch twice logs a warning.
+        Call it before each epoch's loop: DataLoader workers read the epoch when their
+        iterator starts; forked persistent workers (Linux's default) follow it too
+        (`streamds.datasets.epoch.SharedEpoch`), spawned ones keep the epoch they started
+        with. A worker that starts the same shuffled epoch twice logs a warning.
         """
         check_int("epoch", epoch, 0, "epochs count from 0")
         check_epoch_change(self._epoch.loaded, epoch,
@@ -439,8 +440,8 @@ class StreamingJsonl(StreamdsDataset):
         """Warn when a DataLoader worker starts the same shuffled epoch a second time.
 
         Only a persistent worker (``persistent_workers=True``) iterates its copy of the dataset
-        twice; it reads the epoch that the main process set, so the same epoch again means
-        that set_epoch() was not called between the two.
+        twice; a forked one reads the epoch that the main process set (the same epoch again:
+        set_epoch() was not called between the two), a spawned one keeps its own.
         """
         if get_worker_info() is None:
             return
@@ -448,7 +449,9 @@ class StreamingJsonl(StreamdsDataset):
         if again and self.shuffle:
             log.warning(
                 "a DataLoader worker (persistent_workers=True) starts epoch %d again: every "
-                "epoch repeats this order; call ds.set_epoch(epoch) before each epoch's loop",
+                "epoch repeats this order; call ds.set_epoch(epoch) before each epoch's loop "
+                "(spawned persistent workers do not follow it: use forked workers, or "
+                "persistent_workers=False)",
                 self.epoch)
         self._worker_epoch = self.epoch
 

@@ -1,11 +1,15 @@
-"""`SharedEpoch`: the epoch a dataset and its copies share, with its DataLoader workers too."""
+"""`SharedEpoch`: the epoch a dataset and its copies share, with its forked DataLoader workers
+too."""
 
 from __future__ import annotations
 
-import multiprocessing
+import mmap
+import struct
 from typing import Any
 
 __all__ = ["SharedEpoch"]
+
+_INT = struct.Struct("q")
 
 
 class SharedEpoch:
@@ -15,36 +19,32 @@ class SharedEpoch:
     loaded into one of them in the middle of its epoch, until its iterator starts (the
     epoch may not change under it).
 
-    The value lives in shared memory (a multiprocessing RawValue), which DataLoader workers
-    share with the main process (forked, or handed over while they are spawned): a worker
-    reads it when each of its iterators starts, so `set_epoch` before an epoch's loop reaches
-    persistent workers too (torch starts every epoch's iterator in the same workers). Any
-    other pickle or deep copy takes the number and has an epoch of its own."""
+    The value lives in an anonymous shared memory map, which forked DataLoader workers share
+    with the main process: a worker reads it when each of its iterators starts, so
+    `set_epoch` before an epoch's loop reaches persistent workers too (torch starts every
+    epoch's iterator in the same workers). A pickle (spawned workers, a saved copy) and a
+    deep copy take the number: spawned persistent workers keep the epoch they started with
+    (a worker that starts the same shuffled epoch twice warns). No finalizer and no file
+    descriptor: the map is freed with the object (multiprocessing's shared values free
+    theirs in a finalizer that fails in a forked child)."""
 
     __slots__ = ("_shared", "loaded")
 
     def __init__(self, value: int) -> None:
-        self._shared = multiprocessing.RawValue("q", value)
+        self._shared = mmap.mmap(-1, _INT.size)  # MAP_SHARED: forked children see writes
+        self.value = value
         self.loaded: Any = None  # a ReaderState (stages.state)
 
     @property
     def value(self) -> int:
-        return int(self._shared.value)
+        return int(_INT.unpack_from(self._shared)[0])
 
     @value.setter
     def value(self, value: int) -> None:
-        self._shared.value = value
+        _INT.pack_into(self._shared, 0, value)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        if multiprocessing.context.get_spawning_popen() is not None:  # a worker starting
-            return _shared_epoch, (self._shared, self.loaded)
         return _own_epoch, (self.value, self.loaded)
-
-
-def _shared_epoch(shared: Any, loaded: Any) -> SharedEpoch:
-    epoch = SharedEpoch.__new__(SharedEpoch)
-    epoch._shared, epoch.loaded = shared, loaded
-    return epoch
 
 
 def _own_epoch(value: int, loaded: Any) -> SharedEpoch:
