@@ -265,3 +265,31 @@ def test_a_state_with_another_block_count_is_refused(source: str) -> None:
     state["plan"][0] += 1
     with pytest.raises(StateMismatchError, match=r"cut into .* blocks"):
         StreamingJsonl(source).load_state_dict(state)
+
+
+def test_an_epoch_set_in_a_worker_stays_in_that_worker() -> None:
+    """The shared epoch goes from the main process to forked workers only: a worker that sets
+    an epoch (a Mix sets its sources' in each worker) moves neither the main process nor its
+    sibling workers."""
+    from streamds.datasets.epoch import SharedEpoch
+
+    epoch = SharedEpoch(3)
+    context = multiprocessing.get_context("fork")
+    child = context.Process(target=_set_epoch_to_nine, args=(epoch,))
+    child.start()
+    child.join()
+    assert child.exitcode == 0 and epoch.value == 3
+    epoch.value = 4  # the main process's own writes still reach a new worker
+    reader = context.Process(target=_exit_with_epoch, args=(epoch,))
+    reader.start()
+    reader.join()
+    assert reader.exitcode == 4
+
+
+def _set_epoch_to_nine(epoch) -> None:
+    epoch.value = 9
+    assert epoch.value == 9
+
+
+def _exit_with_epoch(epoch) -> None:
+    raise SystemExit(epoch.value)

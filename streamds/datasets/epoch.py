@@ -4,6 +4,7 @@ too."""
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 from typing import Any
 
@@ -28,10 +29,11 @@ class SharedEpoch:
     descriptor: the map is freed with the object (multiprocessing's shared values free
     theirs in a finalizer that fails in a forked child)."""
 
-    __slots__ = ("_shared", "loaded")
+    __slots__ = ("_owner", "_shared", "loaded")
 
     def __init__(self, value: int) -> None:
         self._shared = mmap.mmap(-1, _INT.size)  # MAP_SHARED: forked children see writes
+        self._owner = os.getpid()
         self.value = value
         self.loaded: Any = None  # a ReaderState (stages.state)
 
@@ -41,6 +43,10 @@ class SharedEpoch:
 
     @value.setter
     def value(self, value: int) -> None:
+        # the main process's epoch reaches its workers, never the other way: a worker that
+        # sets an epoch (a Mix sets its sources' in each worker) gets a map of its own first
+        if os.getpid() != self._owner:
+            self._shared, self._owner = mmap.mmap(-1, _INT.size), os.getpid()
         _INT.pack_into(self._shared, 0, value)
 
     def __reduce__(self) -> tuple[Any, ...]:
