@@ -133,6 +133,15 @@ def test_inspect_arbitrary_jsonl_files(tmp_path, capsys):
     assert "streamds convert" in out  # the hint for unsplittable compressed files
 
 
+def test_inspect_prints_big_integers_exactly(tmp_path, capsys):
+    """The sample keeps integers beyond 64 bits digit for digit (was: 1.2345678901234568e+29)."""
+    plain = tmp_path / "big.jsonl"
+    plain.write_bytes(b'{"pmid":123456789012345678901234567890,"n":-18446744073709551617}\n')
+    assert main(["inspect", str(plain), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert '{"pmid":123456789012345678901234567890,"n":-18446744073709551617}' in out, out
+
+
 def test_verify_passes_an_intact_directory(converted, capsys):
     assert main(["verify", str(converted), "--quiet"]) == 0
     assert "OK" in capsys.readouterr().out

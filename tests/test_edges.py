@@ -70,9 +70,10 @@ def test_resume_after_the_last_batch_is_refused_with_the_epochs_length(
 # -- persistent workers and set_epoch -------------------------------------------------------------
 
 
-def epochs_through(dataset: StreamingJsonl, *, persistent: bool, log_file: Path) -> list[list]:
-    """Two epochs (set_epoch(0), set_epoch(1)) through one DataLoader with a forked worker;
-    the worker's log records go to `log_file` (a handler it inherits)."""
+def epochs_through(dataset: StreamingJsonl, *, persistent: bool, log_file: Path,
+                   set_epochs: bool = True) -> list[list]:
+    """Two epochs (set_epoch(0), set_epoch(1) unless not `set_epochs`) through one DataLoader
+    with a worker; a forked worker's log records go to `log_file` (a handler it inherits)."""
     handler = logging.FileHandler(log_file)
     logger = logging.getLogger("streamds")
     logger.addHandler(handler)
@@ -82,7 +83,8 @@ def epochs_through(dataset: StreamingJsonl, *, persistent: bool, log_file: Path)
                             multiprocessing_context=multiprocessing.get_context("fork"))
         epochs = []
         for epoch in range(2):
-            dataset.set_epoch(epoch)
+            if set_epochs:
+                dataset.set_epoch(epoch)
             epochs.append([i for batch in loader for i in batch])
         return epochs
     finally:
@@ -90,14 +92,26 @@ def epochs_through(dataset: StreamingJsonl, *, persistent: bool, log_file: Path)
         handler.close()
 
 
+def test_set_epoch_reaches_persistent_workers(source: str, tmp_path: Path) -> None:
+    """Persistent (forked) workers start each epoch's iterator from the epoch the main
+    process set: the same orders as workers started afresh for each epoch."""
+    def dataset() -> StreamingJsonl:
+        return StreamingJsonl(source, shuffle=True, seed=3, buffer_size=50)
+
+    kept = epochs_through(dataset(), persistent=True, log_file=tmp_path / "kept.log")
+    fresh = epochs_through(dataset(), persistent=False, log_file=tmp_path / "fresh.log")
+    assert kept == fresh and kept[0] != kept[1]
+
+
 def test_persistent_workers_that_miss_set_epoch_warn(source: str, tmp_path: Path) -> None:
     dataset = StreamingJsonl(source, shuffle=True, seed=3, buffer_size=50)
     log_file = tmp_path / "worker.log"
-    first, second = epochs_through(dataset, persistent=True, log_file=log_file)
-    assert first == second  # the worker never saw set_epoch(1): what the warning is about
+    first, second = epochs_through(dataset, persistent=True, log_file=log_file,
+                                   set_epochs=False)
+    assert first == second  # set_epoch(1) was never called: what the warning is about
     said = log_file.read_text()
     assert "starts epoch 0 again" in said and "persistent_workers=True" in said
-    assert "set_epoch()" in said
+    assert "set_epoch(epoch)" in said
 
 
 def test_workers_that_start_each_epoch_anew_are_quiet(source: str, tmp_path: Path) -> None:
@@ -251,3 +265,31 @@ def test_a_state_with_another_block_count_is_refused(source: str) -> None:
     state["plan"][0] += 1
     with pytest.raises(StateMismatchError, match=r"cut into .* blocks"):
         StreamingJsonl(source).load_state_dict(state)
+
+
+def test_an_epoch_set_in_a_worker_stays_in_that_worker() -> None:
+    """The shared epoch goes from the main process to forked workers only: a worker that sets
+    an epoch (a Mix sets its sources' in each worker) moves neither the main process nor its
+    sibling workers."""
+    from streamds.datasets.epoch import SharedEpoch
+
+    epoch = SharedEpoch(3)
+    context = multiprocessing.get_context("fork")
+    child = context.Process(target=_set_epoch_to_nine, args=(epoch,))
+    child.start()
+    child.join()
+    assert child.exitcode == 0 and epoch.value == 3
+    epoch.value = 4  # the main process's own writes still reach a new worker
+    reader = context.Process(target=_exit_with_epoch, args=(epoch,))
+    reader.start()
+    reader.join()
+    assert reader.exitcode == 4
+
+
+def _set_epoch_to_nine(epoch) -> None:
+    epoch.value = 9
+    assert epoch.value == 9
+
+
+def _exit_with_epoch(epoch) -> None:
+    raise SystemExit(epoch.value)

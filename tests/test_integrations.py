@@ -286,3 +286,81 @@ def test_a_max_steps_stream_refuses_a_reader_without_blocks_instead_of_hanging(
             assert records < 100_000, "the empty worker was never refused"
     one = iter(EpochStream(StreamingJsonl(path)))  # one reader owns the block: it streams on
     assert [next(one)["id"] for _ in range(24)] == list(range(12)) * 2
+
+
+def _lightning_module(pl):  # a linear model over framework_worker's batches
+    import framework_worker as worker
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(worker.SEQ, 1)
+
+        def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+            return self.layer(batch["input_ids"].float()).pow(2).mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    return Module()
+
+
+def test_lightning_without_the_callback_is_refused_naming_it(source: str, tmp_path: Path) -> None:
+    """Without StreamdsCallback every epoch would repeat epoch 0's order and a checkpoint
+    would count the batch fetched ahead: the loader refuses to start, naming the callback;
+    with it, the same fit runs (and iterating the loader outside Lightning is unaffected)."""
+    pl = pytest.importorskip("lightning.pytorch")
+    import framework_worker as worker
+
+    from streamds.integrations.lightning import StreamdsCallback
+
+    def fit(callbacks: list) -> pl.Trainer:
+        loader = StreamdsLoader(StreamingJsonl(source, shuffle=True, seed=1), batch_size=8,
+                                num_workers=0, collate_fn=worker.collate)
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=False,
+                             callbacks=callbacks, enable_progress_bar=False,
+                             enable_model_summary=False, enable_checkpointing=False,
+                             default_root_dir=str(tmp_path))
+        trainer.fit(_lightning_module(pl), train_dataloaders=loader)
+        return trainer
+
+    with pytest.raises(ValueError, match=r"callbacks=\[StreamdsCallback\(\)\]"):
+        fit([])
+    assert fit([StreamdsCallback()]).global_step == 2 * RECORDS // 8
+    assert len(list(StreamdsLoader(StreamingJsonl(source), batch_size=8, collate_fn=ids))) == (
+        RECORDS // 8)
+
+
+def test_another_loaders_state_is_refused_naming_what_to_pass(source: str) -> None:
+    from streamds import StateMismatchError
+    from streamds.integrations.loader import stateful_loader
+
+    plain = stateful_loader(StreamingJsonl(source), batch_size=4, collate_fn=ids)
+    next(iter(plain))
+    loader = StreamdsLoader(StreamingJsonl(source), batch_size=4)
+    for other in (plain.state_dict(), StreamingJsonl(source).state_dict(), [1]):
+        with pytest.raises(StateMismatchError, match=r"not a StreamdsLoader state .*"
+                           r"StreamdsLoader.state_dict\(\)"):
+            loader.load_state_dict(other)
+
+
+@pytest.mark.parametrize("given", ["batch", "loader", "mix_batch"])
+def test_streamds_trainer_refuses_batches_naming_the_dataset_to_pass(
+        source: str, tmp_path: Path, given: str) -> None:
+    """Trainer batches records itself: ds.batch(8) would reach the user's collate as lists of
+    batches, and ds.loader(8) made Trainer ask for max_steps even where it was set."""
+    pytest.importorskip("transformers")
+    import framework_worker as worker
+    from transformers import TrainingArguments
+
+    from streamds import Mix
+    from streamds.integrations.transformers import StreamdsTrainer
+
+    ds = StreamingJsonl(source)
+    train = {"batch": lambda: ds.batch(8), "loader": lambda: ds.loader(8, num_workers=0),
+             "mix_batch": lambda: Mix([ds], weights=[1.0], seed=0).batch(8)}[given]()
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=3, report_to=[],
+                             use_cpu=True, save_strategy="no", remove_unused_columns=False)
+    with pytest.raises(ValueError, match=r"train_dataset=ds, .*per_device_train_batch_size=8"):
+        StreamdsTrainer(model=worker.tiny_model(), args=args, train_dataset=train,
+                        data_collator=worker.collate)

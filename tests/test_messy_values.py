@@ -297,3 +297,21 @@ def test_pack_refuses_negative_and_bool_ids(tmp_path, ids, shown):
     packed = StreamingJsonl(path).pack(PackTokens(seq_len=4, eos_id=0, key="ids"))
     with pytest.raises(ValueError, match=rf"record\['ids'\] of document 2 .*holds {shown}"):
         list(packed)
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_big_integer_nested_a_thousand_deep_is_read_exactly(tmp_path, on_error):
+    """orjson reads 1,000 levels (it refuses past 1,024) but not the big integer exactly;
+    Python's json, its fallback, stops at the recursion limit: it reads with a higher one
+    (was: a bare ValueError "nested too deeply", which on_error="skip" did not catch)."""
+    depth = 1000
+    deep = b'{"a":' + b"[" * depth + str(BIG).encode() + b"]" * depth + b"}"
+    path = tmp_path / "deep.jsonl"
+    path.write_bytes(b'{"id":0}\n' + deep + b'\n{"id":2}\n')
+    records = list(StreamingJsonl(str(path), on_error=on_error))
+    assert len(records) == 3 and records[0] == {"id": 0} and records[2] == {"id": 2}
+    for record in (records[1], values.loads(deep)):
+        value = record["a"]
+        for _ in range(depth):
+            [value] = value
+        assert value == BIG and isinstance(value, int)

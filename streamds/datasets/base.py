@@ -12,7 +12,7 @@ reader, and all offer the same methods (`METHODS`), defined here once:
 - `loader`: the one-call loader (`streamds.train.loader.Loader`);
 - `len()`: the items of this rank's epoch, from each type's `_worker_items` (what every
   DataLoader worker yields), where they are known exactly; a TypeError saying why elsewhere;
-- `epoch` / `set_epoch`: a reader and a mix own an epoch cell (`EpochCell`: shared by the
+- `epoch` / `set_epoch`: a reader and a mix own an epoch cell (`SharedEpoch`: shared by the
   copies derived from a reader), packed data and batches follow their source's;
 - iteration: each type opens its stage (`_open`) and the base runs the type's own
   `.map`/`.filter` steps on what it yields (a reader runs them inside its pipeline instead);
@@ -44,26 +44,13 @@ from ..stages.state import Positioned, check_epoch_change, refuse_other_version
 from ..stages.transform import BatchedMap, Step, apply_steps
 from ..train.loader import Loader
 from .callers import loader_len_call
+from .epoch import SharedEpoch
 
-__all__ = ["METHODS", "EpochCell", "StreamdsDataset", "batches_of"]
+__all__ = ["METHODS", "StreamdsDataset", "batches_of"]
 
 # what every dataset type offers (a test holds each type to it)
 METHODS = ("map", "filter", "batch", "pack", "cache", "loader", "set_epoch", "state_dict",
            "load_state_dict", "with_resume")
-
-
-class EpochCell:
-    """The epoch of a dataset and of every copy derived from it (`map`, `filter`, `batch`,
-    `pack`, `cache`, `with_resume`, `resume_after_batches`): `set_epoch` on any of them reaches
-    them all, so a loader over ``base.map(f)`` follows ``base.set_epoch(e)``. `loaded`: a
-    state loaded into one of them in the middle of its epoch, until its iterator starts (the
-    epoch may not change under it)."""
-
-    __slots__ = ("loaded", "value")
-
-    def __init__(self, value: int) -> None:
-        self.value = value
-        self.loaded: Positioned | None = None
 
 
 def batches_of(items: int, size: int, drop_last: bool) -> int:
@@ -76,14 +63,14 @@ class StreamdsDataset(IterableDataset):
 
     A type supplies `KIND`, `_open` (its stage's iterator; or `__iter__` where the steps
     run inside), `_with_cache`, `_worker_items` (or leaves `len()` unknown), its epoch
-    (`_epoch`, an `EpochCell`, or `_epoch_source`), its state (`_state`, `_load`,
+    (`_epoch`, a `SharedEpoch`, or `_epoch_source`), its state (`_state`, `_load`,
     `_resumed`) and what must not be shared (`_live`, `_copy`).
     """
 
     KIND: ClassVar[str] = ""
     _ITEMS: ClassVar[str] = "this dataset"  # its items, in a step's error message
     _KINDS: ClassVar[dict[str, type[StreamdsDataset]]] = {}
-    _epoch: EpochCell
+    _epoch: SharedEpoch
     _steps: tuple[Step, ...]
     _active: Any
 
@@ -319,11 +306,10 @@ class StreamdsDataset(IterableDataset):
         Packed data and batches set their source's epoch.
 
         A loaded state in the middle of another epoch refuses: finish that epoch first.
-        DataLoader workers copy the dataset when they start, so call it before the loader
-        starts its workers: with ``persistent_workers=True`` they start once, the call does
-        not reach them, and every epoch repeats the first one's order (a worker that starts
-        the same shuffled epoch twice logs a warning). Leave persistent_workers off, or build
-        a new DataLoader after each set_epoch().
+        Call it before each epoch's loop: DataLoader workers read the epoch when their
+        iterator starts; forked persistent workers (Linux's default) follow it too
+        (`streamds.datasets.epoch.SharedEpoch`), spawned ones keep the epoch they started
+        with (a worker that starts the same shuffled epoch twice logs a warning).
         """
         check_int("epoch", epoch, 0, "epochs count from 0")
         check_epoch_change(self._loaded_position(), epoch, or_else=self._EPOCH_FIX)

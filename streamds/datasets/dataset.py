@@ -48,8 +48,9 @@ from ..storage.record_store import RecordStore
 from ..storage.settings import Storage, storage_of
 from ..storage.shards import Shard, resolve_shards, source_items, with_columns
 from ..world import World, detect_world
-from .base import EpochCell, StreamdsDataset
+from .base import StreamdsDataset
 from .callers import check_outer_split
+from .epoch import SharedEpoch
 from .reader_length import ReaderLength
 from .reader_plain_loader import PlainLoaderResume
 from .reader_state import ReaderCheckpoints
@@ -130,7 +131,7 @@ class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, Streamd
         self.even_ranks = even_ranks
         self.worker_cpus = "auto"  # where the workers run (`.batch(worker_cpus=)`)
         self.retry = RetryPolicy() if storage.retry is None else storage.retry
-        self._epoch = EpochCell(0)
+        self._epoch = SharedEpoch(0)
         self._steps: tuple[Step, ...] = ()  # map and filter of the records (.map/.filter)
         self._batch: BatchSettings | None = None  # whole batches out of the workers (.batch)
         self._records_cache: RecordsCache | None = None  # stored records (.cache)
@@ -184,7 +185,7 @@ class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, Streamd
         """A copy with an epoch of its own, for a `streamds.Mix`, which sets the epochs of
         its sources itself (each source's pass may be in another epoch)."""
         clone = self._copy()
-        clone._epoch = EpochCell(self.epoch)
+        clone._epoch = SharedEpoch(self.epoch)
         clone._epoch.loaded = clone._start.loaded
         clone._in_mix = True
         return clone
@@ -364,18 +365,18 @@ class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, Streamd
         """Warn when a DataLoader worker starts the same shuffled epoch a second time.
 
         Only a persistent worker (``persistent_workers=True``) iterates its copy of the dataset
-        twice; its copy never sees the main process's set_epoch(), so that is all a worker can
-        detect: it cannot tell whether set_epoch() was called.
+        twice; a forked one reads the epoch that the main process set (the same epoch again:
+        set_epoch() was not called between the two), a spawned one keeps its own.
         """
         if get_worker_info() is None:
             return
         again = self._worker_epoch == self.epoch and self._start.loaded is None
         if again and self.shuffle:
             log.warning(
-                "a DataLoader worker starts epoch %d again: with persistent_workers=True the "
-                "workers keep the copy of the dataset they started with, so set_epoch() in "
-                "the main process does not reach them and every epoch repeats this order; "
-                "use persistent_workers=False, or a new DataLoader after each set_epoch()",
+                "a DataLoader worker (persistent_workers=True) starts epoch %d again: every "
+                "epoch repeats this order; call ds.set_epoch(epoch) before each epoch's loop "
+                "(spawned persistent workers do not follow it: use forked workers, or "
+                "persistent_workers=False)",
                 self.epoch)
         self._worker_epoch = self.epoch
 

@@ -45,7 +45,8 @@ from ..stages.state import (
 )
 from ..stages.transform import Step
 from ..world import World, detect_world
-from .base import EpochCell, StreamdsDataset
+from .base import StreamdsDataset
+from .epoch import SharedEpoch
 
 __all__ = ["STOPS", "Mix"]
 
@@ -139,7 +140,7 @@ class Mix(StreamdsDataset):
         self.seed = seed
         self.stop = stop
         self.rank, self.world_size = worlds.pop()
-        self._epoch = EpochCell(0)  # each copy's own (`_with_step`, `with_resume`)
+        self._epoch = SharedEpoch(0)  # each copy's own (`_with_step`, `with_resume`)
         self._pending: MixStage | None = None  # a loaded state, for the next iterator
         self._merged: MergedMix | None = None  # a merged state (elastic resume)
         self._batch_starts: dict[int, MixStage] = {}  # worker -> start (plain loader)
@@ -164,7 +165,7 @@ class Mix(StreamdsDataset):
         clone = super()._copy()
         # sources of its own: iterating the clone must not move this mix's sources
         clone.datasets = [ds._detached() for ds in self.datasets]
-        clone._epoch = EpochCell(self.epoch)
+        clone._epoch = SharedEpoch(self.epoch)
         return clone
 
     def _with_cache(self, directory: str, key: str, limit: int | None) -> Mix:
@@ -310,7 +311,7 @@ class Mix(StreamdsDataset):
             drop_last=drop_last,
         )
         clone = copy.copy(self)
-        clone._epoch = EpochCell(self.epoch)
+        clone._epoch = SharedEpoch(self.epoch)
         clone._pending, clone._active, clone._batch_starts = None, None, {}
         for worker in range(readers):
             old = (worker + next_worker) % readers  # the next worker in line becomes worker 0
@@ -384,7 +385,7 @@ class Mix(StreamdsDataset):
         MixStage.check_config(found.config, self._config())
         self.datasets = [ds.with_resume(unnested(state)) for ds, state in
                          zip(self.datasets, found.sources, strict=True)]
-        self._epoch = EpochCell(found.epoch)  # the copy's own, as with_resume makes it
+        self._epoch = SharedEpoch(found.epoch)  # the copy's own, as with_resume makes it
         self._merged = dataclasses.replace(found, sources=[])  # the datasets hold them now
 
 

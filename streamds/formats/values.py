@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+import threading
 from bisect import bisect_right
 from collections.abc import Sequence
 from itertools import accumulate
@@ -110,8 +112,28 @@ def _python_loads(data: bytes | memoryview) -> Any:
     text = bytes(data).decode("utf-8")
     try:
         return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
-    except RecursionError as err:  # nested deeper than json can go (orjson refuses at 1024)
-        raise ValueError("nested too deeply") from err
+    except RecursionError:  # nested deeper than Python's recursion limit lets json go
+        return _deep_loads(text)
+
+
+_DEEPER = threading.Lock()
+ORJSON_DEPTH = 1024  # orjson refuses deeper values, so none of those reaches json here
+
+
+def _deep_loads(text: str) -> Any:
+    """`json.loads` of a value nested up to ORJSON_DEPTH levels (a big integer deep inside
+    arrays), with the recursion limit raised for the call; still too deep: an
+    `orjson.JSONDecodeError`, which the parse stage reports as a bad line (on_error)."""
+    with _DEEPER:
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(limit + ORJSON_DEPTH + 64)
+        try:
+            return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
+        except RecursionError:
+            raise orjson.JSONDecodeError(
+                f"nested too deeply: deeper than {ORJSON_DEPTH} levels", text, 0) from None
+        finally:
+            sys.setrecursionlimit(limit)
 
 
 def _may_hold_surrogate(data: bytes | memoryview) -> bool:

@@ -42,7 +42,10 @@ _LEN_WARNING = r"Your `IterableDataset` has `__len__` defined"
 
 class StreamdsCallback(_pl.Callback):
     """Calls `set_epoch` on the train dataset at every epoch start and counts the batches
-    trained for `StreamdsLoader` (so a checkpoint never counts the prefetched batch)."""
+    trained for `StreamdsLoader` (so a checkpoint never counts the prefetched batch).
+    A StreamdsLoader iterated by a Trainer without it refuses to start."""
+
+    counts_streamds_batches = True  # what StreamdsLoader looks for (loader.COUNTS_BATCHES)
 
     def __init__(self) -> None:
         self._setting_up: warnings.catch_warnings | None = None

@@ -15,9 +15,11 @@ built without the deprecation warning that torchdata's own constructor triggers.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from typing import Any
 
+from ..errors import StateMismatchError
 from ..train.loader import stateful_loader, stop_workers, torchdata_set_vital_ignored
 from . import require
 
@@ -26,6 +28,37 @@ _stateful = require("torchdata.stateful_dataloader")
 __all__ = ["RANKS", "StreamdsLoader", "stateful_loader"]
 
 RANKS = "streamds_ranks"  # key of the gathered states: one loader state per rank, by rank
+COUNTS_BATCHES = "counts_streamds_batches"  # set on StreamdsCallback (Lightning)
+_LIGHTNING = ("lightning.pytorch", "pytorch_lightning")
+
+
+def _lightning_trainer() -> Any:
+    """The Lightning Trainer whose loop is iterating a loader now, or None: its fit loop (the
+    `self` of a frame in Lightning's loops, with a `trainer`) is up the call stack."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").startswith(_LIGHTNING):
+            trainer = getattr(frame.f_locals.get("self"), "trainer", None)
+            if hasattr(trainer, "callbacks"):
+                return trainer
+        frame = frame.f_back
+    return None
+
+
+def _missing_lightning_callback() -> ValueError | None:
+    """The error for iteration by a Lightning Trainer without `StreamdsCallback`: Lightning
+    never calls set_epoch on an IterableDataset (every epoch would repeat epoch 0's order) and
+    fetches a batch ahead of training (a checkpoint would count it as trained, and a resume
+    would lose it); only the callback does both right."""
+    trainer = _lightning_trainer()
+    if trainer is None or any(getattr(c, COUNTS_BATCHES, False) for c in trainer.callbacks):
+        return None
+    return ValueError(
+        "StreamdsLoader under a Lightning Trainer needs StreamdsCallback: without it every "
+        "epoch repeats epoch 0's order and a checkpoint counts the batch Lightning fetched "
+        "ahead as trained; pass lightning.Trainer(..., callbacks=[StreamdsCallback()]) "
+        "(from streamds.integrations.lightning import StreamdsCallback)"
+    )
 
 def _world() -> tuple[int, int]:
     import torch.distributed as dist
@@ -48,13 +81,20 @@ class StreamdsLoader(_stateful.StatefulDataLoader):
         self.trained: int | None = None
 
     def __iter__(self) -> Iterator[Any]:
+        # raised at the first batch: Lightning's teardown after an error in iter() itself
+        # hides it behind its own ("Please call `iter(combined_loader)` first")
+        refused = _missing_lightning_callback()
         iterator = super().__iter__()
         self._handed = 0
         self.trained = None if self.trained is None else 0
         self._after = {0: super().state_dict()}
-        return self._keep_states(iterator)
+        return self._keep_states(iterator, refused)
 
-    def _keep_states(self, iterator: Iterator[Any]) -> Iterator[Any]:
+    def _keep_states(self, iterator: Iterator[Any],
+                     refused: Exception | None = None) -> Iterator[Any]:
+        if refused is not None:
+            stop_workers(self)
+            raise refused
         try:
             for batch in iterator:
                 self._handed += 1
@@ -95,6 +135,13 @@ class StreamdsLoader(_stateful.StatefulDataLoader):
         dataset then finishes their epoch under this world)."""
         from ..train.loader_state import merge_states
 
+        if not isinstance(state_dict, dict) or RANKS not in state_dict:
+            raise StateMismatchError(
+                f"not a StreamdsLoader state (no {RANKS!r} key; it holds "
+                f"{_keys(state_dict)}): pass the dict that StreamdsLoader.state_dict() "
+                "returned; a plain StatefulDataLoader's or ds.loader(...)'s state goes back "
+                "into a loader of that kind, a dataset's own into dataset.load_state_dict"
+            )
         states = state_dict[RANKS]
         rank, size = _world()
         if len(states) == size:
@@ -102,3 +149,11 @@ class StreamdsLoader(_stateful.StatefulDataLoader):
             return
         resumed = self.dataset.with_resume(merge_states(states))
         vars(self.dataset).update(vars(resumed))  # the loader keeps its dataset object
+
+
+def _keys(state: Any) -> str:
+    """What a state holds, for an error: its first keys, or its type."""
+    if not isinstance(state, dict):
+        return f"a {type(state).__name__}"
+    keys = sorted(map(str, state))
+    return "keys " + ", ".join(keys[:5]) + (", ..." if len(keys) > 5 else "")

@@ -46,6 +46,32 @@ def _is_streamds(dataset: Any) -> bool:
     return isinstance(dataset, (StreamingJsonl, Mix, Packed))
 
 
+def _refuse_batches(dataset: Any) -> None:
+    """Refuse a streamds dataset that yields whole batches (``ds.batch(n)``) or a streamds
+    loader (``ds.loader(n)``) as Trainer's train dataset: Trainer batches the records itself
+    (`per_device_train_batch_size`, `data_collator`), so it would hand lists of batches to
+    the collator, and a loader is no dataset at all."""
+    from ..datasets.batching import Batched
+    from ..train.loader import Loader
+
+    if isinstance(dataset, Loader):
+        given = f"ds.loader({dataset.batch_size}) (a loader, not a dataset)"
+        size = dataset.batch_size
+    elif isinstance(dataset, Batched):
+        given, size = "ds.batch(...) (a dataset of whole batches)", dataset.size
+    elif getattr(dataset, "_batch", None) is not None:  # a StreamingJsonl's .batch(...)
+        given, size = "ds.batch(...) (a dataset of whole batches)", dataset._batch.size
+    else:
+        return
+    size_text = size if isinstance(size, int) else "N"
+    raise ValueError(
+        f"StreamdsTrainer was given {given} as train_dataset; Trainer makes the batches "
+        "itself: pass the dataset of records, StreamdsTrainer(train_dataset=ds, "
+        f"args=TrainingArguments(per_device_train_batch_size={size_text}, ...), "
+        "data_collator=collate)"
+    )
+
+
 class EpochLoader(DataLoader):
     """A DataLoader whose `set_epoch` reaches its streamds dataset (Trainer calls it)."""
 
@@ -100,8 +126,13 @@ class StreamdsTrainer(_transformers.Trainer):
     ``even_ranks`` with epochs, so that every rank makes as many steps (DDP syncs each step).
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _refuse_batches(self.train_dataset)
+
     def get_train_dataloader(self) -> DataLoader:
         dataset = self.train_dataset
+        _refuse_batches(dataset)
         if not _is_streamds(dataset):
             return super().get_train_dataloader()
         args = self.args

@@ -102,10 +102,10 @@ def check_split(
 def empty_rank(num_blocks: int, world: World, *, corpus_bytes: int) -> str | None:
     """What is wrong when this reader's rank owns no block of the epoch (None: it owns some).
 
-    Blocks are dealt to readers in turn, rank-major (`streamds.storage.plan.assign`), so rank r owns
-    a block exactly when there are more blocks than the readers of the ranks before it.
+    Blocks are dealt to readers in turn, worker-major (`streamds.storage.plan.deal_position`),
+    so rank r owns a block exactly when there are more blocks than r.
     """
-    if world.world_size == 1 or num_blocks > world.rank * world.num_workers:
+    if world.world_size == 1 or num_blocks > world.rank:
         return None
     readers = (f" ({world.num_workers} DataLoader workers per rank; blocks are dealt to "
                "every worker of every rank in turn)" if world.num_workers > 1 else "")

@@ -28,8 +28,8 @@ from ..world import World
 from .shards import Shard
 
 __all__ = [
-    "DEFAULT_BLOCK_SIZE", "Block", "Plan", "assign", "epoch_order", "make_blocks",
-    "small_corpus_piece",
+    "DEFAULT_BLOCK_SIZE", "Block", "Plan", "assign", "deal_position", "epoch_order",
+    "make_blocks", "reader_at", "small_corpus_piece",
 ]
 
 DEFAULT_BLOCK_SIZE = 8 << 20  # decoded bytes per block of a large file
@@ -90,13 +90,26 @@ def epoch_order(num_blocks: int, *, seed: int, epoch: int, shuffle: bool) -> lis
     return order
 
 
+def deal_position(world: World) -> int:
+    """Where this reader's turn comes when blocks are dealt: worker-major (worker 0 of every
+    rank, then worker 1 of every rank, ...), so that every rank owns a block as soon as there
+    are as many blocks as ranks (a rank without blocks stalls a DDP job)."""
+    return world.worker * world.world_size + world.rank
+
+
+def reader_at(position: int, world: World) -> int:
+    """The `World.reader` index of the reader whose turn is `position` (`deal_position`)."""
+    return (position % world.world_size) * world.num_workers + position // world.world_size
+
+
 def assign(order: Sequence[int], world: World) -> list[int]:
-    """The block ids this reader owns: every `readers`-th block of `order`, from its index.
+    """The block ids this reader owns: every `readers`-th block of `order`, from its turn
+    (`deal_position`).
 
     Every block goes to exactly one reader of the world, also when there are fewer blocks
-    than readers (then some readers get none).
+    than readers (then some readers get none: workers past the first of a rank first).
     """
-    return list(order[world.reader :: world.readers])
+    return list(order[deal_position(world) :: world.readers])
 
 
 @functools.lru_cache(maxsize=8)
@@ -127,5 +140,5 @@ class Plan:
         """Records every reader of `world`'s size owns this epoch, indexed by `World.reader`."""
         totals = [0] * world.readers
         for index, block in enumerate(self.order(epoch)):
-            totals[index % world.readers] += block_counts[block]
+            totals[reader_at(index % world.readers, world)] += block_counts[block]
         return totals

@@ -36,6 +36,7 @@ import orjson
 from ..formats.filenames import is_record_name
 from ..formats.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest, verify_shard
 from ..formats.unfinished import MARKER_NAMES, UnfinishedConversionError, check_finished
+from ..formats.values import dumps, loads
 from ..redact import redact
 from ..units import human_bytes
 
@@ -63,8 +64,8 @@ def _progress(total: int, desc: str, quiet: bool, unit: str = "shard"):
 
 
 def _sample(record: bytes) -> str:
-    try:
-        text = orjson.dumps(orjson.loads(record)).decode()
+    try:  # values' loads and dumps keep integers beyond 64 bits exact (orjson's: floats)
+        text = dumps(loads(record)).decode()
     except orjson.JSONDecodeError:
         text = record[:_SAMPLE_CHARS].decode("utf-8", "replace") + "  (not valid JSON)"
     return text if len(text) <= _SAMPLE_CHARS else text[:_SAMPLE_CHARS] + " ..."
