@@ -242,25 +242,13 @@ def test_lightning_does_not_warn_that_an_exact_len_could_be_inaccurate(tmp_path:
     loader = StreamdsLoader(StreamingJsonl(tmp_path / "shards"), batch_size=4, num_workers=0,
                             collate_fn=worker.collate)
     assert len(loader) == 6
-
-    class Module(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(worker.SEQ, 1)
-
-        def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-            return self.layer(batch["input_ids"].float()).pow(2).mean()
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.01)
-
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False,
                          callbacks=[StreamdsCallback()], enable_progress_bar=False,
                          enable_model_summary=False, enable_checkpointing=False,
                          default_root_dir=str(tmp_path))
     with warnings.catch_warnings(record=True) as found:
         warnings.simplefilter("always")
-        trainer.fit(Module(), train_dataloaders=loader)
+        trainer.fit(_lightning_module(pl), train_dataloaders=loader)
     said = [str(w.message) for w in found]
     assert trainer.global_step == 6
     assert not any("could be inaccurate" in message for message in said), said
