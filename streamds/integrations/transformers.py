@@ -101,15 +101,14 @@ class EpochStream(IterableDataset):
             empty = 0 if yielded else empty + 1
             if empty == 2:
                 info = get_worker_info()
-                where = "" if info is None else f" (DataLoader worker {info.id} of "
-                where += "" if info is None else f"{info.num_workers})"
+                where = "" if info is None else (
+                    f" (DataLoader worker {info.id} of {info.num_workers})")
                 raise ValueError(
                     f"with max_steps a reader{where} streams epoch after epoch, and it got no "
                     f"record in epochs {epoch - 1} and {epoch}: the corpus has fewer blocks "
                     "than readers (ranks x dataloader_num_workers), or a filter dropped every "
-                    "record of its blocks; use fewer "
-                    "dataloader_num_workers, or more blocks (convert with a smaller "
-                    "--frame-size, or read the plain .jsonl)")
+                    "record of its blocks; use fewer dataloader_num_workers, or more blocks "
+                    "(convert with a smaller --frame-size, or read the plain .jsonl)")
 
 
 class StreamdsTrainer(_transformers.Trainer):
