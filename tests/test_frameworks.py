@@ -93,6 +93,7 @@ def ids(steps: list[list[int]]) -> list[int]:
     return [i for step in steps for i in step]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", ["accelerate", "trainer"])
 def test_defaults_stop_at_the_first_batch_on_every_rank(
     even_corpus: str, tmp_path: Path, scenario: str
@@ -219,6 +220,7 @@ def test_accelerate_prepare_loader_exact_and_resumes_exactly(
         assert after["steps"] == before["steps"][35:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_accelerate_dispatcher_alone(even_corpus: str, tmp_path: Path, workers: int) -> None:
     # rank=0, world_size=1: accelerate's dispatcher alone splits; with workers it would drop
