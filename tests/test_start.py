@@ -17,7 +17,7 @@ from typing import Any
 import corpus
 import pytest
 
-from streamds import StateMismatchError, StreamingJsonl, merge_states
+from streamds import StateMismatchError, StreamingJsonl, World, merge_states
 
 RECORDS = 400
 SEED = 5
@@ -144,3 +144,18 @@ def test_state_loaded_from_another_world_is_returned_and_iter_refuses(source: Pa
     assert loader.state_dict() == taken
     with pytest.raises(StateMismatchError, match="resume with the same world"):
         iter(loader)
+
+
+def test_an_empty_rank_is_refused_also_where_a_file_size_is_unknown():
+    """A server that sends no size (Content-Length) left `shard.size` None: the empty-rank
+    check summed the sizes and raised TypeError instead of its message."""
+    from types import SimpleNamespace
+
+    from streamds.resume.start import _check_rank_has_work
+
+    shards = [SimpleNamespace(size=None, ranged=True, url="http://127.0.0.1/a.jsonl")]
+    layout = SimpleNamespace(plan=SimpleNamespace(num_blocks=1), shards=shards,
+                             world_given=False, fingerprint={"corpus": "c"})
+    with pytest.raises(ValueError, match=r"rank 1 of world_size=2 has nothing to read: the "
+                                         r"corpus is cut into 1 block\(s\)"):
+        _check_rank_has_work(layout, World(1, 2, 0, 1))

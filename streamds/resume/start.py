@@ -232,8 +232,9 @@ def with_quota(state: ReaderState, layout: Layout, resolve: Resolve, *,
 
 
 def _check_rank_has_work(layout: Layout, world: World) -> None:
+    sizes = [shard.size for shard in layout.shards]
     said = empty_rank(layout.plan.num_blocks, world,
-                      corpus_bytes=sum(shard.size for shard in layout.shards))
+                      corpus_bytes=None if None in sizes else sum(sizes))
     if said is None:
         return
     said += unsplit_note(layout.shards)

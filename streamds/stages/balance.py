@@ -99,8 +99,9 @@ def check_split(
             f"corpus) and {how}; {fix}, or use fewer ranks or DataLoader workers")
 
 
-def empty_rank(num_blocks: int, world: World, *, corpus_bytes: int) -> str | None:
+def empty_rank(num_blocks: int, world: World, *, corpus_bytes: int | None) -> str | None:
     """What is wrong when this reader's rank owns no block of the epoch (None: it owns some).
+    `corpus_bytes`: None where a file's size is unknown (an HTTP server that does not say).
 
     Blocks are dealt to readers in turn, worker-major (`streamds.storage.plan.deal_position`),
     so rank r owns a block exactly when there are more blocks than r.
@@ -110,7 +111,8 @@ def empty_rank(num_blocks: int, world: World, *, corpus_bytes: int) -> str | Non
     readers = (f" ({world.num_workers} DataLoader workers per rank; blocks are dealt to "
                "every worker of every rank in turn)" if world.num_workers > 1 else "")
     return (f"rank {world.rank} of world_size={world.world_size} has nothing to read: the "
-            f"corpus ({corpus_bytes:,} bytes) is cut into {num_blocks} block(s), too few "
+            f"corpus{'' if corpus_bytes is None else f' ({corpus_bytes:,} bytes)'} is cut into "
+            f"{num_blocks} block(s), too few "
             f"for the world{readers}, and a DDP job waits forever for a rank without batches; "
             "use fewer ranks or DataLoader workers, even_ranks='pad' (ranks short of records "
             "repeat some; a small corpus is cut finer), or a smaller block_size / shards that "
