@@ -62,6 +62,13 @@ def write_plain(path: Path, data: bytes) -> Path:
     return path
 
 
+def write_two_sources(root: Path, count: int) -> tuple[str, str]:
+    """``a.jsonl`` (ids 0..count-1) and ``b.jsonl`` (ids 1000..): two sources to mix."""
+    a, b = (write_plain(root / f"{name}.jsonl", jsonl(make_records(count, start=start)))
+            for name, start in (("a", 0), ("b", 1000)))
+    return str(a), str(b)
+
+
 def write_seekable_zst(path: Path, data: bytes, *, frame_size: int = FRAME_SIZE) -> Path:
     """Frames of whole lines with a seek table; the writer ends every line with a newline."""
     with path.open("wb") as f, SeekableWriter(f, frame_size=frame_size) as writer:

@@ -42,13 +42,7 @@ def plain(item: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    root = tmp_path_factory.mktemp("base")
-    found = []
-    for name, start in (("a", 0), ("b", 1000)):
-        path = root / f"{name}.jsonl"
-        corpus.write_plain(path, corpus.jsonl(corpus.make_records(40, start=start)))
-        found.append(str(path))
-    return found[0], found[1]
+    return corpus.write_two_sources(tmp_path_factory.mktemp("base"), 40)
 
 
 def sources(paths: tuple[str, str], **options: Any) -> list[StreamingJsonl]:

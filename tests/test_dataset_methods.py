@@ -25,13 +25,7 @@ EOS = 0
 
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    root = tmp_path_factory.mktemp("methods")
-    found = []
-    for name, start in (("a", 0), ("b", 1000)):
-        path = root / f"{name}.jsonl"
-        corpus.write_plain(path, corpus.jsonl(corpus.make_records(30, start=start)))
-        found.append(str(path))
-    return found[0], found[1]
+    return corpus.write_two_sources(tmp_path_factory.mktemp("methods"), 30)
 
 
 def tokens(record: dict[str, Any]) -> dict[str, Any]:

@@ -584,7 +584,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"{'way':<12}{'workers':>8}{'records/s':>12}{'1st batch':>11}",
     ]
     for run in report["loader"]:
-        mark = "  <- advised" if run is report["best"] or run == report["best"] else ""
+        mark = "  <- advised" if run == report["best"] else ""
         out.append(
             f"{run['way']:<12}{run['num_workers']:>8}"
             f"{_fmt(run['records_per_s'], ',.0f'):>12}"
