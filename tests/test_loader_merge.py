@@ -21,7 +21,7 @@ pytestmark = [
 
 COUNT = 2400
 PARTS = 8
-MESSAGE = 50  # records per worker message: small, so a few batches cross several
+MESSAGE = 64  # records per worker message: small, so a few batches cross several
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def dataset(path: str, *, rank: int | None = None, world_size: int | None = None
     return ds if keep is None else ds.filter(keep)
 
 
-def checkpoint(path: str, batches: int, *, workers: int, size: int = 32, **options: Any
+def checkpoint(path: str, batches: int, *, workers: int, size: int = 24, **options: Any
                ) -> tuple[list[int], list[dict[str, Any]], list[bool]]:
     """Two ranks each yield `batches` training batches of `size` from ds.loader; returns the
     ids they yielded, their loader states (pickled, as a checkpoint keeps them) and whether
@@ -124,10 +124,11 @@ def test_a_small_record_loader_state_inside_a_message_merges_exactly(
 
 @pytest.mark.usefixtures("small_messages")
 @pytest.mark.usefixtures("small_messages")
-@pytest.mark.parametrize("batches", [18, 19, 21])
+@pytest.mark.parametrize("batches", [25, 26, 28])
 def test_a_state_after_a_worker_ran_out_merges_exactly(uneven: str, batches: int) -> None:
-    # rank 0's worker 0 hands over its last of 6 messages as the rank's 12th, so messages 13
-    # and 14 both come from worker 1: cuts before, inside and after that turn
+    # rank 0's worker 0 (300 records) hands over its last of 5 messages as the rank's 9th
+    # (records 512-555), so messages 11 and 12 both come from worker 1 (400 records): cuts
+    # at records 600, 624 and 672 stand before, inside and after that turn
     seen, states, _ = checkpoint(uneven, batches, workers=2, shuffle=False)
     merged = merge_states(states)
     for world_size in (1, 3):
@@ -148,7 +149,7 @@ def test_a_merged_loader_state_resumes_in_a_loader_with_other_workers(small: str
 
 
 def test_the_default_message_size_merges_inside_a_message(small: str) -> None:
-    seen, states, _ = checkpoint(small, 3, workers=2)  # 96 of a 2,048-record message
+    seen, states, _ = checkpoint(small, 3, workers=2, size=32)  # 96 of a 2,048-record message
     assert [state["skip"] for state in states] == [96, 96]
     rest = finish(small, merge_states(states), 3)
     assert sorted(seen + rest) == expected_ids()
