@@ -5,13 +5,15 @@ into training batches yet count as not read, those it yielded as read, on both r
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 from typing import Any
 
 import corpus
 import pytest
 from resume_contract import ids
+from torchdata.stateful_dataloader import StatefulDataLoader
 
-from streamds import StreamingJsonl, merge_states
+from streamds import Mix, Rebatch, StreamingJsonl, merge_states
 from streamds.train import loader as loader_module
 
 pytestmark = [
@@ -172,3 +174,16 @@ def test_a_state_inside_a_message_of_a_rebatch_without_its_maker_is_refused(
         state["made_by"] = None  # as streamds.stages.rebatch.Rebatch over another loader
     with pytest.raises(ValueError, match="does not say which of the loader's workers made"):
         merge_states(states)
+
+
+def test_a_state_inside_a_message_of_a_mix_is_refused_naming_the_fix(tmp_path: Path) -> None:
+    a, b = corpus.write_two_sources(tmp_path, 200)
+    mix = Mix([StreamingJsonl(a), StreamingJsonl(b)], weights=[1, 1], seed=1)
+    batches = Rebatch(StatefulDataLoader(mix.batch(50), batch_size=None), 20, collate=ids)
+    iterator = iter(batches)
+    next(iterator)
+    state = batches.state_dict()
+    assert state["skip"] == 20
+    with pytest.raises(ValueError, match="cannot carry over a Rebatch state inside a big batch"
+                       r".* of a batches dataset.*load_state_dict"):
+        merge_states([state])
