@@ -64,9 +64,9 @@ def odd(record: dict[str, Any]) -> bool:
 
 
 def dataset(path: str, *, rank: int | None = None, world_size: int | None = None,
-            shuffle: bool = True, keep: Any = None) -> Any:
+            shuffle: bool = True, keep: Any = None, even_ranks: str | None = None) -> Any:
     ds = StreamingJsonl(path, shuffle=shuffle, seed=7, buffer_size=40, rank=rank,
-                        world_size=world_size)
+                        world_size=world_size, even_ranks=even_ranks)
     return ds if keep is None else ds.filter(keep)
 
 
@@ -136,6 +136,20 @@ def test_a_state_after_a_worker_ran_out_merges_exactly(uneven: str, batches: int
     for world_size in (1, 3):
         rest = finish(uneven, merged, world_size, shuffle=False)
         assert sorted(seen + rest) == list(range(COUNT)), f"finished by {world_size} ranks"
+
+
+@pytest.mark.usefixtures("small_messages")
+@pytest.mark.parametrize("even_ranks", ["pad", "drop"])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_an_even_ranks_state_inside_a_message_merges_exactly(
+    uneven: str, even_ranks: str, shuffle: bool
+) -> None:
+    # 13 x 24 = 312 records: inside a message; the readers' quotas pad or drop (uneven
+    # blocks); one rank finishing the epoch pads and drops nothing of its own
+    seen, states, _ = checkpoint(uneven, 13, workers=2, shuffle=shuffle, even_ranks=even_ranks)
+    assert all(state["skip"] % MESSAGE for state in states)
+    rest = finish(uneven, merge_states(states), 1, shuffle=shuffle, even_ranks=even_ranks)
+    assert sorted(seen + rest) == list(range(COUNT))
 
 
 @pytest.mark.usefixtures("small_messages")
