@@ -61,7 +61,7 @@ _HOMES = {
     "PackTokens": "datasets.pack",
     "PadCollate": "train.collate",
     "PaddingStats": "datasets.batching",
-    "Rebatch": "stages.rebatch",
+    "Rebatch": "train.rebatch",
     "RecordBatch": "stages.batch",
     "RetryPolicy": "retry",
     "StallMeter": "train.stall",
@@ -113,11 +113,11 @@ if TYPE_CHECKING:
     from .stages.batch import RecordBatch
     from .stages.buckets import LengthBuckets, TokenBudget
     from .stages.cpus import cpu_quota
-    from .stages.rebatch import Rebatch
     from .storage.settings import Storage
     from .train.collate import PadCollate, as_list
     from .train.loader import stateful_loader
     from .train.loader_state import merge_states
     from .train.prefetch import DevicePrefetcher
+    from .train.rebatch import Rebatch
     from .train.stall import StallMeter
     from .world import World, detect_world

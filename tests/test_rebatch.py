@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from streamds import Rebatch, StateMismatchError, StreamingJsonl, merge_states
+from streamds.stages.rebatch import Rebatch as StageRebatch
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
@@ -107,8 +108,9 @@ def test_a_state_that_does_not_fit_the_loader_is_refused(source: Path) -> None:
         (lambda s: {**s, "extra": 1}, "unknown keys \\['extra'\\]"),
         (lambda s: {**s, "format": "streamds.rebatch/0"}, "reads 'streamds/3'"),
         (lambda s: {**s, "skip": -1}, "skip must be an integer >= 0"),
+        (lambda s: {**s, "made_by": "w0"}, "made_by must be an integer >= 0"),
     ],
-    ids=["missing", "unknown", "format", "negative"],
+    ids=["missing", "unknown", "format", "negative", "maker"],
 )
 def test_loading_is_strict(source: Path, change: Any, message: str) -> None:
     state = Rebatch(big_batches(source, workers=0), 32).state_dict()
@@ -139,11 +141,26 @@ def test_states_at_a_big_batch_seam_merge_for_an_elastic_resume(source: Path) ->
     assert sorted(seen + rest) == list(range(COUNT))
 
 
-def test_states_inside_a_big_batch_refuse_to_merge(source: Path) -> None:
-    _, states = rank_states(source, 3)  # 75 records: 25 of the second big batch yielded
+def test_states_inside_a_big_batch_merge_exactly(source: Path) -> None:
+    seen, states = rank_states(source, 3)  # 75 records: 25 of the second big batch yielded
     assert [state["skip"] for state in states] == [25, 25]
-    with pytest.raises(ValueError, match="cannot carry over a Rebatch state inside a big batch"):
-        merge_states(states)
+    merged = merge_states(states)  # the 25 count as read, the other 25 as not
+    rest = [r["id"] for r in StreamingJsonl(str(source), shuffle=True, seed=5,
+                                            buffer_size=64).with_resume(merged)]
+    assert sorted(seen + rest) == list(range(COUNT))
+
+
+def test_states_inside_a_big_batch_of_the_stage_itself_refuse_to_merge(source: Path) -> None:
+    # the stage without torchdata's reading does not know which worker made a big batch
+    ds = StreamingJsonl(str(source), shuffle=True, seed=5, buffer_size=64, rank=0,
+                        world_size=1).batch(50)
+    batches = StageRebatch(StatefulDataLoader(ds, batch_size=None), 25, collate=ids)
+    iterator = iter(batches)
+    next(iterator)
+    state = batches.state_dict()
+    assert state["skip"] == 25 and state["made_by"] is None
+    with pytest.raises(ValueError, match="does not say which of the loader's workers made"):
+        merge_states([state])
 
 
 def test_a_plain_dataloader_iterates_but_has_no_state(source: Path) -> None:

@@ -251,7 +251,7 @@ class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, Streamd
     def batch(
         self, size: int | LengthBuckets | TokenBudget, *,
         collate: Callable[[list[Any]], Any] | None = None, drop_last: bool = False,
-        ahead: int | str = "auto", worker_cpus: str = "auto",
+        ahead: int | str = "auto", worker_cpus: str = "auto", max_bytes: int | None = None,
     ) -> StreamingJsonl:
         """A new dataset that yields whole batches, made in the workers.
 
@@ -287,6 +287,11 @@ class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, Streamd
         beside it keep off one CPU; workers that do not measure both ways and keep the
         faster: `streamds.stages.cpus`); "all" lets the OS place the workers, as torch does.
         A dataset without `.batch()` places its workers as "auto" does.
+
+        `max_bytes`: a batch that crosses from a worker as JSON lines (no collate, map or
+        filter) ends early once its lines hold this many bytes, so that a message stays
+        bounded where records grow (``ds.loader`` sets it); batches of parsed records are
+        not measured. A state taken after any batch still resumes exactly.
         """
         if collate is not None and not callable(collate):
             raise ValueError(f"collate must be callable or None, got {collate!r}")
@@ -299,6 +304,9 @@ class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, Streamd
                      "place the workers")
         collate = RecordBatch if collate is None else collate
         if isinstance(size, RULES):
+            if max_bytes is not None:
+                raise ValueError(f"max_bytes with {size!r}: a rule cuts batches by length "
+                                 "itself; pass max_bytes with a number of records")
             if drop_last:
                 raise ValueError(
                     f"drop_last=True with {size!r}: pass drop_last to LengthBuckets instead "
@@ -309,7 +317,13 @@ class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, Streamd
         else:
             check_int("size", size, 1, "the number of records per batch, or a "
                       "streamds.LengthBuckets / TokenBudget rule")
-            spec = BatchSettings(size, collate, drop_last, ahead=ahead)
+            if max_bytes is not None:
+                check_int("max_bytes", max_bytes, 1, "the bytes of lines a batch ends at, or "
+                          "None")
+                if drop_last:
+                    raise ValueError("drop_last=True with max_bytes: a batch cut by bytes may "
+                                     "be short anywhere; pass one or the other")
+            spec = BatchSettings(size, collate, drop_last, ahead=ahead, max_bytes=max_bytes)
         clone = self._copy()
         clone._batch = spec
         clone.worker_cpus = worker_cpus

@@ -17,9 +17,10 @@ from ..storage.read import open_decoded_at
 from ..world import World, detect_world
 from .base import batches_of
 
-__all__ = ["SAMPLE_BYTES", "ReaderLength"]
+__all__ = ["SAMPLES", "SAMPLE_BYTES", "ReaderLength"]
 
-SAMPLE_BYTES = 1 << 16  # read to guess the size of records where no manifest says it
+SAMPLE_BYTES = 1 << 16  # read at a time to guess the size of records where no manifest says it
+SAMPLES = 8  # windows of SAMPLE_BYTES read across the files that can be read at any offset
 
 
 class ReaderLength:
@@ -38,19 +39,30 @@ class ReaderLength:
     epoch: int
 
     def record_bytes(self) -> float | None:
-        """Mean bytes of a record's JSON line: from decoded sizes and record counts (a
-        converted corpus), else from the lines in the first SAMPLE_BYTES of the first
-        shard; None when neither says (no whole line there)."""
+        """Bytes of a record's JSON line: the mean from decoded sizes and record counts (a
+        converted corpus); else, where the records are largest, the largest mean of the
+        lines in SAMPLES windows of SAMPLE_BYTES spread evenly over the files that can be
+        read at any offset (plain and seekable zstd JSON lines), or of the first SAMPLE_BYTES
+        of the first file where none can; None when no window says (no lines there).
+
+        The largest, not the mean, because the loader sends records below SMALL_RECORD in
+        messages of thousands: a corpus whose first records are small and later ones 60 KB
+        must not take that route from its first lines (a window holding no whole line counts
+        as a line of its size at least)."""
         counts = self._block_counts or listed_counts(self._shards, self._block_list)
         sizes = [shard.decoded_size for shard in self._shards]
         if counts is not None and sum(counts) and all(size is not None for size in sizes):
             return sum(sizes) / sum(counts)  # type: ignore[arg-type]
-        if not self._shards or not self._shards[0].format.line_positions:
+        spread = [shard for shard in self._shards if shard.format.line_positions
+                  and shard.ranged and shard.decoded_size]
+        if spread:
+            means = [_window_mean(shard, offset) for shard, offset in _windows(spread)]
+        elif self._shards and self._shards[0].format.line_positions:
+            means = [_window_mean(self._shards[0], 0)]
+        else:
             return None
-        with open_decoded_at(self._shards[0], 0, SAMPLE_BYTES) as stream:
-            head = stream.read(SAMPLE_BYTES)
-        lines = head.count(b"\n")
-        return head.rindex(b"\n") / lines if lines else None
+        known = [mean for mean in means if mean is not None]
+        return max(known) if known else None
 
     def worker_records(self, num_workers: int = 0) -> list[int]:
         """Records each DataLoader worker of this rank yields in every epoch, for a loader
@@ -105,3 +117,40 @@ class ReaderLength:
             raise TypeError("len() is unknown for batches cut by a LengthBuckets or "
                             "TokenBudget rule")
         return [batches_of(count, self._batch.size, self._batch.drop_last) for count in records]
+
+
+def _windows(shards: list[Any]) -> list[tuple[Any, int]]:
+    """(shard, decoded offset) of SAMPLES windows spread evenly over `shards`' bytes taken
+    end to end (the first at the start); fewer where the files hold fewer windows."""
+    sizes = [shard.decoded_size for shard in shards]
+    total = sum(sizes)
+    count = max(1, min(SAMPLES, total // SAMPLE_BYTES))
+    found: list[tuple[Any, int]] = []
+    for k in range(count):
+        at = total * k // count
+        for shard, size in zip(shards, sizes, strict=True):
+            if at < size:
+                found.append((shard, at))
+                break
+            at -= size
+    return found
+
+
+def _window_mean(shard: Any, offset: int) -> float | None:
+    """Mean JSON bytes (newlines left out) of the whole lines in SAMPLE_BYTES of `shard`'s
+    decoded bytes from `offset` (the line cut at `offset` left out); a window without a whole
+    line counts as one line of the window's bytes (records at least that long), and None
+    where it holds no bytes."""
+    with open_decoded_at(shard, offset, offset + SAMPLE_BYTES) as stream:
+        window = stream.read(SAMPLE_BYTES)
+    first = 0
+    if offset:  # the line cut at `offset` began before the window
+        cut = window.find(b"\n")
+        if cut < 0:
+            return float(len(window)) if window else None
+        first = cut + 1
+    last = window.rfind(b"\n")
+    lines = window.count(b"\n", first)
+    if lines == 0:
+        return float(len(window) - first) if len(window) > first else None
+    return (last + 1 - first - lines) / lines

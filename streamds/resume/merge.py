@@ -28,6 +28,7 @@ from ..stages.pipeline import (
     buffer_intake,
     preparer,
     read_up_to,
+    reading_front,
     rest_of,
     steps_after_buffer,
     steps_before_buffer,
@@ -86,6 +87,9 @@ MERGED_READER = "reader"
 START_KEYS = (MERGED_READER, "finished")
 # a tail's key for the pool its reader had handed batches out of (`PoolBatch.pool_of`)
 _POOL = "open_pool"
+# a tail's key for the records its reader handed out after its state: the first records of a
+# big batch a `Rebatch` had yielded when its state was taken (its loader's state stands before)
+_THEN = "handed_after"
 
 
 def _reader_states(found: Any) -> Iterator[dict[str, Any]]:
@@ -111,20 +115,35 @@ def merged_counts(merged: dict[str, Any]) -> dict[str, int]:
     return dict(merged["counts"])
 
 
-def _unfinished(state: ReaderState) -> tuple[list[WorkItem], list[Position], dict | None]:
-    """(work left, buffered positions, tail to resolve) of one reader: its pipeline's stages
-    say what it leaves (`rest_of`); under a shuffle that is a tail, resolved by reading."""
+def _unfinished(state: ReaderState, then: int = 0
+                ) -> tuple[list[WorkItem], list[Position], dict | None]:
+    """(work left, buffered positions, tail to resolve) of one reader, `then` records handed
+    out after its state (a `Rebatch` state inside a big batch this reader made): its
+    pipeline's stages say what it leaves (`rest_of`); under a shuffle, or with records handed
+    out since, that is a tail, resolved by reading."""
     num_blocks, seed, shuffle = state.plan
     work = state.work
     if work is None:
         work = Plan(num_blocks, seed, shuffle).work(state.epoch, state.share)
+    if then and (state.finished or state.pipeline is None):
+        had = "finished" if state.finished else "not started"
+        raise StateMismatchError(
+            f"the loader state says reader {_where(state)} handed out {then} records of a big "
+            f"batch after a state in which it had {had}; "
+            "pass the states that state_dict() returned, unchanged"
+        )
     if state.finished:
         return [], [], None
     if state.pipeline is None:  # the reader had not started
         return list(work), list(state.prefill), None
     rest = rest_of(state.pipeline)
     if rest.snapshot is None:  # in order: the work after its position
-        return work_after(work, rest.position), [], None
+        left = work_after(work, rest.position)
+        if not then:
+            return left, [], None
+        # the `then` records after the position are read already
+        return [], [], {"work": [list(item) for item in left], _THEN: then,
+                        "even": state.quota is not None}
     tail = {
         "work": [list(item) for item in work_after(work, rest.position)],
         "even": None if state.quota is None else _even_stream(state, list(work), rest.position),
@@ -133,7 +152,14 @@ def _unfinished(state: ReaderState) -> tuple[list[WorkItem], list[Position], dic
                                         state.share.worker)),
     }
     if rest.pool is not None:
+        if then:
+            raise ValueError(
+                "merge_states cannot carry over a Rebatch state inside a big batch of batches "
+                "cut by a LengthBuckets or TokenBudget rule; give Rebatch ds.batch(n) batches"
+            )
         tail[_POOL] = rest.pool
+    if then:
+        tail[_THEN] = then
     return [], [], tail
 
 
@@ -225,7 +251,7 @@ def merge_states(states: Any) -> dict[str, Any]:
     checkpoint (its uninterrupted epoch repeats them as well).
     """
     _check_batchers(states)
-    _check_rebatches(states)
+    handed_after = _handed_after(states)  # id(reader node) -> records handed out since
     # stages that merge their own nodes (each merges what it nests through `_merge_sources`);
     # the top-most nodes found name the one stage the states are of
     found = list(find_nodes(states, tuple(_OWN_MERGE)))
@@ -237,7 +263,10 @@ def merge_states(states: Any) -> dict[str, Any]:
                 "merge the states of each dataset on its own"
             )
         return sealed(_OWN_MERGE[stages[0]](found, _merge_sources))
-    readers = [ReaderState.from_dict(sealed(found)) for found in _reader_states(states)]
+    readers, then = [], {}
+    for node in _reader_states(states):
+        readers.append(ReaderState.from_dict(sealed(node)))
+        then[id(readers[-1])] = handed_after.get(id(node), 0)
     unstarted = list(_states_of(states, MERGED_STATE))
     if unstarted:
         before, worlds = _unstarted(unstarted)
@@ -277,7 +306,7 @@ def merge_states(states: Any) -> dict[str, Any]:
         if any(world.reader == 0 for world in worlds):  # reader 0 carries the counts
             counts.update(before["counts"])
     for state in readers:
-        work, buffered, tail = _unfinished(state)
+        work, buffered, tail = _unfinished(state, then[id(state)])
         remaining.extend(work)
         prefill.extend(buffered)
         if tail is not None:
@@ -329,10 +358,39 @@ def _check_batchers(states: Any) -> None:
         PoolStage.check_merge(batcher)
 
 
-def _check_rebatches(states: Any) -> None:
-    """Refuse what `Rebatch`'s own rule says cannot be merged (`Rebatch.check_merge`)."""
+def _handed_after(states: Any) -> dict[int, int]:
+    """id(reader node) -> the records that reader handed out after it: of each `Rebatch`
+    state inside a big batch (`Rebatch.handed_after`), the reader of the worker that made
+    the batch, in the loader's state before it. The records of the big batches the `Rebatch`
+    held are then left to read, but for those. Refuses what cannot be carried over exactly."""
+    found: dict[int, int] = {}
     for rebatch in _states_of(states, REBATCH):
-        Rebatch.check_merge(rebatch)
+        worker, skip = Rebatch.handed_after(rebatch)
+        if not skip:
+            continue
+        loader = Rebatch.loader_state_of(rebatch)
+        others = sorted({node[STAGE] for node in find_nodes(loader, (*_OWN_MERGE, BATCHES))})
+        if others:
+            raise ValueError(
+                f"merge_states cannot carry over a Rebatch state inside a big batch ({skip} of "
+                f"its records already yielded) of a {' / '.join(others)} dataset: only a "
+                "reader (StreamingJsonl) says where it stands after some records of a batch; "
+                "resume in the same world with load_state_dict(), or save the states for an "
+                "elastic resume at a step where every rank's state has skip == 0"
+            )
+        makers = [node for node in _reader_states(loader)
+                  if ReaderState.from_dict(sealed(node)).world.worker == worker]
+        if len(makers) != 1:
+            raise ValueError(
+                f"merge_states cannot carry over a Rebatch state inside a big batch ({skip} of "
+                f"its records already yielded) whose worker {worker} had not started reading "
+                "when the loader's state before that batch was taken (the first big batches "
+                "after a resume from a merged state); save the states for an elastic resume "
+                "after each worker has handed over a big batch, or resume in the same world "
+                "with load_state_dict()"
+            )
+        found[id(makers[0])] = skip
+    return found
 
 
 # stage -> its merge of the nodes of every reader (the reader's own merge is below)
@@ -432,6 +490,36 @@ def _resolve(
     return (after_all if total is None or even is not None else []), buffered, out
 
 
+def _draw_passing(tail: dict[str, Any], spec: ReaderDescription, wanted: int
+                  ) -> tuple[list[WorkItem], list[Position], list[Position],
+                             list[tuple[int, Any]]]:
+    """A shuffling reader's tail, drawn from until `wanted` records out of the buffer pass the
+    map and filter steps run after it (or the epoch ends) -> (work left, buffered positions,
+    positions of the records drawn, (index among those, record) of the ones that passed).
+    The records out of the buffer are the same first ones however many are drawn, so draw
+    more (twice as many) until enough pass, then stop just after the last one wanted."""
+    even = tail.get("even") is not None
+    before = steps_before_buffer(spec, even)
+    # run as records leave it
+    after = spec.steps if steps_after_buffer(True, even, spec.steps) else ()
+    then = wanted
+    while True:
+        work, buffered, handed = _resolve(tail, spec, then=then)
+        records = fetch_records(handed, shards=spec.shards, blocks=spec.blocks,
+                                prepare=preparer(spec, before), opener=spec.opener,
+                                retry=spec.retry)
+        kept = _passing(records, after)
+        if len(kept) >= wanted or len(handed) < then:  # enough, or the epoch's end
+            break
+        then *= 2
+    if len(kept) > wanted:
+        drawn = kept[wanted - 1][0] + 1
+        kept = kept[:wanted]
+        work, buffered, _ = _resolve(tail, spec, then=drawn)
+        handed = handed[:drawn]
+    return work, buffered, handed, kept
+
+
 def _resolve_pool(tail: dict[str, Any], spec: ReaderDescription
                   ) -> tuple[list[WorkItem], list[Position], int]:
     """A tail whose reader had handed out some batches of a pool -> (work left, buffered
@@ -445,34 +533,65 @@ def _resolve_pool(tail: dict[str, Any], spec: ReaderDescription
             "resume it with a dataset batched by the same rule (.batch(LengthBuckets(...)) "
             "or .batch(TokenBudget(...)) with the same arguments)"
         )
-    even = tail.get("even") is not None
-    before = steps_before_buffer(spec, even)
-    # run as records leave it
-    after = spec.steps if steps_after_buffer(True, even, spec.steps) else ()
-    # the pool: the first pool_size records out of the buffer that pass `after`; the records
-    # out of the buffer are the same first ones however many are drawn, so draw more (twice
-    # as many) until enough pass, then stop the buffer just after the last one the pool took
-    then = rule.pool_size
-    while True:
-        work, buffered, handed = _resolve(tail, spec, then=then)
-        records = fetch_records(handed, shards=spec.shards, blocks=spec.blocks,
-                                prepare=preparer(spec, before), opener=spec.opener,
-                                retry=spec.retry)
-        kept = _passing(records, after)
-        if len(kept) >= rule.pool_size or len(handed) < then:  # full, or the epoch's end
-            break
-        then *= 2
-    drawn = len(handed)  # draws up to and including the pool's last record
-    if len(kept) > rule.pool_size:
-        drawn = kept[rule.pool_size - 1][0] + 1
-        kept = kept[: rule.pool_size]
-        work, buffered, _ = _resolve(tail, spec, then=drawn)
-    dropped = drawn - len(kept)
+    # the pool: the first pool_size records out of the buffer that pass the steps after it
+    work, buffered, handed, kept = _draw_passing(tail, spec, rule.pool_size)
+    dropped = len(handed) - len(kept)  # draws up to and including the pool's last record
     members = [handed[index] for index, _ in kept]
     batches = rule.cut([rule.length(record) for _, record in kept],
                        pool_rng(tail["seed"], PoolBatch.number_of(pool)))
     out = {index for batch in batches[: PoolBatch.emitted_of(pool)] for index in batch}
     return work, buffered + [p for i, p in enumerate(members) if i not in out], dropped
+
+
+def _resolve_handed(tail: dict[str, Any], spec: ReaderDescription
+                    ) -> tuple[list[WorkItem], list[Position], Counter[str]]:
+    """A tail whose reader handed out `_THEN` records after its state -> (work left, buffered
+    positions, counters of the lines passed on the way): those records are read, so the rest
+    begins after the last of them."""
+    then = tail[_THEN]
+    if "snapshot" not in tail:  # in order: the records after the position, `then` skipped
+        return _skip_in_order(tail, spec, then)
+    even = tail.get("even") is not None
+    if not steps_after_buffer(True, even, spec.steps):  # each draw was handed out
+        work, buffered, handed = _resolve(tail, spec, then=then)
+        kept_count, drawn = len(handed), len(handed)
+    else:  # draws the steps after the buffer dropped were not handed out
+        work, buffered, drawn_at, kept = _draw_passing(tail, spec, then)
+        kept_count, drawn = len(kept), len(drawn_at)
+    if kept_count < then:
+        raise StateMismatchError(
+            f"the state says a reader handed out {then} records after it, and only "
+            f"{kept_count} are left to draw: the data or the steps changed since the state "
+            "was taken; merge the states of the same data and steps"
+        )
+    return work, buffered, Counter({"dropped": drawn - kept_count})
+
+
+def _skip_in_order(tail: dict[str, Any], spec: ReaderDescription, then: int
+                   ) -> tuple[list[WorkItem], list[Position], Counter[str]]:
+    """An in-order reader's work from its position, its first `then` records (after its
+    map and filter steps, which run before it hands records out) read already -> (the work
+    after them, no buffered records, counters of the lines passed among them)."""
+    work = [(block, start) for block, start in tail["work"]]
+    passed: Counter[str] = Counter()
+    seen = 0
+    *_, mapped = reading_front(spec, work, spec.steps)
+    for chunk in mapped:
+        for index, item in enumerate(chunk.items):
+            if item.__class__ is Marker:
+                passed[item.kind] += 1  # bad, blank, dropped: the counters' names
+                continue
+            seen += 1
+            if seen == then:
+                rest = [(chunk.block, chunk.offsets[index + 1]), *work[chunk.work_index + 1 :]]
+                return rest, [], passed
+    if not tail["even"]:  # under even_ranks="pad", the rest were repeats of pad work
+        raise StateMismatchError(
+            f"the state says a reader handed out {then} records after it, and only {seen} "
+            "are left in its work: the data or the steps changed since the state was taken; "
+            "merge the states of the same data and steps"
+        )
+    return [], [], passed
 
 
 def _passing(records: list[Any], steps: tuple[Step, ...]) -> list[tuple[int, Any]]:
@@ -499,6 +618,10 @@ def resolve_tails(merged: dict[str, Any], spec: ReaderDescription) -> dict[str, 
         if _POOL in tail:
             work, buffered, dropped = _resolve_pool(tail, spec)
             resolved["counts"]["dropped"] += dropped
+        elif _THEN in tail:
+            work, buffered, passed = _resolve_handed(tail, spec)
+            for name, count in passed.items():
+                resolved["counts"][name] = resolved["counts"].get(name, 0) + count
         else:
             work, buffered, _ = _resolve(tail, spec)
         resolved["remaining"].extend(list(item) for item in work)

@@ -159,6 +159,10 @@ class BatchSettings:
     drop_last: bool = False
     rule: Rule | None = None  # cut pools by length (`streamds.stages.buckets`); None: fixed `size`
     ahead: int | str = "auto"  # batches a worker makes ahead of requests (`streamds.stages.ahead`)
+    # a batch of lines (the main process parses them: `streamds.stages.parse_later`) ends
+    # early once its lines hold this many bytes (None: `size` records); parsed records are
+    # not measured
+    max_bytes: int | None = None
 
 
 class Batch:
@@ -173,6 +177,7 @@ class Batch:
 
     STAGE = "batch"
     SOURCE = SOURCE
+    PIECE = 32  # records asked of the source at a time when a batch is bounded by bytes
 
     @classmethod
     def state_over(cls, source: Any) -> dict[str, Any]:
@@ -246,6 +251,9 @@ class Batch:
     def _batches(self) -> Iterator[Any]:
         size, collate, drop_last = self.spec.size, self.collate, self.spec.drop_last
         assert size is not None, "a BatchSettings with a rule goes to PoolBatch"
+        if self.positions and self.spec.max_bytes is not None:
+            yield from self._bounded_batches(size, self.spec.max_bytes)
+            return
         if self.positions:
             for batch, blocks, offsets in self.source.batches_with_positions(size):
                 if drop_last and len(batch) < size:
@@ -256,3 +264,27 @@ class Batch:
             if drop_last and len(batch) < size:
                 return
             yield collate(batch)
+
+    def _bounded_batches(self, size: int, max_bytes: int) -> Iterator[Any]:
+        """Batches of lines of `size` records, each ended early once its lines hold
+        `max_bytes` bytes: gathered from lists of at most PIECE records that divide `size`
+        (a `size` with no divisor near PIECE pays a step per list), so a batch ends at most
+        PIECE - 1 lines past the bound, and the source's state after each list stands after
+        its last record (a state taken after a batch is exact). The cut depends only on the
+        lines from the batch's start, so a resumed reader cuts the same batches."""
+        assert not self.spec.drop_last, "a batch cut by bytes may be short anywhere"
+        piece = next(d for d in range(min(size, self.PIECE), 0, -1) if size % d == 0)
+        lines: list[Any] = []
+        blocks: list[int] = []
+        offsets: list[int] = []
+        held = 0
+        for part, part_blocks, part_offsets in self.source.batches_with_positions(piece):
+            lines += part
+            blocks += part_blocks
+            offsets += part_offsets
+            held += sum(map(len, part))
+            if len(lines) >= size or held >= max_bytes:
+                yield self.collate(lines, blocks, offsets)
+                lines, blocks, offsets, held = [], [], [], 0
+        if lines:
+            yield self.collate(lines, blocks, offsets)

@@ -8,14 +8,18 @@ training batches from them, in order, each record exactly once; a short batch at
 filled from the next big batch, so only the last batch of an epoch is short.
 
 State: where the first record not yet yielded sits: the loader's state before the big batch
-that holds it, and how many of that batch's records were yielded already. Loading it loads the
-loader's state, and the first big batch the loader yields again has its first `skip` records
-dropped. That is exact whenever the loader resumes exactly (StatefulDataLoader over a
-streamds dataset does, with any number of workers).
+that holds it, how many of that batch's records were yielded already, and which of the
+loader's workers made that batch. Loading it loads the loader's state, and the first big batch
+the loader yields again has its first `skip` records dropped. That is exact whenever the loader
+resumes exactly (StatefulDataLoader over a streamds dataset does, with any number of workers).
+An elastic merge (`streamds.merge_states`) counts the records of the big batches held here as
+not yet read, and the `skip` records as read by the reader of worker `made_by`
+(`handed_after`).
 
-State node: ``{"stage": "rebatch", "loader": <the loader's state>, "skip": n}`` with the
-format version at the top. It lives with the stages (below the merge, which asks it
-`check_merge`); `streamds.train.rebatch` names it for training code.
+State node: ``{"stage": "rebatch", "loader": <the loader's state>, "skip": n,
+"made_by": worker or None}`` with the format version at the top. It lives with the stages
+(below the merge, which asks it `handed_after`); `streamds.train.rebatch` gives it the
+worker of each big batch from torchdata's loader state, and names it for training code.
 """
 
 from __future__ import annotations
@@ -61,7 +65,8 @@ class Rebatch:
     STAGE = "rebatch"
     LOADER = "loader"  # the loader's state before the big batch holding the next record
     SKIP = "skip"  # records of that big batch already yielded
-    KEYS = frozenset({FORMAT, STAGE_KEY, LOADER, SKIP})
+    MADE_BY = "made_by"  # the loader's worker that made that big batch (None: not known)
+    KEYS = frozenset({FORMAT, STAGE_KEY, LOADER, SKIP, MADE_BY})
 
     def __init__(
         self,
@@ -97,8 +102,14 @@ class Rebatch:
         state_dict = getattr(self.loader, "state_dict", None)
         return None if state_dict is None else state_dict()
 
-    def _state(self, loader: Any, skip: int) -> dict[str, Any]:
-        return sealed({STAGE_KEY: self.STAGE, self.LOADER: loader, self.SKIP: skip})
+    def _state(self, loader: Any, skip: int, made_by: int | None) -> dict[str, Any]:
+        return sealed({STAGE_KEY: self.STAGE, self.LOADER: loader, self.SKIP: skip,
+                       self.MADE_BY: made_by})
+
+    def made_by(self, loader_state: Any) -> int | None:
+        """The worker of the loader that made the batch it yielded last, from its state after
+        that batch (None: not known; `streamds.train.rebatch.Rebatch` reads torchdata's)."""
+        return None
 
     def state_dict(self) -> dict[str, Any]:
         """Where the next training batch begins: the loader's state before the big batch that
@@ -111,13 +122,16 @@ class Rebatch:
         for state in (self._loaded, self._position):
             if state is not None:
                 return dict(state)
-        return self._state(self.loader.state_dict(), 0)
+        return self._state(self.loader.state_dict(), 0, None)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at `state` (from `state_dict()`) on the next iteration."""
         check_state(state, self.STAGE, self.KEYS, "Rebatch")
         check_int("the state's skip", state[self.SKIP], 0,
                   "pass the dict that state_dict() returned, unchanged")
+        if state[self.MADE_BY] is not None:
+            check_int("the state's made_by", state[self.MADE_BY], 0,
+                      "pass the dict that state_dict() returned, unchanged")
         load = getattr(self.loader, "load_state_dict", None)
         if load is None:
             raise TypeError(
@@ -148,18 +162,23 @@ class Rebatch:
             self.load_state_dict(state)
 
     @classmethod
-    def check_merge(cls, node: dict[str, Any]) -> None:
-        """Refuse a state inside a big batch: it keeps the loader's state before that batch
-        and how many of its records were yielded, but which reader made the batch (so which
-        records those are) only that loader knows; merging would read them a second time."""
-        if node[cls.SKIP]:
+    def handed_after(cls, node: dict[str, Any]) -> tuple[int | None, int]:
+        """(the loader's worker that made the big batch, records of it yielded) of a state:
+        an elastic merge reads the loader's state as standing before that batch, and the
+        reader of that worker as having handed out those records since (skip 0: none).
+        Refuses a state inside a big batch whose maker is not known."""
+        skip, made_by = node[cls.SKIP], node[cls.MADE_BY]
+        if skip and made_by is None:
             raise ValueError(
                 f"merge_states cannot carry over a Rebatch state inside a big batch "
-                f"({node[cls.SKIP]} of its records already yielded, and only the loader it "
-                "came from knows which); resume in the same world with load_state_dict(), or "
-                "save the states for an elastic resume at a step where every rank's state has "
-                "skip == 0 (a training batch that ends a big batch)"
+                f"({skip} of its records already yielded) that does not say which of the "
+                "loader's workers made the batch (a loader other than torchdata's "
+                "StatefulDataLoader, or streamds.stages.rebatch.Rebatch used directly); use "
+                "streamds.Rebatch or ds.loader(...), resume in the same world with "
+                "load_state_dict(), or save the states at a step where every rank's state has "
+                "skip == 0"
             )
+        return made_by, skip
 
     # -- iteration -------------------------------------------------------------------------
 
@@ -169,9 +188,9 @@ class Rebatch:
         loaded, self._loaded = self._loaded, None
         big_batches = iter(self.loader)
         if loaded is None:
-            held = _Held(self._loader_state(), 0)
+            held = _Held(self._loader_state(), 0, None)
         else:
-            held = _Held(loaded[self.LOADER], loaded[self.SKIP])
+            held = _Held(loaded[self.LOADER], loaded[self.SKIP], loaded[self.MADE_BY])
         self._position = self._state(*held.position())  # an error before a batch: still here
         ended = False
         while True:
@@ -181,11 +200,12 @@ class Rebatch:
                 except StopIteration:
                     ended = True
                     break
-                held.add(records, self._loader_state())
+                after = self._loader_state()
+                held.add(records, after, self.made_by(after))
             held.check_resumed()
             if held.ready == 0 or (ended and held.ready < self.batch_size and self.drop_last):
                 # the epoch is over: the loader's own (finished) state, as after its epoch
-                self._position = self._state(self._loader_state(), 0)
+                self._position = self._state(self._loader_state(), 0, None)
                 return
             batch = held.take(self.batch_size)
             out = batch if self.collate is None else self.collate(batch)
@@ -201,16 +221,19 @@ class Rebatch:
 
 class _Held:
     """The big batches pulled whose records are not all yielded yet, each with the loader's
-    state before it, and the loader's state after the last one pulled."""
+    state before it and the worker that made it, and the loader's state after the last one
+    pulled."""
 
-    def __init__(self, start: Any, skip: int) -> None:
-        self.batches: deque[tuple[Any, list[Any]]] = deque()  # (state before it, records)
+    def __init__(self, start: Any, skip: int, made_by: int | None) -> None:
+        # (the loader's state before it, its records, the worker that made it)
+        self.batches: deque[tuple[Any, list[Any], int | None]] = deque()
         self.taken = skip  # records of the first batch already yielded (before a resume too)
         self.ready = 0  # records held and not yet yielded
         self.after = start  # the loader's state after the last batch pulled
+        self.made_by = made_by  # the maker of the batch a loaded state stood inside
 
-    def add(self, records: list[Any], after: Any) -> None:
-        """A big batch pulled, and the loader's state after it."""
+    def add(self, records: list[Any], after: Any, made_by: int | None) -> None:
+        """A big batch pulled, the loader's state after it and the worker that made it."""
         if not self.batches and self.taken > len(records):
             raise StateMismatchError(
                 f"the loaded state skips {self.taken} records of the loader's first batch, "
@@ -219,7 +242,9 @@ class _Held:
                 "into the loader it came from"
             )
         self.ready += len(records) - (0 if self.batches else self.taken)
-        self.batches.append((self.after, records))
+        if not self.batches and self.taken and self.made_by is not None:
+            made_by = self.made_by  # the batch a loaded state stood inside: as it said
+        self.batches.append((self.after, records, made_by))
         self.after = after
 
     def check_resumed(self) -> None:
@@ -244,9 +269,11 @@ class _Held:
         self.ready -= len(batch)
         return batch
 
-    def position(self) -> tuple[Any, int]:
+    def position(self) -> tuple[Any, int, int | None]:
         """Where the next record sits: (the loader's state before its big batch, records of
-        that batch yielded); after the last batch pulled when every record was yielded."""
+        that batch yielded, the worker that made it); after the last batch pulled when every
+        record was yielded."""
         if self.batches:
-            return self.batches[0][0], self.taken
-        return self.after, self.taken
+            before, _, made_by = self.batches[0]
+            return before, self.taken, made_by
+        return self.after, self.taken, self.made_by if self.taken else None

@@ -4,11 +4,12 @@
 `StatefulDataLoader` whose workers hand over batches in few, large messages: torchdata takes
 every worker's state after each message, a fixed cost per message that small records would pay
 thousands of times a second. Two routes, chosen by the records' mean size where the dataset
-says it (`record_bytes()`: a converted corpus's manifest, or the first lines of a JSONL file):
+says it (`record_bytes()`: a converted corpus's manifest, or lines sampled across JSONL files):
 
 - small records (under SMALL_RECORD bytes): the workers hand over MESSAGE_RECORDS records at a
-  time (``ds.batch(2048)``) and the main process cuts the training batches from them and
-  collates them (`Rebatch`), so a cheap collate (padding) runs in the main process;
+  time (``ds.batch(2048)``), or fewer where their JSON lines reach MESSAGE_BYTES (records
+  that grow past the sampled ones), and the main process cuts the training batches from them
+  and collates them (`Rebatch`), so a cheap collate (padding) runs in the main process;
 - larger or unknown records: the workers make the training batches themselves
   (``ds.batch(batch_size, collate=...)``), so the collate runs where the records are.
 
@@ -27,16 +28,21 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..checks import check_bool, check_int
+from ..stages.batch import Batch
 from .collate import as_list
 from .loader_state import check_num_workers
 from .rebatch import Rebatch
 
-__all__ = ["MESSAGE_RECORDS", "SMALL_RECORD", "Loader", "auto_workers", "stateful_loader",
-           "stop_workers", "torchdata_set_vital_ignored", "usable_cpus"]
+__all__ = ["MESSAGE_BYTES", "MESSAGE_RECORDS", "SMALL_RECORD", "Loader", "auto_workers",
+           "stateful_loader", "stop_workers", "torchdata_set_vital_ignored", "usable_cpus"]
 
-MESSAGE_RECORDS = 2048  # records of small size a worker hands over in one message
 SMALL_RECORD = 1024  # mean JSON bytes under which records cross in big messages
 # (benchmarks/rebatch_bench.py measures both routes)
+MESSAGE_RECORDS = 2048  # records of small size a worker hands over in one message
+# ... or fewer, once their JSON lines hold this many bytes (twice MESSAGE_RECORDS records of
+# SMALL_RECORD bytes): a corpus whose records grow after the sampled ones keeps its messages,
+# and the memory they hold in flight, bounded (`BatchSettings.max_bytes`)
+MESSAGE_BYTES = 2 * MESSAGE_RECORDS * SMALL_RECORD
 MAX_AUTO_WORKERS = 8
 # torchdata 0.11's StatefulDataLoader.__init__ calls torch.set_vital, which torch deprecated
 # into a no-op that warns on each call: the user did not make that call and cannot fix it,
@@ -107,6 +113,16 @@ def auto_workers() -> int:
     return 0 if cpus < 2 else min(cpus, MAX_AUTO_WORKERS)
 
 
+def _messages(dataset: Any, records: int) -> Any:
+    """`dataset` in the big batches its workers hand over on the small-record route: of
+    `records` records, a reader's ended early at MESSAGE_BYTES bytes of lines (its batches
+    gathered from lists of `Batch.PIECE` records: `records` rounded up to a multiple)."""
+    if getattr(dataset, "KIND", None) != "reader":  # a mix, packed data: as many records
+        return dataset.batch(records)
+    piece = Batch.PIECE
+    return dataset.batch(-(-records // piece) * piece, max_bytes=MESSAGE_BYTES)
+
+
 class Loader:
     """Batches of `batch_size` records of `dataset`; iterate it once per epoch.
     `state_dict()` after any batch, loaded into a `Loader` made the same way, continues
@@ -153,7 +169,7 @@ class Loader:
         self.small_records = small_records
         self._batches: Any
         if small_records:  # big messages; training batches cut and collated here
-            big = dataset.batch(max(batch_size, MESSAGE_RECORDS))
+            big = _messages(dataset, max(batch_size, MESSAGE_RECORDS))
             self.loader = stateful_loader(big, batch_size=None, num_workers=num_workers,
                                           **loader_options)
             self._batches = Rebatch(self.loader, batch_size, collate=collate,

@@ -25,12 +25,14 @@ from typing import Any
 from ..errors import StateMismatchError
 from ..resume import merge
 
-__all__ = ["check_num_workers", "merge_states", "saved_num_workers", "steps_since_snapshot"]
+__all__ = ["check_num_workers", "merge_states", "saved_num_workers", "steps_since_snapshot",
+           "worker_of_last_batch"]
 
 _SNAPSHOT = "_snapshot"  # torchdata's keys: a loader with workers ...
 _MAIN_SNAPSHOT = "_main_snapshot"
 _NUM_WORKERS = "_num_workers"
 _STEPS_SINCE_SNAPSHOT = "_steps_since_snapshot"  # batches yielded since the worker snapshots
+_LAST_YIELDED_WORKER_ID = "_last_yielded_worker_id"  # the worker of the batch yielded last
 _NUM_YIELDED = "_num_yielded"  # ... and a single-process loader
 
 
@@ -44,6 +46,19 @@ def saved_num_workers(state: Any) -> int:
         "not a StatefulDataLoader state: pass the dict that loader.state_dict() returned (for a "
         "dataset's own state, use StreamingJsonl.load_state_dict)"
     )
+
+
+def worker_of_last_batch(state: Any) -> int | None:
+    """The worker that made the batch a StatefulDataLoader yielded last, from its
+    `state_dict()` taken just after it (0 without workers: the main process's one reader);
+    None for a state of another loader. torchdata keeps it under a private key (and it is
+    the maker whichever workers ran out on the way: exhausted workers are skipped in order)."""
+    if isinstance(state, dict) and _SNAPSHOT in state:
+        worker = state[_SNAPSHOT].get(_LAST_YIELDED_WORKER_ID)
+        return worker if isinstance(worker, int) else None
+    if isinstance(state, dict) and _NUM_YIELDED in state:
+        return 0
+    return None
 
 
 def check_num_workers(state: Any, num_workers: int) -> None:
