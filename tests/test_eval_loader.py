@@ -55,6 +55,7 @@ def collate(records: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
 
 
 def write_eval_set(root: Path, sizes: tuple[int, ...]) -> str:
+    root.mkdir(parents=True, exist_ok=True)
     start = 0
     for part, size in enumerate(sizes):
         corpus.write(root / f"part-{part}.jsonl", corpus.make_records(size, start=start))
@@ -150,3 +151,58 @@ def test_keep_rows_keeps_each_ranks_real_rows() -> None:
     with pytest.raises(ValueError, match="does not split"):
         keep_rows(gathered[:-1], [4, 2, 0])
     assert ENDED < 0
+
+
+def eval_trainer(tmp_path: Path, eval_dataset: Any, seen: list[list[int]], **options: Any
+                 ) -> Any:
+    """A StreamdsTrainer whose metric records the ids of the eval records it is given."""
+    pytest.importorskip("transformers")
+    import framework_worker as worker
+    from transformers import TrainingArguments
+
+    from streamds.integrations.transformers import StreamdsTrainer
+
+    def record(prediction: Any) -> dict[str, float]:
+        seen.append([int(i) for i in prediction.label_ids[1]])
+        return {"records": float(len(prediction.label_ids[1]))}
+
+    args = TrainingArguments(output_dir=str(tmp_path / "run"), report_to=[], use_cpu=True,
+                             per_device_eval_batch_size=BATCH, remove_unused_columns=False,
+                             label_names=["labels", "rid"], disable_tqdm=True, **options)
+    trainer = worker.trainer_class(StreamdsTrainer)(
+        model=worker.tiny_model(), args=args, eval_dataset=eval_dataset,
+        data_collator=worker.collate, compute_metrics=record)
+    trainer.seen = []
+    return trainer
+
+
+def test_streamds_trainer_evaluates_and_predicts_through_the_eval_loader(tmp_path: Path) -> None:
+    # one process: the same route as under torchrun (tests/test_frameworks.py), whose gathers
+    # keep the real rows; accelerate's own gather is back afterwards
+    source = write_eval_set(tmp_path / "eval", SIZES)
+    seen: list[list[int]] = []
+    trainer = eval_trainer(tmp_path, StreamingJsonl(source), seen, dataloader_num_workers=2)
+    assert isinstance(trainer.get_eval_dataloader(), EvalLoader)
+    metrics = trainer.evaluate()
+    assert metrics["eval_records"] == sum(SIZES)
+    assert sorted(seen[0]) == list(range(sum(SIZES)))
+    assert trainer.gather_function == trainer.accelerator.gather_for_metrics
+    predicted = trainer.predict(StreamingJsonl(source))
+    assert sorted(predicted.label_ids[1].tolist()) == list(range(sum(SIZES)))
+
+
+@pytest.mark.parametrize("mode", ["drop", "pad"])
+def test_an_eval_dataset_with_even_ranks_is_refused_naming_the_fix(
+        tmp_path: Path, mode: str) -> None:
+    source = write_eval_set(tmp_path / "eval", SIZES)
+    trainer = eval_trainer(tmp_path, StreamingJsonl(source, even_ranks=mode), [])
+    with pytest.raises(ValueError, match=rf"even_ranks='{mode}'.*even_ranks=None"):
+        trainer.evaluate()
+
+
+def test_an_eval_dataset_of_batches_is_refused_naming_the_eval_batch_size(
+        tmp_path: Path) -> None:
+    source = write_eval_set(tmp_path / "eval", SIZES)
+    trainer = eval_trainer(tmp_path, StreamingJsonl(source).batch(8), [])
+    with pytest.raises(ValueError, match=r"eval_dataset=ds, .*per_device_eval_batch_size=8"):
+        trainer.evaluate()
