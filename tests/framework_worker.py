@@ -13,8 +13,9 @@ StreamdsCallback, DDP, a checkpoint every 5 steps under OUT_DIR/ckpt), "streamds
 checkpoint every 5 steps under OUT_DIR/run; with --eval SOURCE... an evaluation every 5 steps
 over each of those eval sets, whose metric records the ids of the eval records it was given
 (under "evals" in the report: one list per evaluation, the eval sets in turn). The model is
-a one-layer GPT-2 built from a config (no download). The record ids of every batch a rank trains on are written to
-OUT_DIR/rank-R.json as ``{"steps": [[ids...], ...], "error": None | "ClassName: message"}``;
+a one-layer GPT-2 built from a config (no download). The record ids of every batch a rank
+trains on are written to OUT_DIR/rank-R.json as
+``{"steps": [[ids...], ...], "evals": [[ids...], ...], "error": None | "ClassName: message"}``;
 an exception is caught, written there and re-raised.
 """
 

@@ -181,7 +181,7 @@ def test_streamds_trainer_evaluates_and_predicts_through_the_eval_loader(tmp_pat
     # keep the real rows; accelerate's own gather is back afterwards
     source = write_eval_set(tmp_path / "eval", SIZES)
     seen: list[list[int]] = []
-    trainer = eval_trainer(tmp_path, StreamingJsonl(source), seen, dataloader_num_workers=2)
+    trainer = eval_trainer(tmp_path, StreamingJsonl(source), seen)
     assert isinstance(trainer.get_eval_dataloader(), EvalLoader)
     metrics = trainer.evaluate()
     assert metrics["eval_records"] == sum(SIZES)
