@@ -174,6 +174,8 @@ class StreamdsTrainer(_transformers.Trainer):
 
     Any other train dataset goes the Trainer's own way. Under more than one process use
     ``even_ranks`` with epochs, so that every rank makes as many steps (DDP syncs each step).
+    A streamds eval dataset (``eval_dataset=``, `evaluate`, `predict`) needs no even_ranks: its
+    `EvalLoader` evens the eval steps and the metrics get every eval record once.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
