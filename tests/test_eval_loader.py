@@ -153,9 +153,10 @@ def test_keep_rows_keeps_each_ranks_real_rows() -> None:
     assert ENDED < 0
 
 
-def eval_trainer(tmp_path: Path, eval_dataset: Any, seen: list[list[int]], **options: Any
-                 ) -> Any:
-    """A StreamdsTrainer whose metric records the ids of the eval records it is given."""
+def eval_trainer(tmp_path: Path, eval_dataset: Any, seen: list[list[int]],
+                 metric: Callable[..., dict[str, float]] | None = None, **options: Any) -> Any:
+    """A StreamdsTrainer whose metric (by default) records the ids of the eval records it is
+    given."""
     pytest.importorskip("transformers")
     import framework_worker as worker
     from transformers import TrainingArguments
@@ -171,7 +172,7 @@ def eval_trainer(tmp_path: Path, eval_dataset: Any, seen: list[list[int]], **opt
                              label_names=["labels", "rid"], disable_tqdm=True, **options)
     trainer = worker.trainer_class(StreamdsTrainer)(
         model=worker.tiny_model(), args=args, eval_dataset=eval_dataset,
-        data_collator=worker.collate, compute_metrics=record)
+        data_collator=worker.collate, compute_metrics=metric or record)
     trainer.seen = []
     return trainer
 
@@ -206,3 +207,33 @@ def test_an_eval_dataset_of_batches_is_refused_naming_the_eval_batch_size(
     trainer = eval_trainer(tmp_path, StreamingJsonl(source).batch(8), [])
     with pytest.raises(ValueError, match=r"eval_dataset=ds, .*per_device_eval_batch_size=8"):
         trainer.evaluate()
+
+
+@pytest.mark.parametrize("world", [(0, 2), (1, 2)])
+def test_an_eval_dataset_of_another_world_is_refused(tmp_path: Path,
+                                                     world: tuple[int, int]) -> None:
+    # the old advice (rank=0, world_size=1 under N processes) would count every record N
+    # times through the eval loader; here: one process, a dataset that reads half the set
+    source = write_eval_set(tmp_path / "eval", SIZES)
+    rank, world_size = world
+    trainer = eval_trainer(tmp_path, StreamingJsonl(source, rank=rank, world_size=world_size),
+                           [])
+    with pytest.raises(ValueError, match=r"rank 0 of 1 process.*Leave rank and world_size unset"):
+        trainer.evaluate()
+
+
+def test_batch_eval_metrics_computes_the_result_at_the_last_step_only(tmp_path: Path) -> None:
+    # accelerate's GradientState sees the eval loader's last step, as it sees its own loaders'
+    source = write_eval_set(tmp_path / "eval", SIZES)
+    flags: list[bool] = []
+    rows: list[int] = []
+
+    def per_batch(prediction: Any, compute_result: bool) -> dict[str, float]:
+        flags.append(compute_result)
+        rows.append(len(prediction.label_ids[1]))
+        return {"records": float(sum(rows))}
+
+    trainer = eval_trainer(tmp_path, StreamingJsonl(source), [], per_batch,
+                           batch_eval_metrics=True)
+    assert trainer.evaluate()["eval_records"] == sum(SIZES)
+    assert flags == [False] * (len(flags) - 1) + [True]

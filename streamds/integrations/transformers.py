@@ -108,6 +108,23 @@ def _refuse_even_ranks(dataset: Any) -> None:
             "StreamingJsonl('eval/', even_ranks=None)")
 
 
+def _refuse_another_world(dataset: Any, accelerator: Any) -> None:
+    """Refuse an eval dataset given a rank or world_size other than the run's: its ranks'
+    shares would not add up to the eval set once (rank=0, world_size=1 under 2 processes
+    counts every record twice; world_size=2 in one process never reads rank 1's share)."""
+    if (dataset.rank, dataset.world_size) == (None, None):
+        return
+    world = detect_world(dataset.rank, dataset.world_size)
+    run = (accelerator.process_index, accelerator.num_processes)
+    if (world.rank, world.world_size) != run:
+        raise ValueError(
+            f"StreamdsTrainer was given an eval dataset with rank={dataset.rank}, "
+            f"world_size={dataset.world_size}, but this is rank {run[0]} of {run[1]} "
+            "process(es): the ranks' shares would not hold every eval record once (each "
+            "rank reading the whole set counts each record once per process). Leave rank and "
+            "world_size unset: StreamdsTrainer's eval loader lets each rank read its own share")
+
+
 def _share_of_rank(dataset: Any) -> Any:
     """`dataset` with the detected world given, where it is a StreamingJsonl that detects it:
     a rank that owns no block of a small eval set is then not refused (`EvalLoader` makes its
@@ -227,6 +244,7 @@ class StreamdsTrainer(_transformers.Trainer):
     def _streamds_eval_loader(self, dataset: Any, description: str,
                               name: str | None) -> EvalLoader:
         _refuse_even_ranks(dataset)
+        _refuse_another_world(dataset, self.accelerator)
         args = self.args
         kept = getattr(self, "_streamds_eval_loaders", {})
         if name is not None and name in kept and args.dataloader_persistent_workers:
