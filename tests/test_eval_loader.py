@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from streamds import StreamingJsonl
-from streamds.integrations.eval_loader import ENDED, EvalLoader, keep_rows
+from streamds.integrations.eval_loader import ENDED, EvalLoader, keep_rows, rows_of
 
 WORLD = 2
 BATCH = 4
@@ -143,6 +143,17 @@ def test_an_error_on_one_rank_stops_every_rank_at_the_same_step(tmp_path: Path) 
     assert "rank(s) [1] failed" in str(results[0]["error"])
     # the loader reads one batch ahead (to flag the last step): both stop before step 0
     assert len(results[0]["steps"]) == len(results[1]["steps"]) == 0
+
+
+def test_rows_are_counted_in_the_shapes_collates_return() -> None:
+    from collections import UserDict
+
+    tokens = torch.zeros(3, 5)
+    for batch in ({"input_ids": tokens}, UserDict({"input_ids": tokens}), (tokens, tokens),
+                  [{"id": 1}, {"id": 2}, {"id": 3}], {"meta": "x", "nested": {"ids": tokens}}):
+        assert rows_of(batch) == 3
+    with pytest.raises(ValueError, match="the collate must return tensors"):
+        rows_of({"text": "no tensor"})
 
 
 def test_keep_rows_keeps_each_ranks_real_rows() -> None:

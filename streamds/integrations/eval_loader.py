@@ -26,7 +26,7 @@ raises at the same step instead of waiting for the one that failed.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -76,20 +76,21 @@ class AccelerateRanks:
 
 
 def rows_of(batch: Any) -> int:
-    """Rows of a collated batch: the first dimension of its first tensor (a list of records:
-    its length). Gathering concatenates along this dimension, so these are what counts."""
+    """Rows of a collated batch: the first dimension of its first tensor (a dict, a mapping such
+    as transformers' BatchEncoding, a list or a tuple of them; a list of records: its length).
+    Gathering concatenates along this dimension, so these are what counts."""
     if isinstance(batch, torch.Tensor):
         if batch.ndim == 0:
             raise ValueError("a 0-dimensional tensor as a batch has no rows to count")
         return int(batch.shape[0])
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         values: list[Any] = list(batch.values())
     elif isinstance(batch, (list, tuple)):
         values = list(batch)
     else:
         values = []
     for value in values:
-        if isinstance(value, (torch.Tensor, dict, list, tuple)):
+        if isinstance(value, (torch.Tensor, Mapping, list, tuple)):
             try:
                 return rows_of(value)
             except ValueError:
