@@ -20,8 +20,9 @@ Two shapes, chosen by ``max_steps``:
 Evaluation (`evaluate`, `predict`, ``eval_strategy``) of a streamds eval dataset goes through
 `EvalLoader` (streamds.integrations.eval_loader), never accelerate's: each rank reads its own
 share, every rank makes as many eval steps, and the gathered losses, logits and labels keep
-each rank's real rows only, so every eval record counts exactly once over the ranks. An eval
-dataset with ``even_ranks`` is refused ("drop" skips records, "pad" repeats them).
+each rank's real rows only, so every eval record counts exactly once over the ranks. Refused:
+an eval dataset with ``even_ranks`` ("drop" skips records, "pad" repeats them), or given a
+rank or world_size other than the run's (its shares would not add up to the set once).
 
 Resuming is Trainer's own in transformers 5.24: it saves no loader state and re-reads and
 discards the batches trained before the checkpoint (accelerate's `skip_first_batches`); a
