@@ -126,19 +126,17 @@ def _refuse_another_world(dataset: Any, accelerator: Any) -> None:
             "world_size unset: StreamdsTrainer's eval loader lets each rank read its own share")
 
 
-def _share_of_rank(dataset: Any) -> Any:
-    """`dataset` with the detected world given, where it is a StreamingJsonl that detects it:
-    a rank that owns no block of a small eval set is then not refused (`EvalLoader` makes its
-    steps with another rank's batch, counted nowhere), only logged."""
+def _owns_no_block(dataset: Any) -> bool:
+    """Whether this rank owns no block of a StreamingJsonl eval set (a small set cut into
+    fewer blocks than ranks; blocks are dealt to every rank before a second goes to any).
+    Such a rank reads nothing (the dataset would refuse an empty rank of a DDP job) and
+    `EvalLoader` gives it another rank's batch to repeat, counted nowhere."""
     from ..datasets.dataset import StreamingJsonl
 
-    if not isinstance(dataset, StreamingJsonl) or (dataset.rank, dataset.world_size) != (
-            None, None):
-        return dataset
-    world = detect_world()
-    share = dataset._copy()
-    share.rank, share.world_size = world.rank, world.world_size
-    return share
+    if not isinstance(dataset, StreamingJsonl):
+        return False
+    world = detect_world(dataset.rank, dataset.world_size)
+    return dataset._plan.num_blocks <= world.rank
 
 
 class EpochLoader(DataLoader):
@@ -252,14 +250,17 @@ class StreamdsTrainer(_transformers.Trainer):
             return kept[name]  # as Trainer keeps its own: no new workers for every evaluation
         collate = self._get_collator_with_removed_columns(self.data_collator,
                                                           description=description)
+        workers: dict[str, Any] = {
+            "num_workers": args.dataloader_num_workers,
+            "persistent_workers": args.dataloader_persistent_workers,
+            "prefetch_factor": args.dataloader_prefetch_factor,
+            "multiprocessing_context": args.dataloader_multiprocessing_context}
+        if _owns_no_block(dataset):
+            dataset, workers = [], {}  # nothing to read here: no workers either
         loader = EvalLoader(
-            _share_of_rank(dataset), ranks=AccelerateRanks(self.accelerator),
-            batch_size=args.eval_batch_size, collate_fn=collate,
-            num_workers=args.dataloader_num_workers,
-            pin_memory=args.dataloader_pin_memory and args.device.type != "cpu",
-            persistent_workers=args.dataloader_persistent_workers,
-            prefetch_factor=args.dataloader_prefetch_factor,
-            multiprocessing_context=args.dataloader_multiprocessing_context)
+            dataset, ranks=AccelerateRanks(self.accelerator), batch_size=args.eval_batch_size,
+            collate_fn=collate,
+            pin_memory=args.dataloader_pin_memory and args.device.type != "cpu", **workers)
         if name is not None and args.dataloader_persistent_workers:
             self._streamds_eval_loaders = {**kept, name: loader}
         return loader
