@@ -10,9 +10,10 @@ Scenarios: "accelerate" (a DataLoader through Accelerator().prepare, accelerate'
 "trainer" (Hugging Face Trainer, its defaults), "lightning" (StreamdsLoader and
 StreamdsCallback, DDP, a checkpoint every 5 steps under OUT_DIR/ckpt), "streamds-trainer"
 (streamds.integrations.transformers.StreamdsTrainer), two epochs or --max-steps, a
-checkpoint every 5 steps under OUT_DIR/run; with --eval SOURCE... an evaluation every 5 steps
-over each of those eval sets, whose metric records the ids of the eval records it was given
-(under "evals" in the report: one list per evaluation, the eval sets in turn). The model is
+checkpoint every 5 steps under OUT_DIR/run; with --eval SOURCE... an evaluation at the start
+and every 5 steps over each of those eval sets, whose metric records the ids of the eval
+records it was given (under "evals" in the report: one list per evaluation, the eval sets in
+turn; their losses under "eval_losses"). The model is
 a one-layer GPT-2 built from a config (no download). The record ids of every batch a rank
 trains on are written to OUT_DIR/rank-R.json as
 ``{"steps": [[ids...], ...], "evals": [[ids...], ...], "error": None | "ClassName: message"}``;
@@ -116,6 +117,7 @@ def trainer_class(base: type) -> type:
 
 
 EVALS: list[list[int]] = []  # the record ids each evaluation's metric was given
+EVAL_LOSSES: list[float] = []  # each evaluation's eval loss, in the order of EVALS
 
 
 def record_eval_ids(prediction: Any) -> dict[str, float]:
@@ -142,7 +144,7 @@ def run_trainer(scenario: str, source: str, out: Path, workers: int, max_steps: 
     evaluation: dict[str, Any] = {}
     if eval_sources:  # labels and the record ids reach compute_metrics, gathered over ranks
         evaluation = {"eval_strategy": "steps", "eval_steps": 5, "label_names": ["labels", "rid"],
-                      "per_device_eval_batch_size": BATCH}
+                      "per_device_eval_batch_size": BATCH, "eval_on_start": True}
     args = TrainingArguments(
         output_dir=str(out / "run"), per_device_train_batch_size=BATCH, num_train_epochs=2,
         dataloader_num_workers=workers, save_strategy="steps", save_steps=5, report_to=[],
@@ -157,6 +159,9 @@ def run_trainer(scenario: str, source: str, out: Path, workers: int, max_steps: 
         compute_metrics=record_eval_ids if eval_sets else None)
     trainer.seen = seen
     trainer.train(resume_from_checkpoint=resume_from)
+    EVAL_LOSSES.extend(value for entry in trainer.state.log_history
+                       for key, value in entry.items()
+                       if key.startswith("eval_") and key.endswith("_loss"))
 
 
 EPOCHS: list[int] = []  # lightning: the epoch of each step in `seen`
@@ -213,7 +218,8 @@ def main() -> None:
     args = parser.parse_args()
     rank = int(os.environ.get("RANK", "0"))
     seen: list[list[int]] = []
-    report: dict[str, Any] = {"steps": seen, "epochs": EPOCHS, "evals": EVALS, "error": None}
+    report: dict[str, Any] = {"steps": seen, "epochs": EPOCHS, "evals": EVALS,
+                              "eval_losses": EVAL_LOSSES, "error": None}
     try:
         if args.scenario == "accelerate":
             run_accelerate(args.source, args.workers, args.one_rank, seen)

@@ -167,11 +167,18 @@ def test_streamds_trainer_evaluates_every_eval_record_once_over_the_ranks(
                                        "--workers", "2", "--max-steps", "10",
                                        "--eval", *eval_sets)
     assert status == 0, output
-    expected = [list(range(sum(EVAL_SIZES))), list(range(10))] * 2  # at steps 5 and 10
+    expected = [list(range(sum(EVAL_SIZES))), list(range(10))] * 3  # at steps 0, 5 and 10
     for report in reports:
         assert report["error"] is None
         assert len(report["steps"]) == 10
         assert [sorted(ids) for ids in report["evals"]] == expected
+    # the eval loss weighs each rank's batch by its real rows: before training (the same
+    # weights everywhere) one process gets the same losses over the same records
+    status, output, alone = torchrun(tmp_path / "alone", "streamds-trainer", even_corpus,
+                                     "--workers", "2", "--max-steps", "10",
+                                     "--eval", *eval_sets, nproc=1)
+    assert status == 0, output
+    assert reports[0]["eval_losses"][:2] == pytest.approx(alone[0]["eval_losses"][:2], rel=1e-5)
 
 
 @pytest.mark.slow
