@@ -270,14 +270,20 @@ class StreamdsTrainer(_transformers.Trainer):
         (`gather_rows`), and accelerate's `GradientState` sees the loader's last step."""
         if not isinstance(dataloader, EvalLoader):
             return super().evaluation_loop(dataloader, *args, **kwargs)
-        accelerator = self.accelerator
+        accelerator, options = self.accelerator, self.args
         self.gather_function = functools.partial(gather_rows, accelerator, dataloader)
         # batch_eval_metrics reads gradient_state.end_of_dataloader, as accelerate's own
         # loaders register themselves while they iterate
         accelerator.gradient_state._add_dataloader(dataloader)
+        # each rank's batch loss over its own tokens: averaged over the tokens of every rank's
+        # batch, a rank's loss would be scaled by its share of the step's tokens (a short
+        # batch's shrunk, a repeat's tokens counted), which only equal weights undo
+        averaged, options.average_tokens_across_devices = (
+            options.average_tokens_across_devices, False)
         try:
             return super().evaluation_loop(dataloader, *args, **kwargs)
         finally:
+            options.average_tokens_across_devices = averaged
             accelerator.gradient_state._remove_dataloader(dataloader)
             self.gather_function = accelerator.gather_for_metrics
 
