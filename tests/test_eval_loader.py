@@ -248,3 +248,20 @@ def test_batch_eval_metrics_computes_the_result_at_the_last_step_only(tmp_path: 
                            batch_eval_metrics=True)
     assert trainer.evaluate()["eval_records"] == sum(SIZES)
     assert flags == [False] * (len(flags) - 1) + [True]
+
+
+def test_a_rank_owning_no_block_of_the_eval_set_reads_nothing(tmp_path: Path) -> None:
+    # the dataset would refuse such a rank (a DDP job would wait for it); the eval loader
+    # gives it another rank's batch instead, so StreamdsTrainer does not iterate it there
+    pytest.importorskip("transformers")
+    from streamds import PackTokens
+    from streamds.integrations.transformers import _owns_no_block
+
+    source = write_eval_set(tmp_path / "eval", (10,))  # one block
+    packer = PackTokens(seq_len=4, eos_id=0, key="tokens")
+    for rank, owns_none in ((0, False), (1, True)):
+        dataset = StreamingJsonl(source, rank=rank, world_size=2)
+        assert _owns_no_block(dataset) is owns_none
+        assert _owns_no_block(dataset.pack(packer)) is owns_none
+    assert not _owns_no_block(StreamingJsonl(write_eval_set(tmp_path / "big", SIZES), rank=1,
+                                             world_size=2))

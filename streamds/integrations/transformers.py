@@ -132,9 +132,12 @@ def _owns_no_block(dataset: Any) -> bool:
     Such a rank reads nothing (the dataset would refuse an empty rank of a DDP job) and
     `EvalLoader` gives it another rank's batch to repeat, counted nowhere."""
     from ..datasets.dataset import StreamingJsonl
+    from ..datasets.pack import Packed
 
+    if isinstance(dataset, Packed):  # packs what its reader yields
+        return _owns_no_block(dataset.source)
     if not isinstance(dataset, StreamingJsonl):
-        return False
+        return False  # a mix's sources never refuse an empty rank
     world = detect_world(dataset.rank, dataset.world_size)
     return dataset._plan.num_blocks <= world.rank
 
