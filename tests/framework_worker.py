@@ -2,7 +2,7 @@
 
     python -m torch.distributed.run --standalone --nproc_per_node=N tests/framework_worker.py \\
         SCENARIO SOURCE OUT_DIR [--workers W] [--max-steps N] [--resume-from CHECKPOINT]
-        [--one-rank]
+        [--one-rank] [--eval SOURCE...]
 
 Scenarios: "accelerate" (a DataLoader through Accelerator().prepare, accelerate's defaults;
 --one-rank: the dataset does not split by rank, accelerate's dispatcher alone splits),
@@ -10,9 +10,13 @@ Scenarios: "accelerate" (a DataLoader through Accelerator().prepare, accelerate'
 "trainer" (Hugging Face Trainer, its defaults), "lightning" (StreamdsLoader and
 StreamdsCallback, DDP, a checkpoint every 5 steps under OUT_DIR/ckpt), "streamds-trainer"
 (streamds.integrations.transformers.StreamdsTrainer), two epochs or --max-steps, a
-checkpoint every 5 steps under OUT_DIR/run. The model is a one-layer GPT-2 built from
-a config (no download). The record ids of every batch a rank trains on are written to
-OUT_DIR/rank-R.json as ``{"steps": [[ids...], ...], "error": None | "ClassName: message"}``;
+checkpoint every 5 steps under OUT_DIR/run; with --eval SOURCE... an evaluation at the start
+and every 5 steps over each of those eval sets, whose metric records the ids of the eval
+records it was given (under "evals" in the report: one list per evaluation, the eval sets in
+turn; their losses under "eval_losses"). The model is
+a one-layer GPT-2 built from a config (no download). The record ids of every batch a rank
+trains on are written to OUT_DIR/rank-R.json as
+``{"steps": [[ids...], ...], "evals": [[ids...], ...], "error": None | "ClassName: message"}``;
 an exception is caught, written there and re-raised.
 """
 
@@ -104,14 +108,28 @@ def trainer_class(base: type) -> type:
     class LoggingTrainer(base):  # type: ignore[misc, valid-type]
         def compute_loss(self, model: Any, inputs: dict[str, Any], *args: Any,
                          **kwargs: Any) -> Any:
-            self.seen.append(inputs.pop("rid").tolist())
+            rid = inputs.pop("rid")
+            if model.training:  # evaluation computes the loss too
+                self.seen.append(rid.tolist())
             return super().compute_loss(model, inputs, *args, **kwargs)
 
     return LoggingTrainer
 
 
+EVALS: list[list[int]] = []  # the record ids each evaluation's metric was given
+EVAL_LOSSES: list[float] = []  # each evaluation's eval loss, in the order of EVALS
+
+
+def record_eval_ids(prediction: Any) -> dict[str, float]:
+    """compute_metrics: the ids of the eval records, from the gathered label "rid"."""
+    _, rid = prediction.label_ids
+    EVALS.append([int(i) for i in rid])
+    return {"records": float(len(rid))}
+
+
 def run_trainer(scenario: str, source: str, out: Path, workers: int, max_steps: int,
-                resume_from: str | None, seen: list[list[int]]) -> None:
+                resume_from: str | None, seen: list[list[int]],
+                eval_sources: list[str] | None = None) -> None:
     from transformers import Trainer, TrainingArguments
 
     if scenario == "streamds-trainer":
@@ -123,16 +141,27 @@ def run_trainer(scenario: str, source: str, out: Path, workers: int, max_steps: 
         base = Trainer
         dataset = StreamingJsonl(source, shuffle=True, seed=0, buffer_size=16)
 
+    evaluation: dict[str, Any] = {}
+    if eval_sources:  # labels and the record ids reach compute_metrics, gathered over ranks
+        evaluation = {"eval_strategy": "steps", "eval_steps": 5, "label_names": ["labels", "rid"],
+                      "per_device_eval_batch_size": BATCH, "eval_on_start": True}
     args = TrainingArguments(
         output_dir=str(out / "run"), per_device_train_batch_size=BATCH, num_train_epochs=2,
         dataloader_num_workers=workers, save_strategy="steps", save_steps=5, report_to=[],
         logging_strategy="no", remove_unused_columns=False, use_cpu=True, seed=0,
-        disable_tqdm=True, max_steps=max_steps,
+        disable_tqdm=True, max_steps=max_steps, **evaluation,
     )
-    trainer = trainer_class(base)(model=tiny_model(), args=args, train_dataset=dataset,
-                                  data_collator=collate)
+    eval_sets = {f"set{index}": StreamingJsonl(path)
+                 for index, path in enumerate(eval_sources or [])}
+    trainer = trainer_class(base)(
+        model=tiny_model(), args=args, train_dataset=dataset, data_collator=collate,
+        eval_dataset=eval_sets or None,
+        compute_metrics=record_eval_ids if eval_sets else None)
     trainer.seen = seen
     trainer.train(resume_from_checkpoint=resume_from)
+    EVAL_LOSSES.extend(value for entry in trainer.state.log_history
+                       for key, value in entry.items()
+                       if key.startswith("eval_") and key.endswith("_loss"))
 
 
 EPOCHS: list[int] = []  # lightning: the epoch of each step in `seen`
@@ -182,12 +211,15 @@ def main() -> None:
     parser.add_argument("--resume-from", default=None)
     parser.add_argument("--even-ranks", choices=["drop", "pad"], default=None,
                         help="lightning: StreamingJsonl(even_ranks=...)")
+    parser.add_argument("--eval", nargs="+", default=None,
+                        help="trainers: eval sets, one evaluation of each every 5 steps")
     parser.add_argument("--one-rank", action="store_true",
                         help="accelerate: StreamingJsonl(rank=0, world_size=1)")
     args = parser.parse_args()
     rank = int(os.environ.get("RANK", "0"))
     seen: list[list[int]] = []
-    report: dict[str, Any] = {"steps": seen, "epochs": EPOCHS, "error": None}
+    report: dict[str, Any] = {"steps": seen, "epochs": EPOCHS, "evals": EVALS,
+                              "eval_losses": EVAL_LOSSES, "error": None}
     try:
         if args.scenario == "accelerate":
             run_accelerate(args.source, args.workers, args.one_rank, seen)
@@ -198,7 +230,7 @@ def main() -> None:
                           args.even_ranks)
         else:
             run_trainer(args.scenario, args.source, args.out, args.workers, args.max_steps,
-                        args.resume_from, seen)
+                        args.resume_from, seen, args.eval)
     except Exception as err:
         report["error"] = f"{type(err).__name__}: {err}"
         raise

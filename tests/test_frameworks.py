@@ -139,6 +139,48 @@ def test_streamds_trainer_exact_and_resumes_exactly(
         assert after["steps"] == before["steps"][35:]
 
 
+EVAL_SIZES = (13, 7, 9)  # one block a file: rank 0 owns 22 records (7 batches), rank 1 owns 7
+
+
+@pytest.fixture(scope="module")
+def eval_sets(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """An eval set of 29 records (not a multiple of 2 ranks x 4) whose ranks own unequal
+    numbers of batches, and one of 10 records in one file (rank 1 owns no block)."""
+    uneven, tiny = tmp_path_factory.mktemp("eval-uneven"), tmp_path_factory.mktemp("eval-tiny")
+    start = 0
+    for part, size in enumerate(EVAL_SIZES):
+        lines = [orjson.dumps({"id": i, "text": "x"}) + b"\n" for i in range(start, start + size)]
+        (uneven / f"part-{part}.jsonl").write_bytes(b"".join(lines))
+        start += size
+    lines = [orjson.dumps({"id": i, "text": "x"}) + b"\n" for i in range(10)]
+    (tiny / "eval.jsonl").write_bytes(b"".join(lines))
+    return [str(uneven), str(tiny)]
+
+
+@pytest.mark.slow
+def test_streamds_trainer_evaluates_every_eval_record_once_over_the_ranks(
+    even_corpus: str, eval_sets: list[str], tmp_path: Path
+) -> None:
+    # eval_strategy="steps" every 5 steps, 2 DataLoader workers, on both eval sets; before,
+    # the eval loader went through accelerator.prepare and was refused (DoubleSplitError)
+    status, output, reports = torchrun(tmp_path, "streamds-trainer", even_corpus,
+                                       "--workers", "2", "--max-steps", "10",
+                                       "--eval", *eval_sets)
+    assert status == 0, output
+    expected = [list(range(sum(EVAL_SIZES))), list(range(10))] * 3  # at steps 0, 5 and 10
+    for report in reports:
+        assert report["error"] is None
+        assert len(report["steps"]) == 10
+        assert [sorted(ids) for ids in report["evals"]] == expected
+    # the eval loss weighs each rank's batch by its real rows: before training (the same
+    # weights everywhere) one process gets the same losses over the same records
+    status, output, alone = torchrun(tmp_path / "alone", "streamds-trainer", even_corpus,
+                                     "--workers", "2", "--max-steps", "10",
+                                     "--eval", *eval_sets, nproc=1)
+    assert status == 0, output
+    assert reports[0]["eval_losses"][:2] == pytest.approx(alone[0]["eval_losses"][:2], rel=1e-5)
+
+
 @pytest.mark.slow
 def test_lightning_ddp_exact_and_resumes_exactly(unsized_corpus: str, tmp_path: Path) -> None:
     pytest.importorskip("lightning")

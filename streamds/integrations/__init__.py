@@ -1,7 +1,9 @@
 """Thin integrations with the training frameworks; each module imports its framework lazily.
 
 - `streamds.integrations.transformers`: `StreamdsTrainer`, a Hugging Face `Trainer` whose train
-  loader streamds splits by rank (accelerate never splits it again).
+  and eval loaders streamds splits by rank (accelerate never splits them again); its eval
+  loader is `streamds.integrations.eval_loader.EvalLoader` (equal eval steps on every rank,
+  every eval record counted once).
 - `streamds.integrations.accelerate`: `prepare_loader`, a loader to use beside
   `Accelerator.prepare` without being split by it.
 - `streamds.integrations.lightning`: `StreamdsCallback`, set_epoch at every epoch and every
