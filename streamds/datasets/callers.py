@@ -118,8 +118,9 @@ def check_outer_split(dataset: Any, world_size: Callable[[], int], *, depth: int
             f"accelerate splits this StreamingJsonl across {split.num_processes} processes "
             f"({where}) "
             f"and streamds splits it by rank too ({world_size()} ranks): {how}, and most records "
-            f"would never be trained. Let one of them split: streamds (exact, each rank reads "
-            f"only its share) -- {_ROUTE}; or accelerate alone -- pass rank=0, world_size=1 to "
+            f"would never be read (trained or evaluated). Let one of them split: streamds "
+            f"(exact, each rank reads only its share) -- {_ROUTE}; or accelerate alone -- "
+            "pass rank=0, world_size=1 to "
             "StreamingJsonl and dispatch_batches=False (every rank reads and parses the whole "
             "corpus; the last global batch is padded with repeated records)"
         )
