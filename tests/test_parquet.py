@@ -172,6 +172,19 @@ def test_exact_resume_after_any_batch_with_two_workers(corpus_dir):
     assert 0 < sum(map(len, whole)) < len(expected)
 
 
+def test_ds_loader_resumes_exactly_after_any_batch_with_two_workers(corpus_dir):
+    """`ds.loader` (batches made in the workers) over Parquet, as test_parquet_torchrun runs
+    it under torchrun: a state after any batch resumes at the next one."""
+    path, expected = corpus_dir
+
+    def make():
+        ds = StreamingJsonl(path, shuffle=True, seed=8, buffer_size=11, rank=2, world_size=3)
+        return ds.loader(BATCH, num_workers=2, collate=ids)
+
+    whole = run_test_save_load_state(make, [0, 3, 8])
+    assert 0 < sum(map(len, whole)) < len(expected)
+
+
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_elastic_resume_from_three_ranks_of_two_workers(corpus_dir, shuffle):
     path, expected = corpus_dir
