@@ -92,14 +92,14 @@ def test_three_ranks_of_two_workers_checkpoint_and_resume_in_this_world_and_in_t
 
 # -- a framework over Parquet: Lightning DDP (tests/framework_worker.py) ---------------------
 
-FILES, ROWS = 8, 32  # row ranges of 2 rows (columnar.MAX_GROUP_PARTS): 64 rows per reader
+FILES, ROWS = 8, 32  # equal row ranges (columnar.MAX_GROUP_PARTS): 64 rows per reader
 BATCH = 4
 
 
 @pytest.fixture
 def lightning_corpus(tmp_path: Path) -> str:
-    """8 Parquet files of one row group of 32 rows: every block holds 2 rows, so every worker
-    of 2 ranks x 2 workers owns 64 rows whatever the shuffle of blocks (equal steps)."""
+    """8 Parquet files of one row group of 32 rows, cut into equal row ranges, so every
+    worker of 2 ranks x 2 workers owns 64 rows whatever the shuffle of blocks (equal steps)."""
     root = tmp_path / "corpus"
     root.mkdir()
     for part in range(FILES):
