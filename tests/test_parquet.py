@@ -435,3 +435,12 @@ def test_a_remote_arrow_stream_is_one_block_read_exactly_without_a_download_to_p
             [0, 699, 700, 2999])
         with pytest.raises((KeyError, ValueError), match="nope"):
             StreamingJsonl(url, columns=["nope"])
+
+        # the file format, remote too, is planned from its footer: counted, split
+        with pa.OSFile(str(tmp_path / "file.arrow"), "wb") as sink, pa.ipc.new_file(
+                sink, whole.schema) as writer:
+            for batch in whole.to_batches(max_chunksize=700):
+                writer.write_batch(batch)
+        footed = StreamingJsonl(f"{server.url}/file.arrow")
+        assert len(footed) == 3000 and len(footed._block_list) > 1
+        assert ids(list(footed)) == expected
