@@ -8,7 +8,14 @@ each in a fresh process (medians over ``--rounds``):
 - streamds at 0 workers: ``for record in StreamingJsonl(folder)``;
 - streamds with 2 workers and ``.batch(64)`` (``DataLoader(batch_size=None)``);
 - Hugging Face ``datasets`` streaming the same files (``load_dataset("parquet",
-  streaming=True)``) into ``DataLoader(batch_size=64, num_workers=2)``.
+  streaming=True)``) into ``DataLoader(batch_size=64, num_workers=2)``: what a user of
+  `datasets` writes for the same job (the same workers, batch size and files);
+- the same two, shuffled, as training reads: ``StreamingJsonl(folder, shuffle=True)`` and
+  ``load_dataset(...).shuffle(seed=0)`` (its shards' order and a buffer of 1,000 rows).
+
+Besides records/s (wall clock, which a busy machine bends), each run reports the CPU time of
+the main process and of the DataLoader workers per 1,000 rows (reaped children), which load
+on the machine moves far less.
 
     python benchmarks/parquet_bench.py                 # ~150 MB of rows, a few minutes
     python benchmarks/parquet_bench.py --mb 500 --rounds 3 --write-docs
@@ -32,7 +39,9 @@ from common import add_write_docs, child_result, command_line, machine, publish
 
 BATCH = 64
 KINDS = ("iter_batches + to_pylist (one core)", "streamds, 0 workers",
-         "streamds, 2 workers, .batch(64)", "datasets streaming, 2 workers, batch 64")
+         "streamds, 2 workers, .batch(64)", "datasets streaming, 2 workers, batch 64",
+         "streamds, 2 workers, .batch(64), shuffle=True",
+         "datasets streaming .shuffle(), 2 workers, batch 64")
 
 
 def write_corpus(folder: Path, megabytes: int) -> int:
@@ -57,9 +66,15 @@ def write_corpus(folder: Path, megabytes: int) -> int:
     return total
 
 
+def cpu_seconds(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
 def measure(kind: str, folder: str) -> dict[str, Any]:
     """One epoch of `kind` in this process: records, seconds (imports left out: each kind
-    imports its libraries first), peak resident MB."""
+    imports its libraries first), CPU seconds of this process and of its workers, peak
+    resident MB."""
     import pyarrow.parquet as pq
     from datasets import load_dataset
     from torch.utils.data import DataLoader
@@ -68,6 +83,8 @@ def measure(kind: str, folder: str) -> dict[str, Any]:
 
     files = sorted(str(path) for path in Path(folder).glob("*.parquet"))
     start = time.perf_counter()
+    main_cpu = cpu_seconds(resource.RUSAGE_SELF)
+    workers_cpu = cpu_seconds(resource.RUSAGE_CHILDREN)
     records = 0
     if kind == KINDS[0]:
         for name in files:
@@ -77,20 +94,25 @@ def measure(kind: str, folder: str) -> dict[str, Any]:
     elif kind == KINDS[1]:
         for _ in StreamingJsonl(folder):
             records += 1
-    elif kind == KINDS[2]:
-        loader = DataLoader(StreamingJsonl(folder).batch(BATCH), batch_size=None,
-                            num_workers=2)
+    elif kind in (KINDS[2], KINDS[4]):
+        loader = DataLoader(StreamingJsonl(folder, shuffle=kind == KINDS[4], seed=0)
+                            .batch(BATCH), batch_size=None, num_workers=2)
         for batch in loader:
             records += len(batch)
     else:
         stream = load_dataset("parquet", data_files=files, split="train", streaming=True)
+        if kind == KINDS[5]:
+            stream = stream.shuffle(seed=0)
         for batch in DataLoader(stream, batch_size=BATCH, num_workers=2,
                                 collate_fn=lambda rows: rows):
             records += len(batch)
     seconds = time.perf_counter() - start
+    main_cpu = cpu_seconds(resource.RUSAGE_SELF) - main_cpu
+    workers_cpu = cpu_seconds(resource.RUSAGE_CHILDREN) - workers_cpu
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    return {"records": records, "seconds": seconds, "peak_mb": max(peak, children)}
+    return {"records": records, "seconds": seconds, "main_cpu": main_cpu,
+            "workers_cpu": workers_cpu, "peak_mb": max(peak, children)}
 
 
 def main() -> None:
@@ -112,13 +134,17 @@ def main() -> None:
             for kind in KINDS}
     lines = [f"{rows:,} rows in 5 Parquet files ({args.mb} MB of text, default row groups), "
              f"{machine()}; `{command_line()}`", "",
-             "| reader | records/s | vs the floor | peak MB |", "|---|---|---|---|"]
+             "| reader | records/s | vs the floor | CPU ms / 1,000 rows: main | workers "
+             "| peak MB |", "|---|---|---|---|---|---|"]
     for kind in KINDS:
         peak = statistics.median(r["peak_mb"] for r in runs[kind])
+        main, workers = (statistics.median(1e6 * r[key] / r["records"] for r in runs[kind])
+                         for key in ("main_cpu", "workers_cpu"))
         lines.append(f"| {kind} | {rate[kind]:,.0f} | {rate[kind] / rate[KINDS[0]]:.2f} | "
-                     f"{peak:,.0f} |")
+                     f"{main:.1f} | {workers:.1f} | {peak:,.0f} |")
     lines += ["", f"2 workers with `.batch(64)` over `datasets` streaming: "
-                  f"{rate[KINDS[2]] / rate[KINDS[3]]:.2f}x."]
+                  f"{rate[KINDS[2]] / rate[KINDS[3]]:.2f}x; shuffled: "
+                  f"{rate[KINDS[4]] / rate[KINDS[5]]:.2f}x."]
     publish("parquet", "\n".join(lines), runs, "parquet" if args.write_docs else None)
 
 

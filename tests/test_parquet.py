@@ -172,6 +172,19 @@ def test_exact_resume_after_any_batch_with_two_workers(corpus_dir):
     assert 0 < sum(map(len, whole)) < len(expected)
 
 
+def test_ds_loader_resumes_exactly_after_any_batch_with_two_workers(corpus_dir):
+    """`ds.loader` (batches made in the workers) over Parquet, as test_parquet_torchrun runs
+    it under torchrun: a state after any batch resumes at the next one."""
+    path, expected = corpus_dir
+
+    def make():
+        ds = StreamingJsonl(path, shuffle=True, seed=8, buffer_size=11, rank=2, world_size=3)
+        return ds.loader(BATCH, num_workers=2, collate=ids)
+
+    whole = run_test_save_load_state(make, [0, 3, 8])
+    assert 0 < sum(map(len, whole)) < len(expected)
+
+
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_elastic_resume_from_three_ranks_of_two_workers(corpus_dir, shuffle):
     path, expected = corpus_dir
@@ -385,3 +398,49 @@ def test_resume_inside_a_block_of_several_batches(tmp_path):
     cuts = [parquet.BATCH_ROWS, parquet.BATCH_ROWS + 76]  # at the second chunk, inside it
     whole = run_test_save_load_state(lambda: StreamingJsonl(tmp_path), cuts)
     assert ids(whole) == list(range(20_000))
+
+
+# -- a remote Arrow stream: not counted in the constructor (it has no footer) ---------------
+
+
+def test_a_remote_arrow_stream_is_one_block_read_exactly_without_a_download_to_plan(tmp_path):
+    """Constructing over an Arrow stream served by HTTP reads its schema message only (no
+    record batch); the file is one block that one reader counts as it reads; reading, with
+    workers and ranks and from any resume point, is exact."""
+    pytest.importorskip("aiohttp", reason="HTTP needs the 'remote' extra (aiohttp)")
+    from testbed.http import serve
+
+    whole = table(0, 3000)
+    path = tmp_path / "data-00000-of-00001.arrow"
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, whole.schema) as writer:
+        for batch in whole.to_batches(max_chunksize=700):
+            writer.write_batch(batch)
+    expected = list(range(3000))
+    with serve(tmp_path) as server:
+        url = f"{server.url}/{path.name}"
+        server.reset_log()
+        ds = StreamingJsonl(url, columns=["id", "text"])
+        read = [request.range for request in server.log if request.method == "GET"]
+        spans = [int(b) - int(a) + 1 for a, b in (r[6:].split("-") for r in read if r)]
+        assert None not in read and sum(spans) < 1000, read  # the schema, no record batch
+        assert path.stat().st_size > 50_000
+        with pytest.raises(TypeError):
+            len(ds)
+
+        assert ids(list(ds)) == expected
+        readers = read_world(url, 1, 2, shuffle=True, buffer_size=50)  # one reads it all
+        assert_exactly_once([ids(reader) for reader in readers], expected)
+        run_test_save_load_state(
+            lambda: StreamingJsonl(url, shuffle=True, buffer_size=64, columns=["id"]),
+            [0, 699, 700, 2999])
+        with pytest.raises((KeyError, ValueError), match="nope"):
+            StreamingJsonl(url, columns=["nope"])
+
+        # the file format, remote too, is planned from its footer: counted, split
+        with pa.OSFile(str(tmp_path / "file.arrow"), "wb") as sink, pa.ipc.new_file(
+                sink, whole.schema) as writer:
+            for batch in whole.to_batches(max_chunksize=700):
+                writer.write_batch(batch)
+        footed = StreamingJsonl(f"{server.url}/file.arrow")
+        assert len(footed) == 3000 and len(footed._block_list) > 1
+        assert ids(list(footed)) == expected

@@ -2,10 +2,13 @@
 
 Both IPC formats are read: the file format (``ARROW1`` magic, a footer that locates each
 record batch) and the stream format (what `datasets`' ``save_to_disk`` and its cache write:
-batches one after another, no footer). Row counts live in each batch's message, so the
-layout costs one pass over the file's messages: cheap for a local file (memory-mapped, no
-copy), a whole download for a remote one. A block of the file format reads its batch alone;
-a block of the stream format reads the messages before it too (the stream has no index).
+batches one after another, no footer). Row counts live in each batch's message. The file format's
+footer lists its batches, so its layout costs a footer read. A stream has no footer: a local
+one is counted by one pass over its messages (a disk read), a remote one is not counted (that
+would download it) but settled from its first bytes (the schema message: column names), and
+planned as one block that one reader reads and counts as it goes, as a gzip file is; it has
+no len(). A block of the file format reads its batch alone; a block of the stream format
+reads the messages before it too (the stream has no index).
 Records are what `to_pylist()` gives, by the rule of `columnar.refusal`.
 """
 
@@ -26,8 +29,10 @@ from .columnar import (
     storage_error,
     watched,
 )
+from .protocol import FileFacts, Settled
 
-__all__ = ["BATCH_ROWS", "FILE_MAGIC", "FORMAT", "Arrow", "layout", "read_from", "read_rows"]
+__all__ = ["BATCH_ROWS", "FILE_MAGIC", "FORMAT", "Arrow", "layout", "read_from", "read_rows",
+           "stream_head"]
 
 FILE_MAGIC = b"ARROW1"  # the file format starts (and ends) with it; a stream does not
 BATCH_ROWS = 1024  # rows of a record batch converted to records at a time (`read_from`)
@@ -68,6 +73,27 @@ def _batches(reader: Any, stream: bool) -> Iterator[Any]:
     else:
         for index in range(reader.num_record_batches):
             yield reader.get_batch(index)
+
+
+def stream_head(read_exact: Any, url: str) -> Layout | None:
+    """The uncounted layout of a stream from its schema message, read by `read_exact(start,
+    end)` (two small reads, no record batch), or None where the file is in the file format
+    (its footer says more)."""
+    pa = require_pyarrow(url)
+    first = read_exact(0, 8)
+    if first[: len(FILE_MAGIC)] == FILE_MAGIC:
+        return None
+    if len(first) < 8:
+        raise _damaged(url, "header", ValueError(f"it holds {len(first)} bytes"))
+    # a message: 0xFFFFFFFF, then its metadata's length (older streams: the length alone)
+    size = int.from_bytes(first[4:8] if first[:4] == b"\xff" * 4 else first[:4], "little",
+                          signed=True)
+    start = 8 if first[:4] == b"\xff" * 4 else 4
+    try:
+        schema = pa.ipc.open_stream(pa.BufferReader(read_exact(0, start + size))).schema
+    except (OSError, ValueError) as err:
+        raise _damaged(url, "header", err) from err
+    return Layout((), tuple(schema.names), stream=True, counted=False)
 
 
 def layout(file: BinaryIO, url: str) -> Layout:
@@ -160,6 +186,17 @@ class Arrow(Columnar):
     suffixes = (".arrow",)
     summary = "Arrow IPC (stream or file format): record batches, read by row ranges"
     group_word = "record batch"
+
+    def settle(self, facts: FileFacts) -> Settled:
+        """A local file, or one read as one stream, is counted (`layout`); a remote one,
+        read by ranges, starts with its first bytes: a stream is not counted
+        (`stream_head`), the file format reads its footer."""
+        self.refuse_codec(facts)
+        if not facts.local and facts.read_exact is not None:
+            head = stream_head(facts.read_exact, facts.url)
+            if head is not None:
+                return Settled(self, layout=head)
+        return super().settle(facts)
 
     def layout_of(self, file: BinaryIO, url: str) -> Layout:
         return layout(file, url)

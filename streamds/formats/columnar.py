@@ -87,6 +87,9 @@ class Layout:
     groups: tuple[Group, ...]
     columns: tuple[str, ...]
     stream: bool = False  # an Arrow stream: no footer, groups are read in order
+    counted: bool = True  # False: rows unknown until read (a remote Arrow stream: no footer
+    # to say them, and counting would download it), so the file is one block, as a gzip
+    # file is, and `groups` is empty
 
     @property
     def rows(self) -> int:
@@ -215,7 +218,18 @@ class Watched(io.RawIOBase):
         return self._watch(self._raw.seek, offset, whence)
 
     def read(self, size: int = -1) -> bytes:  # type: ignore[override]
-        return self._watch(self._raw.read, size)
+        """`size` bytes, fewer only at the end: a stored file may answer a read short (a
+        stream read over HTTP), and pyarrow takes a short read for the file's end."""
+        data = self._watch(self._raw.read, size)
+        if size is None or size < 0 or len(data) >= size or not data:
+            return data
+        parts = [data]
+        while (got := sum(map(len, parts))) < size:
+            more = self._watch(self._raw.read, size - got)
+            if not more:
+                break
+            parts.append(more)
+        return b"".join(parts)
 
     def readinto(self, buffer: Any) -> int:
         data = self.read(len(buffer))
@@ -244,8 +258,10 @@ def storage_error(err: BaseException, file: Any) -> bool:
 
 FILE_PARTS = 64  # a file is cut into this many row ranges at least, as a text file is (the
 # plan's SPLITS_PER_FILE), so one file feeds many readers ...
-MAX_GROUP_PARTS = 16  # ... but one row group into this many at most: each range decodes the
-# rows before it in its group (Parquet has no row seek)
+MAX_GROUP_PARTS = 8  # ... but one row group into this many at most: each range decodes the
+# whole row group (Parquet has no row seek), and a shuffled epoch gives a reader its ranges of
+# one row group apart, so it decodes the row group once per range it owns (about parts /
+# readers times): 8 feeds 8 readers from a file of one row group at half the decoding of 16
 
 
 class Columnar(Format):
@@ -275,22 +291,28 @@ class Columnar(Format):
                 yield from self.rows_of(file, shard, start, end)
 
     def settle(self, facts: FileFacts) -> Settled:
+        self.refuse_codec(facts)
+        layout = facts.read(lambda file: self.layout_of(file, facts.url), "footer")
+        return Settled(self, layout=layout)
+
+    def refuse_codec(self, facts: FileFacts) -> None:
+        """Refuse a file compressed as a whole (after checking pyarrow is there)."""
         require_pyarrow(facts.url)
         if facts.codec is not None:
             raise ValueError(
                 f"{facts.url}: a {self.name} file compressed as a whole ({facts.codec}) cannot "
                 f"be read by row group; decompress it (its pages are compressed already)")
-        layout = facts.read(lambda file: self.layout_of(file, facts.url), "footer")
-        return Settled(self, layout=layout)
 
     def split_size(self, shard: Any) -> int:
-        return shard.size or 0
+        return (shard.size or 0) if shard.layout.counted else 0
 
     def blocks(self, index: int, shard: Any, piece: Piece) -> list[Block]:
         """Row ranges of `piece(size)` stored bytes' worth of rows, or of a FILE_PARTS-th of
         the file where that is fewer rows; a row group is cut into MAX_GROUP_PARTS ranges at
         most."""
         layout: Layout = shard.layout
+        if not layout.counted:
+            return [Block(index)]
         size = shard.size or 0
         by_bytes = math.ceil(layout.rows * piece(size) / size) if size else 1
         rows_piece = max(1, min(by_bytes, math.ceil(layout.rows / FILE_PARTS)))
@@ -302,6 +324,8 @@ class Columnar(Format):
                 for k, (start, end) in enumerate(ranges)]
 
     def listed_records(self, shard: Any, block: Block) -> int | None:
+        if not shard.layout.counted:
+            return None
         return (shard.layout.rows if block.end is None else block.end) - block.start
 
     def read_range(self, shard: Any, start: int, end: int | None, *, at_line: bool
@@ -317,13 +341,18 @@ class Columnar(Format):
     def read_block(self, opener: Opener, shard: Any, block: Block, block_id: int,
                    cursor: Cursor, read_size: int) -> Iterator[LineChunk]:
         """Records of rows [start, end) of the file, a chunk per batch; offsets are file row
-        numbers, labels name the row group (record batch)."""
+        numbers, labels name the row group (record batch). A file whose rows are not counted
+        is read from `first` to its end in one pass."""
         first = block.start if cursor.next_line is None else cursor.next_line
-        end = shard.layout.rows if block.end is None else block.end
+        counted = shard.layout.counted
+        end = shard.layout.rows if block.end is None and counted else block.end
         cursor.next_line = first
-        label = f"{self.group_word} {group_of(shard.layout, first)}"
+        label = (f"{self.group_word} {group_of(shard.layout, first)}" if counted
+                 else f"a {self.group_word} from row {first}")
         with closing(opener(shard, 0, None)) as stored:
-            for row, records in self.rows_of(stored, shard, first, end):
+            rows = (self.rows_of(stored, shard, first, end) if end is not None
+                    else self.rows_from(stored, shard, first))
+            for row, records in rows:
                 cursor.next_line = row + len(records)
                 yield LineChunk(block_id, list(range(row, row + len(records) + 1)), records,
                                 [label] * len(records))

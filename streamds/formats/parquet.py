@@ -35,7 +35,7 @@ __all__ = ["BATCH_ROWS", "FORMAT", "MAGIC", "Parquet", "layout", "read_rows"]
 MAGIC = b"PAR1"  # at the start and the end of every Parquet file
 BATCH_ROWS = 1024  # rows converted to records at a time: memory stays one row group's
 _FOOTERS: OrderedDict[Any, Any] = OrderedDict()  # file identity -> FileMetaData
-_FOOTERS_KEPT = 64
+_FOOTERS_GROUP = 64
 
 
 def _one_line(err: Exception) -> str:
@@ -65,7 +65,7 @@ def _metadata(file: BinaryIO, url: str, key: Any) -> Any:
         raise _damaged(url, "footer", err) from err
     if key is not None:
         _FOOTERS[key] = metadata
-        while len(_FOOTERS) > _FOOTERS_KEPT:
+        while len(_FOOTERS) > _FOOTERS_GROUP:
             _FOOTERS.popitem(last=False)
     return metadata
 
@@ -120,15 +120,16 @@ def read_rows(
         )
     rows = metadata.row_group(group).num_rows
     try:
-        reader = pa.parquet.ParquetFile(file, metadata=metadata)
         if (start, end) != (first, first + rows):  # a row range: slices of the decoded group
-            whole = _decoded_group(reader, (key, group, tuple(names)), group, names)
-            if whole.num_rows < end - first:
-                raise ValueError(f"it holds {whole.num_rows} rows, its footer says {rows}")
+            decoded = _decoded_group(lambda: pa.parquet.ParquetFile(file, metadata=metadata),
+                                     (key, group, tuple(names)), group, names)
+            if decoded.num_rows < end - first:
+                raise ValueError(f"it holds {decoded.num_rows} rows, its footer says {rows}")
             for at in range(start, end, batch_rows):
-                part = whole.slice(at - first, min(batch_rows, end - at))
+                part = decoded.slice(at - first, min(batch_rows, end - at))
                 yield at, records_of(part)
             return
+        reader = pa.parquet.ParquetFile(file, metadata=metadata)
         batches = reader.iter_batches(batch_size=batch_rows, row_groups=[group], columns=names,
                                       use_threads=False)
         row = first
@@ -153,12 +154,14 @@ _GROUP: list[Any] = [None, None]  # (key, group, columns) and its table: the las
 # into row ranges that this process decoded
 
 
-def _decoded_group(reader: Any, which: Any, group: int, names: list[str]) -> Any:
+def _decoded_group(open_reader: Any, which: Any, group: int, names: list[str]) -> Any:
     """Row group `group`'s `names` columns, decoded; the last one is kept, so a reader that
-    owns several row ranges of one row group decodes it once (memory: one row group)."""
+    owns several row ranges of it decodes it once (memory: one row group), and opens no
+    `ParquetFile` for the others (`open_reader` is called on a miss only)."""
     if which[0] is None or _GROUP[0] != which:
         _GROUP[:] = [None, None]  # let the last go before decoding the next
-        _GROUP[:] = [which, reader.read_row_group(group, columns=names, use_threads=False)]
+        table = open_reader().read_row_group(group, columns=names, use_threads=False)
+        _GROUP[:] = [which, table]
     return _GROUP[1]
 
 

@@ -74,6 +74,9 @@ class FileFacts:
     `read(fn)` opens the stored file, returns `fn(file)` and closes it; transient errors are
     retried by storage. `listed` is the entry of a streamds manifest beside the file that
     names it, with that manifest's format: (Format, `manifest.ShardEntry`), else None.
+    `read_exact(start, end)`: stored bytes [start, end) in one ranged read, nothing read
+    ahead (None where the file is read as one stream); `local`: the file is on this machine
+    (reading all of it is a disk read, not a download).
     """
 
     name: str  # the base name, a URL's query cut off
@@ -83,6 +86,8 @@ class FileFacts:
     on_error: str  # the dataset's policy: "raise" or "skip"
     read: Callable[[Callable[[BinaryIO], Any], str], Any]  # (fn, what) -> fn(stored file)
     listed: tuple[Format, Any] | None = None
+    read_exact: Callable[[int, int], bytes] | None = None
+    local: bool = False
 
 
 @dataclass(frozen=True)

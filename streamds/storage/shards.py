@@ -437,6 +437,17 @@ def _reader_of(fs: fsspec.AbstractFileSystem, path: str, url: str, retry: RetryP
     return read
 
 
+def _exact_reader_of(fs: fsspec.AbstractFileSystem, path: str, url: str, retry: RetryPolicy
+                     ) -> Callable[[int, int], bytes]:
+    """`FileFacts.read_exact`: stored bytes [start, end) in one ranged read, retried."""
+
+    def read_exact(start: int, end: int) -> bytes:
+        return retrying(lambda: fs.cat_file(path, start=start, end=end), retry,
+                        f"{url}: bytes {start}-{end}")
+
+    return read_exact
+
+
 def _shard_of(
     fs: fsspec.AbstractFileSystem, info: dict, given: str, known: dict, on_error: str,
     retry: RetryPolicy, answers: RangeAnswers, forced: Format | None = None,
@@ -458,7 +469,10 @@ def _shard_of(
     settled = fmt.settle(FileFacts(name=name, url=url, size=size if ranged else None,
                                    codec=codec, on_error=on_error,
                                    read=_reader_of(fs, path, url, retry),
-                                   listed=known.get(path) if ranged else None))
+                                   listed=known.get(path) if ranged else None,
+                                   read_exact=_exact_reader_of(fs, path, url, retry)
+                                   if ranged else None,
+                                   local=_is_local(fs)))
     return Shard(
         url=url, path=path, size=size, format=settled.format, codec=codec,
         frames=settled.frames, frame_records=settled.frame_records, checksum=settled.checksum,
