@@ -19,7 +19,7 @@ from torchdata.stateful_dataloader.incremental_state import _flatten
 
 import streamds.datasets.base as base
 from streamds import Mix, StreamingJsonl, counts_of, merge_states
-from streamds.stages.state import COMPACT, STAGE, compacted, expanded
+from streamds.stages.state import COMPACT, STAGE, compacted, expanded, expanded_within
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +109,13 @@ def test_a_loader_state_of_compact_workers_merges_counts_and_resumes(
     resumed.load_state_dict(state)
     rest = [i for batch in resumed for i in batch]
     assert seen + rest == whole
+
+
+def test_expanded_within_expands_each_compact_state_once_and_shares_the_rest() -> None:
+    tree = {"format": "streamds/3", "stage": "x", "positions": b"p" * 80, "n": 1}
+    plain = {"other": [1, 2], "n": 3}
+    loader = {"workers": [compacted(tree), plain], "step": 5}
+    found = expanded_within(loader)
+    assert found == {"workers": [tree, plain], "step": 5}
+    assert found["workers"][1] is plain  # (a merge finds nodes by id: one walk, one copy)
+    assert expanded_within(plain) is plain

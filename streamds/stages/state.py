@@ -77,6 +77,7 @@ __all__ = [
     "check_worlds",
     "compacted",
     "expanded",
+    "expanded_within",
     "find_nodes",
     "nested",
     "refuse_other_version",
@@ -369,3 +370,19 @@ def expanded(state: Any) -> Any:
             node = node[key]
         node[last] = copy.deepcopy(value)
     return tree
+
+
+def expanded_within(found: Any) -> Any:
+    """`found` (a loader's state, a list of them) with every compact state in it expanded,
+    once: containers holding one are copied, the rest is shared."""
+    if isinstance(found, dict):
+        if found.get(STAGE) == COMPACT:
+            return expanded(found)
+        inner = {key: expanded_within(value) for key, value in found.items()}
+        return found if all(inner[key] is value for key, value in found.items()) else inner
+    if isinstance(found, (list, tuple)):
+        inner_items = [expanded_within(value) for value in found]
+        if all(new is old for new, old in zip(inner_items, found, strict=True)):
+            return found
+        return inner_items if isinstance(found, list) else tuple(inner_items)
+    return found
