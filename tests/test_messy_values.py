@@ -20,7 +20,7 @@ from streamds.errors import CorruptRecordError
 from streamds.formats import values
 from streamds.formats.samples import TarSampleError
 from streamds.preprocess.convert import ConversionError, convert
-from streamds.stages.parse_later import LineBatch, MalformedLine, parse_payload
+from streamds.stages.parse_later import LineBatch, MalformedLine, parse_payload, payload_pieces
 
 BIG = 123456789012345678901234567890
 RECORDS = [{"pmid": BIG}, {"n": -9223372036854775809}, {"n": 18446744073709551616},
@@ -77,24 +77,17 @@ def test_reader_keeps_big_ints_and_surrogates(tmp_path, name):
 
 def test_main_process_parsing_keeps_big_ints(tmp_path):
     """The lines a worker hands over (`parse_later`) are parsed exactly too."""
-    import marshal
-    from array import array
-
     lines = [json.dumps(r).encode() for r in RECORDS]
-    payload = marshal.dumps((lines, array("q", [0] * len(lines)).tobytes(),
-                             array("q", range(len(lines))).tobytes(), {0: "x.jsonl"}))
+    payload = b"".join(payload_pieces(lines, [0] * len(lines), range(len(lines)),
+                                      {0: "x.jsonl"}))
     _same(list(parse_payload(payload).records), RECORDS)
     batch = LineBatch(lines, [0] * len(lines), list(range(len(lines))), where=None)  # type: ignore[arg-type]
     _same(batch.records, RECORDS)
 
 
 def test_main_process_parsing_refuses_a_non_object_line():
-    import marshal
-    from array import array
-
     lines = [b'{"a": 1}', b"[1, 2]"]
-    payload = marshal.dumps((lines, array("q", [0, 0]).tobytes(),
-                             array("q", [0, 9]).tobytes(), {0: "memory://x.jsonl"}))
+    payload = b"".join(payload_pieces(lines, [0, 0], [0, 9], {0: "memory://x.jsonl"}))
     got = parse_payload(payload)
     assert isinstance(got, MalformedLine)
     assert "holds a JSON array, not a JSON object" in got.exc_msg and "byte offset 9" in got.exc_msg

@@ -231,6 +231,8 @@ def shift_reader_offsets(found: Any, data: bytes) -> int:
     """Move the position of every started, unshuffled reader state in `found` one line on."""
     moved = 0
     if isinstance(found, dict):
+        if found.get("stage") == "compact":  # a worker's state: the tree with long values apart
+            return shift_reader_offsets(found["tree"][0], data)
         if found.get("format") == STATE_FORMAT:
             position = found["pipeline"]
             if position is None:

@@ -34,13 +34,19 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar, Self
 
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
 
 from ..checks import check_int, size_setting
 from ..stages.batch import records_from_user_steps
 from ..stages.buckets import Rule
 from ..stages.packing import PackTokens
-from ..stages.state import Positioned, check_epoch_change, refuse_other_version
+from ..stages.state import (
+    Positioned,
+    check_epoch_change,
+    compacted,
+    expanded,
+    refuse_other_version,
+)
 from ..stages.transform import BatchedMap, Step, apply_steps
 from ..train.loader import Loader
 from .callers import loader_len_call
@@ -51,6 +57,11 @@ __all__ = ["METHODS", "StreamdsDataset", "batches_of"]
 # what every dataset type offers (a test holds each type to it)
 METHODS = ("map", "filter", "batch", "pack", "cache", "loader", "set_epoch", "state_dict",
            "load_state_dict", "with_resume")
+
+
+# a worker's state_dict() is being taken: states taken inside it (of a mix's sources, of a
+# batcher's source) stay trees and only the outermost comes compact
+_taking = False
 
 
 def batches_of(items: int, size: int, drop_last: bool) -> int:
@@ -327,8 +338,20 @@ class StreamdsDataset(IterableDataset):
         of its stages' nodes with the format version at the top, cheap to take after every
         item (small integers and positions, never records). Before the first `iter()`, where
         that iterator will start (a loaded state, a merged state, a fresh epoch): taking it
-        reads no data and refuses nothing, and loading it starts the same way."""
-        return self._state()
+        reads no data and refuses nothing, and loading it starts the same way.
+
+        In a DataLoader worker the state comes compact (`streamds.stages.state.compacted`):
+        StatefulDataLoader takes it after every batch and walks every key of it, in the worker
+        and in the main process. Every streamds function that reads states takes either
+        form. A state taken inside another's (a mix's sources) stays a tree."""
+        global _taking
+        if _taking or get_worker_info() is None:
+            return self._state()
+        _taking = True  # the sources' states, taken inside this one, stay trees
+        try:
+            return compacted(self._state())
+        finally:
+            _taking = False
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state` at the next `iter()`; a state of another streamds version
@@ -337,7 +360,7 @@ class StreamdsDataset(IterableDataset):
         epoch to `set_epoch` (the next iterator of that epoch yields nothing)."""
         if isinstance(state, dict):
             refuse_other_version(state)
-        self._load(state)
+        self._load(expanded(state))
 
     def with_resume(self, merged: dict[str, Any]) -> Self:
         """A copy that finishes the epoch of `merged` (`streamds.merge_states` of the states

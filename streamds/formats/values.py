@@ -59,16 +59,16 @@ _NUMPY_FROM = 8 << 10  # bytes from which numpy takes the sample faster than byt
 _SNIPPET = 80  # bytes of a bad line quoted in a message
 
 
-def _sample_has_run(data: bytes) -> bool:
+def _sample_has_run(data: bytes | memoryview) -> bool:
     """Whether three neighbouring bytes of the sample of every `_STRIDE`th byte of `data`
     are digits (numpy's vector loops for a chunk, bytes methods for a line)."""
     if len(data) < _NUMPY_FROM:
-        return data[::_STRIDE].translate(_CLASSES).find(_SAMPLED) >= 0
+        return bytes(data[::_STRIDE]).translate(_CLASSES).find(_SAMPLED) >= 0
     digits = (np.frombuffer(data, np.uint8)[::_STRIDE] - 0x30) < 10  # below "0" wraps
     return bool((digits[:-2] & digits[1:-1] & digits[2:]).any())
 
 
-def big_int_starts(data: bytes) -> list[int]:
+def big_int_starts(data: bytes | memoryview) -> list[int]:
     """Where in `data` each run of `BIG_INT_DIGITS` or more digits begins that follows no
     digit, ``.``, ``e`` or ``E``: each integer orjson may read as a float (the run may also
     be digits in a string, or a float's integer part: `json` then reads the same values).
@@ -77,7 +77,7 @@ def big_int_starts(data: bytes) -> list[int]:
     chance (a float's 17 digits may), and only data with such a sample is searched whole."""
     if not _sample_has_run(data):
         return []
-    classes = data.translate(_CLASSES)
+    classes = bytes(data).translate(_CLASSES)  # (data may be a memoryview: a ring's pages)
     starts = [0] if classes.startswith(_RUN) else []
     at = classes.find(_AFTER_OTHER)
     while at >= 0:
@@ -167,7 +167,7 @@ def try_loads(data: bytes | memoryview) -> tuple[Any, orjson.JSONDecodeError | N
         return None, err
 
 
-def loads_many(lines: Sequence[bytes], data: bytes | None = None,
+def loads_many(lines: Sequence[bytes], data: bytes | memoryview | None = None,
                ends: Sequence[int] | None = None) -> tuple[list[Any], bool]:
     """``[loads(line) for line in lines]`` at orjson's speed, and whether every value is a
     record (a JSON object). One search over all the lines finds big integers

@@ -45,6 +45,7 @@ from ..stages.state import (
     STATE_FORMAT,
     ReaderState,
     check_worlds,
+    expanded_within,
     find_nodes,
     nested,
     sealed,
@@ -250,6 +251,8 @@ def merge_states(states: Any) -> dict[str, Any]:
     corpus; the only records read twice are the old world's pad repeats handed out before the
     checkpoint (its uninterrupted epoch repeats them as well).
     """
+    # workers' compact states expanded once: the walks below find the same nodes (by id)
+    states = expanded_within(states)
     _check_batchers(states)
     handed_after = _handed_after(states)  # id(reader node) -> records handed out since
     # stages that merge their own nodes (each merges what it nests through `_merge_sources`);

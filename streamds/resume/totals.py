@@ -13,7 +13,7 @@ from typing import Any
 
 from ..stages.mixing import MixStage
 from ..stages.packing import PACK_COUNTERS, PackStage
-from ..stages.state import READER, ReaderState, refuse_other_version, stage_of
+from ..stages.state import READER, ReaderState, expanded, refuse_other_version, stage_of
 from .merge import (
     COUNTERS,
     MERGED_MIX,
@@ -57,6 +57,7 @@ def counts_of(state: Any) -> dict[str, int]:
 def _add(found: Any, totals: Counter[str]) -> None:
     if isinstance(found, dict):
         refuse_other_version(found)
+        found = expanded(found)
         kind = stage_of(found)
         if kind == READER:
             totals.update(ReaderState.counts_of(found))

@@ -30,7 +30,9 @@ import marshal
 from array import array
 from collections import Counter
 from collections.abc import Sequence
+from itertools import accumulate
 from multiprocessing.reduction import ForkingPickler
+from struct import Struct
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -49,7 +51,8 @@ from .parse import BLANK, LineNumbers, Parse, cut_bom, describe_bad
 if TYPE_CHECKING:
     from .description import ReaderDescription
 
-__all__ = ["LineBatch", "MalformedLine", "ParseLater", "parses_later"]
+__all__ = ["LineBatch", "MalformedLine", "ParseLater", "parse_payload", "parses_later",
+           "payload_pieces"]
 
 
 def parses_later(spec: ReaderDescription, collate: Any) -> bool:
@@ -168,6 +171,10 @@ class MalformedLine(ExceptionWrapper):
 
 # -- across the worker's queue: the lines, and where they came from, for errors -------------
 
+# a payload: the header's length, the header (marshalled: where each line ends, blocks,
+# offsets, urls), then the lines with a "\n" between
+_LENGTH = Struct("<Q")
+
 def _reduce_for_queue(batch: LineBatch) -> tuple[Any, ...]:
     if get_worker_info() is None:  # not on the way from a DataLoader worker
         return (RecordBatch, (batch.records,))
@@ -175,15 +182,29 @@ def _reduce_for_queue(batch: LineBatch) -> tuple[Any, ...]:
         return reduce_records_in_worker(batch.records)
     blocks = batch.blocks
     urls = {block: batch.where.url(block) for block in set(blocks)}
-    payload = marshal.dumps((batch.lines, array("q", blocks).tobytes(),
-                             array("q", batch.offsets).tobytes(), urls))
-    entry = shm_ring.put(payload)
+    pieces = payload_pieces(batch.lines, blocks, batch.offsets, urls)
+    entry = shm_ring.put(*pieces)
     if entry is None:
-        return (_parsed_from_bytes, (payload,))
+        return (_parsed_from_bytes, (b"".join(pieces),))
     return (_parsed_from_ring, (entry,))
 
 
 ForkingPickler.register(LineBatch, _reduce_for_queue)
+
+
+def payload_pieces(lines: Sequence[bytes], blocks: Sequence[int], offsets: Sequence[int],
+                   urls: dict[int, str]) -> list[bytes]:
+    """A batch's payload, in pieces that go into the ring one after another: the header
+    (where each line ends, blocks, offsets, urls), then the lines joined with a "\n" between
+    (joined here, where a CPU is spare; not marshalled), so the main process (the bottleneck
+    with workers) reads them in place: orjson and the big-integer search read the shared
+    pages directly, and no line is copied out of them."""
+    ends = array("q", accumulate(map(len, lines)))
+    for index in range(1, len(ends)):
+        ends[index] += index  # each line's "\n" before the next
+    header = marshal.dumps((ends.tobytes(), array("q", blocks).tobytes(),
+                            array("q", offsets).tobytes(), urls))
+    return [_LENGTH.pack(len(header)), header, b"\n".join(lines)]
 
 
 def _parsed_from_ring(entry: shm_ring.Entry) -> RecordBatch | MalformedLine:
@@ -197,8 +218,11 @@ def _parsed_from_bytes(payload: bytes) -> RecordBatch | MalformedLine:
 def parse_payload(payload: bytes | memoryview) -> RecordBatch | MalformedLine:
     """A `LineBatch`'s payload -> its records; a `MalformedLine` if a line is malformed (an
     error raised here, while the DataLoader unpickles, would stop a pin-memory thread)."""
-    lines, blocks, offsets, urls = marshal.loads(payload)
-    records, bad = _records(lines, offsets)
+    (length,) = _LENGTH.unpack_from(payload)
+    header = _LENGTH.size + length
+    ends, blocks, offsets, urls = marshal.loads(payload[_LENGTH.size : header])
+    with memoryview(payload)[header:] as data:  # (a view of the ring's pages: released here)
+        records, bad = _joined_records(data, _unpack(ends), offsets)
     if bad is None:
         return RecordBatch(records)
     index, what = bad
@@ -224,6 +248,21 @@ def _line_of_local(url: str, offset: int) -> int | None:
     except (OSError, ValueError):
         return None
     return None if missing else newlines + 1
+
+
+def _joined_records(data: bytes | memoryview, ends: Sequence[int], offsets: bytes
+                    ) -> tuple[list[Any], tuple[int, str] | None]:
+    """`_records` of the lines joined into `data` (each ends where `ends` says; the ring's
+    shared pages), read in place; the lines are copied out only to find a bad one."""
+    try:
+        records, whole = values.loads_many((), data, ends)
+        if whole:
+            return records, None
+    except orjson.JSONDecodeError:
+        pass
+    begins = [0, *(end + 1 for end in ends)]
+    return _records([bytes(data[begin:end]) for begin, end in zip(begins, ends, strict=False)],
+                    offsets)
 
 
 def _records(lines: Sequence[bytes], offsets: Sequence[int] | bytes

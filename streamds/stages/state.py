@@ -33,10 +33,27 @@ saves (`sealed`); every node of the tree says which stage it is (its "stage" key
 nested in another's state (a mix's sources, a packed dataset's source) carries no format of
 its own (`nested` strips it, `unnested` puts it back to load the node on its own). A state
 that carries another streamds format is refused as one (`refuse_other_version`).
+
+A state taken in a DataLoader worker travels *compact* (`compacted`): torchdata's
+StatefulDataLoader takes it after every batch and walks every key of it, in the worker
+(flatten, compare with the last one) and in the main process (rebuild, once per worker and
+batch), which for a ~40-key tree cost twice what torchdata's own per-batch work does. The
+compact form is plain values with four keys, so torchdata's walks are a few steps::
+
+    {"format": "streamds/3", "stage": "compact",
+     "tree": [<the state, values that ride apart set to None>],  # a list: a leaf to torchdata
+     "apart": [[path, value], ...]}
+
+Long values (a shuffle buffer's packed positions) and subtrees that are the same object as at
+the last batch (a reader's fingerprint, a shuffle's snapshot) ride apart: torchdata sends only
+what changed since the last batch, so they travel when they change and the tree, which does
+change, is small. Every reader of states takes either form (`expanded`): `find_nodes`,
+`nested`, `load_state_dict`, `counts_of`.
 """
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -47,6 +64,7 @@ from ..world import World
 from .chunks import STAGE, Position, WorkItem, counts_in
 
 __all__ = [
+    "COMPACT",
     "FORMAT",
     "READER",
     "STAGE",
@@ -57,6 +75,9 @@ __all__ = [
     "check_node",
     "check_state",
     "check_worlds",
+    "compacted",
+    "expanded",
+    "expanded_within",
     "find_nodes",
     "nested",
     "refuse_other_version",
@@ -69,6 +90,12 @@ __all__ = [
 STATE_FORMAT = "streamds/3"
 FORMAT = "format"  # the key that carries it
 READER = "reader"  # the stage of a reader's state (`ReaderState`)
+COMPACT = "compact"  # the stage of a state in its compact form (`compacted`)
+_TREE, _APART = "tree", "apart"  # the keys of a compact state
+LONG_VALUE = 64  # items (bytes, list entries) from which a value rides apart
+# kept in the tree without a look (a long string is part of a subtree that rides apart whole:
+# a fingerprint's file listing)
+_SCALARS = frozenset((int, bool, float, str, type(None)))
 _KEYS = ("format", "stage", "fingerprint", "epoch", "world", "plan", "seat", "work", "prefill",
          "carried", "quota", "finished", "pipeline")
 
@@ -231,6 +258,7 @@ def sealed(node: dict[str, Any]) -> dict[str, Any]:
 def nested(state: Any) -> Any:
     """A state to nest inside another stage's: a streamds state loses its format (the top of
     the tree carries it); any other object's state (a user's source) stays as it is."""
+    state = expanded(state)
     if isinstance(state, dict) and STAGE in state:
         refuse_other_version(state)
         return {k: v for k, v in state.items() if k != FORMAT}
@@ -258,6 +286,7 @@ def find_nodes(found: Any, stages: tuple[str, ...]) -> Iterator[dict[str, Any]]:
     on the way is refused."""
     if isinstance(found, dict):
         refuse_other_version(found)
+        found = expanded(found)
         if stage_of(found) in stages:
             yield found
             return
@@ -282,3 +311,78 @@ def check_worlds(worlds: list[World]) -> None:
             f"{missing}, unexpected or repeated: {extra or 'duplicates'}; pass the loader "
             "states of every rank"
         )
+
+
+def compacted(state: dict[str, Any]) -> dict[str, Any]:
+    """`state` (a top-level state, with its format) in its compact form, sharing its values
+    (no copy). A subtree that the last compaction met (the same object) and found with
+    nothing apart is not walked again: it rides apart whole. The nodes stages return are
+    never changed afterwards (torchdata keeps the last state and compares the next with it,
+    so a node changed in place would go unseen anyway)."""
+    global _last_walk
+    apart: list[list[Any]] = []
+    walk: dict[int, tuple[Any, bool]] = {}
+    tree = _short(state, (), apart, walk)
+    _last_walk = walk
+    return {FORMAT: STATE_FORMAT, STAGE: COMPACT, _TREE: [tree], _APART: apart}
+
+
+# id(subtree) -> (subtree, whether anything in it rode apart), of the last `compacted`
+_last_walk: dict[int, tuple[Any, bool]] = {}
+
+
+def _short(value: Any, path: tuple[Any, ...], apart: list[list[Any]],
+           walk: dict[int, tuple[Any, bool]]) -> Any:
+    """`value` with what rides apart moved into `apart` (as [path, value]) and set to None.
+    Scalars are kept without a call: this runs after every batch in every worker."""
+    if isinstance(value, dict):
+        known = _last_walk.get(id(value))
+        if known is not None and known[0] is value and not known[1] and path:
+            walk[id(value)] = known  # unchanged since the last batch: it rides apart
+            apart.append([list(path), value])
+            return None
+        before = len(apart)
+        short = {key: item if type(item) in _SCALARS else _short(item, (*path, key), apart, walk)
+                 for key, item in value.items()}
+        walk[id(value)] = (value, len(apart) > before)
+        return short if len(apart) > before else value
+    if isinstance(value, (bytes, list, tuple)) and len(value) >= LONG_VALUE:
+        apart.append([list(path), value])
+        return None
+    if isinstance(value, list):
+        return [item if type(item) in _SCALARS else _short(item, (*path, index), apart, walk)
+                for index, item in enumerate(value)]
+    return value
+
+
+def expanded(state: Any) -> Any:
+    """`state` as `state_dict()` outside a worker returns it: a compact state expanded (a
+    copy: the loader keeps the compact one), anything else as it is."""
+    if not isinstance(state, dict) or state.get(STAGE) != COMPACT:
+        return state
+    refuse_other_version(state)
+    check_node(state, COMPACT, frozenset((FORMAT, STAGE, _TREE, _APART)), "compact")
+    tree = copy.deepcopy(state[_TREE][0])
+    for path, value in state[_APART]:
+        *parents, last = path
+        node = tree
+        for key in parents:
+            node = node[key]
+        node[last] = copy.deepcopy(value)
+    return tree
+
+
+def expanded_within(found: Any) -> Any:
+    """`found` (a loader's state, a list of them) with every compact state in it expanded,
+    once: containers holding one are copied, the rest is shared."""
+    if isinstance(found, dict):
+        if found.get(STAGE) == COMPACT:
+            return expanded(found)
+        inner = {key: expanded_within(value) for key, value in found.items()}
+        return found if all(inner[key] is value for key, value in found.items()) else inner
+    if isinstance(found, (list, tuple)):
+        inner_items = [expanded_within(value) for value in found]
+        if all(new is old for new, old in zip(inner_items, found, strict=True)):
+            return found
+        return inner_items if isinstance(found, list) else tuple(inner_items)
+    return found
