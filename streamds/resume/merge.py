@@ -50,7 +50,7 @@ from ..stages.state import (
     sealed,
 )
 from ..stages.transform import Composed, Step
-from ..storage.plan import Plan
+from ..storage.plan import Plan, deal_position, run_bounds
 from ..world import World
 from .identity import differences
 from .replay import NEW, replay
@@ -635,17 +635,20 @@ def share_of(merged: dict[str, Any], world: World, sizes: Sequence[int] | None =
     in a shuffle buffer, put back into this reader's), and (for reader 0 only) the counts
     carried over.
 
-    Work items are dealt in turn; with `sizes` (the records of each remaining item, known
-    under even_ranks) by record count instead, largest first to the reader holding the
-    fewest, so that the readers' shares differ by as little as whole items allow: even
-    ranks then pad (repeat) as few records as the remaining tails permit, instead of
-    whatever a deal in turn leaves uneven."""
+    Work items are dealt as a plan deals blocks (`streamds.storage.plan.assign`): each
+    reader a contiguous run, so that the rest of a row group stays with one reader; with
+    `sizes` (the records of each remaining item, known under even_ranks) by record count
+    instead, largest first to the reader holding the fewest, so that the readers' shares
+    differ by as little as whole items allow: even ranks then pad (repeat) as few records
+    as the remaining tails permit, instead of whatever a deal by item count leaves uneven.
+    Buffered records are dealt in turn."""
     step, first = world.readers, world.reader
     remaining = merged["remaining"]
     prefill = [(b, o) for b, o in merged["pending"][first::step]]
     counts = merged["counts"] if first == 0 else {}
     if sizes is None:
-        work = [(b, s) for b, s in remaining[first::step]]
+        start, stop = run_bounds(len(remaining), step, deal_position(world))
+        work = [(b, s) for b, s in remaining[start:stop]]
         return work, prefill, dict(counts)
     pending = len(merged["pending"])
     loads = [pending // step + (reader < pending % step) for reader in range(step)]
