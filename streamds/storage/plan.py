@@ -29,7 +29,7 @@ from .shards import Shard
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE", "Block", "Plan", "assign", "deal_position", "epoch_order",
-    "make_blocks", "position_of", "reader_at", "run_bounds", "small_corpus_piece",
+    "make_blocks", "reader_at", "run_bounds", "small_corpus_piece",
 ]
 
 DEFAULT_BLOCK_SIZE = 8 << 20  # decoded bytes per block of a large file
@@ -107,24 +107,14 @@ def run_bounds(num_blocks: int, readers: int, position: int) -> tuple[int, int]:
 
     The order is cut into `readers` contiguous runs whose lengths differ by at most one, the
     longer runs first; with fewer blocks than readers the runs from `num_blocks` on are
-    empty. A reader owns a run, not every `readers`-th block, because the ranges of one
-    Parquet row group (or frames of one zstd file) are neighbours in corpus order: a reader
-    owning them all decodes the row group once, where an interleaved deal made every reader
-    decode it (a row group has no row seek).
+    empty. A reader owns a run, not every `readers`-th block, because the row ranges of one
+    Parquet row group are neighbours in corpus order: a reader owning them all decodes the
+    row group once, where an interleaved deal made every reader decode it (a row group has
+    no row seek).
     """
     base, longer = divmod(num_blocks, readers)
     start = position * base + min(position, longer)
     return start, start + base + (position < longer)
-
-
-def position_of(index: int, num_blocks: int, readers: int) -> int:
-    """The position (`deal_position`) of the reader owning the `index`-th block of the
-    order: the inverse of `run_bounds`."""
-    base, longer = divmod(num_blocks, readers)
-    in_longer = longer * (base + 1)  # blocks in the longer runs, which come first
-    if index < in_longer:
-        return index // (base + 1)
-    return longer + (index - in_longer) // base
 
 
 def assign(order: Sequence[int], world: World) -> list[int]:
@@ -166,7 +156,7 @@ class Plan:
         """Records every reader of `world`'s size owns this epoch, indexed by `World.reader`."""
         totals = [0] * world.readers
         order = self.order(epoch)
-        for index, block in enumerate(order):
-            position = position_of(index, len(order), world.readers)
-            totals[reader_at(position, world)] += block_counts[block]
+        for position in range(world.readers):
+            start, stop = run_bounds(len(order), world.readers, position)
+            totals[reader_at(position, world)] = sum(block_counts[b] for b in order[start:stop])
         return totals
