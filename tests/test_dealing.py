@@ -20,6 +20,7 @@ from test_parquet import assert_exactly_once, fake_worker, write_parquet_files
 
 from streamds import StreamingJsonl
 from streamds.formats import parquet
+from streamds.resume.merge import share_of
 from streamds.storage.plan import Plan, assign, deal_position, epoch_order, reader_at
 from streamds.world import World
 
@@ -85,3 +86,18 @@ def test_two_workers_each_decode_only_their_row_groups():
     assert_exactly_once(parts, ids)
     assert decoded == {0: 2, 1: 2}, decoded
 
+
+
+@given(items=st.integers(0, 40), world_size=st.integers(1, 3), num_workers=st.integers(1, 3))
+def test_an_elastic_resume_deals_the_remaining_work_as_runs_too(items, world_size,
+                                                                 num_workers):
+    """`merge_states`' remaining work goes to the new world as a plan's blocks do: the rest
+    of one row group stays with one reader."""
+    remaining = [[block, None] for block in range(items)]
+    merged = {"remaining": remaining, "pending": [], "counts": {}}
+    runs = {deal_position(world): share_of(merged, world)[0]
+            for world in worlds(world_size, num_workers)}
+    assert [block for position in sorted(runs) for block, _ in runs[position]] == \
+        list(range(items))
+    sizes = [len(runs[position]) for position in sorted(runs)]
+    assert max(sizes) - min(sizes) <= 1
