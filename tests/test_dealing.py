@@ -1,8 +1,9 @@
-"""Dealing: each reader owns one contiguous run of the epoch's block order.
+"""Dealing: blocks go to the readers in turn, or, for Parquet, in contiguous runs.
 
-Neighbouring blocks (the row ranges of one Parquet row group, the frames of one zstd file)
-then go to one reader, which decodes what they share once; an interleaved deal made every
-reader decode every row group (issue 35). Exactly once over any world is
+In turn, the readers' record counts even out where record sizes drift along the corpus. A
+Parquet reader owns a run of the epoch's order, so the row ranges of one row group go to one
+reader, which decodes the row group once; a deal in turn made every reader decode every row
+group (issue 35). Exactly once over any world is
 `test_guarantees.py::test_assign_gives_every_block_to_exactly_one_reader`.
 """
 
@@ -35,7 +36,7 @@ def worlds(world_size: int, num_workers: int) -> list[World]:
 def test_each_reader_owns_a_contiguous_run_in_deal_order(
         num_blocks, world_size, num_workers, shuffle, epoch):
     order = epoch_order(num_blocks, seed=7, epoch=epoch, shuffle=shuffle)
-    runs = {deal_position(world): assign(order, world)
+    runs = {deal_position(world): assign(order, world, runs=True)
             for world in worlds(world_size, num_workers)}
     # the runs, taken in deal position order, are the order itself: contiguous, in turn
     assert [block for position in sorted(runs) for block in runs[position]] == order
@@ -47,12 +48,29 @@ def test_each_reader_owns_a_contiguous_run_in_deal_order(
         assert sizes == [1] * num_blocks + [0] * (len(sizes) - num_blocks)
 
 
+@given(num_blocks=st.integers(0, 200), world_size=st.integers(1, 4),
+       num_workers=st.integers(1, 4), shuffle=st.booleans(), epoch=st.integers(0, 3))
+def test_without_runs_each_reader_owns_every_readers_th_block_from_its_turn(
+        num_blocks, world_size, num_workers, shuffle, epoch):
+    order = epoch_order(num_blocks, seed=7, epoch=epoch, shuffle=shuffle)
+    readers = world_size * num_workers
+    for world in worlds(world_size, num_workers):
+        assert assign(order, world) == order[deal_position(world)::readers]
+
+
+def test_a_parquet_corpus_is_dealt_in_runs_and_lines_in_turn(tmp_path):
+    write_parquet_files(tmp_path / "pq", [[100, 100]])
+    (tmp_path / "lines.jsonl").write_text("".join(f'{{"id": {i}}}\n' for i in range(10)))
+    assert StreamingJsonl(tmp_path / "pq")._plan.runs
+    assert not StreamingJsonl(tmp_path / "lines.jsonl")._plan.runs
+
+
 @given(num_blocks=st.integers(0, 120), world_size=st.integers(1, 4),
-       num_workers=st.integers(1, 4), shuffle=st.booleans())
+       num_workers=st.integers(1, 4), shuffle=st.booleans(), runs=st.booleans())
 def test_reader_records_and_work_tell_one_ownership(num_blocks, world_size, num_workers,
-                                                      shuffle):
+                                                      shuffle, runs):
     """`Plan.reader_records` (len, even_ranks quotas) counts what `Plan.work` reads."""
-    plan = Plan(num_blocks, seed=3, shuffle=shuffle)
+    plan = Plan(num_blocks, seed=3, shuffle=shuffle, runs=runs)
     counts = [(block * 7919) % 13 + 1 for block in range(num_blocks)]
     world = World(0, world_size, 0, num_workers)
     totals = plan.reader_records(1, world, counts)
@@ -85,7 +103,6 @@ def test_two_workers_each_decode_only_their_row_groups():
                 parts.append([record["id"] for record in ds])
     assert_exactly_once(parts, ids)
     assert decoded == {0: 2, 1: 2}, decoded
-
 
 
 @given(items=st.integers(0, 40), world_size=st.integers(1, 3), num_workers=st.integers(1, 3))

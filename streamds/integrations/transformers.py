@@ -152,8 +152,8 @@ class EpochLoader(DataLoader):
 class EpochStream(IterableDataset):
     """Epoch after epoch of `dataset` from its current epoch on, without end (no len).
 
-    A reader that gets no record in two epochs in a row is refused: the readers' runs of
-    blocks follow their index, so one that owns none now owns none in any epoch, and streaming
+    A reader that gets no record in two epochs in a row is refused: the blocks a reader
+    owns follow its index, so one that owns none now owns none in any epoch, and streaming
     empty epochs would wait forever (a corpus of fewer blocks than readers)."""
 
     def __init__(self, dataset: Any) -> None:

@@ -103,7 +103,7 @@ def empty_rank(num_blocks: int, world: World, *, corpus_bytes: int | None) -> st
     """What is wrong when this reader's rank owns no block of the epoch (None: it owns some).
     `corpus_bytes`: None where a file's size is unknown (an HTTP server that does not say).
 
-    Each reader owns a run of the epoch's blocks, the runs going worker-major
+    Blocks (or, for Parquet, runs of them) are dealt worker-major
     (`streamds.storage.plan.assign`), so rank r owns a block exactly when there are more
     blocks than r.
     """

@@ -107,23 +107,28 @@ def run_bounds(num_blocks: int, readers: int, position: int) -> tuple[int, int]:
 
     The order is cut into `readers` contiguous runs whose lengths differ by at most one, the
     longer runs first; with fewer blocks than readers the runs from `num_blocks` on are
-    empty. A reader owns a run, not every `readers`-th block, because the row ranges of one
-    Parquet row group are neighbours in corpus order: a reader owning them all decodes the
-    row group once, where an interleaved deal made every reader decode it (a row group has
-    no row seek).
+    empty. Parquet corpora are dealt so (`assign`): the row ranges of one row group are
+    neighbours in corpus order, and a reader owning them all decodes the row group once,
+    where a deal in turn made every reader decode it (a row group has no row seek).
     """
     base, longer = divmod(num_blocks, readers)
     start = position * base + min(position, longer)
     return start, start + base + (position < longer)
 
 
-def assign(order: Sequence[int], world: World) -> list[int]:
-    """The block ids this reader owns: its contiguous run of `order` (`run_bounds`), the
-    runs taken in turn by `deal_position`.
+def assign(order: Sequence[int], world: World, runs: bool = False) -> list[int]:
+    """The block ids this reader owns, from its place in the deal (`deal_position`): every
+    `readers`-th block of `order` (in turn), or with `runs` its contiguous run of `order`
+    (`run_bounds`).
 
-    Every block goes to exactly one reader of the world, also when there are fewer blocks
-    than readers (then some readers get none: workers past the first of a rank first).
+    In turn is the default: the readers' record counts then even out wherever record sizes
+    drift along a corpus (small records first, long ones later), which even ranks need.
+    Runs are for formats whose neighbouring blocks share decoding (`Format.shared_decoding`).
+    Either way every block goes to exactly one reader of the world, also when there are fewer
+    blocks than readers (then some readers get none: workers past the first of a rank first).
     """
+    if not runs:
+        return list(order[deal_position(world) :: world.readers])
     start, stop = run_bounds(len(order), world.readers, deal_position(world))
     return list(order[start:stop])
 
@@ -144,18 +149,27 @@ class Plan:
     num_blocks: int
     seed: int
     shuffle: bool
+    runs: bool = False  # deal each reader a contiguous run, not every readers-th block
+
+    def described(self) -> tuple[int, int, bool, bool]:
+        """The plan as a state holds it (`ReaderState.plan`): ``Plan(*described)`` is it."""
+        return (self.num_blocks, self.seed, self.shuffle, self.runs)
 
     def order(self, epoch: int) -> tuple[int, ...]:
         return _cached_order(self.num_blocks, self.seed, epoch, self.shuffle)
 
     def work(self, epoch: int, world: World) -> list[tuple[int, int | None]]:
         """(block id, None) items of one reader, in reading order."""
-        return [(block, None) for block in assign(self.order(epoch), world)]
+        return [(block, None) for block in assign(self.order(epoch), world, self.runs)]
 
     def reader_records(self, epoch: int, world: World, block_counts: Sequence[int]) -> list[int]:
         """Records every reader of `world`'s size owns this epoch, indexed by `World.reader`."""
         totals = [0] * world.readers
         order = self.order(epoch)
+        if not self.runs:
+            for index, block in enumerate(order):
+                totals[reader_at(index % world.readers, world)] += block_counts[block]
+            return totals
         for position in range(world.readers):
             start, stop = run_bounds(len(order), world.readers, position)
             totals[reader_at(position, world)] = sum(block_counts[b] for b in order[start:stop])
