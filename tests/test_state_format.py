@@ -103,7 +103,7 @@ FAMILIES = [
     ("mix", mix, "streamds.mix/1", "mix"),
     ("packed", packed, "streamds/2", "packed"),
     ("batcher", batcher, "streamds.batches/2", "batches"),
-    ("rebatch", rebatch, "streamds/4", "rebatch"),
+    ("rebatch", rebatch, "streamds/3", "rebatch"),
 ]
 
 

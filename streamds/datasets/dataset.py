@@ -157,7 +157,9 @@ class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, Streamd
         # -> Block(shard, start, end) list: the corpus cut into line-aligned units, once
         self._block_list = make_blocks(self._shards, self.block_size,
                                        fine=self._fine_piece is not None)
-        self._plan = Plan(len(self._block_list), seed, shuffle)
+        # Parquet: a reader owns neighbouring row ranges, so it decodes their row group once
+        runs = any(shard.format.shared_decoding for shard in self._shards)
+        self._plan = Plan(len(self._block_list), seed, shuffle, runs)
         # records per block, counted once here so every worker shares them (even ranks only)
         self._block_counts: list[int] | None = None
         if even_ranks is not None:
@@ -350,8 +352,7 @@ class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, Streamd
                       in_mix=self._in_mix)
 
     def _fresh(self, world: World) -> ReaderState:
-        return ReaderState(self._identity.to_state(), self.epoch, world,
-                           (self._plan.num_blocks, self.seed, self.shuffle))
+        return ReaderState(self._identity.to_state(), self.epoch, world, self._plan.described())
 
     def _resolve(self, merged: dict[str, Any]) -> dict[str, Any]:
         """A merged state's tails read (they depend on the final map and filter steps)."""

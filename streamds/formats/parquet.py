@@ -172,6 +172,7 @@ class Parquet(Columnar):
     suffixes = (".parquet", ".pq")
     summary = "Parquet: row groups, read by row ranges"
     group_word = "row group"
+    shared_decoding = True  # a row group decodes whole, whichever of its ranges is read
 
     def layout_of(self, file: BinaryIO, url: str) -> Layout:
         return layout(file, url)

@@ -112,6 +112,9 @@ class Format:
     parses: bool = True  # records are JSON text for the parse stage (False: Python values)
     splits: bool = False  # a file may be cut into several blocks
     line_positions: bool = False  # records are the decoded bytes' lines, at byte offsets
+    # a file's neighbouring blocks share decoding (a Parquet row group cut into row ranges):
+    # the plan deals a corpus of such files in runs (`streamds.storage.plan.assign`)
+    shared_decoding: bool = False
 
     # -- resolving ---------------------------------------------------------------------
 

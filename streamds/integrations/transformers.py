@@ -128,7 +128,7 @@ def _refuse_another_world(dataset: Any, accelerator: Any) -> None:
 
 def _owns_no_block(dataset: Any) -> bool:
     """Whether this rank owns no block of a StreamingJsonl eval set (a small set cut into
-    fewer blocks than ranks; blocks are dealt to every rank before a second goes to any).
+    fewer blocks than ranks; every rank owns a block once there are as many blocks as ranks).
     Such a rank reads nothing (the dataset would refuse an empty rank of a DDP job) and
     `EvalLoader` gives it another rank's batch to repeat, counted nowhere."""
     from ..datasets.dataset import StreamingJsonl
@@ -152,8 +152,8 @@ class EpochLoader(DataLoader):
 class EpochStream(IterableDataset):
     """Epoch after epoch of `dataset` from its current epoch on, without end (no len).
 
-    A reader that gets no record in two epochs in a row is refused: blocks are dealt to the
-    readers by their index, so one that owns none now owns none in any epoch, and streaming
+    A reader that gets no record in two epochs in a row is refused: the blocks a reader
+    owns follow its index, so one that owns none now owns none in any epoch, and streaming
     empty epochs would wait forever (a corpus of fewer blocks than readers)."""
 
     def __init__(self, dataset: Any) -> None:

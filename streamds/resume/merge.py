@@ -51,7 +51,7 @@ from ..stages.state import (
     sealed,
 )
 from ..stages.transform import Composed, Step
-from ..storage.plan import Plan
+from ..storage.plan import Plan, deal_position, run_bounds
 from ..world import World
 from .identity import differences
 from .replay import NEW, replay
@@ -122,10 +122,10 @@ def _unfinished(state: ReaderState, then: int = 0
     out after its state (a `Rebatch` state inside a big batch this reader made): its
     pipeline's stages say what it leaves (`rest_of`); under a shuffle, or with records handed
     out since, that is a tail, resolved by reading."""
-    num_blocks, seed, shuffle = state.plan
+    plan = Plan(*state.plan)
     work = state.work
     if work is None:
-        work = Plan(num_blocks, seed, shuffle).work(state.epoch, state.share)
+        work = plan.work(state.epoch, state.share)
     if then and (state.finished or state.pipeline is None):
         had = "finished" if state.finished else "not started"
         raise StateMismatchError(
@@ -149,7 +149,7 @@ def _unfinished(state: ReaderState, then: int = 0
         "work": [list(item) for item in work_after(work, rest.position)],
         "even": None if state.quota is None else _even_stream(state, list(work), rest.position),
         "snapshot": rest.snapshot,  # with the records handed out since
-        "seed": list(shuffle_seed_parts(seed, state.epoch, state.share.rank,
+        "seed": list(shuffle_seed_parts(plan.seed, state.epoch, state.share.rank,
                                         state.share.worker)),
     }
     if rest.pool is not None:
@@ -172,9 +172,9 @@ def _even_stream(state: ReaderState, work: list[WorkItem], position: dict[str, A
     counts the records the reader had passed on. Replaying from the work left alone would
     miss where the quota ends the stream ("drop") or pad records extend it ("pad"), so the
     buffer's drain would be replayed wrongly."""
-    num_blocks, seed, shuffle = state.plan
+    plan = Plan(*state.plan)
     assert state.quota is not None
-    pad = pad_work(Plan(num_blocks, seed, shuffle), state.epoch, work)
+    pad = pad_work(plan, state.epoch, work)
     return {"work": [list(item) for item in work], "pad": [list(item) for item in pad],
             "quota": max(0, state.quota - len(state.prefill)), "position": position,
             "upto": list(read_up_to(position))}
@@ -638,17 +638,20 @@ def share_of(merged: dict[str, Any], world: World, sizes: Sequence[int] | None =
     in a shuffle buffer, put back into this reader's), and (for reader 0 only) the counts
     carried over.
 
-    Work items are dealt in turn; with `sizes` (the records of each remaining item, known
-    under even_ranks) by record count instead, largest first to the reader holding the
-    fewest, so that the readers' shares differ by as little as whole items allow: even
-    ranks then pad (repeat) as few records as the remaining tails permit, instead of
-    whatever a deal in turn leaves uneven."""
+    Work items are dealt in contiguous runs (`streamds.storage.plan.run_bounds`), so that
+    the rest of a Parquet row group stays with one reader; with
+    `sizes` (the records of each remaining item, known under even_ranks) by record count
+    instead, largest first to the reader holding the fewest, so that the readers' shares
+    differ by as little as whole items allow: even ranks then pad (repeat) as few records
+    as the remaining tails permit, instead of whatever a deal by item count leaves uneven.
+    Buffered records are dealt in turn."""
     step, first = world.readers, world.reader
     remaining = merged["remaining"]
     prefill = [(b, o) for b, o in merged["pending"][first::step]]
     counts = merged["counts"] if first == 0 else {}
     if sizes is None:
-        work = [(b, s) for b, s in remaining[first::step]]
+        start, stop = run_bounds(len(remaining), step, deal_position(world))
+        work = [(b, s) for b, s in remaining[start:stop]]
         return work, prefill, dict(counts)
     pending = len(merged["pending"])
     loads = [pending // step + (reader < pending % step) for reader in range(step)]

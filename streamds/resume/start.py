@@ -130,8 +130,7 @@ class Layout:
 
 
 def fresh(layout: Layout, epoch: int, world: World) -> ReaderState:
-    return ReaderState(layout.fingerprint, epoch, world,
-                       (layout.plan.num_blocks, layout.seed, layout.shuffle))
+    return ReaderState(layout.fingerprint, epoch, world, layout.plan.described())
 
 
 def describe(start: Start, layout: Layout, epoch: int, world: World) -> dict[str, Any]:

@@ -103,13 +103,14 @@ def empty_rank(num_blocks: int, world: World, *, corpus_bytes: int | None) -> st
     """What is wrong when this reader's rank owns no block of the epoch (None: it owns some).
     `corpus_bytes`: None where a file's size is unknown (an HTTP server that does not say).
 
-    Blocks are dealt to readers in turn, worker-major (`streamds.storage.plan.deal_position`),
-    so rank r owns a block exactly when there are more blocks than r.
+    Blocks (or, for Parquet, runs of them) are dealt worker-major
+    (`streamds.storage.plan.assign`), so rank r owns a block exactly when there are more
+    blocks than r.
     """
     if world.world_size == 1 or num_blocks > world.rank:
         return None
-    readers = (f" ({world.num_workers} DataLoader workers per rank; blocks are dealt to "
-               "every worker of every rank in turn)" if world.num_workers > 1 else "")
+    readers = (f" ({world.num_workers} DataLoader workers per rank; the blocks are shared "
+               "out among every worker of every rank)" if world.num_workers > 1 else "")
     return (f"rank {world.rank} of world_size={world.world_size} has nothing to read: the "
             f"corpus{'' if corpus_bytes is None else f' ({corpus_bytes:,} bytes)'} is cut into "
             f"{num_blocks} block(s), too few "

@@ -1,4 +1,4 @@
-"""Plan: split shards into blocks, order them per epoch and assign them to readers.
+"""Plan: split shards into blocks, order them per epoch and assign each reader a run of them.
 
 A block reads to whole records on its own: a line-aligned byte range of a plain file, a run of
 frames of a seekable zstd file, or a whole file; each shard's format cuts its file
@@ -29,7 +29,7 @@ from .shards import Shard
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE", "Block", "Plan", "assign", "deal_position", "epoch_order",
-    "make_blocks", "reader_at", "small_corpus_piece",
+    "make_blocks", "reader_at", "run_bounds", "small_corpus_piece",
 ]
 
 DEFAULT_BLOCK_SIZE = 8 << 20  # decoded bytes per block of a large file
@@ -91,25 +91,46 @@ def epoch_order(num_blocks: int, *, seed: int, epoch: int, shuffle: bool) -> lis
 
 
 def deal_position(world: World) -> int:
-    """Where this reader's turn comes when blocks are dealt: worker-major (worker 0 of every
+    """Where this reader's run comes in the epoch's order: worker-major (worker 0 of every
     rank, then worker 1 of every rank, ...), so that every rank owns a block as soon as there
     are as many blocks as ranks (a rank without blocks stalls a DDP job)."""
     return world.worker * world.world_size + world.rank
 
 
 def reader_at(position: int, world: World) -> int:
-    """The `World.reader` index of the reader whose turn is `position` (`deal_position`)."""
+    """The `World.reader` index of the reader whose run is `position` (`deal_position`)."""
     return (position % world.world_size) * world.num_workers + position // world.world_size
 
 
-def assign(order: Sequence[int], world: World) -> list[int]:
-    """The block ids this reader owns: every `readers`-th block of `order`, from its turn
-    (`deal_position`).
+def run_bounds(num_blocks: int, readers: int, position: int) -> tuple[int, int]:
+    """[start, stop) of the run of the epoch's order owned by the reader at `position`.
 
-    Every block goes to exactly one reader of the world, also when there are fewer blocks
-    than readers (then some readers get none: workers past the first of a rank first).
+    The order is cut into `readers` contiguous runs whose lengths differ by at most one, the
+    longer runs first; with fewer blocks than readers the runs from `num_blocks` on are
+    empty. Parquet corpora are dealt so (`assign`): the row ranges of one row group are
+    neighbours in corpus order, and a reader owning them all decodes the row group once,
+    where a deal in turn made every reader decode it (a row group has no row seek).
     """
-    return list(order[deal_position(world) :: world.readers])
+    base, longer = divmod(num_blocks, readers)
+    start = position * base + min(position, longer)
+    return start, start + base + (position < longer)
+
+
+def assign(order: Sequence[int], world: World, runs: bool = False) -> list[int]:
+    """The block ids this reader owns, from its place in the deal (`deal_position`): every
+    `readers`-th block of `order` (in turn), or with `runs` its contiguous run of `order`
+    (`run_bounds`).
+
+    In turn is the default: the readers' record counts then even out wherever record sizes
+    drift along a corpus (small records first, long ones later), which even ranks need.
+    Runs are for formats whose neighbouring blocks share decoding (`Format.shared_decoding`).
+    Either way every block goes to exactly one reader of the world, also when there are fewer
+    blocks than readers (then some readers get none: workers past the first of a rank first).
+    """
+    if not runs:
+        return list(order[deal_position(world) :: world.readers])
+    start, stop = run_bounds(len(order), world.readers, deal_position(world))
+    return list(order[start:stop])
 
 
 @functools.lru_cache(maxsize=8)
@@ -128,17 +149,28 @@ class Plan:
     num_blocks: int
     seed: int
     shuffle: bool
+    runs: bool = False  # deal each reader a contiguous run, not every readers-th block
+
+    def described(self) -> tuple[int, int, bool, bool]:
+        """The plan as a state holds it (`ReaderState.plan`): ``Plan(*described)`` is it."""
+        return (self.num_blocks, self.seed, self.shuffle, self.runs)
 
     def order(self, epoch: int) -> tuple[int, ...]:
         return _cached_order(self.num_blocks, self.seed, epoch, self.shuffle)
 
     def work(self, epoch: int, world: World) -> list[tuple[int, int | None]]:
         """(block id, None) items of one reader, in reading order."""
-        return [(block, None) for block in assign(self.order(epoch), world)]
+        return [(block, None) for block in assign(self.order(epoch), world, self.runs)]
 
     def reader_records(self, epoch: int, world: World, block_counts: Sequence[int]) -> list[int]:
         """Records every reader of `world`'s size owns this epoch, indexed by `World.reader`."""
         totals = [0] * world.readers
-        for index, block in enumerate(self.order(epoch)):
-            totals[reader_at(index % world.readers, world)] += block_counts[block]
+        order = self.order(epoch)
+        if not self.runs:
+            for index, block in enumerate(order):
+                totals[reader_at(index % world.readers, world)] += block_counts[block]
+            return totals
+        for position in range(world.readers):
+            start, stop = run_bounds(len(order), world.readers, position)
+            totals[reader_at(position, world)] = sum(block_counts[b] for b in order[start:stop])
         return totals

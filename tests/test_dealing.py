@@ -1,0 +1,120 @@
+"""Dealing: blocks go to the readers in turn, or, for Parquet, in contiguous runs.
+
+In turn, the readers' record counts even out where record sizes drift along the corpus. A
+Parquet reader owns a run of the epoch's order, so the row ranges of one row group go to one
+reader, which decodes the row group once; a deal in turn made every reader decode every row
+group (issue 35). Exactly once over any world is
+`test_guarantees.py::test_assign_gives_every_block_to_exactly_one_reader`.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from pathlib import Path
+from unittest import mock
+
+import pyarrow.parquet as pq
+from hypothesis import given
+from hypothesis import strategies as st
+from test_parquet import assert_exactly_once, fake_worker, write_parquet_files
+
+from streamds import StreamingJsonl
+from streamds.formats import parquet
+from streamds.resume.merge import share_of
+from streamds.storage.plan import Plan, assign, deal_position, epoch_order, reader_at
+from streamds.world import World
+
+
+def worlds(world_size: int, num_workers: int) -> list[World]:
+    return [World(rank, world_size, worker, num_workers)
+            for rank in range(world_size) for worker in range(num_workers)]
+
+
+@given(num_blocks=st.integers(0, 200), world_size=st.integers(1, 4),
+       num_workers=st.integers(1, 4), shuffle=st.booleans(), epoch=st.integers(0, 3))
+def test_each_reader_owns_a_contiguous_run_in_deal_order(
+        num_blocks, world_size, num_workers, shuffle, epoch):
+    order = epoch_order(num_blocks, seed=7, epoch=epoch, shuffle=shuffle)
+    runs = {deal_position(world): assign(order, world, runs=True)
+            for world in worlds(world_size, num_workers)}
+    # the runs, taken in deal position order, are the order itself: contiguous, in turn
+    assert [block for position in sorted(runs) for block in runs[position]] == order
+    sizes = [len(runs[position]) for position in sorted(runs)]
+    assert max(sizes) - min(sizes) <= 1  # floor/ceil equal block counts
+    assert sizes == sorted(sizes, reverse=True)  # the longer runs first
+    # fewer blocks than readers: the first positions own one each (every rank first)
+    if num_blocks < world_size * num_workers:
+        assert sizes == [1] * num_blocks + [0] * (len(sizes) - num_blocks)
+
+
+@given(num_blocks=st.integers(0, 200), world_size=st.integers(1, 4),
+       num_workers=st.integers(1, 4), shuffle=st.booleans(), epoch=st.integers(0, 3))
+def test_without_runs_each_reader_owns_every_readers_th_block_from_its_turn(
+        num_blocks, world_size, num_workers, shuffle, epoch):
+    order = epoch_order(num_blocks, seed=7, epoch=epoch, shuffle=shuffle)
+    readers = world_size * num_workers
+    for world in worlds(world_size, num_workers):
+        assert assign(order, world) == order[deal_position(world)::readers]
+
+
+def test_a_parquet_corpus_is_dealt_in_runs_and_lines_in_turn(tmp_path):
+    write_parquet_files(tmp_path / "pq", [[100, 100]])
+    (tmp_path / "lines.jsonl").write_text("".join(f'{{"id": {i}}}\n' for i in range(10)))
+    assert StreamingJsonl(tmp_path / "pq")._plan.runs
+    assert not StreamingJsonl(tmp_path / "lines.jsonl")._plan.runs
+
+
+@given(num_blocks=st.integers(0, 120), world_size=st.integers(1, 4),
+       num_workers=st.integers(1, 4), shuffle=st.booleans(), runs=st.booleans())
+def test_reader_records_and_work_tell_one_ownership(num_blocks, world_size, num_workers,
+                                                      shuffle, runs):
+    """`Plan.reader_records` (len, even_ranks quotas) counts what `Plan.work` reads."""
+    plan = Plan(num_blocks, seed=3, shuffle=shuffle, runs=runs)
+    counts = [(block * 7919) % 13 + 1 for block in range(num_blocks)]
+    world = World(0, world_size, 0, num_workers)
+    totals = plan.reader_records(1, world, counts)
+    for reader in worlds(world_size, num_workers):
+        own = sum(counts[block] for block, _ in plan.work(1, reader))
+        assert totals[reader.reader] == own
+        assert reader_at(deal_position(reader), reader) == reader.reader
+
+
+def test_two_workers_each_decode_only_their_row_groups():
+    """One file of 4 row groups, each cut into row ranges, 2 workers in order: each worker
+    decodes the 2 row groups its run covers, not all 4 (the interleaved deal gave every
+    worker ranges of every row group)."""
+    decoded: Counter = Counter()
+    read_row_group = pq.ParquetFile.read_row_group
+
+    def counted(self, group, *args, **kwargs):
+        decoded[worker_now] += 1
+        return read_row_group(self, group, *args, **kwargs)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ids = write_parquet_files(Path(tmp) / "data", [[100, 100, 100, 100]])
+        ds = StreamingJsonl(Path(tmp) / "data")
+        assert ds._plan.num_blocks >= 16  # each row group is cut into ranges
+        parts = []
+        for worker_now in range(2):
+            parquet._GROUP[:] = [None, None]  # each DataLoader worker is its own process
+            with fake_worker(worker_now, 2), \
+                    mock.patch.object(pq.ParquetFile, "read_row_group", counted):
+                parts.append([record["id"] for record in ds])
+    assert_exactly_once(parts, ids)
+    assert decoded == {0: 2, 1: 2}, decoded
+
+
+@given(items=st.integers(0, 40), world_size=st.integers(1, 3), num_workers=st.integers(1, 3))
+def test_an_elastic_resume_deals_the_remaining_work_as_runs_too(items, world_size,
+                                                                 num_workers):
+    """`merge_states`' remaining work goes to the new world as a plan's blocks do: the rest
+    of one row group stays with one reader."""
+    remaining = [[block, None] for block in range(items)]
+    merged = {"remaining": remaining, "pending": [], "counts": {}}
+    runs = {deal_position(world): share_of(merged, world)[0]
+            for world in worlds(world_size, num_workers)}
+    assert [block for position in sorted(runs) for block, _ in runs[position]] == \
+        list(range(items))
+    sizes = [len(runs[position]) for position in sorted(runs)]
+    assert max(sizes) - min(sizes) <= 1
