@@ -33,6 +33,8 @@ from typing import Any, Protocol
 import torch
 from torch.utils.data import DataLoader
 
+from . import require
+
 __all__ = ["ENDED", "FAILED", "AccelerateRanks", "EvalLoader", "Ranks", "gather_rows",
            "keep_rows", "rows_of"]
 
@@ -68,10 +70,8 @@ class AccelerateRanks:
         return [int(value) for value in self.accelerator.gather(mine).tolist()]
 
     def batch_from(self, batch: Any, source: int) -> Any:
-        from accelerate.utils import broadcast_object_list
-
         box = [batch]
-        broadcast_object_list(box, from_process=source)
+        require("accelerate.utils").broadcast_object_list(box, from_process=source)
         return box[0]
 
 
@@ -197,8 +197,7 @@ def keep_rows(gathered: torch.Tensor, rows: list[int]) -> torch.Tensor:
 def gather_rows(accelerator: Any, loader: EvalLoader, data: Any) -> Any:
     """Trainer's `gather_function` for an `EvalLoader`: the step's tensors (nested) of every
     rank, padded to equal rows, gathered, and cut to each rank's real rows."""
-    from accelerate.utils import recursively_apply
-
+    recursively_apply = require("accelerate.utils").recursively_apply
     rows = loader.rows
     gathered = accelerator.gather(accelerator.pad_across_processes(data, dim=0))
     return recursively_apply(lambda tensor: keep_rows(tensor, rows), gathered)

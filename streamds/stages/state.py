@@ -40,7 +40,7 @@ StatefulDataLoader takes it after every batch and walks every key of it, in the 
 batch), which for a ~40-key tree cost twice what torchdata's own per-batch work does. The
 compact form is plain values with four keys, so torchdata's walks are a few steps::
 
-    {"format": "streamds/3", "stage": "compact",
+    {"format": "streamds/4", "stage": "compact",
      "tree": [<the state, values that ride apart set to None>],  # a list: a leaf to torchdata
      "apart": [[path, value], ...]}
 
