@@ -1,9 +1,10 @@
 """Dealing: blocks go to the readers in turn, or, for Parquet, in contiguous runs.
 
 In turn, the readers' record counts even out where record sizes drift along the corpus. A
-Parquet reader owns a run of the epoch's order, so the row ranges of one row group go to one
-reader, which decodes the row group once; a deal in turn made every reader decode every row
-group (issue 35). Exactly once over any world is
+Parquet reader owns a run of the epoch's order, and a shuffle keeps a row group's ranges
+together, so the row ranges of one row group go to one reader, which decodes the row group
+once; a deal in turn (or a shuffle of single ranges) made every reader decode every row group
+(issue 35). Exactly once over any world is
 `test_guarantees.py::test_assign_gives_every_block_to_exactly_one_reader`.
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from unittest import mock
 
 import pyarrow.parquet as pq
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from test_parquet import assert_exactly_once, fake_worker, write_parquet_files
@@ -22,7 +24,15 @@ from test_parquet import assert_exactly_once, fake_worker, write_parquet_files
 from streamds import StreamingJsonl
 from streamds.formats import parquet
 from streamds.resume.merge import share_of
-from streamds.storage.plan import Plan, assign, deal_position, epoch_order, reader_at
+from streamds.storage.plan import (
+    Plan,
+    assign,
+    deal_position,
+    decode_units,
+    epoch_order,
+    reader_at,
+    unit_lengths,
+)
 from streamds.world import World
 
 
@@ -61,8 +71,34 @@ def test_without_runs_each_reader_owns_every_readers_th_block_from_its_turn(
 def test_a_parquet_corpus_is_dealt_in_runs_and_lines_in_turn(tmp_path):
     write_parquet_files(tmp_path / "pq", [[100, 100]])
     (tmp_path / "lines.jsonl").write_text("".join(f'{{"id": {i}}}\n' for i in range(10)))
-    assert StreamingJsonl(tmp_path / "pq")._plan.runs
+    parquet_plan = StreamingJsonl(tmp_path / "pq")._plan
+    assert parquet_plan.runs
+    # one unit per row group, each cut into several ranges
+    assert sum(unit_lengths(parquet_plan.units)) == parquet_plan.num_blocks
+    assert len(unit_lengths(parquet_plan.units)) == 2 < parquet_plan.num_blocks
     assert not StreamingJsonl(tmp_path / "lines.jsonl")._plan.runs
+
+
+@given(lengths=st.lists(st.integers(1, 6), max_size=12), epoch=st.integers(0, 3))
+def test_a_shuffle_keeps_each_decode_unit_together(lengths, epoch):
+    units = tuple((length, 1) for length in lengths)
+    num_blocks = sum(lengths)
+    order = epoch_order(num_blocks, seed=5, epoch=epoch, shuffle=True, units=units)
+    assert sorted(order) == list(range(num_blocks))  # every block once
+    unit_of = [k for k, length in enumerate(lengths) for _ in range(length)]
+    runs = [unit_of[order[0]]] if order else []
+    for block in order[1:]:
+        if unit_of[block] != runs[-1]:
+            runs.append(unit_of[block])
+    assert sorted(runs) == list(range(len(lengths)))  # each unit one contiguous span
+
+
+def test_decode_units_are_run_length_pairs(tmp_path):
+    write_parquet_files(tmp_path / "pq", [[100, 100, 100], [100]])
+    ds = StreamingJsonl(tmp_path / "pq")
+    units = decode_units(ds._shards, ds._block_list)
+    assert len(units) == 1 and units[0][1] == 4  # four equal row groups: one pair
+    assert Plan.of(ds._plan.described()) == ds._plan  # a state's plan is the plan
 
 
 @given(num_blocks=st.integers(0, 120), world_size=st.integers(1, 4),
@@ -70,7 +106,8 @@ def test_a_parquet_corpus_is_dealt_in_runs_and_lines_in_turn(tmp_path):
 def test_reader_records_and_work_tell_one_ownership(num_blocks, world_size, num_workers,
                                                       shuffle, runs):
     """`Plan.reader_records` (len, even_ranks quotas) counts what `Plan.work` reads."""
-    plan = Plan(num_blocks, seed=3, shuffle=shuffle, runs=runs)
+    units = ((1, num_blocks),) if runs else None
+    plan = Plan(num_blocks, seed=3, shuffle=shuffle, units=units)
     counts = [(block * 7919) % 13 + 1 for block in range(num_blocks)]
     world = World(0, world_size, 0, num_workers)
     totals = plan.reader_records(1, world, counts)
@@ -80,10 +117,12 @@ def test_reader_records_and_work_tell_one_ownership(num_blocks, world_size, num_
         assert reader_at(deal_position(reader), reader) == reader.reader
 
 
-def test_two_workers_each_decode_only_their_row_groups():
-    """One file of 4 row groups, each cut into row ranges, 2 workers in order: each worker
-    decodes the 2 row groups its run covers, not all 4 (the interleaved deal gave every
-    worker ranges of every row group)."""
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_two_workers_each_decode_only_their_row_groups(shuffle):
+    """One file of 4 row groups, each cut into row ranges, 2 workers, in order and shuffled:
+    each worker decodes the 2 row groups its run covers, once each, not all 4 (the
+    interleaved deal gave every worker ranges of every row group; a shuffle of single ranges
+    made a worker decode a row group again for each of its ranges)."""
     decoded: Counter = Counter()
     read_row_group = pq.ParquetFile.read_row_group
 
@@ -93,7 +132,7 @@ def test_two_workers_each_decode_only_their_row_groups():
 
     with tempfile.TemporaryDirectory() as tmp:
         ids = write_parquet_files(Path(tmp) / "data", [[100, 100, 100, 100]])
-        ds = StreamingJsonl(Path(tmp) / "data")
+        ds = StreamingJsonl(Path(tmp) / "data", shuffle=shuffle, seed=3)
         assert ds._plan.num_blocks >= 16  # each row group is cut into ranges
         parts = []
         for worker_now in range(2):

@@ -40,7 +40,7 @@ from ..stages.record_cache import RecordsCache
 from ..stages.state import ReaderState
 from ..stages.timing import StageTimer
 from ..stages.transform import Step, describe_step, step_settings
-from ..storage.plan import Plan, make_blocks, small_corpus_piece
+from ..storage.plan import Plan, decode_units, make_blocks, small_corpus_piece
 from ..storage.read import open_decoded_at
 from ..storage.readahead import DEFAULT_READAHEAD, wants_readahead
 from ..storage.record_keys import block_key, uncacheable
@@ -157,9 +157,9 @@ class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, Streamd
         # -> Block(shard, start, end) list: the corpus cut into line-aligned units, once
         self._block_list = make_blocks(self._shards, self.block_size,
                                        fine=self._fine_piece is not None)
-        # Parquet: a reader owns neighbouring row ranges, so it decodes their row group once
-        runs = any(shard.format.shared_decoding for shard in self._shards)
-        self._plan = Plan(len(self._block_list), seed, shuffle, runs)
+        # Parquet: a row group's ranges stay together, so one reader decodes it once
+        self._plan = Plan(len(self._block_list), seed, shuffle,
+                          decode_units(self._shards, self._block_list))
         # records per block, counted once here so every worker shares them (even ranks only)
         self._block_counts: list[int] | None = None
         if even_ranks is not None:

@@ -24,11 +24,13 @@ from .columnar import (
     Group,
     Layout,
     checked_schema,
+    group_of,
     records_of,
     require_pyarrow,
     storage_error,
     watched,
 )
+from .protocol import Block
 
 __all__ = ["BATCH_ROWS", "FORMAT", "MAGIC", "Parquet", "layout", "read_rows"]
 
@@ -173,6 +175,10 @@ class Parquet(Columnar):
     summary = "Parquet: row groups, read by row ranges"
     group_word = "row group"
     shared_decoding = True  # a row group decodes whole, whichever of its ranges is read
+
+    def decode_unit(self, shard: Any, block: Block) -> int | None:
+        layout: Layout | None = shard.layout
+        return group_of(layout, block.start) if layout and layout.groups else None
 
     def layout_of(self, file: BinaryIO, url: str) -> Layout:
         return layout(file, url)

@@ -113,7 +113,7 @@ class Format:
     splits: bool = False  # a file may be cut into several blocks
     line_positions: bool = False  # records are the decoded bytes' lines, at byte offsets
     # a file's neighbouring blocks share decoding (a Parquet row group cut into row ranges):
-    # the plan deals a corpus of such files in runs (`streamds.storage.plan.assign`)
+    # the plan keeps a unit's blocks together and deals in runs (`storage.plan.decode_units`)
     shared_decoding: bool = False
 
     # -- resolving ---------------------------------------------------------------------
@@ -135,6 +135,11 @@ class Format:
     def blocks(self, index: int, shard: Any, piece: Piece) -> list[Block]:
         """The blocks of shard number `index`, in order, tiling it."""
         return [Block(index)]
+
+    def decode_unit(self, shard: Any, block: Block) -> int | None:
+        """Which unit of its file `block` decodes whole (a row group), for formats with
+        `shared_decoding`; None: the block alone."""
+        return None
 
     def listed_records(self, shard: Any, block: Block) -> int | None:
         """Records of `block` known without reading (a manifest, a footer), else None."""

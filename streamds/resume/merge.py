@@ -122,7 +122,7 @@ def _unfinished(state: ReaderState, then: int = 0
     out after its state (a `Rebatch` state inside a big batch this reader made): its
     pipeline's stages say what it leaves (`rest_of`); under a shuffle, or with records handed
     out since, that is a tail, resolved by reading."""
-    plan = Plan(*state.plan)
+    plan = Plan.of(state.plan)
     work = state.work
     if work is None:
         work = plan.work(state.epoch, state.share)
@@ -172,7 +172,7 @@ def _even_stream(state: ReaderState, work: list[WorkItem], position: dict[str, A
     counts the records the reader had passed on. Replaying from the work left alone would
     miss where the quota ends the stream ("drop") or pad records extend it ("pad"), so the
     buffer's drain would be replayed wrongly."""
-    plan = Plan(*state.plan)
+    plan = Plan.of(state.plan)
     assert state.quota is not None
     pad = pad_work(plan, state.epoch, work)
     return {"work": [list(item) for item in work], "pad": [list(item) for item in pad],

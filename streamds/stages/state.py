@@ -11,7 +11,7 @@ Dict form (``state_dict()``)::
      "fingerprint": {...},                     # the corpus and settings (`resume.identity`)
      "epoch": int,
      "world": [rank, world_size, worker, num_workers],
-     "plan": [num_blocks, seed, shuffle, runs],  # to derive the reader's work
+     "plan": [num_blocks, seed, shuffle, units],  # to derive the reader's work
      "seat": [rank, worker],                   # whose share and shuffle seed it reads
      "work": [[block, start], ...] | None,     # explicit work (elastic resume); None: derived
      "prefill": [[block, offset], ...],        # buffered records carried from another world
@@ -105,7 +105,7 @@ class ReaderState:
     fingerprint: dict[str, Any]  # the corpus and settings (`streamds.resume.identity`)
     epoch: int
     world: World
-    plan: tuple[int, int, bool, bool]  # (num_blocks, seed, shuffle, runs): `storage.plan.Plan`
+    plan: tuple[Any, ...]  # `storage.plan.Plan.described()`: (num_blocks, seed, shuffle, units)
     seat: tuple[int, int] | None = None  # (rank, worker) whose share it reads; None: own
     work: list[WorkItem] | None = None
     prefill: list[Position] = field(default_factory=list)
@@ -169,10 +169,10 @@ class ReaderState:
                 f"damaged streamds state: missing keys {missing}, unknown keys {unknown}; "
                 "pass the dict that state_dict() returned, unchanged"
             )
-        num_blocks, seed, shuffle, runs = state["plan"]
+        num_blocks, seed, shuffle, units = state["plan"]
         return cls(
             fingerprint=state["fingerprint"], epoch=state["epoch"], world=World(*state["world"]),
-            plan=(num_blocks, seed, shuffle, runs), seat=(state["seat"][0], state["seat"][1]),
+            plan=(num_blocks, seed, shuffle, units), seat=(state["seat"][0], state["seat"][1]),
             work=None if state["work"] is None else [(b, s) for b, s in state["work"]],
             prefill=[(b, o) for b, o in state["prefill"]], carried=dict(state["carried"]),
             quota=state["quota"], finished=state["finished"], pipeline=state["pipeline"],

@@ -21,15 +21,20 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..formats.protocol import Block
 from ..seeds import rng_for
 from ..world import World
 from .shards import Shard
 
+# decode units as a plan holds them: (blocks per unit, units in a row) pairs; None: none
+Units = tuple[tuple[int, int], ...] | None
+
 __all__ = [
-    "DEFAULT_BLOCK_SIZE", "Block", "Plan", "assign", "deal_position", "epoch_order",
-    "make_blocks", "reader_at", "run_bounds", "small_corpus_piece",
+    "DEFAULT_BLOCK_SIZE", "Block", "Plan", "Units", "assign", "deal_position", "decode_units",
+    "epoch_order", "make_blocks", "reader_at", "run_bounds", "small_corpus_piece",
+    "unit_lengths",
 ]
 
 DEFAULT_BLOCK_SIZE = 8 << 20  # decoded bytes per block of a large file
@@ -82,12 +87,67 @@ def make_blocks(
     return blocks
 
 
-def epoch_order(num_blocks: int, *, seed: int, epoch: int, shuffle: bool) -> list[int]:
-    """Block ids in the order this epoch reads them: corpus order, or shuffled by (seed, epoch)."""
-    order = list(range(num_blocks))
-    if shuffle:
-        rng_for("blocks", seed, epoch).shuffle(order)
-    return order
+def epoch_order(num_blocks: int, *, seed: int, epoch: int, shuffle: bool,
+                units: Units = None) -> list[int]:
+    """Block ids in the order this epoch reads them: corpus order, or shuffled by (seed, epoch).
+
+    With `units` (blocks that decode one unit, such as a Parquet row group, are neighbours
+    in corpus order: `decode_units`) a shuffle orders the units and then each unit's blocks,
+    keeping a unit's blocks together: a reader owning them decodes the unit once, where
+    scattered blocks made it decode the unit again for each. The shuffle buffer mixes the
+    records across units."""
+    if not shuffle:
+        return list(range(num_blocks))
+    rng = rng_for("blocks", seed, epoch)
+    if units is None:
+        order = list(range(num_blocks))
+        rng.shuffle(order)
+        return order
+    spans = []
+    first = 0
+    for length in unit_lengths(units):
+        spans.append(list(range(first, first + length)))
+        first += length
+    rng.shuffle(spans)
+    for span in spans:
+        rng.shuffle(span)
+    return [block for span in spans for block in span]
+
+
+def unit_lengths(units: Units) -> list[int]:
+    """Blocks per unit, in corpus order, from `units` as a plan holds them: [length, repeat]
+    pairs (a corpus of equal row groups is one pair)."""
+    return [length for length, repeat in units or () for _ in range(repeat)]
+
+
+def decode_units(shards: Sequence[Shard], blocks: Sequence[Block]) -> Units:
+    """The corpus's decode units as [length, repeat] pairs (`epoch_order`): neighbouring blocks
+    of one shard that its format says decode one unit (`Format.decode_unit`) form one; None
+    where no format shares decoding (the blocks are dealt in turn, one by one)."""
+    if not any(shard.format.shared_decoding for shard in shards):
+        return None
+    pairs: list[list[int]] = []
+    last: tuple[int, Any] | None = None
+    length = 0
+    for block in blocks:
+        unit = shards[block.shard].format.decode_unit(shards[block.shard], block)
+        key = (block.shard, unit)
+        if unit is not None and key == last:
+            length += 1
+            continue
+        if length:
+            _add_length(pairs, length)
+        last, length = key, 1
+    if length:
+        _add_length(pairs, length)
+    return tuple((length, repeat) for length, repeat in pairs)
+
+
+def _add_length(pairs: list[list[int]], length: int) -> None:
+    if pairs and pairs[-1][0] == length:
+        pairs[-1][1] += 1
+    else:
+        pairs.append([length, 1])
 
 
 def deal_position(world: World) -> int:
@@ -134,8 +194,9 @@ def assign(order: Sequence[int], world: World, runs: bool = False) -> list[int]:
 
 
 @functools.lru_cache(maxsize=8)
-def _cached_order(num_blocks: int, seed: int, epoch: int, shuffle: bool) -> tuple[int, ...]:
-    return tuple(epoch_order(num_blocks, seed=seed, epoch=epoch, shuffle=shuffle))
+def _cached_order(num_blocks: int, seed: int, epoch: int, shuffle: bool, units: Units
+                  ) -> tuple[int, ...]:
+    return tuple(epoch_order(num_blocks, seed=seed, epoch=epoch, shuffle=shuffle, units=units))
 
 
 @dataclass(frozen=True)
@@ -149,14 +210,28 @@ class Plan:
     num_blocks: int
     seed: int
     shuffle: bool
-    runs: bool = False  # deal each reader a contiguous run, not every readers-th block
+    # decode units (`decode_units`): where given, a shuffle keeps each unit's blocks together
+    # and each reader owns a contiguous run of the order, not every readers-th block
+    units: Units = None
 
-    def described(self) -> tuple[int, int, bool, bool]:
-        """The plan as a state holds it (`ReaderState.plan`): ``Plan(*described)`` is it."""
-        return (self.num_blocks, self.seed, self.shuffle, self.runs)
+    @property
+    def runs(self) -> bool:
+        return self.units is not None
+
+    def described(self) -> tuple[int, int, bool, list[list[int]] | None]:
+        """The plan as a state holds it (`ReaderState.plan`; `Plan.of` reads it back)."""
+        units = None if self.units is None else [list(pair) for pair in self.units]
+        return (self.num_blocks, self.seed, self.shuffle, units)
+
+    @classmethod
+    def of(cls, described: Sequence[Any]) -> Plan:
+        """The plan a state describes (`described`)."""
+        num_blocks, seed, shuffle, units = described
+        return cls(num_blocks, seed, shuffle,
+                   None if units is None else tuple((length, repeat) for length, repeat in units))
 
     def order(self, epoch: int) -> tuple[int, ...]:
-        return _cached_order(self.num_blocks, self.seed, epoch, self.shuffle)
+        return _cached_order(self.num_blocks, self.seed, epoch, self.shuffle, self.units)
 
     def work(self, epoch: int, world: World) -> list[tuple[int, int | None]]:
         """(block id, None) items of one reader, in reading order."""
