@@ -219,16 +219,21 @@ def test_block_runs(block: Block, outcomes: dict[str, str | None]):
     assert failure is None, failure
 
 
-def test_the_readme_runs_in_order_in_one_folder(tmp_path):
+def test_the_readme_runs_in_order_in_one_folder(tmp_path, tmp_path_factory):
     """A new user's walk: every README block in order, in one empty folder, with the installed
     package; the resume block, run twice, resumes mid-epoch and ends where the first run did."""
     assert README[0].language == "bash" and "streamds synthetic" in README[0].code
-    for block in README:
-        assert "setup" not in block.directives, f"{block.id}: the walk makes its own data"
-        if "skip" in block.directives:
-            continue
-        failure = _run(block, tmp_path, {}, env=_installed_env())
-        assert failure is None, failure
+    outputs = tmp_path_factory.mktemp("readme-outputs")
+    python = ForkedPython(_installed_env(), tmp_path, outputs)
+    try:
+        for block in README:
+            assert "setup" not in block.directives, f"{block.id}: the walk makes its own data"
+            if "skip" in block.directives:
+                continue
+            failure = _run(block, tmp_path, {}, env=_installed_env(), python=python)
+            assert failure is None, failure
+    finally:
+        python.close()
     twice = [block for block in README if block.directives.get("runs") == "2"]
     assert len(twice) == 1, "the README has one resume block, run twice"
     first, second = ((tmp_path / f"block{twice[0].line}.out{run}").read_text()
