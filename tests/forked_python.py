@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as WaitedTooLong
 from pathlib import Path
 
 # The launcher: reads one request a line on stdin ([key, script, cwd, out, err]), forks, and
@@ -142,7 +143,7 @@ class ForkedPython:
             self._process.stdin.flush()
         try:
             status = exit_code.result(timeout=timeout)
-        except TimeoutError:
+        except WaitedTooLong:  # the builtin TimeoutError from Python 3.11 on
             with self._lock:
                 pid = self._pids.get(name)
             if pid is not None:
