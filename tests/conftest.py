@@ -10,9 +10,17 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+# torch's OpenMP threads wait for work by spinning; on 2 shared cores a spinning thread takes
+# the CPU from the other thread of the same op (and from DataLoader workers and subprocesses):
+# a tiny model's step then costs 20x. Passive waiting sleeps instead. Read once, when torch
+# loads its OpenMP library: so here, before any test module imports torch; subprocesses
+# inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
 from resume_contract import write_mixed

@@ -4,8 +4,9 @@ The README is walked as a reader would: its blocks in order, in one empty folder
 installed `streamds` (the editable install here, the built wheel in .ci/clean_install.sh) and
 nothing of the checkout on the path; its first block makes the data the others read.
 
-Each ```python block of docs/ runs in a fresh process (this interpreter, the repository first on the
-path) in an empty temporary directory. HTML comments on the lines just before a block's fence
+Each ```python block of docs/ runs in a process of its own (this interpreter, the repository first
+on the path; a fork of one that imported torch once, `forked_python.py`) in an empty temporary
+directory. HTML comments on the lines just before a block's fence
 change that (they do not show on GitHub or the docs site):
 
 - ``<!-- setup: NAME -->``: first put the files of ``SETUPS[NAME]`` into that directory (the
@@ -33,6 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+from forked_python import ForkedPython
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -155,9 +157,10 @@ def _installed_env() -> dict[str, str]:
 
 
 def _run(block: Block, where: Path, setups: dict[str, Path], *,
-         env: dict[str, str] | None = None) -> str | None:
-    """Run `block` in the directory `where`: None, or what went wrong (with every run's
-    output, so a caller can read what the block printed)."""
+         env: dict[str, str] | None = None, python: ForkedPython | None = None) -> str | None:
+    """Run `block` in the directory `where` (a Python block by `python` where given): None,
+    or what went wrong (with every run's output, so a caller can read what the block
+    printed)."""
     if "setup" in block.directives:
         shutil.copytree(setups[block.directives["setup"]], where, dirs_exist_ok=True)
     if block.language == "python":
@@ -171,15 +174,18 @@ def _run(block: Block, where: Path, setups: dict[str, Path], *,
         (where / name).write_text(code)
     runs = int(block.directives.get("runs", 1))
     for run in range(runs):
-        done = subprocess.run(argv, cwd=where, env=env or _env(), capture_output=True,
-                              text=True, timeout=300)
-        (where / f"{script.stem}.out{run + 1}").write_text(done.stdout)
-        if done.returncode:
-            return (f"{block.id} failed (run {run + 1}):\n"
-                    f"{done.stdout[-2000:]}{done.stderr[-3000:]}")
-    if runs > 1 and "resumed" not in done.stdout:
+        if python is not None and block.language == "python":
+            status, stdout, stderr = python.run(script, where, timeout=300)
+        else:
+            done = subprocess.run(argv, cwd=where, env=env or _env(), capture_output=True,
+                                  text=True, timeout=300)
+            status, stdout, stderr = done.returncode, done.stdout, done.stderr
+        (where / f"{script.stem}.out{run + 1}").write_text(stdout)
+        if status:
+            return f"{block.id} failed (run {run + 1}):\n{stdout[-2000:]}{stderr[-3000:]}"
+    if runs > 1 and "resumed" not in stdout:
         return (f"{block.id}: run {runs} printed no 'resumed': the run before left no "
-                f"checkpoint to resume from, or the block does not say so:\n{done.stdout[-2000:]}")
+                f"checkpoint to resume from, or the block does not say so:\n{stdout[-2000:]}")
     return None
 
 
@@ -195,10 +201,16 @@ def outcomes(request, tmp_path_factory) -> dict[str, str | None]:
     wheres = {block.id: root / f"block{i}" for i, block in enumerate(selected)}
     for where in wheres.values():
         where.mkdir()
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {block.id: pool.submit(_run, block, wheres[block.id], setups)
-                   for block in selected}
-        return {key: future.result() for key, future in futures.items()}
+    (root / "outputs").mkdir()
+    python = ForkedPython(_env(), root, root / "outputs")
+    try:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            futures = {block.id: pool.submit(_run, block, wheres[block.id], setups,
+                                             python=python)
+                       for block in selected}
+            return {key: future.result() for key, future in futures.items()}
+    finally:
+        python.close()
 
 
 @pytest.mark.parametrize("block", [_param(block) for block in RUNNABLE if block not in README])
@@ -207,16 +219,21 @@ def test_block_runs(block: Block, outcomes: dict[str, str | None]):
     assert failure is None, failure
 
 
-def test_the_readme_runs_in_order_in_one_folder(tmp_path):
+def test_the_readme_runs_in_order_in_one_folder(tmp_path, tmp_path_factory):
     """A new user's walk: every README block in order, in one empty folder, with the installed
     package; the resume block, run twice, resumes mid-epoch and ends where the first run did."""
     assert README[0].language == "bash" and "streamds synthetic" in README[0].code
-    for block in README:
-        assert "setup" not in block.directives, f"{block.id}: the walk makes its own data"
-        if "skip" in block.directives:
-            continue
-        failure = _run(block, tmp_path, {}, env=_installed_env())
-        assert failure is None, failure
+    outputs = tmp_path_factory.mktemp("readme-outputs")
+    python = ForkedPython(_installed_env(), tmp_path, outputs)
+    try:
+        for block in README:
+            assert "setup" not in block.directives, f"{block.id}: the walk makes its own data"
+            if "skip" in block.directives:
+                continue
+            failure = _run(block, tmp_path, {}, env=_installed_env(), python=python)
+            assert failure is None, failure
+    finally:
+        python.close()
     twice = [block for block in README if block.directives.get("runs") == "2"]
     assert len(twice) == 1, "the README has one resume block, run twice"
     first, second = ((tmp_path / f"block{twice[0].line}.out{run}").read_text()

@@ -287,17 +287,27 @@ def test_ddp_loop_with_even_ranks_does_not_hang(
         assert len(steps) == 1 and steps != {0}, (mode, steps)
 
 
+@pytest.fixture(scope="module")
+def two_workers_per_rank(
+    issue_corpus: tuple[str, int], tmp_path_factory: pytest.TempPathFactory
+) -> list[dict[str, Any]]:
+    """The ranks' reports of one torchrun (2 ranks x 2 DataLoader workers, batches of 16)
+    that runs both modes, one after the other: one launch, asserted per mode below."""
+    source, _ = issue_corpus
+    return torchrun(2, source, tmp_path_factory.mktemp("two-workers"), shuffle=True, options=(
+        "--workers", "2", "--batch", "16", "--buffer", "256", "--modes", "drop", "pad",
+        "--batching", "loader", "dataset"))
+
+
 @pytest.mark.parametrize("mode", ["drop", "pad"])
 def test_ddp_with_two_workers_per_rank_makes_equal_batches(
-    issue_corpus: tuple[str, int], tmp_path: Path, mode: str
+    issue_corpus: tuple[str, int], two_workers_per_rank: list[dict[str, Any]], mode: str
 ) -> None:
     """Issue 26: torchrun, 2 ranks x 2 DataLoader workers, batches of 16 made by the loader
     and by ``.batch(16)``: an all_reduce after every batch finishes (was a hang: 63 batches
     on one rank, 64 on the other), and both ranks see the same batch sizes."""
-    source, total = issue_corpus
-    reports = torchrun(2, source, tmp_path, shuffle=True, options=(
-        "--workers", "2", "--batch", "16", "--buffer", "256", "--modes", mode,
-        "--batching", "loader", "dataset"))
+    _, total = issue_corpus
+    reports = two_workers_per_rank
     for batching in ("loader", "dataset"):
         runs = [report["modes"][mode][batching] for report in reports]
         assert runs[0]["sizes"] == runs[1]["sizes"], batching

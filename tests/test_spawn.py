@@ -165,10 +165,13 @@ def test_pickling_a_dataset_with_a_lambda_names_the_step_and_the_fix(messy):
 # -- DataLoader workers started by spawn and forkserver ----------------------------------------
 
 
-@pytest.mark.parametrize("context", ["spawn", "forkserver"])
-def test_workers_started_by_pickling_yield_once_and_resume_exactly(messy, context):
-    if context not in mp.get_all_start_methods():
-        pytest.skip(f"{context} is not available on this platform")
+def test_workers_started_by_pickling_yield_once_and_resume_exactly(messy):
+    """The first half under spawn, the rest resumed under forkserver: each start method
+    pickles the dataset (and the resumed one its state) into workers that import everything
+    afresh, and a spawned worker costs seconds, so each method starts one loader."""
+    contexts = [context for context in ("spawn", "forkserver")
+                if context in mp.get_all_start_methods()]
+    first, then = contexts[0], contexts[-1]  # spawn alone where forkserver is missing
     ds = dataset(messy["root"])
     reference, end = read(ds, None)  # fork (or the platform's default): the same readers
     assert sorted(reference) == sorted(i for i in messy["ids"] if i % 2 == 1)
@@ -176,9 +179,9 @@ def test_workers_started_by_pickling_yield_once_and_resume_exactly(messy, contex
     assert (total["bad"], total["blank"]) == (messy["bad"], messy["blank"])
 
     cut = len(reference) // BATCH // 2
-    head, state = read(dataset(messy["root"]), context, limit=cut)
+    head, state = read(dataset(messy["root"]), first, limit=cut)
     resumed = dataset(messy["root"])
-    dl = loader(resumed, context)
+    dl = loader(resumed, then)
     dl.load_state_dict(state)
     rest = [record["id"] for batch in dl for record in batch]
     assert head + rest == reference  # every record once, in the uninterrupted order
