@@ -43,6 +43,12 @@ def parquet_bytes(start: int, count: int, group: int) -> bytes:
     return sink.getvalue()
 
 
+class Server(ThreadingHTTPServer):
+    # the listen queue of socketserver's default (5) overflows when the read-ahead and the
+    # shard cache's copier connect at once on a busy machine, refusing connections
+    request_queue_size = 128
+
+
 class Hub(BaseHTTPRequestHandler):
     """The Hub's endpoints HfFileSystem calls, over `files` (path in repo -> bytes)."""
 
@@ -142,7 +148,7 @@ def hub():
                                                                                group)
         start += rows
     Hub.files = files
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    server = Server(("127.0.0.1", 0), Hub)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}", list(range(start))
