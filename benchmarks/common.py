@@ -285,14 +285,16 @@ def replace_section(path: Path, section: str, body: str) -> None:
     path.write_text(pattern.sub(lambda _: f"{start}\n{body.strip()}\n{end}", text, count=1))
 
 
-def child_result(args: list[str], spec: Any, *, what: str) -> Any:
-    """Run ``python *args <spec as JSON>`` in a fresh process from the repository root and
-    return the JSON it prints last; RuntimeError naming `what`, with the end of its stderr,
-    when it fails."""
+def child_result(args: list[str], spec: Any, *, what: str, tree: Path | None = None) -> Any:
+    """Run ``python *args <spec as JSON>`` in a fresh process from the repository root (with
+    `tree` first on its path: another checkout's streamds) and return the JSON it prints last;
+    RuntimeError naming `what`, with the end of its stderr, when it fails."""
     # bytecode caches on, as an installed package has them (this sandbox turns them off, and
     # compiling streamds anew would count in every child's first batch)
     env = {key: value for key, value in os.environ.items()
            if key != "PYTHONDONTWRITEBYTECODE"}
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
     done = subprocess.run([sys.executable, *args, json.dumps(spec)], capture_output=True,
                           text=True, cwd=ROOT, env=env)
     if done.returncode:

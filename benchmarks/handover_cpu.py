@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from common import child_result
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -84,12 +84,9 @@ def corpora(scale: float) -> dict[str, Path]:
 
 
 def run(tree: Path, path: Path, workers: int, route: str) -> dict:
-    spec = json.dumps({"path": str(path), "workers": workers, "route": route})
-    done = subprocess.run([sys.executable, __file__, "--child", spec], capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": str(tree)})
-    if done.returncode:
-        raise RuntimeError(f"child failed ({tree}):\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return child_result([__file__, "--child"],
+                        {"path": str(path), "workers": workers, "route": route},
+                        what=f"a child of {tree}", tree=tree)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from common import child_result
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -69,12 +69,9 @@ def measure(path: str, stateful: bool, floor: bool) -> dict:
 
 
 def run(tree: Path, path: Path, stateful: bool, floor: bool) -> dict:
-    spec = json.dumps({"path": str(path), "stateful": stateful, "floor": floor})
-    done = subprocess.run([sys.executable, __file__, "--child", spec], capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": str(tree)})
-    if done.returncode:
-        raise RuntimeError(f"child failed ({tree}):\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return child_result([__file__, "--child"],
+                        {"path": str(path), "stateful": stateful, "floor": floor},
+                        what=f"a child of {tree}", tree=tree)
 
 
 def main(argv: list[str] | None = None) -> int:
