@@ -31,6 +31,7 @@ _USERS = os.environ.get("TOKENIZERS_PARALLELISM")
 from tokenize_bench import (  # noqa: E402 (it sets TOKENIZERS_PARALLELISM: undone below)
     BATCH,
     MAX_TOKENS,
+    Tokenize,
     _load,
     jsonl_shards,
     run_once,
@@ -47,16 +48,6 @@ from torch.utils.data import DataLoader  # noqa: E402
 from streamds import PadCollate, StreamingJsonl, as_list  # noqa: E402
 
 LIST = 64  # records per encode_batch call
-
-
-class Tokenize:
-    """record -> {"input_ids": [...]}: one `encode` call per record."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = str(path)
-
-    def __call__(self, record: dict[str, Any]) -> dict[str, Any]:
-        return {"input_ids": _load(self.path).encode(text_of(record)).ids}
 
 
 class TokenizeBatch(Tokenize):

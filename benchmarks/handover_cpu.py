@@ -99,7 +99,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(measure(**json.loads(args.child))))
         return 0
-    sys.path.insert(0, str(HERE))
     from state_bench import ref_worktree
 
     trees = {"new": ROOT} if not args.ref else {"old": ref_worktree(args.ref), "new": ROOT}

@@ -84,7 +84,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(measure(**json.loads(args.child))))
         return 0
-    sys.path.insert(0, str(HERE))
     from state_bench import ref_worktree, write_short_records
 
     path = ROOT / "bench-data" / f"short-{args.records}.jsonl"
