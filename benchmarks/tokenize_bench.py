@@ -17,7 +17,8 @@ A second table isolates the hand-over: padded batches of the same shape replayed
 in the workers (nothing read or tokenized), sent as torch sends a dict of tensors (a /dev/shm
 file and a descriptor per tensor) and as streamds sends them (`TensorBatch`: copied through the
 worker's shared-memory ring).
-Writes the tables to benchmarks/results/tokenize_bench.md.
+Writes the tables to benchmarks/results/tokenize_bench.md (`--write-docs`: also into the
+bench:tokenize section of docs/performance.md).
 """
 
 from __future__ import annotations
@@ -34,7 +35,16 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from common import DATA_DIR, ROOT, Corpus, command_line, machine, own_cpu, pubmed_corpus
+from common import (
+    DATA_DIR,
+    Corpus,
+    add_write_docs,
+    command_line,
+    machine,
+    own_cpu,
+    publish,
+    pubmed_corpus,
+)
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the workers fork after training
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -49,7 +59,6 @@ from streamds.handover.shm_tensors import TensorBatch
 BATCH = 16
 MAX_TOKENS = 512
 READERS = ("streamds", "datasets", "webdataset")
-RESULTS = ROOT / "benchmarks" / "results" / "tokenize_bench.md"
 
 
 # -- the tokenizer: trained once, loaded by path in every process ----------------------------
@@ -235,6 +244,7 @@ def main() -> None:
                         default=list(READERS),
                         help="streamds-all: streamds with worker_cpus='all' (the OS places "
                         "the workers)")
+    add_write_docs(parser, "tokenize")
     args = parser.parse_args()
     mb = args.mb or (8 if args.quick else 60)
     warnings.filterwarnings("ignore", message=".*set_vital.*")
@@ -275,9 +285,8 @@ def main() -> None:
         f"The hand-over alone: batches/s of padded batches of the same shape replayed from "
         f"memory in the workers, medians of {args.rounds} rounds.\n\n{crossing}\n"
     )
-    print("\n" + report)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(report)
+    runs = {f"{reader} {n}": rows for (reader, n), rows in results.items()}
+    publish("tokenize_bench", report, runs, "tokenize" if args.write_docs else None)
 
 
 if __name__ == "__main__":
