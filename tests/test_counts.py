@@ -457,19 +457,23 @@ def whole_dataset(root: Path) -> Any:
     return StreamingJsonl(root, on_error="skip").filter(under_5000)
 
 
-@pytest.mark.parametrize("route", ["stateful_loader", "ds.loader", "ds.loader small records"])
+@pytest.mark.parametrize("route", ["stateful_loader", "ds.loader", "ds.loader small records",
+                                   "ds.loader snapshot_every_n_steps=3"])
 def test_counts_after_an_epoch_hold_the_lines_after_each_workers_last_batch(
     whole_batches, route
 ):
     """Each worker's records fill whole batches, so it reads the lines after its last batch
-    only when asked for one more; the state after the epoch holds them all, and loaded it
-    starts the next epoch with every record once."""
+    only when asked for one more; the state after the epoch holds them all (also 2 batches
+    after the last snapshot: 128 batches), and loaded it starts the next epoch with every
+    record once."""
 
     def make() -> Any:
         ds = whole_dataset(whole_batches)
         if route == "stateful_loader":
             return streamds.stateful_loader(ds, batch_size=32, num_workers=2, collate_fn=keep)
-        return ds.loader(32, num_workers=2, small_records=route.endswith("small records"))
+        every = {"snapshot_every_n_steps": 3} if "every" in route else {}
+        return ds.loader(32, num_workers=2, small_records=route.endswith("small records"),
+                         **every)
 
     loader = make()
     sizes = [len(batch) for batch in loader]

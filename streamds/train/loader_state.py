@@ -46,6 +46,7 @@ _STEPS_SINCE_SNAPSHOT = "_steps_since_snapshot"  # batches yielded since the wor
 _LAST_YIELDED_WORKER_ID = "_last_yielded_worker_id"  # the worker of the batch yielded last
 _NUM_YIELDED = "_num_yielded"  # ... and a single-process loader
 _ITERATOR_FINISHED = "_iterator_finished"  # the epoch's iterator ran out
+_SNAPSHOT_STEP = "_snapshot_step"  # batches yielded when the snapshot was taken
 _WORKER_SNAPSHOTS = "_worker_snapshots"  # worker key -> that worker's state (and the
 # attribute of the loader's iterator holding each worker's latest state, snapshot or not)
 _FETCHER_STATE = "fetcher_state"  # a worker's state: its fetcher's ...
@@ -133,15 +134,15 @@ def state_after_epoch(loader: Any, state: Any) -> Any:
     """`state`, the `state_dict()` of the StatefulDataLoader `loader` with workers, with every
     worker's state at its end once the epoch ran out: the state each worker sent with its
     StopIteration, which torchdata applies to its live worker states but puts in no snapshot
-    when no batch follows. Each is marked ended (torch marks it only when batch_size is set).
-    `state` as it is mid-epoch, without workers, or when taken between snapshots
-    (``snapshot_every_n_steps`` > 1: a loaded state replays batches from older worker states).
+    when no batch follows. Each is marked ended (torch marks it only when batch_size is set),
+    and the snapshot stands after the last batch (none to replay: with
+    ``snapshot_every_n_steps`` > 1 it stood at the last snapshot). `state` as it is
+    mid-epoch or without workers.
     """
     iterator = getattr(loader, "_iterator", None)
     latest = getattr(iterator, _WORKER_SNAPSHOTS, None)
     if (not isinstance(state, dict) or _SNAPSHOT not in state or not latest
-            or state.get(_ITERATOR_FINISHED) is not True
-            or state.get(_STEPS_SINCE_SNAPSHOT) != 0):
+            or state.get(_ITERATOR_FINISHED) is not True):
         return state
     ends = {}
     for key, worker in latest.items():
@@ -149,7 +150,12 @@ def state_after_epoch(loader: Any, state: Any) -> Any:
         if isinstance(end.get(_FETCHER_STATE), dict):
             end[_FETCHER_STATE][_FETCHER_ENDED] = True
         ends[key] = end
-    return {**state, _SNAPSHOT: {**state[_SNAPSHOT], _WORKER_SNAPSHOTS: ends}}
+    snapshot = state[_SNAPSHOT]
+    return {**state, _STEPS_SINCE_SNAPSHOT: 0, _SNAPSHOT: {
+        **snapshot, _WORKER_SNAPSHOTS: ends,
+        _SNAPSHOT_STEP: snapshot[_SNAPSHOT_STEP] + state[_STEPS_SINCE_SNAPSHOT],
+        _LAST_YIELDED_WORKER_ID: getattr(iterator, _LAST_YIELDED_WORKER_ID,
+                                         snapshot[_LAST_YIELDED_WORKER_ID])}}
 
 
 @functools.cache
