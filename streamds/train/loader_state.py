@@ -201,10 +201,23 @@ def _end_unshown(worker: Any) -> bool:
 
 
 def counts_of(state: Any) -> dict[str, int]:
-    """The counters of every reader state found in `state`, summed (see
-    `streamds.resume.totals.counts_of`). Refuses the state of torchdata's own StatefulDataLoader
-    taken after its epoch in which a worker's state is from its last batch, before the lines
-    after that batch: the counts would miss them."""
+    """The counters of every reader state found in `state`, summed: "bad" (malformed lines
+    skipped under on_error="skip"), "corrupt_blocks", "blank" and "dropped" (records a map or
+    filter removed). `state`: a dataset's, batcher's or loader's `state_dict()`, a list of
+    every rank's, or a merged state (`streamds.resume.totals.counts_of` says how far a state
+    taken mid-epoch counts).
+
+    After an epoch the counts hold every line read. Refused (ValueError naming the fix): the
+    state of torchdata's own StatefulDataLoader after its epoch that holds a worker's state
+    from its last batch, before the lines after that batch; the loaders streamds builds keep
+    each worker's end.
+
+    Example::
+
+        loader = ds.loader(32, num_workers=2)
+        for batch in loader: ...
+        print(streamds.counts_of(loader.state_dict()))  # {"bad": 3, "blank": 0, ...}
+    """
     for loader_state in _finished_loader_states(state):
         workers = loader_state[_SNAPSHOT].get(_WORKER_SNAPSHOTS) or {}
         unshown = [key for key, worker in workers.items() if _end_unshown(worker)]
