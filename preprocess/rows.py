@@ -3,7 +3,9 @@
 ::
 
     format of the file name             # streamds.formats.registry: parquet, arrow
-      -> layout_of(file)                # the footer (Arrow stream: its message headers)
+      -> settle(file)                   # its layout, as the library settles it: the footer;
+                                        #   an Arrow stream's message headers where local, its
+                                        #   schema alone where remote (rows counted as read)
       -> rows_from(file, first row)     # the format module's reader: to_pylist() records,
                                         #   its refusals by column (decimal, zoned timestamps)
       -> json_refusal(value)            # what JSON cannot hold, refused naming the column
@@ -16,6 +18,11 @@ bytes (JSON has no bytes), dates, times and durations (JSON would hold strings, 
 yields datetime objects), a map column (its pairs would come back as lists), NaN and
 Infinity (JSON has none). A damaged file raises the format module's CorruptShardError,
 naming the file and the row group (record batch).
+
+A remote file is read once: an Arrow stream there is not counted first (that would
+download it twice), so its progress is the bytes read so far, counted as each record batch
+arrives, before its records are yielded; a rerun resuming inside it starts counting after
+the batch its first row lies in (the run before counted that batch when it yielded the row).
 """
 
 from __future__ import annotations
@@ -27,7 +34,13 @@ from contextlib import closing
 from typing import Any
 
 from streamds.formats import values
-from streamds.formats.columnar import Columnar, UnsupportedColumnError, require_pyarrow
+from streamds.formats.columnar import (
+    Columnar,
+    Layout,
+    UnsupportedColumnError,
+    require_pyarrow,
+)
+from streamds.formats.protocol import FileFacts
 from streamds.formats.registry import of_file
 from streamds.storage.shards import Shard
 
@@ -88,12 +101,31 @@ def _open(path: str, fs: Any, fs_path: str, size: int | None, version: str | Non
     """(the file, its stored size, what identifies its content here): a local file through
     pyarrow's own file object (no Python between; not memory-mapped, so a file truncated
     while it is read is an error, not a SIGBUS), a remote one through its filesystem."""
-    if fs is not None:
-        file = fs.open(fs_path, "rb")
+    if fs is not None:  # read ahead as it goes: each byte fetched once (fsspec's default
+        # cache for HTTP trims blocks not read yet and fetches them again)
+        file = fs.open(fs_path, "rb", cache_type="readahead")
         return file, size if size is not None else int(file.size or 0), version
     file = require_pyarrow(path).OSFile(path)
     info = os.fstat(file.fileno())  # the footer cache's key: a file rewritten is another
     return file, info.st_size, f"{info.st_ino}:{info.st_mtime_ns}:{info.st_ctime_ns}"
+
+
+def _layout(fmt: Columnar, file: Any, path: str, stored: int, local: bool) -> Layout:
+    """The file's layout as the library settles it (`Format.settle`), read from the open
+    `file`: the footer; an Arrow stream's message headers where local (a disk read), its
+    schema alone where remote (counting would read all of it; `Layout.counted` is False)."""
+
+    def read(fn: Callable[[Any], Any], _what: str) -> Any:
+        return fn(file)
+
+    def read_exact(start: int, end: int) -> bytes:
+        file.seek(start)
+        return file.read(end - start)
+
+    facts = FileFacts(name=os.path.basename(path), url=path, size=stored, codec=None,
+                      on_error="raise", read=read, read_exact=None if local else read_exact,
+                      local=local)
+    return fmt.settle(facts).layout
 
 
 def rows_of_file(
@@ -102,29 +134,41 @@ def rows_of_file(
 ) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
     """(file row number, JSON text, record) of the Parquet or Arrow file `path` (on `fs` at
     `fs_path` when remote) from row `first`, group by group through the format module's
-    reader. `count(n)` hears stored bytes read: a share of `size` by rows, the whole of it
-    once the file is read."""
+    reader, each stored byte read once. `count(n)` hears stored bytes read: a share of
+    `size` by rows where the layout counts them, else the bytes read so far (a remote Arrow
+    stream); the whole of it once the file is read."""
     fmt = of_file(path)[0]
     if not isinstance(fmt, Columnar):  # pragma: no cover - the caller names columnar files
         raise ConversionError(f"{path}: not a Parquet or Arrow file name")
     file, stored, version = _open(path, fs, fs_path, size, version)
     dumps = values.dumps
     with closing(file):
-        layout = fmt.layout_of(file, path)
+        layout = _layout(fmt, file, path, stored, local=fs is None)
         shard = Shard(url=path, path=fs_path or path, size=stored, format=fmt, codec=None,
                       layout=layout, version=version)
-        total = layout.rows
+        total = layout.rows if layout.counted else 0
         counted = stored * first // total if total else 0
+        # a rerun inside an uncounted stream: the run before counted the batch its first
+        # row lies in, so counting starts after that batch
+        resumed_inside = first > 0 and not layout.counted
         try:
             for row, records in fmt.rows_from(file, shard, first):
+                if not layout.counted:  # the batch is read: count it before its rows go
+                    done = file.tell()
+                    if resumed_inside:
+                        counted, resumed_inside = done, False
+                    count(done - counted)
+                    counted = done
                 for at, record in enumerate(records, row):
                     _checked(path, at, record)
                     yield at, dumps(record), record
-                done = stored * (row + len(records)) // total
-                count(done - counted)
-                counted = done
+                if layout.counted:
+                    done = stored * (row + len(records)) // total
+                    count(done - counted)
+                    counted = done
         except UnsupportedColumnError as err:  # the library's refusal, in convert's words
             raise ColumnError(str(err).replace(
                 "or leave it out with columns=[...]",
                 "or read the file with StreamingJsonl(columns=[...]) without it")) from err
-        count(stored - counted)  # the rest: the footer, a file without rows
+        if not resumed_inside:
+            count(stored - counted)  # the rest: the footer, the end of the stream

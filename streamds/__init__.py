@@ -71,7 +71,7 @@ _HOMES = {
     "TokenBudget": "stages.buckets",
     "World": "world",
     "as_list": "train.collate",
-    "counts_of": "resume.totals",
+    "counts_of": "train.loader_state",
     "cpu_quota": "stages.cpus",
     "detect_world": "world",
     "document_mask": "datasets.pack",
@@ -108,7 +108,7 @@ if TYPE_CHECKING:
         MissingCodecError,
         StateMismatchError,
     )
-    from .resume.totals import counts_of, source_counts, token_counts
+    from .resume.totals import source_counts, token_counts
     from .retry import RetryPolicy
     from .stages.batch import RecordBatch
     from .stages.buckets import LengthBuckets, TokenBudget
@@ -116,7 +116,7 @@ if TYPE_CHECKING:
     from .storage.settings import Storage
     from .train.collate import PadCollate, as_list
     from .train.loader import stateful_loader
-    from .train.loader_state import merge_states
+    from .train.loader_state import counts_of, merge_states
     from .train.prefetch import DevicePrefetcher
     from .train.rebatch import Rebatch
     from .train.stall import StallMeter

@@ -7,9 +7,11 @@ from __future__ import annotations
 import datetime
 import decimal
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import fsspec
+import orjson
 import pyarrow as pa
 import pyarrow.ipc
 import pyarrow.parquet as pq
@@ -236,3 +238,61 @@ def test_a_remote_parquet_folder_converts(folder, tmp_path):
     finally:
         fs.rm("/convertpq", recursive=True)
     assert read_back(tmp_path / "out") == list(StreamingJsonl(folder))
+
+
+def _served_bytes(log: list, path: str, size: int) -> int:
+    """Body bytes the loopback server sent for `path` (GETs: ranged or whole)."""
+    sent = 0
+    for request in log:
+        if request.method != "GET" or request.path != path:
+            continue
+        first, last = (0, size - 1) if request.range is None else (
+            int(n) if n else size - 1 for n in request.range[len("bytes="):].split("-"))
+        sent += min(last, size - 1) - first + 1
+    return sent
+
+
+def test_a_remote_arrow_stream_is_downloaded_once_and_resumes_inside(tmp_path):
+    """A remote Arrow stream (what `save_to_disk` writes) has no footer: convert reads it
+    once, counting as it goes (not a pass to count its rows, then another to convert), the
+    bar moves with the bytes read, and a rerun resumes inside it with the bytes adding up."""
+    pytest.importorskip("aiohttp", reason="HTTP inputs need the 'remote' extra (aiohttp)")
+    from testbed.http import serve
+
+    www = tmp_path / "www"
+    www.mkdir()
+    write_arrow(www / "data-00000-of-00001.arrow", [400] * 12, stream=True)
+    size = (www / "data-00000-of-00001.arrow").stat().st_size
+    options = {**SMALL, "storage_options": {"block_size": 64 << 10}}  # ~6 blocks in the file
+    want = list(StreamingJsonl(www / "data-00000-of-00001.arrow"))
+
+    class Stop(Exception):
+        pass
+
+    def stop_after(shards: int) -> Callable[[Progress], None]:
+        def progress(p: Progress) -> None:
+            seen.append(p)
+            if p.shards >= shards:
+                raise Stop
+        return progress
+
+    with serve(www) as server:
+        url = f"{server.url}/data-00000-of-00001.arrow"
+        seen: list[Progress] = []
+        convert([url], tmp_path / "out", progress=seen.append, **options)
+        assert _served_bytes(server.log, "/data-00000-of-00001.arrow", size) == size
+        assert read_back(tmp_path / "out") == want
+        done = [p.stored_bytes for p in seen]
+        assert done == sorted(done) and done[-1] == size
+        assert len({n for n in done if 0 < n < size}) >= 3, done  # moves while reading
+
+        seen = []
+        with pytest.raises(Stop):
+            convert([url], tmp_path / "again", progress=stop_after(40), **options)
+        journal = orjson.loads((tmp_path / "again" / ".streamds-convert.json").read_bytes())
+        assert journal["shards"][-1]["next"]["offset"] > 0  # the rerun starts inside the file
+        seen = []
+        convert([url], tmp_path / "again", progress=seen.append, **options)
+    assert read_back(tmp_path / "again") == want  # each record once
+    assert seen[0].resumed_bytes > 0
+    assert seen[-1].resumed_bytes + seen[-1].stored_bytes == size

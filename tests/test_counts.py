@@ -425,3 +425,84 @@ def test_a_plain_loader_resume_reads_a_byte_order_mark_as_the_reader_does(tmp_pa
     path.write_bytes(b"\xef\xbb\xbf\n" + corpus.jsonl(corpus.make_records(10)))
     rest = StreamingJsonl(str(path)).resume_after_batches(1, batch_size=3, num_workers=0)
     assert [record["id"] for record in rest] == list(range(3, 10))
+
+
+# -- counts after an epoch whose workers' records fill whole batches -------------------------
+
+
+def under_5000(record: dict[str, Any]) -> bool:
+    return record["id"] < 5000
+
+
+@pytest.fixture(scope="module")
+def whole_batches(tmp_path_factory) -> Path:
+    """Two files, one per worker, each of 2048 records (whole batches of 32, and one whole
+    message of ds.loader's small-record route), then lines that give no record: 3 malformed,
+    1 blank and 5 records a filter drops (`under_5000`), plus one malformed line among the
+    records."""
+    root = tmp_path_factory.mktemp("whole")
+    for part in range(2):
+        lines = [orjson.dumps({"id": part * 2048 + i}) for i in range(2048)]
+        lines.insert(10, BAD_LINE)
+        lines += [BAD_LINE, b"", BAD_LINE] + [orjson.dumps({"id": 5000 + i}) for i in range(5)]
+        lines.append(BAD_LINE)
+        (root / f"part-{part}.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    return root
+
+
+WHOLE = {"bad": 8, "blank": 2, "dropped": 10, "corrupt_blocks": 0}
+
+
+def whole_dataset(root: Path) -> Any:
+    return StreamingJsonl(root, on_error="skip").filter(under_5000)
+
+
+@pytest.mark.parametrize("route", ["stateful_loader", "ds.loader", "ds.loader small records",
+                                   "ds.loader snapshot_every_n_steps=3"])
+def test_counts_after_an_epoch_hold_the_lines_after_each_workers_last_batch(
+    whole_batches, route
+):
+    """Each worker's records fill whole batches, so it reads the lines after its last batch
+    only when asked for one more; the state after the epoch holds them all (also 2 batches
+    after the last snapshot: 128 batches), and loaded it starts the next epoch with every
+    record once."""
+
+    def make() -> Any:
+        ds = whole_dataset(whole_batches)
+        if route == "stateful_loader":
+            return streamds.stateful_loader(ds, batch_size=32, num_workers=2, collate_fn=keep)
+        every = {"snapshot_every_n_steps": 3} if "every" in route else {}
+        return ds.loader(32, num_workers=2, small_records=route.endswith("small records"),
+                         **every)
+
+    loader = make()
+    sizes = [len(batch) for batch in loader]
+    assert sizes == [32] * 128  # whole batches only: no short last batch to end a worker
+    state = loader.state_dict()
+    assert streamds.counts_of(state) == WHOLE
+    again = make()
+    again.load_state_dict(state)
+    ids = [record["id"] for batch in again for record in batch]
+    assert sorted(ids) == list(range(4096))
+    assert streamds.counts_of(again.state_dict()) == WHOLE
+
+
+def test_counts_of_refuses_a_torchdata_state_that_misses_a_workers_end(whole_batches):
+    """torchdata's own loader keeps no worker state taken after the last batch: counts_of
+    says so (naming the fix) rather than count short; where each worker's state shows its
+    end (a short last batch), it counts."""
+    loader = StatefulDataLoader(whole_dataset(whole_batches), batch_size=32, num_workers=2,
+                                collate_fn=keep)
+    assert sum(len(batch) for batch in loader) == 4096
+    with pytest.raises(ValueError, match=r"worker_0, worker_1 as of the last batch it made.*"
+                                         r"streamds\.stateful_loader\(\.\.\.\) or ds\.loader"):
+        streamds.counts_of(loader.state_dict())
+    short_last = [  # 2048 = 68 * 30 + 8: each worker's last batch ends its records
+        StatefulDataLoader(whole_dataset(whole_batches), batch_size=30, num_workers=2,
+                           collate_fn=keep),
+        StatefulDataLoader(whole_dataset(whole_batches).batch(30), batch_size=None,
+                           num_workers=2, collate_fn=keep),
+    ]
+    for loader in short_last:
+        assert sum(len(batch) for batch in loader) == 4096
+        assert streamds.counts_of(loader.state_dict()) == WHOLE

@@ -66,10 +66,11 @@ def write_eval_set(root: Path, sizes: tuple[int, ...]) -> str:
 def run_ranks(source: str, *, workers: int = 0,
               collate_fn: Callable[[list[dict[str, Any]]], Any] = collate,
               ) -> list[dict[str, Any]]:
-    """Each rank's steps: (its rid batch, every rank's real rows, end_of_dataloader), or the
-    error it raised."""
+    """Each rank's steps: (its rid batch, every rank's real rows, end_of_dataloader), the
+    rows its loader kept over the ranks in all, or the error it raised."""
     board = Board(WORLD)
-    results: list[dict[str, Any]] = [{"steps": [], "error": None} for _ in range(WORLD)]
+    results: list[dict[str, Any]] = [{"steps": [], "error": None, "kept": None}
+                                     for _ in range(WORLD)]
 
     def rank_main(rank: int) -> None:
         dataset = StreamingJsonl(source, rank=rank, world_size=WORLD)
@@ -79,6 +80,7 @@ def run_ranks(source: str, *, workers: int = 0,
             for batch in loader:
                 results[rank]["steps"].append(
                     (batch["rid"], list(loader.rows), loader.end_of_dataloader))
+            results[rank]["kept"] = loader.rows_kept
         except Exception as err:
             results[rank]["error"] = err
 
@@ -117,6 +119,8 @@ def test_ranks_with_unequal_batches_make_equal_steps_and_count_each_record_once(
     assert 0 in real[1]
     kept = gathered_ids(results)
     assert sorted(kept) == list(range(sum(SIZES)))
+    # every rank knows the rows kept over all ranks: the evaluation's samples
+    assert [result["kept"] for result in results] == [sum(SIZES)] * WORLD
     # the last step is flagged on every rank, and only the last
     for result in results:
         assert [step[2] for step in result["steps"]] == [False] * (steps[0] - 1) + [True]
@@ -201,6 +205,50 @@ def test_streamds_trainer_evaluates_and_predicts_through_the_eval_loader(tmp_pat
     assert trainer.gather_function == trainer.accelerator.gather_for_metrics
     predicted = trainer.predict(StreamingJsonl(source))
     assert sorted(predicted.label_ids[1].tolist()) == list(range(sum(SIZES)))
+
+
+class MirrorRanks:
+    """Two ranks in one process: the other rank reads the same share (sizes and gathers
+    twice this rank's)."""
+
+    rank = 0
+
+    def __init__(self, accelerator: Any) -> None:
+        pass
+
+    def sizes(self, size: int) -> list[int]:
+        return [size, size]
+
+    def batch_from(self, batch: Any, source: int) -> Any:
+        return batch
+
+
+def test_eval_speed_metrics_count_the_rows_of_every_rank(tmp_path: Path, monkeypatch) -> None:
+    """eval_samples_per_second divides every rank's real rows (what the gathers keep), not
+    this rank's: here two ranks of 29 rows each evaluate 58."""
+    import transformers.trainer
+    from accelerate.utils import recursively_apply
+
+    import streamds.integrations.transformers as integration
+
+    source = write_eval_set(tmp_path / "eval", SIZES)
+    seen: list[list[int]] = []
+    trainer = eval_trainer(tmp_path, StreamingJsonl(source), seen)
+    monkeypatch.setattr(integration, "AccelerateRanks", MirrorRanks)
+    monkeypatch.setattr(trainer.accelerator, "gather", lambda data: recursively_apply(
+        lambda tensor: torch.cat([tensor, tensor]), data))
+    speeds: list[dict[str, Any]] = []
+    measure = transformers.trainer.speed_metrics
+
+    def speed_metrics(split: str, start_time: float, **counts: Any) -> dict[str, float]:
+        speeds.append(counts)
+        return measure(split, start_time, **counts)
+
+    monkeypatch.setattr(transformers.trainer, "speed_metrics", speed_metrics)
+    metrics = trainer.evaluate()
+    assert metrics["eval_records"] == 2 * sum(SIZES) and len(seen[0]) == 2 * sum(SIZES)
+    assert speeds == [{"num_samples": 2 * sum(SIZES),  # both ranks' real rows
+                       "num_steps": -(-2 * sum(SIZES) // (BATCH * trainer.args.world_size))}]
 
 
 @pytest.mark.parametrize("mode", ["drop", "pad"])

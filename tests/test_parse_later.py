@@ -21,6 +21,7 @@ from streamds import (
     StreamingJsonl,
     counts_of,
     merge_states,
+    stateful_loader,
 )
 from streamds.handover import shm_ring
 from streamds.stages.parse import BLANK, LineNumbers, Parse
@@ -122,7 +123,8 @@ def test_what_needs_the_values_in_the_worker_still_parses_there(
         ds = ds.map(add_one)
     batched = ds.batch(LengthBuckets(4, buffer_size=64, length=long_text) if how == "rule"
                        else 4)
-    loader = StatefulDataLoader(batched, batch_size=None, num_workers=WORKERS)
+    # (streamds' loader: its state after the epoch holds each worker's end, so it counts all)
+    loader = stateful_loader(batched, batch_size=None, num_workers=WORKERS)
     got = [record for batch in loader for record in batch]
     assert len(got) == 540 + (how == "skip") and all(isinstance(r, dict) for r in got)
     if how == "map":
@@ -188,8 +190,8 @@ def test_a_malformed_line_raises_from_next_before_the_state_counts_its_batch(
     again.load_state_dict(state)
     with pytest.raises(CorruptRecordError):
         next(iter(again))
-    skipping = StatefulDataLoader(StreamingJsonl(str(path), on_error="skip").batch(4),
-                                  batch_size=None, num_workers=1)
+    skipping = stateful_loader(StreamingJsonl(str(path), on_error="skip").batch(4),
+                               batch_size=None, num_workers=1)  # counts to each worker's end
     skipping.load_state_dict(state)
     rest = [r["id"] for batch in skipping for r in batch]
     assert seen + rest == [i for i in range(41) if i != 30]

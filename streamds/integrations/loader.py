@@ -21,9 +21,10 @@ from typing import Any
 
 from ..errors import StateMismatchError
 from ..train.loader import stateful_loader, stop_workers, torchdata_set_vital_ignored
+from ..train.loader_state import stateful_loader_class
 from . import require
 
-_stateful = require("torchdata.stateful_dataloader")
+require("torchdata.stateful_dataloader")  # an ImportError naming the package where missing
 
 __all__ = ["RANKS", "StreamdsLoader", "stateful_loader"]
 
@@ -68,7 +69,7 @@ def _world() -> tuple[int, int]:
     return 0, 1
 
 
-class StreamdsLoader(_stateful.StatefulDataLoader):
+class StreamdsLoader(stateful_loader_class()):  # type: ignore[misc]
     """A `StatefulDataLoader` whose state holds every rank's state after its last batch
     trained: the last batch handed out, unless `trained` (batches of the current epoch's
     iterator) says fewer."""

@@ -270,7 +270,8 @@ class StreamdsTrainer(_transformers.Trainer):
 
     def evaluation_loop(self, dataloader: DataLoader, *args: Any, **kwargs: Any) -> Any:
         """Trainer's loop; over an `EvalLoader` its gathers keep each rank's real rows
-        (`gather_rows`), and accelerate's `GradientState` sees the loader's last step."""
+        (`gather_rows`), accelerate's `GradientState` sees the loader's last step, and its
+        samples (what the speed metrics divide) are the real rows of every rank."""
         if not isinstance(dataloader, EvalLoader):
             return super().evaluation_loop(dataloader, *args, **kwargs)
         accelerator, options = self.accelerator, self.args
@@ -284,11 +285,15 @@ class StreamdsTrainer(_transformers.Trainer):
         averaged, options.average_tokens_across_devices = (
             options.average_tokens_across_devices, False)
         try:
-            return super().evaluation_loop(dataloader, *args, **kwargs)
+            output = super().evaluation_loop(dataloader, *args, **kwargs)
         finally:
             options.average_tokens_across_devices = averaged
             accelerator.gradient_state._remove_dataloader(dataloader)
             self.gather_function = accelerator.gather_for_metrics
+        # Trainer counts this rank's rows (its dataset's length, or the rows it saw, repeats
+        # included); eval_samples_per_second and eval_steps_per_second (those samples over
+        # global batches of eval_batch_size x processes) divide what every rank evaluated
+        return output._replace(num_samples=dataloader.rows_kept)
 
     def _run_epoch(self, **kwargs: Any) -> Any:
         loader = kwargs["train_dataloader"]

@@ -13,7 +13,14 @@ from typing import Any
 
 from ..stages.mixing import MixStage
 from ..stages.packing import PACK_COUNTERS, PackStage
-from ..stages.state import READER, ReaderState, expanded, refuse_other_version, stage_of
+from ..stages.state import (
+    READER,
+    ReaderState,
+    expanded,
+    find_nodes,
+    refuse_other_version,
+    stage_of,
+)
 from .merge import (
     COUNTERS,
     MERGED_MIX,
@@ -25,7 +32,7 @@ from .merge import (
     merged_counts,
 )
 
-__all__ = ["counts_of", "source_counts", "token_counts"]
+__all__ = ["counts_of", "readers_finished", "source_counts", "token_counts"]
 
 
 
@@ -39,10 +46,10 @@ def counts_of(state: Any) -> dict[str, int]:
 
     A state taken at the end of an epoch counts the whole epoch. One taken in the middle
     counts up to where it would resume: the start of the current read (about 256 KiB), or,
-    with shuffle=True, up to a buffer's worth of records earlier. A StatefulDataLoader with
-    workers keeps each worker's state as of the last batch that worker delivered, so lines
-    after it (all of them, when a filter drops every record) show only in that worker's
-    end-of-epoch log line.
+    with shuffle=True, up to a buffer's worth of records earlier. torchdata's own
+    StatefulDataLoader with workers may keep a worker's state from its last batch after the
+    epoch, before the lines after it; `streamds.counts_of` (`train.loader_state.counts_of`)
+    refuses such a state, and the loaders streamds builds keep each worker's end.
 
     Example::
 
@@ -52,6 +59,12 @@ def counts_of(state: Any) -> dict[str, int]:
     totals: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
     _add(state, totals)
     return dict(totals)
+
+
+def readers_finished(state: Any) -> bool:
+    """Whether every reader state in `state` says its epoch's iterator ran out (so its counts
+    hold every line it read); True where `state` holds no reader state."""
+    return all(ReaderState.finished_of(node) for node in find_nodes(state, (READER,)))
 
 
 def _add(found: Any, totals: Counter[str]) -> None:

@@ -149,6 +149,12 @@ class ReaderState:
         return counts
 
     @classmethod
+    def finished_of(cls, node: dict[str, Any]) -> bool:
+        """Whether a reader's node (of a state tree) was taken after its epoch's iterator ran
+        out (its counters then hold every line it read)."""
+        return node["finished"] is True
+
+    @classmethod
     def from_dict(cls, state: Any) -> ReaderState:
         """Strict: the dict `to_dict` made, of this format, with exactly its keys."""
         if not isinstance(state, dict) or FORMAT not in state:

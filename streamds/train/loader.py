@@ -30,7 +30,7 @@ from typing import Any
 from ..checks import check_bool, check_int
 from ..stages.batch import Batch
 from .collate import as_list
-from .loader_state import check_num_workers
+from .loader_state import check_num_workers, stateful_loader_class
 from .rebatch import Rebatch
 
 __all__ = ["MESSAGE_BYTES", "MESSAGE_RECORDS", "SMALL_RECORD", "Loader", "auto_workers",
@@ -60,7 +60,8 @@ def torchdata_set_vital_ignored() -> Iterator[None]:
 
 def stateful_loader(dataset: Any, **options: Any) -> Any:
     """``torchdata.stateful_dataloader.StatefulDataLoader(dataset, **options)``, built without
-    the warning torchdata's constructor triggers (torch's deprecated ``set_vital``); an
+    the warning torchdata's constructor triggers (torch's deprecated ``set_vital``), whose
+    state after an epoch holds every worker's end (`loader_state.stateful_loader_class`); an
     ImportError naming the package where torchdata is missing.
 
     Example::
@@ -69,14 +70,14 @@ def stateful_loader(dataset: Any, **options: Any) -> Any:
                                  num_workers=2)
     """
     try:
-        from torchdata.stateful_dataloader import StatefulDataLoader
+        loader_class = stateful_loader_class()
     except ImportError as err:
         raise ImportError(
             "a StatefulDataLoader needs torchdata, a dependency of streamds that is missing "
             "here; pip install torchdata"
         ) from err
     with torchdata_set_vital_ignored():
-        return StatefulDataLoader(dataset, **options)
+        return loader_class(dataset, **options)
 
 
 def stop_workers(loader: Any) -> None:

@@ -15,17 +15,28 @@ count on another machine), and how to change the number of workers: merge the st
 
 `merge_states` (the public one) refuses a loader state taken between snapshots
 (`steps_since_snapshot`) before the states are merged (`streamds.resume.merge`).
+
+After an epoch: torchdata's loader keeps each worker's state as of the last batch the loader
+yielded. A worker whose records fill whole batches reads the lines after its last batch (lines
+skipped, records filtered out) only when asked for one more, and its state after that (sent
+with its StopIteration) updates the loader's live worker states but no snapshot: no batch
+follows. `StatefulLoader` (what `stateful_loader`, ``ds.loader`` and `StreamdsLoader` build)
+returns, once its epoch ran out, every worker's state at its end (`state_after_epoch`), so
+`counts_of` counts the whole epoch; for a state of torchdata's own loader in which a worker's
+end is not shown, `counts_of` says so instead of counting short.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
 from ..errors import StateMismatchError
-from ..resume import merge
+from ..resume import merge, totals
 
-__all__ = ["check_num_workers", "merge_states", "saved_num_workers", "steps_since_snapshot",
+__all__ = ["check_num_workers", "counts_of", "merge_states", "saved_num_workers",
+           "state_after_epoch", "stateful_loader_class", "steps_since_snapshot",
            "worker_of_last_batch"]
 
 _SNAPSHOT = "_snapshot"  # torchdata's keys: a loader with workers ...
@@ -34,6 +45,14 @@ _NUM_WORKERS = "_num_workers"
 _STEPS_SINCE_SNAPSHOT = "_steps_since_snapshot"  # batches yielded since the worker snapshots
 _LAST_YIELDED_WORKER_ID = "_last_yielded_worker_id"  # the worker of the batch yielded last
 _NUM_YIELDED = "_num_yielded"  # ... and a single-process loader
+_ITERATOR_FINISHED = "_iterator_finished"  # the epoch's iterator ran out
+_SNAPSHOT_STEP = "_snapshot_step"  # batches yielded when the snapshot was taken
+_WORKER_SNAPSHOTS = "_worker_snapshots"  # worker key -> that worker's state (and the
+# attribute of the loader's iterator holding each worker's latest state, snapshot or not)
+_FETCHER_STATE = "fetcher_state"  # a worker's state: its fetcher's ...
+_FETCHER_ENDED = "fetcher_ended"  # ... flag that its dataset iterator ran out (set by torch
+# when batch_size is set; never when batch_size=None)
+_DATASET_STATE = "dataset_state"
 
 
 def saved_num_workers(state: Any) -> int:
@@ -109,3 +128,107 @@ def merge_states(states: Any) -> dict[str, Any]:
             "snapshot_every_n_steps, or resume in the same world with load_state_dict()"
         )
     return merge.merge_states(states)
+
+
+def state_after_epoch(loader: Any, state: Any) -> Any:
+    """`state`, the `state_dict()` of the StatefulDataLoader `loader` with workers, with every
+    worker's state at its end once the epoch ran out: the state each worker sent with its
+    StopIteration, which torchdata applies to its live worker states but puts in no snapshot
+    when no batch follows. Each is marked ended (torch marks it only when batch_size is set),
+    and the snapshot stands after the last batch (none to replay: with
+    ``snapshot_every_n_steps`` > 1 it stood at the last snapshot). `state` as it is
+    mid-epoch or without workers.
+    """
+    iterator = getattr(loader, "_iterator", None)
+    latest = getattr(iterator, _WORKER_SNAPSHOTS, None)
+    if (not isinstance(state, dict) or _SNAPSHOT not in state or not latest
+            or state.get(_ITERATOR_FINISHED) is not True):
+        return state
+    ends = {}
+    for key, worker in latest.items():
+        end = worker.get_state()  # a new dict: the loader's own stay as they are
+        if isinstance(end.get(_FETCHER_STATE), dict):
+            end[_FETCHER_STATE][_FETCHER_ENDED] = True
+        ends[key] = end
+    snapshot = state[_SNAPSHOT]
+    return {**state, _STEPS_SINCE_SNAPSHOT: 0, _SNAPSHOT: {
+        **snapshot, _WORKER_SNAPSHOTS: ends,
+        _SNAPSHOT_STEP: snapshot[_SNAPSHOT_STEP] + state[_STEPS_SINCE_SNAPSHOT],
+        _LAST_YIELDED_WORKER_ID: getattr(iterator, _LAST_YIELDED_WORKER_ID,
+                                         snapshot[_LAST_YIELDED_WORKER_ID])}}
+
+
+@functools.cache
+def stateful_loader_class() -> type:
+    """`StatefulLoader`: torchdata's StatefulDataLoader, whose `state_dict()` after an epoch
+    holds every worker's state at its end (`state_after_epoch`)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    class StatefulLoader(StatefulDataLoader):
+        __doc__ = StatefulDataLoader.__doc__
+
+        def state_dict(self) -> dict[str, Any]:
+            return state_after_epoch(self, super().state_dict())
+
+    return StatefulLoader
+
+
+def _finished_loader_states(found: Any) -> Iterator[dict[str, Any]]:
+    """Every state of a StatefulDataLoader with workers whose epoch ran out, nested anywhere
+    in `found`."""
+    if isinstance(found, dict):
+        if _SNAPSHOT in found and found.get(_ITERATOR_FINISHED) is True:
+            yield found
+            return
+        values: Any = found.values()
+    elif isinstance(found, (list, tuple)):
+        values = found
+    else:
+        return
+    for value in values:
+        yield from _finished_loader_states(value)
+
+
+def _end_unshown(worker: Any) -> bool:
+    """A worker's state in a finished loader's snapshot that may be from before the worker's
+    end: torch does not say its iterator ended, nor does every reader state in it."""
+    if not isinstance(worker, dict):
+        return False
+    fetcher = worker.get(_FETCHER_STATE)
+    if isinstance(fetcher, dict) and fetcher.get(_FETCHER_ENDED) is True:
+        return False
+    return not totals.readers_finished(worker.get(_DATASET_STATE))
+
+
+def counts_of(state: Any) -> dict[str, int]:
+    """The counters of every reader state found in `state`, summed: "bad" (malformed lines
+    skipped under on_error="skip"), "corrupt_blocks", "blank" and "dropped" (records a map or
+    filter removed). `state`: a dataset's, batcher's or loader's `state_dict()`, a list of
+    every rank's, or a merged state (`streamds.resume.totals.counts_of` says how far a state
+    taken mid-epoch counts).
+
+    After an epoch the counts hold every line read. Refused (ValueError naming the fix): the
+    state of torchdata's own StatefulDataLoader after its epoch that holds a worker's state
+    from its last batch, before the lines after that batch; the loaders streamds builds keep
+    each worker's end.
+
+    Example::
+
+        loader = ds.loader(32, num_workers=2)
+        for batch in loader: ...
+        print(streamds.counts_of(loader.state_dict()))  # {"bad": 3, "blank": 0, ...}
+    """
+    for loader_state in _finished_loader_states(state):
+        workers = loader_state[_SNAPSHOT].get(_WORKER_SNAPSHOTS) or {}
+        unshown = [key for key, worker in workers.items() if _end_unshown(worker)]
+        if unshown:
+            raise ValueError(
+                f"counts_of cannot count this StatefulDataLoader's epoch exactly: it ended, but "
+                f"its state holds each of {', '.join(sorted(unshown))} as of the last batch it "
+                "made, not the lines it read after that batch (skipped or filtered out), which "
+                "torchdata's StatefulDataLoader keeps in no state when no batch follows; build "
+                "the loader with streamds.stateful_loader(...) or ds.loader(...) (their state "
+                "after an epoch holds every worker's end), or read each worker's 'epoch N "
+                "done' log line"
+            )
+    return totals.counts_of(state)
