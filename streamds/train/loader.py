@@ -3,14 +3,20 @@
 ``ds.loader(32, num_workers=2, collate=streamds.PadCollate(pad_id=0))`` is a torchdata
 `StatefulDataLoader` whose workers hand over batches in few, large messages: torchdata takes
 every worker's state after each message, a fixed cost per message that small records would pay
-thousands of times a second. Two routes, chosen by the records' mean size where the dataset
-says it (`record_bytes()`: a converted corpus's manifest, or lines sampled across JSONL files):
+thousands of times a second. Two routes, chosen by the collate and the records' mean size where
+the dataset says it (`record_bytes()`: a converted corpus's manifest, or lines sampled across
+JSONL files):
 
-- small records (under SMALL_RECORD bytes): the workers hand over MESSAGE_RECORDS records at a
-  time (``ds.batch(2048)``), or fewer where their JSON lines reach MESSAGE_BYTES (records
-  that grow past the sampled ones), and the main process cuts the training batches from them
-  and collates them (`Rebatch`), so a cheap collate (padding) runs in the main process;
-- larger or unknown records: the workers make the training batches themselves
+- no collate, or small records (under SMALL_RECORD bytes), where the size is known: the workers
+  hand over MESSAGE_RECORDS records at a time (``ds.batch(2048)``), or as many as fit in
+  MESSAGE_BYTES (large records), or fewer where their JSON lines reach MESSAGE_BYTES (records
+  that grow past the sampled ones), and the main
+  process cuts the training batches from them and collates them (`Rebatch`), so a cheap
+  collate (padding) runs in the main process. Without a collate there is nothing to run where
+  the records are, and the main process builds every record it gets either way (it parses
+  the lines of plain records, `streamds.stages.parse_later`): big messages pay the loader's
+  fixed cost per message (~0.1 ms on 2 CPUs) a few times a second instead of hundreds;
+- a collate over larger or unknown records: the workers make the training batches themselves
   (``ds.batch(batch_size, collate=...)``), so the collate runs where the records are.
 
 Either way a state taken after any batch resumes exactly, and batches are handed on as the
@@ -113,6 +119,19 @@ def auto_workers() -> int:
     return 0 if cpus < 2 else min(cpus, MAX_AUTO_WORKERS)
 
 
+def _record_bytes(dataset: Any) -> float | None:
+    """The mean bytes of `dataset`'s records where it says (None: not known)."""
+    return getattr(dataset, "record_bytes", lambda: None)()
+
+
+def _message_records(record_bytes: float | None, batch_size: int) -> int:
+    """Records a worker's big message holds: MESSAGE_RECORDS, fewer where records of
+    `record_bytes` would pass MESSAGE_BYTES (records parsed in the workers, by a map or
+    under on_error='skip', are not measured as they go), and at least a training batch."""
+    fit = MESSAGE_RECORDS if record_bytes is None else int(MESSAGE_BYTES // max(record_bytes, 1))
+    return max(batch_size, min(MESSAGE_RECORDS, fit))
+
+
 def _messages(dataset: Any, records: int) -> Any:
     """`dataset` in the big batches its workers hand over on the small-record route: of
     `records` records, a reader's ended early at MESSAGE_BYTES bytes of lines (its batches
@@ -132,7 +151,8 @@ class Loader:
     what the model takes; None hands over the list. `num_workers`: "auto" is one per usable
     CPU (none on one CPU). `drop_last`: drop the epoch's short batches. `small_records`:
     whether records cross in big messages and are batched in the main process (see the
-    module's doc); "auto" decides by their mean size. Other keywords (`pin_memory`,
+    module's doc); "auto" does so where their mean size is known, without a collate, and with
+    one where records are small. Other keywords (`pin_memory`,
     `prefetch_factor`, `multiprocessing_context`, ...) go to the `StatefulDataLoader`.
     """
 
@@ -152,9 +172,10 @@ class Loader:
         if num_workers == "auto":
             num_workers = auto_workers()
         check_int("num_workers", num_workers, 0, "'auto', or the DataLoader workers (0: none)")
+        size = None
         if small_records == "auto":
-            size = getattr(dataset, "record_bytes", lambda: None)()
-            small_records = size is not None and size < SMALL_RECORD
+            size = _record_bytes(dataset)
+            small_records = size is not None and (collate is None or size < SMALL_RECORD)
         check_bool("small_records", small_records)
         for taken in ("batch_size", "collate_fn", "dataset", "sampler", "batch_sampler"):
             if taken in loader_options:
@@ -169,22 +190,30 @@ class Loader:
         self.small_records = small_records
         self._batches: Any
         if small_records:  # big messages; training batches cut and collated here
-            big = _messages(dataset, max(batch_size, MESSAGE_RECORDS))
+            if size is None:
+                size = _record_bytes(dataset)
+            big = _messages(dataset, _message_records(size, batch_size))
             self.loader = stateful_loader(big, batch_size=None, num_workers=num_workers,
                                           **loader_options)
             self._batches = Rebatch(self.loader, batch_size, collate=collate,
                                     drop_last=drop_last)
         else:  # training batches made and collated in the workers, handed on as made
-            batches = dataset.batch(batch_size, collate=collate or as_list,
-                                    drop_last=drop_last)
+            # no collate: a RecordBatch, which crosses from a worker in its shared-memory ring
+            # (plain records as their lines, parsed here), handed on as its list; a list
+            # would be pickled through the pipe
+            batches = dataset.batch(batch_size, collate=collate, drop_last=drop_last)
             # collate_fn=as_list: not torch's default conversion, which copies every record
             # and walks every value of a batch (thousands of calls a batch of large records)
             self.loader = stateful_loader(batches, batch_size=None, collate_fn=as_list,
                                           num_workers=num_workers, **loader_options)
             self._batches = self.loader
+        self._record_batches = not small_records and collate is None
 
     def __iter__(self) -> Iterator[Any]:
-        return self._stopping_workers_on_error(iter(self._batches))
+        batches = iter(self._batches)
+        if self._record_batches:  # RecordBatch -> the list it holds
+            batches = (batch.records for batch in batches)
+        return self._stopping_workers_on_error(batches)
 
     def _stopping_workers_on_error(self, batches: Iterator[Any]) -> Iterator[Any]:
         try:
