@@ -175,7 +175,7 @@ def big_int_lines(data: bytes | memoryview, ends: Sequence[int]) -> list[int]:
     starts = big_int_starts(data)
     if not starts:
         return []
-    begins = [0, *map((1).__add__, ends)]  # no run spans two lines
+    begins = [0, *(int(end) + 1 for end in ends)]  # no run spans two lines
     lines = {bisect_right(begins, start) - 1 for start in starts}
     return sorted(index for index in lines if index < len(ends))
 

@@ -30,11 +30,11 @@ import marshal
 from array import array
 from collections import Counter
 from collections.abc import Sequence
-from itertools import accumulate
 from multiprocessing.reduction import ForkingPickler
 from struct import Struct
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import orjson
 from torch._utils import ExceptionWrapper
 from torch.utils.data import get_worker_info
@@ -171,8 +171,8 @@ class MalformedLine(ExceptionWrapper):
 
 # -- across the worker's queue: the lines, and where they came from, for errors -------------
 
-# a payload: the header's length, the header (marshalled: where each line ends, blocks,
-# offsets, urls), then the lines with a "\n" between
+# a payload: the header's length, the header (marshalled: where each line ends, the lines
+# holding big integers, blocks, offsets, urls), then the lines with a "\n" between
 _LENGTH = Struct("<Q")
 
 def _reduce_for_queue(batch: LineBatch) -> tuple[Any, ...]:
@@ -201,9 +201,10 @@ def payload_pieces(lines: Sequence[bytes], blocks: Sequence[int], offsets: Seque
     of parsing them), and not marshalled, so the main process (the bottleneck with workers)
     only parses them, in place: orjson reads the shared pages directly, and no line is
     copied out of them."""
-    ends = array("q", accumulate(map(len, lines)))
-    for index in range(1, len(ends)):
-        ends[index] += index  # each line's "\n" before the next
+    # where each line ends: the lengths, each with the "\n" after it, summed, less that
+    # "\n" (numpy: a loop over an array("q") here cost a worker ~0.1 us a line)
+    lengths = np.fromiter(map(len, lines), np.int64, len(lines))
+    ends = np.cumsum(lengths + 1) - 1
     joined = b"\n".join(lines)
     header = marshal.dumps((ends.tobytes(), values.big_int_lines(joined, ends),
                             array("q", blocks).tobytes(), array("q", offsets).tobytes(), urls))
