@@ -17,7 +17,7 @@ record: the main process's during the loop and the reaped workers' (getrusage; a
 machine bends these less than wall time). Rows interleaved, medians of --repeats.
 
 The corpora are the throughput benchmark's layouts as plain `.jsonl`: PubMed records
-(~21 KB lines, 300 MB at --scale 0.5) and small lines (~300 B, 150 MB). With ``--ref GITREF``
+(~21 KB lines, 500 MB at --scale 0.5) and small lines (~300 B, 150 MB). With ``--ref GITREF``
 every row is also run with that ref's streamds (checked out under /tmp), "old" beside "new".
 
     .venv/bin/python benchmarks/workers_vs_none.py               # ~3 min on 2 cores
@@ -85,7 +85,7 @@ def corpora(scale: float) -> dict[str, tuple[Path, int]]:
     sys.path.insert(0, str(HERE))
     from common import pubmed_corpus, small_lines_corpus
 
-    pubmed = pubmed_corpus(round(6e8 * scale))
+    pubmed = pubmed_corpus(round(1e9 * scale))  # the throughput benchmark's corpora
     small = small_lines_corpus(round(3e8 * scale))
     return {f"PubMed: {pubmed.records:,} records, {pubmed.decoded_bytes / 1e6:,.0f} MB, "
             f"{pubmed.decoded_bytes / pubmed.records / 1e3:.0f} KB/line": (pubmed.plain,

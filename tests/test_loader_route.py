@@ -56,7 +56,7 @@ def test_the_route_is_chosen_from_lines_across_the_files(grows: str) -> None:
     head = reader_length._window_mean(ds._shards[0], 0)  # what the first 64 KiB say
     assert head is not None and head < SMALL_RECORD
     assert ds.record_bytes() > 5000  # the windows over the large records say it
-    assert not ds.loader(32, num_workers=0, collate=ids).small_records
+    assert not ds.loader(32, num_workers=0).small_records
 
 
 def test_a_file_of_small_records_keeps_the_small_route(tmp_path: Path) -> None:
