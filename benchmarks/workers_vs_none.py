@@ -17,17 +17,23 @@ record: the main process's during the loop and the reaped workers' (getrusage; a
 machine bends these less than wall time). Rows interleaved, medians of --repeats.
 
 The corpora are the throughput benchmark's layouts as plain `.jsonl`: PubMed records
-(~21 KB lines, 500 MB at --scale 0.5) and small lines (~300 B, 150 MB). With ``--ref GITREF``
-every row is also run with that ref's streamds (checked out under /tmp), "old" beside "new".
+(~21 KB lines, 500 MB at --scale 0.5) and small lines (~300 B, 150 MB); runs of 1-2 s.
+``--copies N`` reads a folder of N copies of each instead: runs long enough (N=8: 5-15 s) for
+what a training run sees after its first seconds (the workers' CPU placement, decided after
+5 s: `streamds.stages.cpus`; worker start-up spread over more records). With
+``--ref GITREF`` every row is also run with that ref's streamds (checked out under /tmp), "old"
+beside "new".
 
-    .venv/bin/python benchmarks/workers_vs_none.py               # ~3 min on 2 cores
-    .venv/bin/python benchmarks/workers_vs_none.py --ref main    # old and new: ~6 min
-    .venv/bin/python benchmarks/workers_vs_none.py --write-docs  # fill docs/performance.md
+    .venv/bin/python benchmarks/workers_vs_none.py                  # ~3 min on 2 cores
+    .venv/bin/python benchmarks/workers_vs_none.py --ref main       # old and new: ~6 min
+    .venv/bin/python benchmarks/workers_vs_none.py --copies 8 --repeats 2   # ~15 min
+    .venv/bin/python benchmarks/workers_vs_none.py --write-docs     # fill docs/performance.md
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import time
@@ -80,18 +86,37 @@ ROUTES = {
 WORKERS = (0, 2)
 
 
-def corpora(scale: float) -> dict[str, tuple[Path, int]]:
-    """{label: (plain .jsonl, records)}: PubMed-layout and small lines."""
+def copied(plain: Path, copies: int) -> Path:
+    """`plain` itself, or a directory of `copies` copies of it (made once, under bench-data/;
+    copies, not links: the same file under two names is read once)."""
+    if copies == 1:
+        return plain
+    folder = plain.with_name(f"{plain.stem}-x{copies}")
+    if not folder.is_dir():
+        part = folder.with_name(folder.name + ".part")
+        shutil.rmtree(part, ignore_errors=True)
+        part.mkdir()
+        for copy in range(copies):
+            shutil.copyfile(plain, part / f"copy-{copy:02d}.jsonl")
+        part.rename(folder)
+    return folder
+
+
+def corpora(scale: float, copies: int) -> dict[str, tuple[Path, int]]:
+    """{label: (plain .jsonl or a folder of its copies, records)}: PubMed-layout and small
+    lines."""
     sys.path.insert(0, str(HERE))
     from common import pubmed_corpus, small_lines_corpus
 
     pubmed = pubmed_corpus(round(1e9 * scale))  # the throughput benchmark's corpora
     small = small_lines_corpus(round(3e8 * scale))
-    return {f"PubMed: {pubmed.records:,} records, {pubmed.decoded_bytes / 1e6:,.0f} MB, "
-            f"{pubmed.decoded_bytes / pubmed.records / 1e3:.0f} KB/line": (pubmed.plain,
-                                                                         pubmed.records),
-            f"small lines: {small.records:,} records, {small.decoded_bytes / 1e6:,.0f} MB, "
-            f"{small.decoded_bytes / small.records:.0f} B/line": (small.plain, small.records)}
+    times = f" x {copies} copies" if copies > 1 else ""
+    return {f"PubMed{times}: {pubmed.records * copies:,} records, "
+            f"{pubmed.decoded_bytes / pubmed.records / 1e3:.0f} KB/line":
+            (copied(pubmed.plain, copies), pubmed.records * copies),
+            f"small lines{times}: {small.records * copies:,} records, "
+            f"{small.decoded_bytes / small.records:.0f} B/line":
+            (copied(small.plain, copies), small.records * copies)}
 
 
 def run(tree: Path, path: Path, route: str, workers: int) -> dict:
@@ -108,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--scale", type=float, default=0.5)
+    parser.add_argument("--copies", type=int, default=1,
+                        help="read a folder of this many copies of each file: runs long enough "
+                             "for the workers' CPU placement (after 5 s) to take part")
     parser.add_argument("--ref", help="also measure this git ref (checked out under /tmp)")
     parser.add_argument("--routes", nargs="+", choices=list(ROUTES), default=list(ROUTES),
                         help="only these readers")
@@ -119,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         from state_bench import ref_worktree
 
         trees = {"old": ref_worktree(args.ref), "new": ROOT}
-    files = corpora(args.scale)
+    files = corpora(args.scale, args.copies)
     cells = [(corpus, route, name) for corpus in files for route in routes for name in trees]
     began = time.perf_counter()
     runs: dict[tuple[str, str, str, int], list[dict]] = {}
@@ -134,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                                        f"{result['first'] + result['records']} records, "
                                        f"the corpus has {records}")
                 runs.setdefault((corpus, route, name, workers), []).append(result)
-                print(f"[{repeat + 1}/{args.repeats}] {corpus[:12]:<12} {route:<8} {name:<4} "
+                print(f"[{repeat + 1}/{args.repeats}] {corpus[:16]:<16} {route:<8} {name:<4} "
                       f"{workers} workers: {result['records'] / result['seconds']:,.0f} "
                       "records/s", file=sys.stderr)
 
