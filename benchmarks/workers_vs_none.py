@@ -33,6 +33,7 @@ beside "new".
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import sys
@@ -42,41 +43,45 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
-CHILD = r"""
-import gc, json, resource, sys, time
-from torch.utils.data import DataLoader
-from streamds import StreamingJsonl, as_list
+def measure(spec: dict) -> dict:
+    """One run, in a fresh process (`--child`): the whole corpus through one reader."""
+    import gc
+    import resource
 
-spec = json.loads(sys.argv[1])
-ds = StreamingJsonl(spec["path"])
-workers = spec["workers"]
-if spec["route"] == "records":
-    loader = DataLoader(ds, batch_size=64, collate_fn=as_list, num_workers=workers)
-elif spec["route"] == "batch":
-    loader = DataLoader(ds.batch(64), batch_size=None, num_workers=workers)
-else:
-    loader = ds.loader(64, num_workers=workers)
-gc.freeze()
+    from torch.utils.data import DataLoader
 
-def cpu(who):
-    used = resource.getrusage(who)
-    return used.ru_utime + used.ru_stime
+    from streamds import StreamingJsonl, as_list
 
-children_before = cpu(resource.RUSAGE_CHILDREN)
-batches = iter(loader)
-first = len(next(batches))  # the steady state: from the first batch on
-main_before = cpu(resource.RUSAGE_SELF)
-start = time.perf_counter()
-records = 0
-for batch in batches:
-    records += len(batch)
-seconds = time.perf_counter() - start
-main = cpu(resource.RUSAGE_SELF) - main_before
-del batches  # the epoch ended: the workers have exited and been reaped
-gc.collect()
-print(json.dumps({"first": first, "records": records, "seconds": seconds, "main_cpu": main,
-                  "workers_cpu": cpu(resource.RUSAGE_CHILDREN) - children_before}))
-"""
+    ds = StreamingJsonl(spec["path"])
+    workers = spec["workers"]
+    if spec["route"] == "records":
+        loader = DataLoader(ds, batch_size=64, collate_fn=as_list, num_workers=workers)
+    elif spec["route"] == "batch":
+        loader = DataLoader(ds.batch(64), batch_size=None, num_workers=workers)
+    else:
+        loader = ds.loader(64, num_workers=workers)
+    gc.freeze()
+
+    def cpu(who: int) -> float:
+        used = resource.getrusage(who)
+        return used.ru_utime + used.ru_stime
+
+    children_before = cpu(resource.RUSAGE_CHILDREN)
+    batches = iter(loader)
+    first = len(next(batches))  # the steady state: from the first batch on
+    main_before = cpu(resource.RUSAGE_SELF)
+    start = time.perf_counter()
+    records = 0
+    for batch in batches:
+        records += len(batch)
+    seconds = time.perf_counter() - start
+    main = cpu(resource.RUSAGE_SELF) - main_before
+    del batches  # the epoch ended: the workers have exited and been reaped
+    gc.collect()
+    return {"first": first, "records": records, "seconds": seconds, "main_cpu": main,
+            "workers_cpu": cpu(resource.RUSAGE_CHILDREN) - children_before,
+            "streamds": str(Path(sys.modules["streamds"].__file__).parent.parent)}
+
 
 ROUTES = {
     "records": "`DataLoader(ds, batch_size=64, collate_fn=as_list)`",
@@ -122,8 +127,12 @@ def corpora(scale: float, copies: int) -> dict[str, tuple[Path, int]]:
 def run(tree: Path, path: Path, route: str, workers: int) -> dict:
     from common import child_result
 
-    return child_result(["-c", CHILD], {"path": str(path), "route": route, "workers": workers},
-                        what=f"{route}, {workers} workers, {tree}", tree=tree)
+    result = child_result([__file__, "--child"],
+                          {"path": str(path), "route": route, "workers": workers},
+                          what=f"{route}, {workers} workers, {tree}", tree=tree)
+    if Path(result["streamds"]).resolve() != tree.resolve():
+        raise RuntimeError(f"a child for {tree} imported the streamds of {result['streamds']}")
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     from common import add_write_docs, command_line, machine, publish
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--scale", type=float, default=0.5)
     parser.add_argument("--copies", type=int, default=1,
@@ -141,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="only these readers")
     add_write_docs(parser, "workers-vs-none")
     args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(measure(json.loads(args.child))))
+        return 0
     routes = {route: ROUTES[route] for route in args.routes}
     trees = {"": ROOT}
     if args.ref:
