@@ -32,8 +32,12 @@ DATA_DIR = ROOT / "bench-data"
 PERFORMANCE = ROOT / "docs" / "performance.md"
 RESULTS = ROOT / "benchmarks" / "results"  # git-ignored: every run's figures
 
-if str(ROOT) not in sys.path:  # `python benchmarks/x.py` from anywhere imports the checkout
-    sys.path.insert(0, str(ROOT))
+# the checkout whose streamds a benchmark imports: this one (`python benchmarks/x.py` from
+# anywhere), or in a child that `child_result` started for another checkout, that one (this
+# file is imported in the child too, and inserting ROOT would import this checkout's instead)
+TREE = Path(os.environ.get("STREAMDS_BENCH_TREE", ROOT))
+if str(TREE) not in sys.path:
+    sys.path.insert(0, str(TREE))
 
 __all__ = [
     "DATA_DIR",
@@ -293,8 +297,8 @@ def child_result(args: list[str], spec: Any, *, what: str, tree: Path | None = N
     # compiling streamds anew would count in every child's first batch)
     env = {key: value for key, value in os.environ.items()
            if key != "PYTHONDONTWRITEBYTECODE"}
-    if tree is not None:
-        env["PYTHONPATH"] = str(tree)
+    if tree is not None:  # (a `-c` child imports the working directory's first: use a file)
+        env["PYTHONPATH"] = env["STREAMDS_BENCH_TREE"] = str(tree)
     done = subprocess.run([sys.executable, *args, json.dumps(spec)], capture_output=True,
                           text=True, cwd=ROOT, env=env)
     if done.returncode:

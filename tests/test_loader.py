@@ -14,6 +14,7 @@ from resume_contract import ids, records, run_test_save_load_state
 from torch.utils.data import DataLoader
 
 from streamds import StreamingJsonl
+from streamds.handover import shm_ring
 from streamds.train.loader import Loader, auto_workers, usable_cpus
 
 pytestmark = [pytest.mark.filterwarnings("error:'set_vital' is deprecated:UserWarning")]
@@ -128,6 +129,25 @@ def test_the_route_follows_the_mean_record_size(tmp_path: Path) -> None:
     for width, small in ((60, True), (3000, False)):
         plain = str(tmp_path / f"in{width}.jsonl")
         assert StreamingJsonl(plain).loader(8, num_workers=0).small_records is small
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_without_a_collate_batches_are_lists_on_either_route(source: Path,
+                                                             workers: int) -> None:
+    for small in (False, True):
+        taken = shm_ring.batches_taken()
+        batches = list(make(source, workers, small))
+        assert {type(batch) for batch in batches} == {list}
+        assert sorted(r["id"] for batch in batches for r in batch) == list(range(COUNT))
+        # from workers, every batch crossed in their shared-memory rings (as lines, parsed
+        # here), none pickled through the pipe
+        crossed = shm_ring.batches_taken() - taken
+        if workers == 0:
+            assert crossed == 0
+        elif not small:  # a message per batch
+            assert crossed == len(batches)
+        else:  # big messages, cut here
+            assert 0 < crossed < len(batches)
 
 
 @pytest.mark.parametrize(("cpus", "workers"), [(1, 0), (2, 2), (6, 6), (32, 8)])

@@ -85,6 +85,21 @@ def test_main_process_parsing_keeps_big_ints(tmp_path):
     _same(batch.records, RECORDS)
 
 
+def test_big_ints_found_in_the_worker_are_read_exactly_in_the_main_process(monkeypatch):
+    """The worker searches the lines it hands over for big integers (the search reads every
+    byte); the main process reads the lines it names with `json` and does not search again."""
+    plain = [r for r in RECORDS if "s" not in r]  # orjson reads every line (no surrogate)
+    lines = [json.dumps(r).encode() for r in plain]
+    payload = b"".join(payload_pieces(lines, [0] * len(lines), range(len(lines)),
+                                      {0: "x.jsonl"}))
+
+    def searched(data: Any) -> list[int]:
+        raise AssertionError("the main process searched the lines again")
+
+    monkeypatch.setattr(values, "big_int_starts", searched)
+    _same(list(parse_payload(payload).records), plain)
+
+
 def test_main_process_parsing_refuses_a_non_object_line():
     lines = [b'{"a": 1}', b"[1, 2]"]
     payload = b"".join(payload_pieces(lines, [0, 0], [0, 9], {0: "memory://x.jsonl"}))

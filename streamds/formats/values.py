@@ -35,6 +35,7 @@ import orjson
 
 __all__ = [
     "BIG_INT_DIGITS",
+    "big_int_lines",
     "big_int_starts",
     "dumps",
     "explain",
@@ -167,31 +168,47 @@ def try_loads(data: bytes | memoryview) -> tuple[Any, orjson.JSONDecodeError | N
         return None, err
 
 
+def big_int_lines(data: bytes | memoryview, ends: Sequence[int]) -> list[int]:
+    """The indexes of the lines of `data` (each ends where `ends` says, the next begins one
+    byte later) that hold a run `big_int_starts` finds: the lines `loads_many` reads with
+    `json`. Ascending; ``[]`` for most data."""
+    starts = big_int_starts(data)
+    if not starts:
+        return []
+    begins = [0, *(int(end) + 1 for end in ends)]  # no run spans two lines
+    lines = {bisect_right(begins, start) - 1 for start in starts}
+    return sorted(index for index in lines if index < len(ends))
+
+
 def loads_many(lines: Sequence[bytes], data: bytes | memoryview | None = None,
-               ends: Sequence[int] | None = None) -> tuple[list[Any], bool]:
+               ends: Sequence[int] | None = None, *, big_lines: Sequence[int] | None = None,
+               ) -> tuple[list[Any], bool]:
     """``[loads(line) for line in lines]`` at orjson's speed, and whether every value is a
     record (a JSON object). One search over all the lines finds big integers
     (`big_int_starts`); only the lines it finds are read again, by `json`. `data`: the
     bytes the lines were cut from (``lines == data.split(b"\\n")[:len(lines)]``), searched
     in place of the lines joined; with `ends` (where each line ends in `data`) the lines are
-    read in place, through a memoryview, and `lines` is not touched. Raises
+    read in place, through a memoryview, and `lines` is not touched. `big_lines` (with
+    `data` and `ends`): `big_int_lines(data, ends)`, found already by whoever joined the
+    lines (a DataLoader worker: `streamds.stages.parse_later`), so no search here. Raises
     `orjson.JSONDecodeError` if orjson refuses a line: the caller then goes line by line."""
     loaded = orjson.loads
     if data is not None and ends is not None:
         view = memoryview(data)
         begins = [0, *map((1).__add__, ends)]  # where each line begins, then the end
         values = [loaded(view[begin:end]) for begin, end in zip(begins, ends, strict=False)]
-    else:
-        values = [loaded(line) for line in lines]
-        view, begins = None, []
+        if big_lines is None:
+            big_lines = big_int_lines(data, ends)
+        for index in big_lines:
+            values[index] = _python_loads(view[begins[index] : ends[index]])
+        return values, is_record(values)
+    values = [loaded(line) for line in lines]
     starts = big_int_starts(b"\n".join(lines) if data is None else data)
     if starts:  # no run spans two lines: find each run's line by where the lines begin
-        if view is None:
-            begins = list(accumulate(map((1).__add__, map(len, lines)), add, initial=0))
+        begins = list(accumulate(map((1).__add__, map(len, lines)), add, initial=0))
         for index in sorted({bisect_right(begins, start) - 1 for start in starts}):
             if index < len(values):
-                line = lines[index] if view is None else view[begins[index] : ends[index]]
-                values[index] = _python_loads(line)
+                values[index] = _python_loads(lines[index])
     return values, is_record(values)
 
 
