@@ -198,6 +198,27 @@ def test_a_malformed_line_raises_from_next_before_the_state_counts_its_batch(
     assert counts_of(skipping.state_dict())["bad"] == 1
 
 
+def test_a_malformed_line_of_a_remote_file_is_named_by_its_line() -> None:
+    """The worker's message carries the file's URL only; the main process counts the line
+    through the shard it listed (a remote file's storage stays in the main process)."""
+    import fsspec
+
+    good = corpus.jsonl(corpus.make_records(25))
+    fs = fsspec.filesystem("memory")
+    with fs.open("/parse-later/remote.jsonl", "wb") as f:
+        f.write(good + b'{"id": "cut\n' + corpus.jsonl(corpus.make_records(5, start=26)))
+    try:
+        loader = DataLoader(StreamingJsonl("memory://parse-later/remote.jsonl").batch(8),
+                            batch_size=None, num_workers=1)
+        with pytest.raises(CorruptRecordError) as caught:
+            for _ in loader:
+                pass
+    finally:
+        fs.rm("/parse-later", recursive=True)
+    assert caught.value.line == 26 and "line 26 (" in str(caught.value)
+    assert f"byte offset {len(good)}" in str(caught.value)
+
+
 def test_lines_cross_the_pipe_when_shared_memory_is_full(
     lines_only: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -43,7 +43,7 @@ from ..errors import CorruptRecordError
 from ..formats import values
 from ..handover import shm_ring
 from ..storage.read import count_newlines
-from ..storage.shards import resolve_shards
+from ..storage.shards import listed_shard, resolve_shards
 from .batch import RecordBatch, reduce_records_in_worker
 from .chunks import Chunk
 from .parse import BLANK, LineNumbers, Parse, cut_bom, describe_bad
@@ -197,12 +197,12 @@ def payload_pieces(lines: Sequence[bytes], blocks: Sequence[int], offsets: Seque
     """A batch's payload, in pieces that go into the ring one after another: the header
     (where each line ends, the lines that hold an integer orjson may read as a float, blocks,
     offsets, urls), then the lines joined with a "\n" between. The lines are joined and
-    searched for big integers here, where a CPU is spare (the search reads every byte: ~10%
+    searched for big integers here, where a CPU is spare (the search reads every byte: a share
     of parsing them), and not marshalled, so the main process (the bottleneck with workers)
     only parses them, in place: orjson reads the shared pages directly, and no line is
     copied out of them."""
     # where each line ends: the lengths, each with the "\n" after it, summed, less that
-    # "\n" (numpy: a loop over an array("q") here cost a worker ~0.1 us a line)
+    # "\n" (numpy: a Python loop here costs a worker per line)
     lengths = np.fromiter(map(len, lines), np.int64, len(lines))
     ends = np.cumsum(lengths + 1) - 1
     joined = b"\n".join(lines)
@@ -233,21 +233,24 @@ def parse_payload(payload: bytes | memoryview) -> RecordBatch | MalformedLine:
     offsets = _unpack(offsets)
     block, offset = _unpack(blocks)[index], offsets[index]
     url = urls[block]
-    number = _line_of_local(url, offset)
+    number = _line_of(url, offset)
     where = (f"line {number} (byte offset {offset}; parsed in the main process)" if number
              else f"byte offset {offset} (parsed in the main process; num_workers=0 gives the "
-             "line number of a remote file)")
+             "line number)")
     return MalformedLine(_malformed(url, where, offset, what, line_number=number))
 
 
-def _line_of_local(url: str, offset: int) -> int | None:
-    """The 1-based line that begins at decoded `offset` of a local file, counted from its
-    start (the error path only); None for a remote file, whose storage options the main
-    process does not have here, or one that cannot be read."""
-    if "://" in url and not url.startswith("file://"):
-        return None
+def _line_of(url: str, offset: int) -> int | None:
+    """The 1-based line that begins at decoded `offset` of the file `url`, counted from its
+    start (the error path only), through the shard this process listed (a remote file's
+    storage options are not in the worker's message) or, for a local file, listed again;
+    None where neither is there or the file cannot be read."""
+    shard = listed_shard(url)
     try:
-        (shard,) = resolve_shards(url)
+        if shard is None:
+            if "://" in url and not url.startswith("file://"):
+                return None
+            (shard,) = resolve_shards(url)
         newlines, missing = count_newlines(shard, 0, offset)
     except (OSError, ValueError):
         return None

@@ -20,6 +20,7 @@ import functools
 import logging
 import os
 import pickle
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -155,6 +156,18 @@ class Shard:
     def open_raw(self) -> BinaryIO:
         """The stored bytes, unbuffered by fsspec's read-ahead beyond its default block."""
         return process_fs(self.fs).open(self.path, mode="rb")
+
+
+# the shards this process listed, by URL, while a dataset holds them: a message about a line
+# of a remote file, made where only its URL travelled (the main process parsing a worker's
+# lines), counts the line through them (their storage options stay in memory, never sent)
+_LISTED: weakref.WeakValueDictionary[str, Shard] = weakref.WeakValueDictionary()
+
+
+def listed_shard(url: str) -> Shard | None:
+    """The shard this process listed under `url` (credentials redacted, as `Shard.url`), while
+    something still holds it; None otherwise."""
+    return _LISTED.get(url)
 
 
 def _url_of(fs: fsspec.AbstractFileSystem, path: str, given: str) -> str:
@@ -643,6 +656,7 @@ def list_source(
             listed.extend(made)
     shards.sort(key=lambda shard: natural_key(shard.url))
     _warn_copies(listed)
+    _LISTED.update((shard.url, shard) for shard in shards)
     return Listing(shards, left_out)
 
 
