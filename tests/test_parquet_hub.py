@@ -230,6 +230,13 @@ def test_hub_files_are_read_once_through_the_shard_cache(hub, tmp_path):
     storage = Storage(options={"endpoint": endpoint, "token": TOKEN}, cache_dir=tmp_path)
     ds = StreamingJsonl(f"hf://datasets/{REPO}/document", storage=storage, columns=["id"])
     assert ids(list(ds)) == expected
+    # what the first epoch left in flight ends first: the copies (the columns not read,
+    # fetched by the copier) and the read-ahead's fetches (a request retried by
+    # huggingface_hub's backoff would land in the second epoch's record)
+    for thread in threading.enumerate():
+        if thread.name in ("streamds-cache", "streamds-readahead"):
+            thread.join(timeout=60)
+            assert not thread.is_alive(), f"{thread.name} still runs after its epoch"
     Hub.seen.clear()
     assert ids(list(ds)) == expected  # the second epoch: from the local copies
     assert not [seen for seen in Hub.seen if "/resolve/" in seen[1] and seen[0] == "GET"]
