@@ -2,14 +2,15 @@
 
 In turn, the readers' record counts even out where record sizes drift along the corpus. A
 Parquet reader owns a run of the epoch's order, and a shuffle keeps a row group's ranges
-together, so the row ranges of one row group go to one reader, which decodes the row group
-once; a deal in turn (or a shuffle of single ranges) made every reader decode every row group
-(issue 35). Exactly once over any world is
+together and in file order, so the row ranges of one row group go to one reader, which
+decodes the row group once, forward; a deal in turn (or a shuffle of single ranges) made
+every reader decode every row group (issue 35). Exactly once over any world is
 `test_guarantees.py::test_assign_gives_every_block_to_exactly_one_reader`.
 """
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -80,7 +81,7 @@ def test_a_parquet_corpus_is_dealt_in_runs_and_lines_in_turn(tmp_path):
 
 
 @given(lengths=st.lists(st.integers(1, 6), max_size=12), epoch=st.integers(0, 3))
-def test_a_shuffle_keeps_each_decode_unit_together(lengths, epoch):
+def test_a_shuffle_keeps_each_decode_unit_together_in_file_order(lengths, epoch):
     units = tuple((length, 1) for length in lengths)
     num_blocks = sum(lengths)
     order = epoch_order(num_blocks, seed=5, epoch=epoch, shuffle=True, units=units)
@@ -91,6 +92,9 @@ def test_a_shuffle_keeps_each_decode_unit_together(lengths, epoch):
         if unit_of[block] != runs[-1]:
             runs.append(unit_of[block])
     assert sorted(runs) == list(range(len(lengths)))  # each unit one contiguous span
+    for block, after in itertools.pairwise(order):  # ... in file order (a row group decodes
+        if unit_of[block] == unit_of[after]:  # forward: `parquet.GroupRows`)
+            assert after == block + 1
 
 
 def test_decode_units_are_run_length_pairs(tmp_path):
@@ -118,30 +122,44 @@ def test_reader_records_and_work_tell_one_ownership(num_blocks, world_size, num_
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
-def test_two_workers_each_decode_only_their_row_groups(shuffle):
-    """One file of 4 row groups, each cut into row ranges, 2 workers, in order and shuffled:
-    each worker decodes the 2 row groups its run covers, once each, not all 4 (the
-    interleaved deal gave every worker ranges of every row group; a shuffle of single ranges
-    made a worker decode a row group again for each of its ranges)."""
-    decoded: Counter = Counter()
-    read_row_group = pq.ParquetFile.read_row_group
+def test_two_workers_decode_their_row_groups_once_forward_up_to_their_last_row(
+        shuffle, monkeypatch):
+    """One file of 3 row groups, each cut into row ranges, 2 workers (the run boundary inside
+    the middle row group), in order and shuffled: each worker decodes each row group it owns
+    ranges of once, from its first row (Parquet has no row seek) up to the batch holding its
+    last row, and no further; its next range continues the decoding. Fails if a range decodes
+    its row group again, if the deal interleaves or a shuffle scatters a row group's ranges,
+    or if decoding runs on past a worker's last range."""
+    monkeypatch.setattr(parquet, "BATCH_ROWS", 10)
+    opened: Counter = Counter()  # (worker, row group) -> decodings begun
+    decoded: Counter = Counter()  # worker -> rows decoded
+    iter_batches = pq.ParquetFile.iter_batches
 
-    def counted(self, group, *args, **kwargs):
-        decoded[worker_now] += 1
-        return read_row_group(self, group, *args, **kwargs)
+    def counted(self, *args, **kwargs):
+        opened[worker_now, kwargs["row_groups"][0]] += 1
+        for batch in iter_batches(self, *args, **kwargs):
+            decoded[worker_now] += batch.num_rows
+            yield batch
 
     with tempfile.TemporaryDirectory() as tmp:
-        ids = write_parquet_files(Path(tmp) / "data", [[100, 100, 100, 100]])
+        ids = write_parquet_files(Path(tmp) / "data", [[100, 100, 100]])
         ds = StreamingJsonl(Path(tmp) / "data", shuffle=shuffle, seed=3)
-        assert ds._plan.num_blocks >= 16  # each row group is cut into ranges
+        assert ds._plan.num_blocks >= 12  # each row group is cut into ranges
         parts = []
         for worker_now in range(2):
-            parquet._GROUP[:] = [None, None]  # each DataLoader worker is its own process
+            parquet.close_open_row_groups()  # each DataLoader worker is its own process
             with fake_worker(worker_now, 2), \
-                    mock.patch.object(pq.ParquetFile, "read_row_group", counted):
+                    mock.patch.object(pq.ParquetFile, "iter_batches", counted):
                 parts.append([record["id"] for record in ds])
     assert_exactly_once(parts, ids)
-    assert decoded == {0: 2, 1: 2}, decoded
+    for worker, part in enumerate(parts):
+        groups = sorted({row // 100 for row in part})
+        assert {group: opened[worker, group] for group in groups} == dict.fromkeys(groups, 1)
+        assert sum(n for (who, _), n in opened.items() if who == worker) == len(groups)
+        # from each row group's first row to the batch of 10 rows holding its last row owned
+        last = {group: max(row for row in part if row // 100 == group) for group in groups}
+        assert decoded[worker] == sum(-(-(last[g] + 1 - 100 * g) // 10) * 10 for g in groups)
+    assert {len({row // 100 for row in part}) for part in parts} == {2}  # a shared row group
 
 
 @given(items=st.integers(0, 40), world_size=st.integers(1, 3), num_workers=st.integers(1, 3))

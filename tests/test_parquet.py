@@ -10,6 +10,8 @@ from __future__ import annotations
 import builtins
 import datetime
 import decimal
+import errno
+import io
 import math
 import pickle
 import tempfile
@@ -444,3 +446,51 @@ def test_a_remote_arrow_stream_is_one_block_read_exactly_without_a_download_to_p
         footed = StreamingJsonl(f"{server.url}/file.arrow")
         assert len(footed) == 3000 and len(footed._block_list) > 1
         assert ids(list(footed)) == expected
+
+
+# -- a reader's row ranges: one decoding per row group, forward ------------------------------
+
+
+def test_row_ranges_of_one_reader_continue_forward_and_reopen_backward(tmp_path):
+    """`parquet.read_rows_through`: row ranges of a row group read one after another by one
+    owner (a reader's opener) open the file once, the next range continuing the decoding; a
+    range before where the open row group stands (a resume, a re-read) opens it afresh; a
+    storage error lets the row group go, so the retry opens it again and reads exactly."""
+    path = tmp_path / "one.parquet"
+    pq.write_table(table(0, 300), path, row_group_size=300)
+    size = path.stat().st_size
+    opened = []
+
+    class FailsOnce(io.FileIO):  # at its third read of column chunks: in a batch
+        data_reads = 0
+
+        def read(self, n=-1):
+            if self.tell() < size // 2:
+                self.data_reads += 1
+                if self.data_reads == 3:
+                    raise OSError(errno.EIO, "Input/output error")
+            return super().read(n)
+
+    def opener():
+        opened.append(len(opened))
+        return FailsOnce(path) if len(opened) == 1 else open(path, "rb")
+
+    def read(start: int, end: int, owner: object) -> list[int]:
+        return [record["id"] for _, records in parquet.read_rows_through(
+            opener, str(path), start, end, owner=owner, key=("one", size)) for record in records]
+
+    parquet.close_open_row_groups()
+    reader = object()
+    with pytest.raises(OSError, match="Input/output error") as raised:
+        read(0, 100, reader)
+    assert not isinstance(raised.value, CorruptShardError) and not parquet._OPEN
+    assert read(0, 100, reader) == list(range(100))
+    assert read(100, 250, reader) == list(range(100, 250))
+    assert len(opened) == 2  # the second range continued the first's decoding
+    assert read(50, 80, reader) == list(range(50, 80))  # backward: opened afresh
+    assert read(80, 120, object()) == list(range(80, 120))  # another reader: its own
+    assert len(opened) == 4
+    assert read(80, 300, reader) == list(range(80, 300))  # continues, to the end: closed
+    assert len(opened) == 4 and all(entry.owner is not reader for entry in parquet._OPEN)
+    parquet.close_open_row_groups()
+    assert not parquet._OPEN

@@ -258,10 +258,10 @@ def storage_error(err: BaseException, file: Any) -> bool:
 
 FILE_PARTS = 64  # a file is cut into this many row ranges at least, as a text file is (the
 # plan's SPLITS_PER_FILE), so one file feeds many readers ...
-MAX_GROUP_PARTS = 8  # ... but one row group into this many at most: each range decodes the
-# whole row group (Parquet has no row seek), and a shuffled epoch gives a reader its ranges of
-# one row group apart, so it decodes the row group once per range it owns (about parts /
-# readers times): 8 feeds 8 readers from a file of one row group at half the decoding of 16
+MAX_GROUP_PARTS = 8  # ... but one row group into this many at most: a range decodes the
+# rows of its row group before it too (Parquet has no row seek), so each reader owning a part
+# of a row group decodes it from its first row to the end of its part: 8 feeds 8 readers from
+# a file of one row group, with fewer readers sharing each row group than 16 would
 
 
 class Columnar(Format):
@@ -349,13 +349,18 @@ class Columnar(Format):
         cursor.next_line = first
         label = (f"{self.group_word} {group_of(shard.layout, first)}" if counted
                  else f"a {self.group_word} from row {first}")
+        for row, records in self.block_rows(opener, shard, first, end):
+            cursor.next_line = row + len(records)
+            yield LineChunk(block_id, list(range(row, row + len(records) + 1)), records,
+                            [label] * len(records))
+
+    def block_rows(self, opener: Opener, shard: Any, first: int, end: int | None
+                   ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+        """(file row number of the first, records) for rows [first, end) (None: to the
+        file's end), read through `opener` on a file opened for this block alone."""
         with closing(opener(shard, 0, None)) as stored:
-            rows = (self.rows_of(stored, shard, first, end) if end is not None
-                    else self.rows_from(stored, shard, first))
-            for row, records in rows:
-                cursor.next_line = row + len(records)
-                yield LineChunk(block_id, list(range(row, row + len(records) + 1)), records,
-                                [label] * len(records))
+            yield from (self.rows_of(stored, shard, first, end) if end is not None
+                        else self.rows_from(stored, shard, first))
 
     group_word = "row group"
 

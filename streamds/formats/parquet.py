@@ -3,10 +3,13 @@
 A block is a row range inside one row group (`columnar.row_blocks`). Reading one opens the
 file through the storage layer's file object (ranged reads, read-ahead, the shard cache),
 takes the footer (kept per process, keyed by the file's identity, so a reader of many blocks
-of one file reads it once), and reads only that row group's chunks of the columns asked for,
-in batches of BATCH_ROWS rows. A row range of a row group cut into several decodes the whole
-row group (Parquet's reader has no row seek) and keeps it, the last one per process, so a
-reader owning several ranges of it decodes it once; memory stays one row group.
+of one file reads it once), and decodes only that row group's chunks of the columns asked
+for, forward in batches of BATCH_ROWS rows (`GroupRows`), each column chunk read in pieces
+of READ_PIECE bytes. Parquet's reader has no row seek: a range decodes the rows of its row
+group before it too. So a reader keeps the row group open past its block
+(`read_rows_through`), and its next range of that row group, which the plan deals it next
+(`Format.shared_decoding`), continues where the last stopped: a row group is decoded once,
+up to the last row the reader owns, and memory holds a batch, not the row group.
 
 A file pyarrow cannot read (no footer, a damaged page) raises `CorruptShardError` naming the
 file and the row group.
@@ -14,9 +17,11 @@ file and the row group.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from typing import Any, BinaryIO
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, BinaryIO, NamedTuple
 
 from ..errors import CorruptShardError
 from .columnar import (
@@ -30,12 +35,19 @@ from .columnar import (
     storage_error,
     watched,
 )
-from .protocol import Block
+from .protocol import Block, Opener
 
-__all__ = ["BATCH_ROWS", "FORMAT", "MAGIC", "Parquet", "layout", "read_rows"]
+__all__ = ["BATCH_ROWS", "FORMAT", "MAGIC", "MAX_OPEN", "READ_PIECE", "GroupRows", "Parquet",
+           "close_open_row_groups", "layout", "read_rows", "read_rows_through"]
 
 MAGIC = b"PAR1"  # at the start and the end of every Parquet file
-BATCH_ROWS = 1024  # rows converted to records at a time: memory stays one row group's
+BATCH_ROWS = 1024  # rows decoded and converted to records at a time
+READ_PIECE = 4 << 20  # bytes of a column chunk pyarrow reads at a time (pyarrow's default
+# reads all of a row group's chunks at once, through Python's file object: a buffer of the
+# row group's stored size, fresh memory each time, copied piece by piece; the storage asks
+# for 4 MiB at a time too, `ranges.DIRECT_REQUEST`) ...
+STREAMED_COLUMNS = 16  # ... for files of up to this many columns read: more columns read in
+# pieces would each be a request of their own
 _FOOTERS: OrderedDict[Any, Any] = OrderedDict()  # file identity -> FileMetaData
 _FOOTERS_GROUP = 64
 
@@ -97,74 +109,201 @@ def layout(file: BinaryIO, url: str, key: Any = None) -> Layout:
     return Layout(tuple(groups), tuple(metadata.schema.to_arrow_schema().names))
 
 
+class GroupRows:
+    """The rows of one row group, decoded forward in batches of `batch_rows`, from its first.
+
+    `take(start, stop)` hands out rows from `start` (at or past the rows handed out so far:
+    `row`) on, decoding only as far as asked; the rows of the last batch past `stop` are
+    kept for the next call. A reader taking the row ranges of a row group in file order thus
+    decodes it once, and only up to the last row it owns (Parquet has no row seek: a range
+    further on decodes the rows before it). pyarrow reads each column chunk in pieces of
+    `piece` bytes (none: the row group's chunks at once, pyarrow's default), so memory holds a
+    batch and a piece per column, not the row group.
+    """
+
+    def __init__(self, file: Any, metadata: Any, group: int, first: int, names: list[str],
+                 batch_rows: int, piece: int | None, pa: Any) -> None:
+        self.file = file
+        self.group = group
+        self.row = first  # file row number of the first row not handed out
+        self.end = first + metadata.row_group(group).num_rows
+        reader = pa.parquet.ParquetFile(file, metadata=metadata, buffer_size=piece or 0,
+                                        pre_buffer=piece is None)
+        self._batches = reader.iter_batches(batch_size=batch_rows, row_groups=[group],
+                                            columns=names, use_threads=False)
+        self._held: Any = None  # decoded rows from `row` on, not handed out yet
+
+    def take(self, start: int, stop: int) -> Any:
+        """File rows [start, stop) as a record batch, or fewer (up to the end of a decoded
+        batch; at least one): `row` <= `start` < `stop` <= `end`. ValueError where the row
+        group holds fewer rows than its footer says."""
+        while self._held is None or self.row + self._held.num_rows <= start:
+            if self._held is not None:  # rows before `start`: decoded, not handed out
+                self.row += self._held.num_rows
+            self._held = next(self._batches, None)
+            if self._held is None:
+                raise ValueError(f"it ends at row {self.row}, its footer says {self.end}")
+            if self._held.num_rows == 0:
+                self._held = None
+        held, self._held = self._held.slice(start - self.row), None
+        count = min(stop - start, held.num_rows)
+        if count < held.num_rows:
+            self._held = held.slice(count)
+        self.row = start + count
+        return held.slice(0, count)
+
+
+def stream_piece(columns: int) -> int | None:
+    """Bytes pyarrow reads of a column chunk at a time (`GroupRows`): READ_PIECE, or None
+    (the row group's chunks in one read, as pyarrow does by default) for a file of more than
+    STREAMED_COLUMNS columns read, whose pieces would each be a read of its own."""
+    return READ_PIECE if columns <= STREAMED_COLUMNS else None
+
+
+def _group_at(metadata: Any, row: int, url: str) -> tuple[int, int]:
+    """(row group holding file row `row`, the file row number it starts at)."""
+    first = 0
+    for group in range(metadata.num_row_groups):
+        rows = metadata.row_group(group).num_rows
+        if row < first + rows:
+            return group, first
+        first += rows
+    raise CorruptShardError(
+        f"{url}: the file has {first} rows, row {row} was planned; the file changed "
+        "since the dataset was built: build it again",
+        url=url, offset=row,
+    )
+
+
 def read_rows(
     file: BinaryIO, url: str, start: int, end: int, *, columns: Sequence[str] | None = None,
-    key: Any = None, batch_rows: int = BATCH_ROWS,
+    key: Any = None, batch_rows: int | None = None,
 ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
-    """(file row number of the first, records) for file rows [start, end), which lie in one
-    row group, reading only that row group's chunks of `columns` (None: all)."""
+    """(file row number of the first, records) for file rows [start, end), reading only the
+    chunks of `columns` (None: all) of the row groups they lie in, in one pass over `file`,
+    `batch_rows` rows at a time (None: BATCH_ROWS)."""
     pa = require_pyarrow(url)
+    batch_rows = batch_rows or BATCH_ROWS
     file = watched(file)
     metadata = _metadata(file, url, key)
     names = checked_schema(metadata.schema.to_arrow_schema(), columns, url, pa)
-    first = 0
-    group = 0
-    while group < metadata.num_row_groups and first + metadata.row_group(group).num_rows <= start:
-        first += metadata.row_group(group).num_rows
-        group += 1
-    if start >= end:
-        return
-    if group >= metadata.num_row_groups:
-        raise CorruptShardError(
-            f"{url}: the file has {first} rows, row {start} was planned; the file changed "
-            "since the dataset was built: build it again",
-            url=url, offset=start,
-        )
-    rows = metadata.row_group(group).num_rows
-    try:
-        if (start, end) != (first, first + rows):  # a row range: slices of the decoded group
-            decoded = _decoded_group(lambda: pa.parquet.ParquetFile(file, metadata=metadata),
-                                     (key, group, tuple(names)), group, names)
-            if decoded.num_rows < end - first:
-                raise ValueError(f"it holds {decoded.num_rows} rows, its footer says {rows}")
-            for at in range(start, end, batch_rows):
-                part = decoded.slice(at - first, min(batch_rows, end - at))
-                yield at, records_of(part)
-            return
-        reader = pa.parquet.ParquetFile(file, metadata=metadata)
-        batches = reader.iter_batches(batch_size=batch_rows, row_groups=[group], columns=names,
-                                      use_threads=False)
-        row = first
-        for batch in batches:
-            batch_end = row + batch.num_rows
-            if batch_end > start:
-                lo, hi = max(start, row) - row, min(end, batch_end) - row
-                yield row + lo, records_of(batch.slice(lo, hi - lo))
-            row = batch_end
-            if row >= end:
-                return
-    except (OSError, ValueError) as err:
-        if storage_error(err, file):
+    rows: GroupRows | None = None
+    at = start
+    while at < end:
+        try:
+            if rows is None or at >= rows.end:
+                group, first = _group_at(metadata, at, url)
+                rows = GroupRows(file, metadata, group, first, names, batch_rows,
+                                 stream_piece(len(names)), pa)
+            part = rows.take(at, min(end, rows.end))
+        except (OSError, ValueError) as err:
+            where = "row group" if rows is None else f"row group {rows.group}"
+            raise _failed(err, file, url, at, where) from err
+        yield at, records_of(part)
+        at += part.num_rows
+
+
+def _failed(err: Exception, file: Any, url: str, row: int, where: str) -> BaseException:
+    """What to raise for `err`, raised by pyarrow reading `file` at file row `row`: the
+    storage's own error (the reader retries what is transient), else a damaged file."""
+    if storage_error(err, file) or isinstance(err, CorruptShardError):
+        return err
+    return _damaged(url, where, err, offset=row)
+
+
+class _Open(NamedTuple):
+    """A row group a reader left open (`read_rows_through`)."""
+
+    owner: Any  # the reader's opener: rows are continued only through the same one
+    key: Any  # the file's identity
+    columns: tuple[str, ...] | None
+    rows: GroupRows
+
+
+_OPEN: list[_Open] = []  # newest last
+_OPEN_IN = [os.getpid()]  # the process the files in _OPEN were opened in
+MAX_OPEN = 4  # row groups kept open per process: a reader reads one at a time; a `Mix` of
+# Parquet corpora reads one per corpus in turn
+
+
+def close_open_row_groups() -> None:
+    """Close the row groups this process keeps open for readers to continue
+    (`read_rows_through`)."""
+    while _OPEN:
+        _let_go(_OPEN[0])
+
+
+def _let_go(entry: _Open) -> None:
+    if entry in _OPEN:
+        _OPEN.remove(entry)
+    with contextlib.suppress(Exception):  # nothing is read from a file being let go
+        entry.rows.file.close()
+
+
+def read_rows_through(
+    opener: Callable[[], BinaryIO], url: str, start: int, end: int, *, owner: Any,
+    columns: tuple[str, ...] | None = None, key: Any = None, batch_rows: int | None = None,
+) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """`read_rows` for a reader that reads its blocks (row ranges) one after another: a row
+    group stays open (`GroupRows`) past the block, so the next block of it, starting where
+    this one stopped, continues decoding instead of decoding the row group again from its
+    first row. `owner` (the reader's opener) names the storage read through: a row group is
+    continued only by the same owner, and only forward; anything else opens it afresh
+    (`opener()`). A row group read to its end, or that raised, is closed at once; at most
+    MAX_OPEN stay open.
+    """
+    pa = require_pyarrow(url)
+    batch_rows = batch_rows or BATCH_ROWS
+    at = start
+    while at < end:
+        entry = _open_at(opener, url, at, owner, columns, key, batch_rows, pa)
+        rows = entry.rows
+        try:
+            part = rows.take(at, min(end, rows.end))
+        except BaseException as err:  # its place in the row group is unknown now
+            _let_go(entry)
+            if isinstance(err, (OSError, ValueError)):
+                raise _failed(err, rows.file, url, at, f"row group {rows.group}") from err
             raise
-        raise _damaged(url, f"row group {group}", err, offset=start) from err
-    if row < end:
-        raise _damaged(url, f"row group {group}",
-                       ValueError(f"it ends at row {row}, its footer says {end}"), offset=row)
+        if rows.row >= rows.end:  # read to its end: nothing will continue it
+            _let_go(entry)
+        yield at, records_of(part)
+        at += part.num_rows
 
 
-_GROUP: list[Any] = [None, None]  # (key, group, columns) and its table: the last row group cut
-# into row ranges that this process decoded
-
-
-def _decoded_group(open_reader: Any, which: Any, group: int, names: list[str]) -> Any:
-    """Row group `group`'s `names` columns, decoded; the last one is kept, so a reader that
-    owns several row ranges of it decodes it once (memory: one row group), and opens no
-    `ParquetFile` for the others (`open_reader` is called on a miss only)."""
-    if which[0] is None or _GROUP[0] != which:
-        _GROUP[:] = [None, None]  # let the last go before decoding the next
-        table = open_reader().read_row_group(group, columns=names, use_threads=False)
-        _GROUP[:] = [which, table]
-    return _GROUP[1]
+def _open_at(opener: Callable[[], BinaryIO], url: str, row: int, owner: Any,
+             columns: tuple[str, ...] | None, key: Any, batch_rows: int, pa: Any) -> _Open:
+    """The open row group of `owner` that file row `row` continues (made the newest), or the
+    row group holding it, opened through `opener` (the oldest let go past MAX_OPEN)."""
+    if _OPEN_IN[0] != os.getpid():  # a forked process (a DataLoader worker): the files,
+        _OPEN.clear()  # connections and read-ahead left open are its parent's
+        _OPEN_IN[0] = os.getpid()
+    for entry in _OPEN:
+        if (entry.owner is owner and entry.key == key and entry.columns == columns
+                and entry.rows.row <= row < entry.rows.end):
+            _OPEN.remove(entry)
+            _OPEN.append(entry)
+            return entry
+    file = watched(opener())
+    try:
+        metadata = _metadata(file, url, key)
+        names = checked_schema(metadata.schema.to_arrow_schema(), columns, url, pa)
+        group, first = _group_at(metadata, row, url)
+        rows = GroupRows(file, metadata, group, first, names, batch_rows,
+                         stream_piece(len(names)), pa)
+    except BaseException as err:
+        with contextlib.suppress(Exception):
+            file.close()
+        if isinstance(err, (OSError, ValueError)):
+            raise _failed(err, file, url, row, "row group") from err
+        raise
+    for stale in [entry for entry in _OPEN if entry.owner is owner and entry.key == key
+                  and entry.columns == columns and entry.rows.group == group]:
+        _let_go(stale)  # past `row` already: this one decodes it again from its first row
+    _OPEN.append(_Open(owner, key, columns, rows))
+    while len(_OPEN) > MAX_OPEN:
+        _let_go(_OPEN[0])
+    return _OPEN[-1]
 
 
 class Parquet(Columnar):
@@ -174,7 +313,7 @@ class Parquet(Columnar):
     suffixes = (".parquet", ".pq")
     summary = "Parquet: row groups, read by row ranges"
     group_word = "row group"
-    shared_decoding = True  # a row group decodes whole, whichever of its ranges is read
+    shared_decoding = True  # a range decodes its row group's rows before it too
 
     def decode_unit(self, shard: Any, block: Block) -> int | None:
         layout: Layout | None = shard.layout
@@ -186,7 +325,20 @@ class Parquet(Columnar):
     def rows_of(self, file: BinaryIO, shard: Any, start: int, end: int
                 ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
         return read_rows(file, shard.url, start, end, columns=shard.columns,
-                         key=(shard.path, shard.size, shard.version))
+                         key=_identity(shard))
+
+    def block_rows(self, opener: Opener, shard: Any, first: int, end: int | None
+                   ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+        """Rows [first, end) through `read_rows_through`: the row group stays open for the
+        reader's next block of it."""
+        if end is None:  # a file whose rows are not counted (never a Parquet file: its
+            return super().block_rows(opener, shard, first, end)  # footer counts them)
+        return read_rows_through(lambda: opener(shard, 0, None), shard.url, first, end,
+                                 owner=opener, columns=shard.columns, key=_identity(shard))
+
+
+def _identity(shard: Any) -> tuple[Any, ...]:
+    return (shard.path, shard.size, shard.version)
 
 
 FORMAT = Parquet()

@@ -113,7 +113,8 @@ class Format:
     splits: bool = False  # a file may be cut into several blocks
     line_positions: bool = False  # records are the decoded bytes' lines, at byte offsets
     # a file's neighbouring blocks share decoding (a Parquet row group cut into row ranges):
-    # the plan keeps a unit's blocks together and deals in runs (`storage.plan.decode_units`)
+    # the plan keeps a unit's blocks together, in file order, and deals in runs
+    # (`storage.plan.decode_units`)
     shared_decoding: bool = False
 
     # -- resolving ---------------------------------------------------------------------

@@ -92,10 +92,11 @@ def epoch_order(num_blocks: int, *, seed: int, epoch: int, shuffle: bool,
     """Block ids in the order this epoch reads them: corpus order, or shuffled by (seed, epoch).
 
     With `units` (blocks that decode one unit, such as a Parquet row group, are neighbours
-    in corpus order: `decode_units`) a shuffle orders the units and then each unit's blocks,
-    keeping a unit's blocks together: a reader owning them decodes the unit once, where
-    scattered blocks made it decode the unit again for each. The shuffle buffer mixes the
-    records across units."""
+    in corpus order: `decode_units`) a shuffle orders the units and keeps each unit's blocks
+    together and in file order: a reader owning them decodes the unit once, forward (a
+    Parquet row group has no row seek: a block decodes the rows before it, so blocks taken
+    out of order, or scattered, made it decode the unit again for each). The shuffle buffer
+    mixes the records across units."""
     if not shuffle:
         return list(range(num_blocks))
     rng = rng_for("blocks", seed, epoch)
@@ -109,8 +110,6 @@ def epoch_order(num_blocks: int, *, seed: int, epoch: int, shuffle: bool,
         spans.append(list(range(first, first + length)))
         first += length
     rng.shuffle(spans)
-    for span in spans:
-        rng.shuffle(span)
     return [block for span in spans for block in span]
 
 
