@@ -448,6 +448,30 @@ def test_a_remote_arrow_stream_is_one_block_read_exactly_without_a_download_to_p
         assert ids(list(footed)) == expected
 
 
+def test_a_remote_parquet_file_fetches_only_the_columns_read(tmp_path):
+    """Over HTTP the read-ahead fetches, per row group, the column chunks of the columns
+    asked for (not the row group's whole span, nor a line probe past it), once for all the
+    blocks the row group is cut into, and the rows read are exact."""
+    pytest.importorskip("aiohttp", reason="HTTP needs the 'remote' extra (aiohttp)")
+    from testbed.http import serve
+
+    rows = 3000
+    pq.write_table(pa.table({"id": list(range(rows)),
+                             "text": [f"{i:06d} " * 200 for i in range(rows)]}),
+                   tmp_path / "wide.parquet", row_group_size=1000, compression="none")
+    size = (tmp_path / "wide.parquet").stat().st_size
+    with serve(tmp_path) as server:
+        url = f"{server.url}/wide.parquet"
+        ds = StreamingJsonl(url, columns=["id"])
+        server.reset_log()
+        assert ids(list(ds)) == list(range(rows))
+        ranges = [request.range for request in server.log if request.method == "GET"]
+    served = sum(int(b) - int(a) + 1 for a, b in (r[6:].split("-") for r in ranges if r))
+    assert None not in ranges and served < size // 20, (served, size)
+    # a row group is cut into several blocks; its chunks are fetched once for all of them
+    assert len(ds._block_list) > 3 and len(ranges) == len(set(ranges)), ranges
+
+
 # -- a reader's row ranges: one decoding per row group, forward ------------------------------
 
 

@@ -73,11 +73,25 @@ def require_pyarrow(url: str) -> Any:
 @dataclass(frozen=True)
 class Group:
     """One row group (Parquet) or record batch (Arrow): its rows, and the stored bytes
-    [start, end) its data lies in (None when the file does not say: read it whole)."""
+    [start, end) its data lies in (None when the file does not say: read it whole), and
+    where each column's part of them lies, as (column, start, end), where the file says
+    (a Parquet column chunk; a nested column has one per leaf)."""
 
     rows: int
     start: int | None = None
     end: int | None = None
+    chunks: tuple[tuple[str, int, int], ...] = ()
+
+    def span_of(self, columns: Sequence[str] | None) -> tuple[int | None, int | None]:
+        """The stored bytes the data of `columns` (None: all) lies in: from the first of
+        their chunks to the end of the last (the chunks of columns between are fetched
+        with them: one request, not one per column)."""
+        if columns is None or not self.chunks:
+            return self.start, self.end
+        picked = [(start, end) for name, start, end in self.chunks if name in columns]
+        if not picked:
+            return self.start, self.end
+        return min(start for start, _ in picked), max(end for _, end in picked)
 
 
 @dataclass(frozen=True)
@@ -330,13 +344,14 @@ class Columnar(Format):
 
     def read_range(self, shard: Any, start: int, end: int | None, *, at_line: bool
                    ) -> tuple[int, int | None]:
-        """The stored bytes of the row group holding row `start` (the footer is read
-        apart, once per process); the whole file where the layout does not say."""
+        """The stored bytes of the row group holding row `start`, of the columns read only
+        (`Group.span_of`; the footer is read apart, once per process); the whole file where
+        the layout does not say."""
         layout: Layout = shard.layout
         if not layout.groups:
             return 0, None
-        group = layout.groups[group_of(layout, start)]
-        return (0, None) if group.start is None else (group.start, group.end)
+        first, last = layout.groups[group_of(layout, start)].span_of(shard.columns)
+        return (0, None) if first is None else (first, last)
 
     def read_block(self, opener: Opener, shard: Any, block: Block, block_id: int,
                    cursor: Cursor, read_size: int) -> Iterator[LineChunk]:

@@ -84,29 +84,57 @@ def _metadata(file: BinaryIO, url: str, key: Any) -> Any:
     return metadata
 
 
-def _span(row_group: Any) -> tuple[int, int]:
-    """The stored bytes [start, end) the row group's column chunks lie in."""
-    starts, ends = [], []
-    for index in range(row_group.num_columns):
+def _leaves(kind: Any, pa: Any) -> int:
+    """Parquet leaf columns (column chunks) of a value of Arrow type `kind`."""
+    types = pa.types
+    if types.is_struct(kind):
+        return sum(_leaves(kind.field(index).type, pa) for index in range(kind.num_fields))
+    if types.is_map(kind):
+        return _leaves(kind.key_type, pa) + _leaves(kind.item_type, pa)
+    if types.is_list(kind) or types.is_large_list(kind) or types.is_fixed_size_list(kind):
+        return _leaves(kind.value_type, pa)
+    return 1
+
+
+def _owners(schema: Any, pa: Any) -> list[str]:
+    """The top-level column each leaf column belongs to, in the file's leaf order (depth
+    first, as Parquet lays them out); a dotted leaf path cannot say it where names hold
+    dots."""
+    return [field.name for field in schema for _ in range(_leaves(field.type, pa))]
+
+
+def _chunks(row_group: Any, owners: list[str]) -> tuple[tuple[str, int, int], ...]:
+    """(top-level column, start, end) of each of the row group's column chunks: the stored
+    bytes each lies in; the column "" where the leaves do not match `owners` (no column is
+    then fetched alone: the group's whole span is)."""
+    if row_group.num_columns != len(owners):
+        owners = [""] * row_group.num_columns
+    chunks = []
+    for index, owner in enumerate(owners):
         column = row_group.column(index)
         first = column.data_page_offset
         if column.has_dictionary_page and column.dictionary_page_offset:
             first = min(first, column.dictionary_page_offset)
-        starts.append(first)
-        ends.append(first + column.total_compressed_size)
-    return min(starts), max(ends)
+        chunks.append((owner, first, first + column.total_compressed_size))
+    return tuple(chunks)
 
 
 def layout(file: BinaryIO, url: str, key: Any = None) -> Layout:
     """The row groups of a Parquet file, from its footer (two reads at the file's end)."""
     file = watched(file)
     metadata = _metadata(file, url, key)
+    schema = metadata.schema.to_arrow_schema()
+    owners = _owners(schema, require_pyarrow(url))
     groups = []
     for index in range(metadata.num_row_groups):
         row_group = metadata.row_group(index)
-        start, end = _span(row_group) if row_group.num_columns else (None, None)
-        groups.append(Group(row_group.num_rows, start, end))
-    return Layout(tuple(groups), tuple(metadata.schema.to_arrow_schema().names))
+        chunks = _chunks(row_group, owners)
+        if chunks:
+            groups.append(Group(row_group.num_rows, min(start for _, start, _ in chunks),
+                                max(end for _, _, end in chunks), chunks))
+        else:
+            groups.append(Group(row_group.num_rows))
+    return Layout(tuple(groups), tuple(schema.names))
 
 
 class GroupRows:

@@ -111,7 +111,11 @@ class Lines:
         return k >= len(self.work) and (k - len(self.work)) % len(self.pad_work) == 0
 
     def _spans(self, first: int, offset: int | None) -> Iterator[Span]:
-        """The stored bytes of work items `first`... (the first from `offset`), in order."""
+        """The stored bytes of work items `first`... (the first from `offset`), in order. A
+        block of a format whose blocks share decoding (Parquet's row ranges of one row group)
+        whose span the item before read too is not fetched again: its reader continues the
+        decoding of that span, forward."""
+        last = None
         for k in range(first, len(self.work)):
             block_id, start = self.work[k]
             block = self.blocks[block_id]
@@ -120,8 +124,9 @@ class Lines:
             span = block_span(self.shards[block.shard],
                               block.start if start is None else start, block.end,
                               at_line=start is not None)
-            if span is not None:
+            if span is not None and not (span == last and span[0].format.shared_decoding):
                 yield span
+            last = span
 
     def __iter__(self) -> Iterator[Chunk]:
         if not self.readahead:
