@@ -81,7 +81,7 @@ def test_a_worker_state_is_compact_and_expands_to_the_tree(
 
 
 def test_compacting_keeps_every_value(paths: tuple[str, str]) -> None:
-    state = {"format": "streamds/4", "stage": "x", "long": b"a" * 100, "short": [1, [2, "b"]],
+    state = {"format": "streamds/5", "stage": "x", "long": b"a" * 100, "short": [1, [2, "b"]],
              "nodes": [{"blob": list(range(70)), "n": 1}, {"empty": {}}], "text": "t" * 64}
     compact = compacted(state)
     assert expanded(compact) == state
@@ -112,7 +112,7 @@ def test_a_loader_state_of_compact_workers_merges_counts_and_resumes(
 
 
 def test_expanded_within_expands_each_compact_state_once_and_shares_the_rest() -> None:
-    tree = {"format": "streamds/4", "stage": "x", "positions": b"p" * 80, "n": 1}
+    tree = {"format": "streamds/5", "stage": "x", "positions": b"p" * 80, "n": 1}
     plain = {"other": [1, 2], "n": 3}
     loader = {"workers": [compacted(tree), plain], "step": 5}
     found = expanded_within(loader)

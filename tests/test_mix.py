@@ -398,7 +398,7 @@ def test_bad_arguments_name_the_fix(sources) -> None:
     with pytest.raises(ValueError, match="different rank/world_size"):
         Mix([ds[0], StreamingJsonl(sources["b"][0], rank=0, world_size=2)], WEIGHTS, seed=0)
     with pytest.raises(ValueError, match="with_resume needs the dict"):
-        Mix(ds, WEIGHTS, seed=0).with_resume({"format": "streamds/4", "stage": "merged"})
+        Mix(ds, WEIGHTS, seed=0).with_resume({"format": "streamds/5", "stage": "merged"})
 
 
 def test_states_of_another_mix_or_world_are_refused(sources) -> None:

@@ -106,7 +106,7 @@ def test_a_state_that_does_not_fit_the_loader_is_refused(source: Path) -> None:
     [
         (lambda s: {k: v for k, v in s.items() if k != "skip"}, "missing keys \\['skip'\\]"),
         (lambda s: {**s, "extra": 1}, "unknown keys \\['extra'\\]"),
-        (lambda s: {**s, "format": "streamds.rebatch/0"}, "reads 'streamds/4'"),
+        (lambda s: {**s, "format": "streamds.rebatch/0"}, "reads 'streamds/5'"),
         (lambda s: {**s, "skip": -1}, "skip must be an integer >= 0"),
         (lambda s: {**s, "made_by": "w0"}, "made_by must be an integer >= 0"),
     ],

@@ -7,7 +7,7 @@ a running pipeline.
 
 Dict form (``state_dict()``)::
 
-    {"format": "streamds/4", "stage": "reader",
+    {"format": "streamds/5", "stage": "reader",
      "fingerprint": {...},                     # the corpus and settings (`resume.identity`)
      "epoch": int,
      "world": [rank, world_size, worker, num_workers],
@@ -40,7 +40,7 @@ StatefulDataLoader takes it after every batch and walks every key of it, in the 
 batch), which for a ~40-key tree cost twice what torchdata's own per-batch work does. The
 compact form is plain values with four keys, so torchdata's walks are a few steps::
 
-    {"format": "streamds/4", "stage": "compact",
+    {"format": "streamds/5", "stage": "compact",
      "tree": [<the state, values that ride apart set to None>],  # a list: a leaf to torchdata
      "apart": [[path, value], ...]}
 
@@ -87,7 +87,7 @@ __all__ = [
 ]
 
 # the one format version of every state streamds writes, carried at the top of the tree
-STATE_FORMAT = "streamds/4"
+STATE_FORMAT = "streamds/5"
 FORMAT = "format"  # the key that carries it
 READER = "reader"  # the stage of a reader's state (`ReaderState`)
 COMPACT = "compact"  # the stage of a state in its compact form (`compacted`)
