@@ -15,6 +15,7 @@ import io
 import math
 import pickle
 import tempfile
+import threading
 import types
 from collections import Counter
 from pathlib import Path
@@ -507,7 +508,7 @@ def test_row_ranges_of_one_reader_continue_forward_and_reopen_backward(tmp_path)
     reader = object()
     with pytest.raises(OSError, match="Input/output error") as raised:
         read(0, 100, reader)
-    assert not isinstance(raised.value, CorruptShardError) and not parquet._OPEN
+    assert not isinstance(raised.value, CorruptShardError) and not parquet.open_row_groups()
     assert read(0, 100, reader) == list(range(100))
     assert read(100, 250, reader) == list(range(100, 250))
     assert len(opened) == 2  # the second range continued the first's decoding
@@ -515,6 +516,34 @@ def test_row_ranges_of_one_reader_continue_forward_and_reopen_backward(tmp_path)
     assert read(80, 120, object()) == list(range(80, 120))  # another reader: its own
     assert len(opened) == 4
     assert read(80, 300, reader) == list(range(80, 300))  # continues, to the end: closed
-    assert len(opened) == 4 and all(entry.owner is not reader for entry in parquet._OPEN)
+    assert len(opened) == 4
+    assert all(entry.owner is not reader for entry in parquet.open_row_groups())
     parquet.close_open_row_groups()
-    assert not parquet._OPEN
+    assert not parquet.open_row_groups()
+
+
+def test_a_thread_letting_its_oldest_row_groups_go_leaves_another_threads_open(tmp_path):
+    """Open row groups are kept per thread: a thread that opens more than MAX_OPEN lets its
+    own oldest go, never one another thread's reader is in the middle of."""
+    path = tmp_path / "one.parquet"
+    pq.write_table(table(0, 300), path, row_group_size=300)
+    key = ("one", path.stat().st_size)
+
+    def opener():
+        return open(path, "rb")
+
+    def first_rows(owner: object) -> list[int]:
+        return [record["id"] for _, records in parquet.read_rows_through(
+            opener, str(path), 0, 10, owner=owner, key=key) for record in records]
+
+    mine = object()
+    assert first_rows(mine) == list(range(10))
+    kept = parquet.open_row_groups()[-1]
+    other = threading.Thread(target=lambda: [first_rows(object())
+                                             for _ in range(parquet.MAX_OPEN + 2)])
+    other.start()
+    other.join()
+    assert parquet.open_row_groups() == [kept] and not kept.rows.file.closed
+    rest = parquet.read_rows_through(opener, str(path), 10, 300, owner=mine, key=key)
+    assert [record["id"] for _, records in rest for record in records] == list(range(10, 300))
+    parquet.close_open_row_groups()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO, NamedTuple
@@ -38,7 +39,8 @@ from .columnar import (
 from .protocol import Block, Opener
 
 __all__ = ["BATCH_ROWS", "FORMAT", "MAGIC", "MAX_OPEN", "READ_PIECE", "GroupRows", "Parquet",
-           "close_open_row_groups", "layout", "read_rows", "read_rows_through"]
+           "close_open_row_groups", "layout", "open_row_groups", "read_rows",
+           "read_rows_through"]
 
 MAGIC = b"PAR1"  # at the start and the end of every Parquet file
 BATCH_ROWS = 1024  # rows decoded and converted to records at a time
@@ -248,22 +250,33 @@ class _Open(NamedTuple):
     rows: GroupRows
 
 
-_OPEN: list[_Open] = []  # newest last
-_OPEN_IN = [os.getpid()]  # the process the files in _OPEN were opened in
-MAX_OPEN = 4  # row groups kept open per process: a reader reads one at a time; a `Mix` of
+_LOCAL = threading.local()  # each thread's open row groups: a reader reads in one thread,
+# and a thread letting its oldest go never closes one that another thread is reading
+MAX_OPEN = 4  # row groups kept open per thread: a reader reads one at a time; a `Mix` of
 # Parquet corpora reads one per corpus in turn
 
 
+def open_row_groups() -> list[_Open]:
+    """The row groups this thread keeps open for its readers to continue, newest last;
+    emptied in a forked process (a DataLoader worker: the files, connections and read-ahead
+    left open are its parent's)."""
+    if getattr(_LOCAL, "pid", None) != os.getpid():
+        _LOCAL.entries, _LOCAL.pid = [], os.getpid()
+    return _LOCAL.entries
+
+
 def close_open_row_groups() -> None:
-    """Close the row groups this process keeps open for readers to continue
+    """Close the row groups this thread keeps open for readers to continue
     (`read_rows_through`)."""
-    while _OPEN:
-        _let_go(_OPEN[0])
+    entries = open_row_groups()
+    while entries:
+        _let_go(entries[0])
 
 
 def _let_go(entry: _Open) -> None:
-    if entry in _OPEN:
-        _OPEN.remove(entry)
+    entries = open_row_groups()
+    if entry in entries:
+        entries.remove(entry)
     with contextlib.suppress(Exception):  # nothing is read from a file being let go
         entry.rows.file.close()
 
@@ -303,14 +316,12 @@ def _open_at(opener: Callable[[], BinaryIO], url: str, row: int, owner: Any,
              columns: tuple[str, ...] | None, key: Any, batch_rows: int, pa: Any) -> _Open:
     """The open row group of `owner` that file row `row` continues (made the newest), or the
     row group holding it, opened through `opener` (the oldest let go past MAX_OPEN)."""
-    if _OPEN_IN[0] != os.getpid():  # a forked process (a DataLoader worker): the files,
-        _OPEN.clear()  # connections and read-ahead left open are its parent's
-        _OPEN_IN[0] = os.getpid()
-    for entry in _OPEN:
+    entries = open_row_groups()
+    for entry in entries:
         if (entry.owner is owner and entry.key == key and entry.columns == columns
                 and entry.rows.row <= row < entry.rows.end):
-            _OPEN.remove(entry)
-            _OPEN.append(entry)
+            entries.remove(entry)
+            entries.append(entry)
             return entry
     file = watched(opener())
     try:
@@ -325,13 +336,13 @@ def _open_at(opener: Callable[[], BinaryIO], url: str, row: int, owner: Any,
         if isinstance(err, (OSError, ValueError)):
             raise _failed(err, file, url, row, "row group") from err
         raise
-    for stale in [entry for entry in _OPEN if entry.owner is owner and entry.key == key
+    for stale in [entry for entry in entries if entry.owner is owner and entry.key == key
                   and entry.columns == columns and entry.rows.group == group]:
         _let_go(stale)  # past `row` already: this one decodes it again from its first row
-    _OPEN.append(_Open(owner, key, columns, rows))
-    while len(_OPEN) > MAX_OPEN:
-        _let_go(_OPEN[0])
-    return _OPEN[-1]
+    entries.append(_Open(owner, key, columns, rows))
+    while len(entries) > MAX_OPEN:
+        _let_go(entries[0])
+    return entries[-1]
 
 
 class Parquet(Columnar):
