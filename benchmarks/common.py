@@ -15,6 +15,7 @@ import platform
 import re
 import resource
 import shlex
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -274,6 +275,19 @@ def _size_name(size: int) -> str:
 
 
 # -- docs ------------------------------------------------------------------------------------
+
+
+def copies_folder(source: Path, folder: Path, copies: int, suffix: str) -> Path:
+    """`folder`, holding `copies` copies of the file `source` named copy-NN`suffix` (made
+    once; copies, not links: the same file under two names is read once)."""
+    if not folder.is_dir():
+        part = folder.with_name(folder.name + ".part")
+        shutil.rmtree(part, ignore_errors=True)
+        part.mkdir()
+        for copy in range(copies):
+            shutil.copyfile(source, part / f"copy-{copy:02d}{suffix}")
+        part.rename(folder)
+    return folder
 
 
 def replace_section(path: Path, section: str, body: str) -> None:

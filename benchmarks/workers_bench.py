@@ -25,7 +25,6 @@ measurement, which starts after 5 s and takes ~2 s, is part of a run), in batche
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import sys
 import time
@@ -84,15 +83,10 @@ COPIES = {"PubMed": 20, "small lines": 30}
 
 def copied(zst: Path, copies: int) -> Path:
     """A directory of `copies` copies of the shard `zst` (made once, under bench-data/)."""
+    from common import copies_folder
+
     folder = zst.parent.with_name(f"{zst.parent.name}-x{copies}")
-    if not folder.is_dir():
-        part = folder.with_name(folder.name + ".part")
-        shutil.rmtree(part, ignore_errors=True)
-        part.mkdir()
-        for copy in range(copies):
-            shutil.copyfile(zst, part / f"copy-{copy:02d}.jsonl.zst")
-        part.rename(folder)
-    return folder
+    return copies_folder(zst, folder, copies, ".jsonl.zst")
 
 
 def corpora(scale: float, copies_of: dict[str, int] = COPIES

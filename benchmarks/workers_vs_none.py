@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import sys
 import time
@@ -92,19 +91,12 @@ WORKERS = (0, 2)
 
 
 def copied(plain: Path, copies: int) -> Path:
-    """`plain` itself, or a directory of `copies` copies of it (made once, under bench-data/;
-    copies, not links: the same file under two names is read once)."""
+    """`plain` itself, or a directory of `copies` copies of it (under bench-data/)."""
+    from common import copies_folder
+
     if copies == 1:
         return plain
-    folder = plain.with_name(f"{plain.stem}-x{copies}")
-    if not folder.is_dir():
-        part = folder.with_name(folder.name + ".part")
-        shutil.rmtree(part, ignore_errors=True)
-        part.mkdir()
-        for copy in range(copies):
-            shutil.copyfile(plain, part / f"copy-{copy:02d}.jsonl")
-        part.rename(folder)
-    return folder
+    return copies_folder(plain, plain.with_name(f"{plain.stem}-x{copies}"), copies, ".jsonl")
 
 
 def corpora(scale: float, copies: int) -> dict[str, tuple[Path, int]]:

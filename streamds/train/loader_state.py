@@ -94,22 +94,31 @@ def check_num_workers(state: Any, num_workers: int) -> None:
         )
 
 
-def steps_since_snapshot(found: Any) -> Iterator[int]:
-    """For every StatefulDataLoader state nested anywhere in `found` (a list of them, a dict
-    holding them), the batches it yielded after the worker states it holds were taken: more
-    than 0 when it was saved between snapshots (``snapshot_every_n_steps`` > 1). torchdata
-    keeps that count under a private key and offers no public way to ask for it."""
+def _nested_dicts(found: Any, *, inside: Any = None) -> Iterator[dict[str, Any]]:
+    """Every dict nested anywhere in `found` (in dicts, lists, tuples), outer first; not
+    looking inside a dict for which `inside(it)` is false."""
     if isinstance(found, dict):
-        since = found.get(_STEPS_SINCE_SNAPSHOT)
-        if isinstance(since, int):
-            yield since
+        yield found
+        if inside is not None and not inside(found):
+            return
         values: Any = found.values()
     elif isinstance(found, (list, tuple)):
         values = found
     else:
         return
     for value in values:
-        yield from steps_since_snapshot(value)
+        yield from _nested_dicts(value, inside=inside)
+
+
+def steps_since_snapshot(found: Any) -> Iterator[int]:
+    """For every StatefulDataLoader state nested anywhere in `found` (a list of them, a dict
+    holding them), the batches it yielded after the worker states it holds were taken: more
+    than 0 when it was saved between snapshots (``snapshot_every_n_steps`` > 1). torchdata
+    keeps that count under a private key and offers no public way to ask for it."""
+    for node in _nested_dicts(found):
+        since = node.get(_STEPS_SINCE_SNAPSHOT)
+        if isinstance(since, int):
+            yield since
 
 
 def merge_states(states: Any) -> dict[str, Any]:
@@ -176,17 +185,11 @@ def stateful_loader_class() -> type:
 def _finished_loader_states(found: Any) -> Iterator[dict[str, Any]]:
     """Every state of a StatefulDataLoader with workers whose epoch ran out, nested anywhere
     in `found`."""
-    if isinstance(found, dict):
-        if _SNAPSHOT in found and found.get(_ITERATOR_FINISHED) is True:
-            yield found
-            return
-        values: Any = found.values()
-    elif isinstance(found, (list, tuple)):
-        values = found
-    else:
-        return
-    for value in values:
-        yield from _finished_loader_states(value)
+    def finished(node: dict[str, Any]) -> bool:
+        return _SNAPSHOT in node and node.get(_ITERATOR_FINISHED) is True
+
+    return (node for node in _nested_dicts(found, inside=lambda node: not finished(node))
+            if finished(node))
 
 
 def _end_unshown(worker: Any) -> bool:
