@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import child_result
+from common import add_write_docs, child_result, command_line, machine, publish
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    add_write_docs(parser, "stateful-cost")
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(measure(**json.loads(args.child))))
@@ -91,9 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         path.parent.mkdir(exist_ok=True)
         write_short_records(path.with_suffix(".tmp"), args.records)
         path.with_suffix(".tmp").rename(path)
-    trees = {"new": ROOT}
+    trees = {"streamds": ROOT}  # with --ref: "old" and "new"
     if args.ref:
-        trees = {"old": ref_worktree(args.ref), **trees}
+        trees = {"old": ref_worktree(args.ref), "new": ROOT}
     cases = [(name, tree, False) for name, tree in trees.items()] + [("floor", ROOT, True)]
     runs: dict[tuple[str, bool], list[dict]] = {}
     for repeat in range(args.repeats):
@@ -103,7 +104,6 @@ def main(argv: list[str] | None = None) -> int:
                 runs.setdefault((name, stateful), []).append(run(tree, path, stateful, floor))
     lines = ["| reader | added wall µs/batch | added CPU µs/batch (main + workers) | "
              "main | workers | DataLoader wall µs/batch |", "|---|---:|---:|---:|---:|---:|"]
-    added_wall = {}
     for name, _, _ in cases:
 
         def per_batch(stateful: bool, what: str, name: str = name) -> float:
@@ -113,16 +113,17 @@ def main(argv: list[str] | None = None) -> int:
         wall = per_batch(True, "wall") - per_batch(False, "wall")
         main_cpu = per_batch(True, "main") - per_batch(False, "main")
         workers_cpu = per_batch(True, "workers") - per_batch(False, "workers")
-        added_wall[name] = wall
         lines.append(f"| {name} | {wall:.0f} | {main_cpu + workers_cpu:.0f} | {main_cpu:.0f} | "
                      f"{workers_cpu:.0f} | {per_batch(False, 'wall'):.0f} |")
-    target = 1.25 * added_wall["floor"] + 10
-    print("\n".join(lines))
-    print(f"\nStatefulDataLoader minus DataLoader, {WORKERS} workers, batch_size={BATCH}, "
-          f"{args.records:,} short records, shuffle buffer {BUFFER:,}; medians of "
-          f"{args.repeats} interleaved repeats. Target (1.25 x floor + 10 µs): {target:.0f} µs; "
-          + ", ".join(f"{name}: {wall:.0f} µs" for name, wall in added_wall.items()
-                      if name != "floor"))
+    body = "\n".join(lines) + (
+        f"\n\nStatefulDataLoader minus DataLoader, {WORKERS} workers, batch_size={BATCH}, "
+        f"{args.records:,} short records, shuffle buffer {BUFFER:,}; \"floor\": a dataset "
+        f"whose state is one integer (torchdata's own cost); medians of {args.repeats} "
+        f"interleaved repeats, each run a fresh process. Machine: {machine()}. Command: "
+        f"`{command_line()}`.")
+    publish("stateful_cost", body, {f"{name} {stateful}": rows
+                                    for (name, stateful), rows in runs.items()},
+            "stateful-cost" if args.write_docs else None)
     return 0
 
 
