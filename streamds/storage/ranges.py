@@ -47,13 +47,15 @@ def stored_span(shard: Shard, start: int, end: int | None) -> tuple[int, int, in
     """Where decoded bytes [start, end) of `shard` lie in the stored file.
 
     Returns (stored start, the decoded offset there, stored end or None: to the file's end).
-    Plain files: the same bytes plus LINE_PROBE for the line crossing `end`; seekable zstd
-    files: the frames holding them; other compressed files and tars: the whole file.
+    Plain files: the same bytes, plus LINE_PROBE for the line crossing `end` where records
+    are lines (a Parquet row group's chunks end where they say); seekable zstd files: the
+    frames holding them; other compressed files and tars: the whole file.
     """
     if shard.codec is None:
         if end is None or shard.size is None:
             return start, start, shard.size
-        return start, start, min(end + LINE_PROBE, shard.size)
+        probe = LINE_PROBE if shard.format.line_positions else 0
+        return start, start, min(end + probe, shard.size)
     if not shard.frames:
         return 0, 0, shard.size
     starts = [frame.decompressed_offset for frame in shard.frames]

@@ -81,10 +81,6 @@ def block_span(shard: Shard, start: int, end: int | None, *, at_line: bool) -> S
     if not shard.ranged:
         return None
     decoded_start, decoded_end = shard.format.read_range(shard, start, end, at_line=at_line)
-    # a format that says its exact bytes (a row group's column chunks): no line runs past
-    # their end, so no probe for one
-    if not shard.format.line_positions and shard.codec is None and decoded_end is not None:
-        return shard, decoded_start, decoded_end
     first, _, last = stored_span(shard, decoded_start, decoded_end)
     return None if last is None else (shard, first, last)
 
