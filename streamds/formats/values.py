@@ -36,6 +36,7 @@ import orjson
 __all__ = [
     "BIG_INT_DIGITS",
     "big_int_lines",
+    "big_int_lines_of",
     "big_int_starts",
     "dumps",
     "explain",
@@ -172,7 +173,24 @@ def big_int_lines(data: bytes | memoryview, ends: Sequence[int]) -> list[int]:
     """The indexes of the lines of `data` (each ends where `ends` says, the next begins one
     byte later) that hold a run `big_int_starts` finds: the lines `loads_many` reads with
     `json`. Ascending; ``[]`` for most data."""
-    starts = big_int_starts(data)
+    return _lines_holding(big_int_starts(data), ends)
+
+
+def big_int_lines_of(pieces: Sequence[bytes | memoryview], ends: Sequence[int]) -> list[int]:
+    """`big_int_lines` of the pieces joined, each searched where it lies (a piece of
+    ``b"\n"``, between lines, holds no run)."""
+    starts: list[int] = []
+    at = 0
+    for piece in pieces:
+        if len(piece) > 1:
+            starts += (at + start for start in big_int_starts(piece))
+        at += len(piece)
+    return _lines_holding(starts, ends)
+
+
+def _lines_holding(starts: list[int], ends: Sequence[int]) -> list[int]:
+    """The indexes of the lines (each ends where `ends` says, the next begins one byte
+    later) in which the runs at `starts` begin."""
     if not starts:
         return []
     begins = [0, *(int(end) + 1 for end in ends)]  # no run spans two lines

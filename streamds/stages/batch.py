@@ -21,6 +21,7 @@ from torch.utils.data import get_worker_info
 
 from ..handover import shm_ring
 from .chunks import SOURCE, STAGE, Below, HandedOut, Rest, checked
+from .line_runs import LineRuns
 
 if TYPE_CHECKING:
     from .buckets import Rule
@@ -274,17 +275,15 @@ class Batch:
         lines from the batch's start, so a resumed reader cuts the same batches."""
         assert not self.spec.drop_last, "a batch cut by bytes may be short anywhere"
         piece = next(d for d in range(min(size, self.PIECE), 0, -1) if size % d == 0)
-        lines: list[Any] = []
+        lines = LineRuns()
         blocks: list[int] = []
         offsets: list[int] = []
-        held = 0
         for part, part_blocks, part_offsets in self.source.batches_with_positions(piece):
             lines += part
             blocks += part_blocks
             offsets += part_offsets
-            held += sum(map(len, part))
-            if len(lines) >= size or held >= max_bytes:
+            if len(lines) >= size or lines.nbytes >= max_bytes:
                 yield self.collate(lines, blocks, offsets)
-                lines, blocks, offsets, held = [], [], [], 0
+                lines, blocks, offsets = LineRuns(), [], []
         if lines:
             yield self.collate(lines, blocks, offsets)

@@ -34,19 +34,20 @@ from multiprocessing.reduction import ForkingPickler
 from struct import Struct
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import orjson
 from torch._utils import ExceptionWrapper
 from torch.utils.data import get_worker_info
 
 from ..errors import CorruptRecordError
 from ..formats import values
+from ..formats.jsonl import CutLines
 from ..handover import shm_ring
 from ..storage.read import count_newlines
 from ..storage.shards import listed_shard, resolve_shards
 from .batch import RecordBatch, reduce_records_in_worker
 from .chunks import Chunk
-from .parse import BLANK, LineNumbers, Parse, cut_bom, describe_bad
+from .line_runs import LineRuns
+from .parse import BLANK, BOM, LineNumbers, Parse, cut_bom, describe_bad, starts_file
 
 if TYPE_CHECKING:
     from .description import ReaderDescription
@@ -84,12 +85,38 @@ class ParseLater(Parse):
         self.reset()
 
     def parse(self, chunk: Chunk) -> Chunk:
-        """`chunk` with its blank lines marked (also used to re-read records)."""
-        lines = cut_bom(chunk.items, chunk.offsets, chunk.labels)
+        """`chunk` with its blank lines marked (also used to re-read records). A chunk whose
+        lines are all records as read keeps its read buffer (`Chunk.data`), from which the
+        batch stage takes them (`streamds.stages.line_runs`)."""
+        lines = chunk.items
+        if isinstance(lines, CutLines) and not lines.cut and _as_read(lines, chunk):
+            return Chunk(chunk.work_index, chunk.block, chunk.offsets, lines, True, chunk.labels,
+                         data=chunk.data)
+        lines = cut_bom(lines, chunk.offsets, chunk.labels)
         if b"" not in lines and not any(map(bytes.isspace, lines)):  # C speed, no blanks
-            return Chunk(chunk.work_index, chunk.block, chunk.offsets, lines, True, chunk.labels)
+            data = chunk.data if lines is chunk.items else None  # (no BOM cut off)
+            return Chunk(chunk.work_index, chunk.block, chunk.offsets, lines, True, chunk.labels,
+                         data=data)
         items = [line if line and not line.isspace() else BLANK for line in lines]
         return Chunk(chunk.work_index, chunk.block, chunk.offsets, items, False, chunk.labels)
+
+
+_SPACE = frozenset(b" \t\n\r\x0b\x0c")  # what bytes.isspace counts as whitespace
+
+
+def _as_read(lines: CutLines, chunk: Chunk) -> bool:
+    """Whether `lines`, still in their read buffer, are records as they stand: none blank or
+    beginning with whitespace (those go the way that cuts them out), and no byte-order mark
+    to cut off. Looked at in the buffer, a byte per line."""
+    data = lines.data
+    if starts_file(chunk.offsets[0], chunk.labels) and data.startswith(BOM):
+        return False
+    begin = 0
+    for end in lines.ends:
+        if end == begin or data[begin] in _SPACE:
+            return False
+        begin = end + 1
+    return True
 
 
 class LineBatch(RecordBatch):
@@ -193,22 +220,19 @@ ForkingPickler.register(LineBatch, _reduce_for_queue)
 
 
 def payload_pieces(lines: Sequence[bytes], blocks: Sequence[int], offsets: Sequence[int],
-                   urls: dict[int, str]) -> list[bytes]:
+                   urls: dict[int, str]) -> list[bytes | memoryview]:
     """A batch's payload, in pieces that go into the ring one after another: the header
     (where each line ends, the lines that hold an integer orjson may read as a float, blocks,
-    offsets, urls), then the lines joined with a "\n" between. The lines are joined and
-    searched for big integers here, where a CPU is spare (the search reads every byte: a share
-    of parsing them), and not marshalled, so the main process (the bottleneck with workers)
-    only parses them, in place: orjson reads the shared pages directly, and no line is
-    copied out of them."""
-    # where each line ends: the lengths, each with the "\n" after it, summed, less that
-    # "\n" (numpy: a Python loop here costs a worker per line)
-    lengths = np.fromiter(map(len, lines), np.int64, len(lines))
-    ends = np.cumsum(lengths + 1) - 1
-    joined = b"\n".join(lines)
-    header = marshal.dumps((ends.tobytes(), values.big_int_lines(joined, ends),
-                            array("q", blocks).tobytes(), array("q", offsets).tobytes(), urls))
-    return [_LENGTH.pack(len(header)), header, joined]
+    offsets, urls), then the lines with a "\n" between: slices of the read buffers where the
+    lines are still there (`LineRuns`), else joined. The lines are searched for big integers
+    here, where a CPU is spare (the search reads every byte: a share of parsing them), and
+    not marshalled, so the main process (the bottleneck with workers) only parses them, in
+    place: orjson reads the shared pages directly, and no line is copied out of them."""
+    pieces, ends = LineRuns.of(lines).pieces(offsets)
+    big_lines = values.big_int_lines_of(pieces, ends)
+    header = marshal.dumps((ends.tobytes(), big_lines, array("q", blocks).tobytes(),
+                            array("q", offsets).tobytes(), urls))
+    return [_LENGTH.pack(len(header)), header, *pieces]
 
 
 def _parsed_from_ring(entry: shm_ring.Entry) -> RecordBatch | MalformedLine:

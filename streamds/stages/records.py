@@ -20,12 +20,14 @@ from ..storage.plan import Block
 from ..storage.read import Opener, open_decoded_at, read_lines
 from ..storage.shards import Shard
 from .chunks import Chunk, ChunkCursor, ChunkStage, Position
+from .line_runs import LineRuns
 from .parse import Marker
 
 __all__ = ["PositionedBatch", "Records", "fetch_records"]
 
-# records, and the block id and line offset of each (`Records.batches_with_positions`)
-PositionedBatch = tuple[list[Any], list[int], list[int]]
+# records (raw lines: a list, or `LineRuns`), and the block id and line offset of each
+# (`Records.batches_with_positions`)
+PositionedBatch = tuple[Sequence[Any], list[int], list[int]]
 
 
 class Records:
@@ -94,9 +96,10 @@ class Records:
     def _batches(self, size: int, *, positions: bool) -> Iterator[PositionedBatch]:
         self._loaded = None
         self._left = None
-        batch: list[Any] = []
-        blocks: list[int] = []
-        offsets: list[int] = []
+        # with positions, the items are raw lines (for the main process to parse): kept as
+        # slices of their read buffers where they lie one after another (`LineRuns`)
+        new: Callable[[], Any] = LineRuns if positions else list
+        batch, blocks, offsets = new(), [], []
         for chunk in self.cursor.chunks():
             self._chunk, self._index = chunk, 0
             items, at = chunk.items, chunk.offsets
@@ -107,20 +110,24 @@ class Records:
             while start < count:
                 end = min(count, start + size - len(batch))
                 if kept is None:  # slices, at C speed
-                    part, self._index = items[start:end], end
-                    part_at = at[start:end] if positions else []
+                    self._index = end
+                    if positions:
+                        batch.add_chunk(chunk, start, end)
+                        offsets += at[start:end]
+                    else:
+                        batch += items[start:end]
                 else:
                     picked = kept[start:end]
-                    part, self._index = [items[i] for i in picked], picked[-1] + 1
-                    part_at = [at[i] for i in picked] if positions else []
-                batch += part
+                    batch += [items[i] for i in picked]
+                    self._index = picked[-1] + 1
+                    if positions:
+                        offsets += [at[i] for i in picked]
                 if positions:
-                    blocks += [chunk.block] * len(part)
-                    offsets += part_at
+                    blocks += [chunk.block] * (end - start)
                 start = end
                 if len(batch) == size:  # the state now stands after its last record
                     yield batch, blocks, offsets
-                    batch, blocks, offsets = [], [], []
+                    batch, blocks, offsets = new(), [], []
         self._chunk = None
         self.done = True
         if self.on_end is not None:
