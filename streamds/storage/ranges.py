@@ -12,7 +12,7 @@ shrank since it was listed) raise at once, naming the URL.
 `RangeFile` is a read-only file over those ranges, from an offset on. Its reads come from a
 `ReadAhead`'s prefetched pieces when one holds the bytes, else straight from storage in
 requests sized to what the caller planned to read (`planned_end`), so a block never fetches
-much past its end.
+much past its end, and to the storage (`RangeReader.request_size`).
 """
 
 from __future__ import annotations
@@ -28,16 +28,18 @@ from typing import Protocol
 from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import CorruptShardError
+from ..formats.codecs import READ_SIZE
 from ..redact import describe_error, redact, safe_cause, scrubbed
 from ..retry import DEFAULT_RETRY, RangeNotSupportedError, RetryPolicy, as_os_error, retrying
-from .mounts import on_fuse_mount
+from .mounts import on_fuse_mount, on_remote_mount
 from .shard_cache import Cache, ShardCacheSettings, pread_full
 from .shards import Shard, process_fs
 
-__all__ = ["DIRECT_REQUEST", "LINE_PROBE", "Prefetched", "RangeFile", "RangeReader",
-           "StreamFile", "stored_span"]
+__all__ = ["DIRECT_REQUEST", "LINE_PROBE", "LOCAL_REQUEST", "Prefetched", "RangeFile",
+           "RangeReader", "StreamFile", "stored_span"]
 
-DIRECT_REQUEST = 4 << 20  # bytes per request when nothing was fetched ahead
+DIRECT_REQUEST = 4 << 20  # bytes per request when nothing was fetched ahead ...
+LOCAL_REQUEST = READ_SIZE  # ... of a file on a local disk (`RangeReader.request_size`)
 LINE_PROBE = 64 << 10  # bytes planned past a plain block's end, for the line crossing it
 _TAIL_REQUEST = 64 << 10  # bytes per request past the planned end
 _PAGE = mmap.PAGESIZE
@@ -76,6 +78,7 @@ class RangeReader:
         self._fuse_direct = fuse_direct  # files on FUSE mounts: bypass the page cache
         self._fds: dict[str, int] = {}
         self._direct: set[int] = set()  # descriptors opened with O_DIRECT
+        self._on_disk: dict[str, bool] = {}  # url -> a file on a local disk (request_size)
         self._lock = threading.Lock()
         self._cache = None if cache is None else Cache(
             cache, self._read_source, lambda: RangeReader(retry))
@@ -89,6 +92,19 @@ class RangeReader:
         if self._cache is not None:
             return self._cache.read(shard, start, end)
         return self._read_source(shard, start, end)
+
+    def request_size(self, shard: Shard) -> int:
+        """Bytes to ask for at a time where nothing was fetched ahead. A file on a local disk:
+        a line reader's read (the kernel reads ahead of it; a piece that fits the CPU's cache
+        is copied again cheaply, and one read whole is handed on as it came: `RangeFile`);
+        anything else, where each request is a round trip (a network or FUSE mount, an object
+        store, through the shard cache): DIRECT_REQUEST."""
+        on_disk = self._on_disk.get(shard.url)
+        if on_disk is None:
+            on_disk = self._on_disk[shard.url] = (
+                self._cache is None and type(process_fs(shard.fs)) is LocalFileSystem
+                and not on_remote_mount([shard.path]))
+        return min(LOCAL_REQUEST, DIRECT_REQUEST) if on_disk else DIRECT_REQUEST
 
     def _read_source(self, shard: Shard, start: int, end: int) -> bytes:
         try:
@@ -341,7 +357,13 @@ class RangeFile(io.RawIOBase):
         if not 0 <= held < len(self._buffer) and not self._fill(size):
             return b""
         held = self._pos - self._buffer_start
-        data = bytes(self._buffer[held : held + size])
+        buffer = self._buffer
+        whole = buffer.obj
+        if held == 0 and size >= len(buffer) and type(whole) is bytes and len(whole) == len(
+                buffer):
+            data = whole  # all of what one request fetched: handed on, not copied
+        else:
+            data = bytes(buffer[held : held + size])
         self._pos += len(data)
         return data
 
@@ -354,7 +376,7 @@ class RangeFile(io.RawIOBase):
         else:
             end = self._pos + max(size, _TAIL_REQUEST)
             if self._planned_end is None or self._pos < self._planned_end:
-                end = self._pos + max(size, DIRECT_REQUEST)
+                end = self._pos + max(size, self._reader.request_size(self._shard))
                 if self._planned_end is not None:
                     end = max(self._pos + size, min(end, self._planned_end))
             if self._stop is not None:
