@@ -12,16 +12,17 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from contextlib import closing
-from itertools import accumulate
-from operator import add
 from typing import Any, BinaryIO
+
+import numpy as np
 
 from .protocol import Block, Cursor, Format, LineChunk, Opener, Piece
 
 __all__ = ["FORMAT", "CutLines", "Jsonl", "byte_ranges", "line_chunks"]
 
 _PROBE = 64 << 10  # bytes read past a block's end (or before its start) to find a newline
-_FEW_LINES = 64  # lines a read buffer may hold to be left uncut (long lines: the copy costs)
+_FEW_LINES = 64  # lines a read buffer may hold to be found one by one (more: numpy finds them)
+_NEWLINE = 0x0A
 
 
 class CutLines(Sequence[bytes]):
@@ -66,7 +67,7 @@ class CutLines(Sequence[bytes]):
 
 def _line_ends(buffer: bytes) -> list[int] | None:
     """Where each newline of `buffer` is, when it holds at most `_FEW_LINES` (None: more; a
-    split is then cheaper than finding them one by one)."""
+    search of the whole buffer is then cheaper than finding them one by one)."""
     ends: list[int] = []
     find = buffer.find
     at = find(b"\n")
@@ -137,20 +138,19 @@ def line_chunks(
                 continue
             pending.append(data)
             buffer = b"".join(pending)
-            lines: Any
+            # the lines are found in place and cut out only if asked for
             ends = _line_ends(buffer)
-            if ends is None:  # many lines: one split, at C speed
-                lines = buffer.split(b"\n")
-                tail = lines.pop()
-                if at_eof and tail:  # a final line without a newline is a record
-                    lines.append(tail)
-                offsets = list(accumulate(map((1).__add__, map(len, lines)), add, initial=pos))
-            else:  # a few long lines: found in place, cut out only if asked for
-                tail = buffer[ends[-1] + 1 if ends else 0 :]
-                if at_eof and tail:  # a final line without a newline is a record
-                    ends.append(len(buffer))
-                lines = CutLines(buffer, ends)
+            if ends is None:  # many lines: every newline at once, at C speed
+                found = np.flatnonzero(np.frombuffer(buffer, np.uint8) == _NEWLINE)
+                ends = found.tolist()
+                offsets = [pos, *(found + (pos + 1)).tolist()]
+            else:
                 offsets = [pos, *(pos + end + 1 for end in ends)]
+            tail = buffer[ends[-1] + 1 if ends else 0 :]
+            if at_eof and tail:  # a final line without a newline is a record
+                ends.append(len(buffer))
+                offsets.append(pos + len(buffer) + 1)
+            lines = CutLines(buffer, ends)
             if not lines:
                 return
             pending = [] if at_eof or not tail else [tail]
@@ -161,8 +161,7 @@ def line_chunks(
                 if owned < len(lines):
                     cursor.next_line = offsets[owned]
                     if owned:
-                        kept = CutLines(buffer, lines.ends[:owned]) if isinstance(
-                            lines, CutLines) else lines[:owned]
+                        kept = CutLines(buffer, ends[:owned])
                         yield LineChunk(block_id, offsets[: owned + 1], kept, data=buffer)
                     return
             pos = cursor.next_line = offsets[-1]
