@@ -60,20 +60,26 @@ def _one_line(err: Exception) -> str:
     return " ".join(str(err).split())
 
 
-def _damaged(url: str, where: str, err: Exception, offset: int = 0) -> CorruptShardError:
+def _damaged(url: str, where: str, err: Exception, offset: int = 0, *,
+             skips: bool = True) -> CorruptShardError:
+    """`skips`: the damage is in a block read (on_error='skip' leaves it), not in what the
+    dataset is planned from."""
+    fix = ", or pass on_error='skip' to skip the damaged block" if skips else ""
     return CorruptShardError(
         f"{url}: damaged Arrow IPC file ({where}): {_one_line(err)}; copy or write the file "
-        "again, or pass on_error='skip' to skip the damaged block",
+        f"again{fix}",
         url=url,
         offset=offset,
     )
 
 
-def _open(file: BinaryIO, url: str) -> tuple[Any, bool]:
-    """(reader, is a stream) for `file`, positioned at its start."""
+def _open(file: BinaryIO, url: str, stream: bool | None = None) -> tuple[Any, bool]:
+    """(reader, is a stream) for `file`, positioned at its start. `stream`: which format the
+    file is in, where the plan knows (its first bytes are then not read: a remote reader of
+    one batch would fetch a request's worth of the file's start for them)."""
     pa = require_pyarrow(url)
     file.seek(0)
-    is_file = file.read(len(FILE_MAGIC)) == FILE_MAGIC
+    is_file = file.read(len(FILE_MAGIC)) == FILE_MAGIC if stream is None else not stream
     file.seek(0)
     try:
         if is_file:
@@ -213,7 +219,7 @@ def footer_layout(read_exact: Callable[[int, int], bytes], size: int, url: str) 
         if not 0 < footer_size <= footer_end - 8:
             raise ValueError(f"the footer's length is {footer_size}, the file {size} bytes")
     except ValueError as err:
-        raise _damaged(url, "footer", err, offset=max(0, footer_end)) from err
+        raise _damaged(url, "footer", err, offset=max(0, footer_end), skips=False) from err
     footer = (tail[len(tail) - 10 - footer_size : -10] if footer_size + 10 <= len(tail)
               else read_exact(footer_end - footer_size, footer_end))
     data_end = footer_end - footer_size
@@ -230,7 +236,7 @@ def footer_layout(read_exact: Callable[[int, int], bytes], size: int, url: str) 
                 raise ValueError(f"record batch {index} is placed at bytes {offset}-"
                                  f"{offset + meta + body}, outside the data")
     except Exception as err:
-        raise _damaged(url, "footer", err, offset=data_end) from err
+        raise _damaged(url, "footer", err, offset=data_end, skips=False) from err
     headers: dict[int, bytes] = {}  # block offset -> its message header
     placed = iter(sorted(blocks))
     for start, end, count in _header_runs(blocks):
@@ -242,7 +248,8 @@ def footer_layout(read_exact: Callable[[int, int], bytes], size: int, url: str) 
         try:
             rows = _batch_rows(headers[offset], body)
         except ValueError as err:
-            raise _damaged(url, f"record batch {index} header", err, offset=offset) from err
+            raise _damaged(url, f"record batch {index}'s header", err, offset=offset,
+                           skips=False) from err
         groups.append(Group(rows, offset, offset + meta + body))
     return Layout(tuple(groups), tuple(checked.schema.names))
 
@@ -273,7 +280,7 @@ def read_rows(
         return
     pa = require_pyarrow(url)
     file = watched(file)
-    reader, stream = _open(file, url)
+    reader, stream = _open(file, url, None if planned is None else planned.stream)
     names = checked_schema(reader.schema, columns, url, pa)
     row, index, found = 0, 0, None
     try:
