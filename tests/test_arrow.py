@@ -106,6 +106,16 @@ def test_footer_counts_hold_however_headers_are_grouped_into_requests(
         assert len(reads) == 2 + len(batches)  # the tail, the footer, each header apart
 
 
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_every_kind_of_file_reads_the_rows_pyarrow_reads(tmp_path, kind):
+    """Each block reads its batch from the bytes the footer places it at (a file with
+    dictionary-encoded columns through pyarrow's file reader): the records are pyarrow's."""
+    data = file_bytes([300, 0, 41, 1000], **KINDS[kind])
+    (tmp_path / "k.arrow").write_bytes(data)
+    expected = pa.ipc.open_file(pa.BufferReader(data)).read_all().to_pylist()
+    assert list(StreamingJsonl(tmp_path / "k.arrow")) == expected
+
+
 def test_a_local_arrow_file_reads_exactly_once_and_resumes(tmp_path):
     (tmp_path / "a.arrow").write_bytes(file_bytes([120, 0, 75, 300, 5]))
     ds = StreamingJsonl(tmp_path / "a.arrow")
@@ -170,6 +180,23 @@ def test_reading_a_batch_fetches_that_batch_not_the_files_start(tmp_path):
         footer = len(data) - max(group.end for group in from_footer(data).groups)
         blocks = len(ds._block_list)
         assert served_bytes(server.log, "/big.arrow", len(data)) <= blocks * (widest + footer)
+
+
+def test_a_reader_of_many_blocks_reads_the_footer_once(tmp_path):
+    """The footer lists every batch, so reading it per block would cost blocks x footer
+    bytes (quadratic in the batches); a reader reads it once per file."""
+    pytest.importorskip("aiohttp", reason="HTTP needs the 'remote' extra (aiohttp)")
+    from testbed.http import serve
+
+    batches = [10] * 600  # a footer of ~15 KB, a block per batch
+    data = file_bytes(batches)
+    (tmp_path / "many.arrow").write_bytes(data)
+    with serve(tmp_path) as server:
+        ds = StreamingJsonl(f"{server.url}/many.arrow")
+        assert len(ds._block_list) == len(batches)
+        server.reset_log()
+        assert ids(list(ds)) == list(range(sum(batches)))
+        assert served_bytes(server.log, "/many.arrow", len(data)) < 3 * len(data)
 
 
 DAMAGE = {

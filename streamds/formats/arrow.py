@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import itertools
 import struct
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO
 
@@ -269,6 +271,42 @@ def layout(file: BinaryIO, url: str) -> Layout:
     return Layout(tuple(groups), tuple(reader.schema.names), stream=stream)
 
 
+_SCHEMAS: OrderedDict[Any, Any] = OrderedDict()  # file identity -> its schema, this process's
+_SCHEMAS_HELD = 64
+_SCHEMAS_LOCK = threading.Lock()
+
+
+def _file_schema(file: Any, url: str, key: Any) -> Any:
+    """The schema in a file-format file's footer, read once per `key` (the file's identity)
+    in this process: a reader of many blocks of one file reads its footer once, not per
+    block (its size grows with the batches: reading it per block is quadratic)."""
+    with _SCHEMAS_LOCK:
+        if key is not None and key in _SCHEMAS:
+            _SCHEMAS.move_to_end(key)
+            return _SCHEMAS[key]
+    reader, _ = _open(file, url, stream=False)
+    with _SCHEMAS_LOCK:
+        if key is not None:
+            _SCHEMAS[key] = reader.schema
+            while len(_SCHEMAS) > _SCHEMAS_HELD:
+                _SCHEMAS.popitem(last=False)
+    return reader.schema
+
+
+def _batch_at(file: Any, url: str, group: Group, index: int, schema: Any, pa: Any) -> Any:
+    """Record batch `index` of a file-format file: its message and body, the group's stored
+    bytes, read in one piece and decoded with `schema`. A file with dictionary-encoded
+    columns (their dictionaries are other messages, located by the footer) is opened whole."""
+    if group.start is None or group.end is None or "dictionary<" in str(schema):
+        reader, _ = _open(file, url, stream=False)
+        return reader.get_batch(index) if index < reader.num_record_batches else None
+    file.seek(group.start)
+    data = file.read(group.end - group.start)
+    if len(data) < group.end - group.start:
+        return None  # the file ends inside the batch: it changed since it was planned
+    return pa.ipc.read_record_batch(pa.ipc.read_message(pa.py_buffer(data)), schema)
+
+
 def read_rows(
     file: BinaryIO, url: str, start: int, end: int, *, columns: Sequence[str] | None = None,
     key: Any = None, planned: Layout | None = None,
@@ -280,22 +318,25 @@ def read_rows(
         return
     pa = require_pyarrow(url)
     file = watched(file)
-    reader, stream = _open(file, url, None if planned is None else planned.stream)
-    names = checked_schema(reader.schema, columns, url, pa)
     row, index, found = 0, 0, None
+    if planned is not None and not planned.stream:  # the file format: that batch alone
+        index = group_of(planned, start)
+        row = planned.first_rows()[index]
+        schema = _file_schema(file, url, key)
+        names = checked_schema(schema, columns, url, pa)
+    else:
+        reader, stream = _open(file, url, None if planned is None else planned.stream)
+        names = checked_schema(reader.schema, columns, url, pa)
     try:
-        if stream or planned is None:
+        if planned is None or planned.stream:
             for batch in _batches(reader, stream):
                 if row + batch.num_rows > start:
                     found = batch
                     break
                 row += batch.num_rows
                 index += 1
-        else:
-            index = group_of(planned, start)
-            row = planned.first_rows()[index]
-            if index < reader.num_record_batches:
-                found = reader.get_batch(index)
+        elif index < len(planned.groups):
+            found = _batch_at(file, url, planned.groups[index], index, schema, pa)
     except (OSError, ValueError) as err:
         if storage_error(err, file):
             raise
@@ -367,7 +408,7 @@ class Arrow(Columnar):
     def rows_of(self, file: BinaryIO, shard: Any, start: int, end: int
                 ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
         return read_rows(file, shard.url, start, end, columns=shard.columns,
-                         planned=shard.layout)
+                         key=(shard.path, shard.size, shard.version), planned=shard.layout)
 
     def rows_from(self, file: BinaryIO, shard: Any, first: int
                   ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
