@@ -14,9 +14,10 @@ the footer is also opened by pyarrow (schema, batch count) as a check. A stream 
 footer: a local one is counted by one pass over its messages (a disk read), a remote one is
 not counted (that would download it) but settled from its first bytes (the schema message:
 column names), and planned as one block that one reader reads and counts as it goes, as a
-gzip file is; it has no len(). A block of the file format reads its batch alone (the stored
-bytes the read-ahead fetches are that batch's); a block of the stream format reads the
-messages before it too (the stream has no index).
+gzip file is; it has no len(). A block of the file format reads its batch alone: the stored
+bytes the footer places it at (what the read-ahead fetches), decoded with the schema, the
+footer read once per file and process; a block of the stream format reads the messages
+before it too (the stream has no index).
 Records are what `to_pylist()` gives, by the rule of `columnar.refusal`.
 """
 
