@@ -14,6 +14,7 @@ import errno
 import logging
 import random
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ __all__ = [
     "PermanentReadError",
     "RangeNotSupportedError",
     "RetryPolicy",
+    "StoppedError",
     "UnreachableError",
     "as_os_error",
     "http_status",
@@ -64,6 +66,11 @@ class GaveUpError(OSError):
     """A read still failed after the retry policy's time or attempts ran out."""
 
 
+class StoppedError(OSError):
+    """A read not started, or a failed one not retried, because the reader that wanted its
+    bytes closed (a read-ahead's fetch after the reader stopped)."""
+
+
 class UnreachableError(ConnectionError):
     """No connection to the source's host when the dataset was made (refused, no such host):
     a wrong host or port, or a server that is not running; reported at once, not retried."""
@@ -72,7 +79,7 @@ class UnreachableError(ConnectionError):
 # "this file is not there / not allowed": retrying cannot fix these
 PERMANENT_ERRORS = (
     FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,
-    PermanentReadError, GaveUpError, UnreachableError,
+    PermanentReadError, GaveUpError, UnreachableError, StoppedError,
 )
 _RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 
@@ -160,19 +167,24 @@ def is_transient(err: BaseException) -> bool:
     )
 
 
-def retrying(call: Callable[[], T], policy: RetryPolicy, what: str) -> T:
+def retrying(call: Callable[[], T], policy: RetryPolicy, what: str, *,
+             stop: threading.Event | None = None) -> T:
     """`call()`, retried on transient errors per `policy`; `what` names it in messages.
 
     Errors come out as `as_os_error` kinds; when the policy gives up, `GaveUpError` says how
-    many times and for how long it failed.
+    many times and for how long it failed. Once `stop` is set (nobody wants the bytes any
+    more), no attempt starts (`StoppedError`) and a failure is raised as it is: a backoff
+    wait ends at once, so no request follows the stop.
     """
     failures, first = 0, 0.0
     while True:
+        if stop is not None and stop.is_set():
+            raise StoppedError(errno.ECANCELED, f"{redact(what)}: not read: its reader closed")
         try:
             return call()
         except Exception as raised:
             err = as_os_error(raised, what)
-            if not is_transient(err):
+            if not is_transient(err) or (stop is not None and stop.is_set()):
                 if err is raised:
                     raise
                 raise err from safe_cause(raised)
@@ -190,7 +202,10 @@ def retrying(call: Callable[[], T], policy: RetryPolicy, what: str) -> T:
             delay = policy.delay(failures)
             log.warning("%s failed (%s); retry %d in %.1fs", redact(what), redact(str(err)),
                         failures, delay)
-            time.sleep(delay)
+            if stop is None:
+                time.sleep(delay)
+            else:
+                stop.wait(delay)  # wakes when stopped: the loop's first line then gives up
 
 
 def lookup_error(what: str, options: dict[str, Any], err: FileNotFoundError) -> Exception:

@@ -28,7 +28,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,12 +74,14 @@ class _Server(http.server.ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), handler)
         self.faults = faults
         self.lock = threading.Lock()
+        self.logged = threading.Condition(self.lock)  # notified at each request recorded
         self.requests: list[Request] = []
         self.ranged_gets = 0
 
     def record(self, request: Request) -> None:
         with self.lock:
             self.requests.append(request)
+            self.logged.notify_all()
 
     def handle_error(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
         """A client that hangs up mid-body (a probe that reads only the status) is normal."""
@@ -257,6 +259,15 @@ class RangeServer:
     def log(self) -> list[Request]:
         """Every answered request so far, oldest first (a snapshot: safe to read while serving)."""
         with self._server.lock:
+            return list(self._server.requests)
+
+    def wait_for(self, done: Callable[[list[Request]], bool], timeout: float) -> list[Request]:
+        """The log once `done(log)` holds, checked at each request (no polling); raises
+        TimeoutError when it does not within `timeout` seconds."""
+        with self._server.logged:
+            if not self._server.logged.wait_for(lambda: done(self._server.requests), timeout):
+                raise TimeoutError(f"the server's log did not reach the state asked for in "
+                                   f"{timeout}s: {self._server.requests}")
             return list(self._server.requests)
 
     def reset_log(self) -> None:

@@ -8,6 +8,7 @@ are tested without files.
 from __future__ import annotations
 
 import io
+import logging
 import tarfile
 from collections.abc import Callable, Iterator
 
@@ -349,15 +350,19 @@ def flaky_requests(monkeypatch, fail: set[int]) -> list[int]:
     "name",
     ["p.jsonl", "s.jsonl.zst", "f.jsonl.zst", "g.jsonl.gz", "b.jsonl.bz2", "x.jsonl.xz", "t.tar"],
 )
-def test_storage_errors_are_retried_through_every_codec(tmp_path, monkeypatch, name, readahead):
+def test_storage_errors_are_retried_through_every_codec(
+    tmp_path, monkeypatch, caplog, name, readahead
+):
     records = corpus.make_records(3000)
     if name == "f.jsonl.zst":
         path = corpus.write_foreign_zst(tmp_path / name, corpus.jsonl(records))
     else:
         path = corpus.write(tmp_path / name, records)
-    slept: list[float] = []
-    monkeypatch.setattr("streamds.storage.read.time.sleep", slept.append)
-    ds = StreamingJsonl(path, storage=Storage(readahead=readahead))
+    # quick waits (read-ahead threads wait on their stop event, not time.sleep)
+    ds = StreamingJsonl(path, storage=Storage(readahead=readahead, retry=RetryPolicy(
+        backoff=0.001, max_backoff=0.001)))
     counter = flaky_requests(monkeypatch, {2, 3, 5})
-    assert list(ds) == records
-    assert counter[0] > 5 and len(slept) >= 3  # the errors were hit, and waited out
+    with caplog.at_level(logging.WARNING, logger="streamds.retry"):
+        assert list(ds) == records
+    retried = [r for r in caplog.records if "; retry " in r.getMessage()]
+    assert counter[0] > 5 and len(retried) >= 3  # the errors were hit, and waited out

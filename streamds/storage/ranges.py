@@ -70,11 +70,17 @@ def stored_span(shard: Shard, start: int, end: int | None) -> tuple[int, int, in
 
 
 class RangeReader:
-    """Stored bytes of shards by range; thread-safe. Close it to release its descriptors."""
+    """Stored bytes of shards by range; thread-safe. Close it to release its descriptors.
+
+    Once `stop` is set, no read starts and no failed one is retried (`retrying`): the
+    reader's owner wants no more bytes (a closed `ReadAhead`).
+    """
 
     def __init__(self, retry: RetryPolicy = DEFAULT_RETRY,
-                 cache: ShardCacheSettings | None = None, *, fuse_direct: bool = False) -> None:
+                 cache: ShardCacheSettings | None = None, *, fuse_direct: bool = False,
+                 stop: threading.Event | None = None) -> None:
         self.retry = retry
+        self._stop = stop
         self._fuse_direct = fuse_direct  # files on FUSE mounts: bypass the page cache
         self._fds: dict[str, int] = {}
         self._direct: set[int] = set()  # descriptors opened with O_DIRECT
@@ -109,7 +115,7 @@ class RangeReader:
     def _read_source(self, shard: Shard, start: int, end: int) -> bytes:
         try:
             data = retrying(lambda: self._read_once(shard, start, end), self.retry,
-                            f"{shard.url} (bytes {start}-{end})")
+                            f"{shard.url} (bytes {start}-{end})", stop=self._stop)
         except (FileNotFoundError, PermissionError) as err:
             if shard.url in str(err):
                 raise

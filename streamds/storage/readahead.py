@@ -10,6 +10,11 @@ crossing a block's end) are read directly, so what comes out never depends on wh
 prefetched: only speed does. A fetch that fails after its retries raises in the reader when
 it reaches that piece, never in a thread nobody waits on.
 
+Closing stops the work: no fetch starts after `close`, pieces queued but not started are
+dropped, and a fetch in progress is not retried (its request, already sent, is let finish:
+a running HTTP request cannot be interrupted safely; a filesystem's own retries inside one
+request, such as huggingface_hub's backoff, are its own).
+
 Threads are daemons started per `ReadAhead` (one per reader and epoch, in the process that
 reads), so nothing here crosses a fork or keeps a process from exiting.
 
@@ -111,7 +116,8 @@ class ReadAhead:
         self, spans: Iterable[Span], *, budget: int, retry: RetryPolicy = DEFAULT_RETRY,
         cache: ShardCacheSettings | None = None, threads: int = MAX_THREADS, fuse: bool = False,
     ) -> None:
-        self.reader = RangeReader(retry, cache, fuse_direct=fuse)
+        self._stop = threading.Event()  # set by close: no fetch starts or is retried after it
+        self.reader = RangeReader(retry, cache, fuse_direct=fuse, stop=self._stop)
         self._caching = cache is not None
         largest = min(MAX_PIECE, max(MIN_PIECE, budget // 4))
         if fuse:
@@ -148,7 +154,7 @@ class ReadAhead:
 
     def _fetch(self, piece: _Piece) -> None:
         try:
-            if not piece.future.set_running_or_notify_cancel():
+            if self._stop.is_set() or not piece.future.set_running_or_notify_cancel():
                 return
             try:
                 data = self.reader.read(piece.shard, piece.start, piece.end)
@@ -221,10 +227,12 @@ class ReadAhead:
         return piece.start, data
 
     def close(self) -> None:
-        """Stop fetching; descriptors close once the requests in flight return."""
+        """Stop fetching: pieces not started are dropped, a fetch in progress is not retried;
+        descriptors close once the requests in flight return."""
         if self._closed:
             return
         self._closed = True
+        self._stop.set()
         while self._ahead:
             self._drop_first()
         if not self._started:
@@ -232,7 +240,8 @@ class ReadAhead:
             return
         for _ in self._threads:
             self._jobs.put(None)
-        threading.Thread(target=self._close_when_idle, daemon=True).start()
+        threading.Thread(target=self._close_when_idle, name="streamds-readahead-close",
+                         daemon=True).start()
 
     def _close_when_idle(self) -> None:
         for thread in self._threads:
