@@ -201,9 +201,10 @@ class _StepsTaken(dict):
     def update(self, *args: Any, **kwargs: Any) -> None:
         added = dict(*args, **kwargs)
         for key in added:
-            runtime = added.get(key.removesuffix(self.STEPS) + self.RUNTIME)
-            if key.endswith(self.STEPS) and runtime:
-                added[key] = round(self.steps / runtime, 3)
+            if key.endswith(self.STEPS):
+                runtime = added.get(key.removesuffix(self.STEPS) + self.RUNTIME)
+                if runtime:  # Trainer reports no speed for a runtime of 0
+                    added[key] = round(self.steps / runtime, 3)
         super().update(added)
 
 
