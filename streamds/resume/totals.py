@@ -44,7 +44,8 @@ def counts_of(state: Any) -> dict[str, int]:
 
     A state taken at the end of an epoch counts the whole epoch. One taken in the middle
     counts up to where it would resume: the start of the current read (about 256 KiB), or,
-    with shuffle=True, up to a buffer's worth of records earlier. torchdata's own
+    with shuffle=True, up to a buffer's worth of records earlier; so do the sources of a
+    `streamds.Mix` with stop="first" that had not run out when it ended. torchdata's own
     StatefulDataLoader with workers may keep a worker's state from its last batch after the
     epoch, before the lines after it; `streamds.counts_of` (`train.loader_state.counts_of`)
     refuses such a state, and the loaders streamds builds keep each worker's end.

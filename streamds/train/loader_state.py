@@ -218,7 +218,8 @@ def counts_of(state: Any) -> dict[str, int]:
     every rank's, or a merged state (`streamds.resume.totals.counts_of` says how far a state
     taken mid-epoch counts).
 
-    After an epoch the counts hold every line read. Refused (ValueError naming the fix): the
+    After an epoch the counts hold every line read (a stop="first" mix's sources that had not
+    run out: up to where they would resume). Refused (ValueError naming the fix): the
     state of torchdata's own StatefulDataLoader after its epoch that holds a worker's state
     from its last batch, before the lines after that batch (counted where the worker's state
     shows its end: torch marks its fetcher ended, every reader ran out, or the mix it feeds
