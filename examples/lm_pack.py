@@ -39,6 +39,12 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we fork DataLoader workers
+# torch keeps its threads (one per CPU: a second thread speeds the step more than it takes from
+# the workers), but they wait for work asleep instead of spinning, so between operations they
+# leave the CPUs to the workers and to other programs where the CPUs are shared (spinning
+# threads there slow every step several times over). Read once, when torch loads; on a machine
+# of your own, OMP_WAIT_POLICY=ACTIVE exported before the run spins for a little more speed.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -184,7 +190,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) - args.num_workers))
     identity = {key: getattr(args, key) for key in RUN_IDENTITY}
     checkpoint_path = out / CHECKPOINT
     checkpoint = None

@@ -506,3 +506,87 @@ def test_counts_of_refuses_a_torchdata_state_that_misses_a_workers_end(whole_bat
     for loader in short_last:
         assert sum(len(batch) for batch in loader) == 4096
         assert streamds.counts_of(loader.state_dict()) == WHOLE
+
+
+# -- counts after an epoch of a Mix under torchdata's own loader -----------------------------
+
+
+@pytest.fixture(scope="module")
+def mix_sources(tmp_path_factory) -> tuple[Path, Path]:
+    """Two sources of two files each (one per worker): "short" has 30 records a file, "long"
+    200; a malformed line after every tenth record, and after the last record a malformed, a
+    blank and a malformed line (read only when the reader looks for a record after its last)."""
+    root = tmp_path_factory.mktemp("mix")
+    paths = []
+    for name, size in (("short", 30), ("long", 200)):
+        directory = root / name
+        directory.mkdir()
+        for part in range(2):
+            lines = []
+            for i in range(size):
+                lines.append(orjson.dumps({"id": (part + 1) * 100_000 + i}))
+                if i % 10 == 3:
+                    lines.append(BAD_LINE)
+            lines += [BAD_LINE, b"", BAD_LINE]
+            (directory / f"part-{part}.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+        paths.append(directory)
+    return paths[0], paths[1]
+
+
+def mixed(sources: tuple[Path, Path], stop: str) -> streamds.Mix:
+    return streamds.Mix([StreamingJsonl(path, on_error="skip") for path in sources], [1, 1],
+                        seed=1, stop=stop)
+
+
+def test_counts_of_counts_a_torchdata_state_where_each_workers_mix_had_ended(mix_sources):
+    """stop="first": a worker's mix ends with the short source, its long one part read. A
+    short last batch of .batch(7) is made after the mix ended, so torchdata's state after it
+    is the worker's end: counted as the loader that keeps each worker's end counts."""
+    torchdata = StatefulDataLoader(mixed(mix_sources, "first").batch(7), batch_size=None,
+                                   num_workers=2, collate_fn=keep)
+    batches = list(torchdata)
+    assert sum(len(batch) < 7 for batch in batches) == 2  # each worker's last batch is short
+    ours = streamds.stateful_loader(mixed(mix_sources, "first").batch(7), batch_size=None,
+                                    num_workers=2, collate_fn=keep)
+    assert [len(batch) for batch in ours] == [len(batch) for batch in batches]
+    expected = streamds.counts_of(ours.state_dict())
+    assert expected["bad"] == 10 and expected["blank"] == 2  # the short source read to its end
+    assert streamds.counts_of(torchdata.state_dict()) == expected
+
+
+def test_counts_of_refuses_a_torchdata_state_of_a_mix_that_read_on_after_its_last_record(
+        mix_sources):
+    """One record a step: a worker's mix finds its end on the draw after its last record,
+    reading the short source's last lines (malformed, blank) then; torchdata's state holds
+    the worker as of its last record, without them, so counts_of refuses it, naming the
+    loaders that keep each worker's end."""
+    from streamds.resume import totals
+
+    torchdata = StatefulDataLoader(mixed(mix_sources, "first"), batch_size=None, num_workers=2,
+                                   collate_fn=keep)
+    ours = streamds.stateful_loader(mixed(mix_sources, "first"), batch_size=None,
+                                    num_workers=2, collate_fn=keep)
+    assert len(list(torchdata)) == len(list(ours))
+    short = totals.counts_of(torchdata.state_dict())  # what counting it anyway would say
+    assert short["bad"] < streamds.counts_of(ours.state_dict())["bad"]
+    # (a worker that ends before the other's last record shows its end at that record)
+    with pytest.raises(ValueError, match=r"each of worker_\d as of the last batch.*"
+                                         r"streamds\.Mix reads on after its last record.*"
+                                         r"streamds\.stateful_loader\(\.\.\.\) or ds\.loader"):
+        streamds.counts_of(torchdata.state_dict())
+
+
+def test_counts_of_refuses_a_cycle_mix_whose_sources_started_a_new_pass(mix_sources):
+    """stop="cycle" reads the short source again and again; each pass starts its source
+    afresh, so a state holds the counts of the current pass only: refused, not counted
+    short."""
+    ds = mixed(mix_sources, "cycle")
+    records = list(ds)
+    assert len(records) > 2 * 200  # the short source ran several passes
+    with pytest.raises(ValueError, match=r"stop='cycle' whose source\(s\) \[0\] started a new "
+                                         r"pass.*'epoch N done'"):
+        streamds.counts_of(ds.state_dict())
+    everything = mixed(mix_sources, "all")
+    assert len(list(everything)) == 2 * (30 + 200)
+    assert streamds.counts_of(everything.state_dict()) == {
+        "bad": 2 * (5 + 22), "blank": 4, "dropped": 0, "corrupt_blocks": 0}

@@ -69,7 +69,7 @@ def run_ranks(source: str, *, workers: int = 0,
     """Each rank's steps: (its rid batch, every rank's real rows, end_of_dataloader), the
     rows its loader kept over the ranks in all, or the error it raised."""
     board = Board(WORLD)
-    results: list[dict[str, Any]] = [{"steps": [], "error": None, "kept": None}
+    results: list[dict[str, Any]] = [{"steps": [], "error": None, "kept": None, "made": None}
                                      for _ in range(WORLD)]
 
     def rank_main(rank: int) -> None:
@@ -81,6 +81,7 @@ def run_ranks(source: str, *, workers: int = 0,
                 results[rank]["steps"].append(
                     (batch["rid"], list(loader.rows), loader.end_of_dataloader))
             results[rank]["kept"] = loader.rows_kept
+            results[rank]["made"] = loader.steps
         except Exception as err:
             results[rank]["error"] = err
 
@@ -113,6 +114,7 @@ def test_ranks_with_unequal_batches_make_equal_steps_and_count_each_record_once(
     assert [result["error"] for result in results] == [None, None]
     steps = [len(result["steps"]) for result in results]
     assert steps[0] == steps[1]
+    assert [result["made"] for result in results] == steps  # what the loader says it made
     # rank 0 owns 22 records and rank 1 owns 7: rank 1 repeats its last batch, counted 0
     real = [[step[1][rank] for step in results[rank]["steps"]] for rank in range(WORLD)]
     assert sum(real[0]) == 22 and sum(real[1]) == 7
@@ -247,8 +249,50 @@ def test_eval_speed_metrics_count_the_rows_of_every_rank(tmp_path: Path, monkeyp
     monkeypatch.setattr(transformers.trainer, "speed_metrics", speed_metrics)
     metrics = trainer.evaluate()
     assert metrics["eval_records"] == 2 * sum(SIZES) and len(seen[0]) == 2 * sum(SIZES)
-    assert speeds == [{"num_samples": 2 * sum(SIZES),  # both ranks' real rows
-                       "num_steps": -(-2 * sum(SIZES) // (BATCH * trainer.args.world_size))}]
+    assert [speed["num_samples"] for speed in speeds] == [2 * sum(SIZES)]  # both ranks' rows
+
+
+class LongerOtherRank:
+    """Two ranks in one process: the other rank's share is 12 batches of 1 row, more batches
+    than this rank's (its rows of a step come from a copy of this rank's batch)."""
+
+    rank = 0
+    OTHER = [1] * 12
+
+    def __init__(self, accelerator: Any) -> None:
+        self.other = iter(self.OTHER)
+
+    def sizes(self, size: int) -> list[int]:
+        return [size, next(self.other, ENDED)]
+
+    def batch_from(self, batch: Any, source: int) -> Any:
+        return batch
+
+
+def test_eval_steps_per_second_counts_the_steps_of_the_rank_with_the_most_batches(
+        tmp_path: Path, monkeypatch) -> None:
+    """This rank reads 29 rows (8 batches of 4), the other 12 rows in 12 batches of 1: the
+    loop makes 12 steps, where Trainer's formula (41 rows over batches of 4) would say 11."""
+    from accelerate.utils import recursively_apply
+
+    import streamds.integrations.transformers as integration
+
+    source = write_eval_set(tmp_path / "eval", SIZES)
+    seen: list[list[int]] = []
+    trainer = eval_trainer(tmp_path, StreamingJsonl(source), seen)
+    monkeypatch.setattr(integration, "AccelerateRanks", LongerOtherRank)
+    monkeypatch.setattr(trainer.accelerator, "gather", lambda data: recursively_apply(
+        lambda tensor: torch.cat([tensor, tensor]), data))
+    steps = len(LongerOtherRank.OTHER)
+    assert steps != -(-(sum(SIZES) + steps) // (BATCH * trainer.args.world_size))
+    metrics = trainer.evaluate()
+    assert metrics["eval_records"] == sum(SIZES) + steps
+    assert metrics["eval_steps_per_second"] == round(steps / metrics["eval_runtime"], 3)
+    # rows per step, as the two speeds say (each over a runtime rounded to 0.1 ms)
+    assert metrics["eval_samples_per_second"] / metrics["eval_steps_per_second"] == (
+        pytest.approx((sum(SIZES) + steps) / steps, rel=0.03))
+    predicted = trainer.predict(StreamingJsonl(source)).metrics
+    assert predicted["test_steps_per_second"] == round(steps / predicted["test_runtime"], 3)
 
 
 @pytest.mark.parametrize("mode", ["drop", "pad"])

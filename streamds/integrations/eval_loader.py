@@ -131,7 +131,8 @@ class EvalLoader(DataLoader):
     Yields this rank's batches, then (while another rank still has some) repeats of its last
     one. `rows` holds, during each step, the real rows of that step on every rank (0 for a
     repeat), which `gather_rows` keeps; `rows_kept` the real rows of every rank in the steps
-    so far (an evaluation's samples, the same on every rank); `end_of_dataloader` is True
+    so far (an evaluation's samples, the same on every rank); `steps` the steps so far (the
+    same on every rank: the batches of the rank with the most); `end_of_dataloader` is True
     during the last step (what accelerate's `GradientState` reads). Not meant for
     accelerator.prepare: the dataset splits by rank itself.
     """
@@ -141,6 +142,7 @@ class EvalLoader(DataLoader):
         self.ranks = ranks
         self.rows: list[int] = []
         self.rows_kept = 0
+        self.steps = 0
         self.end_of_dataloader = False
         self.remainder = -1  # accelerate's gather_for_metrics: cut nothing (gather_rows cuts)
 
@@ -159,6 +161,7 @@ class EvalLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:
         self.end_of_dataloader = False
         self.rows_kept = 0
+        self.steps = 0
         source = super().__iter__()
         ahead = _fetch(source)
         sizes = self._agree(ahead)
@@ -179,6 +182,7 @@ class EvalLoader(DataLoader):
                 batch = repeat
             self.rows = [max(size, 0) for size in sizes]
             self.rows_kept += sum(self.rows)
+            self.steps += 1
             sizes = self._agree(ahead)
             self.end_of_dataloader = not any(size > 0 for size in sizes)
             yield batch

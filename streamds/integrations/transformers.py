@@ -181,6 +181,33 @@ class EpochStream(IterableDataset):
                     "(convert with a smaller --frame-size, or read the plain .jsonl)")
 
 
+class _StepsTaken(dict):
+    """An `EvalLoader` evaluation's metrics, whose steps per second are the loader's steps.
+
+    Trainer's `evaluate` and `predict` add the speed metrics to the loop's metrics with one
+    `update`, its steps counted as the samples over global batches of eval_batch_size x
+    processes: the steps only where every rank's share fills as many full batches. The
+    ranks make as many steps as the rank with the most batches, so here the steps per second
+    are those steps over the runtime the same update reports.
+    """
+
+    STEPS = "_steps_per_second"
+    RUNTIME = "_runtime"
+
+    def __init__(self, metrics: dict[str, Any], steps: int) -> None:
+        super().__init__(metrics)
+        self.steps = steps
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        added = dict(*args, **kwargs)
+        for key in added:
+            if key.endswith(self.STEPS):
+                runtime = added.get(key.removesuffix(self.STEPS) + self.RUNTIME)
+                if runtime:  # Trainer reports no speed for a runtime of 0
+                    added[key] = round(self.steps / runtime, 3)
+        super().update(added)
+
+
 class StreamdsTrainer(_transformers.Trainer):
     """A `transformers.Trainer` whose streamds train dataset is split by streamds alone.
 
@@ -291,9 +318,10 @@ class StreamdsTrainer(_transformers.Trainer):
             accelerator.gradient_state._remove_dataloader(dataloader)
             self.gather_function = accelerator.gather_for_metrics
         # Trainer counts this rank's rows (its dataset's length, or the rows it saw, repeats
-        # included); eval_samples_per_second and eval_steps_per_second (those samples over
-        # global batches of eval_batch_size x processes) divide what every rank evaluated
-        return output._replace(num_samples=dataloader.rows_kept)
+        # included): eval_samples_per_second divides what every rank evaluated instead, and
+        # eval_steps_per_second the steps the loader made (_StepsTaken)
+        return output._replace(num_samples=dataloader.rows_kept,
+                               metrics=_StepsTaken(output.metrics, dataloader.steps))
 
     def _run_epoch(self, **kwargs: Any) -> Any:
         loader = kwargs["train_dataloader"]

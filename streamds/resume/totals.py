@@ -17,7 +17,6 @@ from ..stages.state import (
     READER,
     ReaderState,
     expanded,
-    find_nodes,
     refuse_other_version,
     stage_of,
 )
@@ -32,8 +31,7 @@ from .merge import (
     merged_counts,
 )
 
-__all__ = ["counts_of", "readers_finished", "source_counts", "token_counts"]
-
+__all__ = ["counts_of", "readers_ended", "source_counts", "token_counts"]
 
 
 def counts_of(state: Any) -> dict[str, int]:
@@ -46,10 +44,14 @@ def counts_of(state: Any) -> dict[str, int]:
 
     A state taken at the end of an epoch counts the whole epoch. One taken in the middle
     counts up to where it would resume: the start of the current read (about 256 KiB), or,
-    with shuffle=True, up to a buffer's worth of records earlier. torchdata's own
+    with shuffle=True, up to a buffer's worth of records earlier; so do the sources of a
+    `streamds.Mix` with stop="first" that had not run out when it ended. torchdata's own
     StatefulDataLoader with workers may keep a worker's state from its last batch after the
     epoch, before the lines after it; `streamds.counts_of` (`train.loader_state.counts_of`)
     refuses such a state, and the loaders streamds builds keep each worker's end.
+
+    Refused (ValueError): a `streamds.Mix` with stop="cycle" whose sources started a new
+    pass, since a source's state holds the counts of its current pass only.
 
     Example::
 
@@ -61,10 +63,35 @@ def counts_of(state: Any) -> dict[str, int]:
     return dict(totals)
 
 
-def readers_finished(state: Any) -> bool:
-    """Whether every reader state in `state` says its epoch's iterator ran out (so its counts
-    hold every line it read); True where `state` holds no reader state."""
-    return all(ReaderState.finished_of(node) for node in find_nodes(state, (READER,)))
+def readers_ended(state: Any) -> bool:
+    """Whether every reader in `state` has read all it reads this epoch, so its counts hold
+    every line it read: its iterator ran out, or the mix it feeds had ended when the state was
+    taken (a mix reads nothing more once it has ended: under stop="first" or "cycle" its other
+    sources stay where they stand). True where `state` holds no reader state."""
+    if isinstance(state, dict):
+        state = expanded(state)
+        kind = stage_of(state)
+        if kind == READER:
+            return ReaderState.finished_of(state)
+        if kind == MIX and MixStage.ended_of(state):
+            return True
+        return all(readers_ended(value) for value in state.values())
+    if isinstance(state, (list, tuple)):
+        return all(readers_ended(value) for value in state)
+    return True
+
+
+def _refuse_restarted(mix: dict[str, Any]) -> None:
+    """Refuse a mix node whose sources started new passes: the counts of their earlier passes
+    are in no state (each pass reads its source afresh, from a state of its own)."""
+    restarted = MixStage.restarted_of(mix)
+    if restarted:
+        raise ValueError(
+            f"counts_of cannot count a streamds.Mix with stop='cycle' whose source(s) "
+            f"{restarted} started a new pass: a source's state holds the counts of its current "
+            "pass only, not of the passes before; each pass's reader logs its counts in an "
+            "'epoch N done' line when it runs out"
+        )
 
 
 def _add(found: Any, totals: Counter[str]) -> None:
@@ -78,6 +105,8 @@ def _add(found: Any, totals: Counter[str]) -> None:
         if kind == MERGED_STATE:
             totals.update(merged_counts(found))
             return
+        if kind in (MIX, MERGED_MIX):
+            _refuse_restarted(found)
         for value in found.values():
             _add(value, totals)
     elif isinstance(found, (list, tuple)):

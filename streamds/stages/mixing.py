@@ -278,6 +278,18 @@ class MixStage:
         """Records each source gave, as a node (a reader's or a merged one) counts them."""
         return list(node[cls.TAKEN])
 
+    @classmethod
+    def ended_of(cls, node: dict[str, Any]) -> bool:
+        """Whether a reader's node was taken after its stream ended (its sources then read
+        nothing more this epoch)."""
+        return node[cls.FINISHED] is True
+
+    @classmethod
+    def restarted_of(cls, node: dict[str, Any]) -> list[int]:
+        """The sources that a node (a reader's or a merged one) has on a later pass than their
+        first (stop="cycle"): their nodes hold the current pass only."""
+        return [index for index, passes in enumerate(node[cls.PASSES]) if passes > 0]
+
 
 @dataclass(frozen=True)
 class MergedMix:

@@ -34,6 +34,8 @@ from typing import Any
 
 from ..errors import StateMismatchError
 from ..resume import merge, totals
+from ..stages.mixing import MixStage
+from ..stages.state import find_nodes
 
 __all__ = ["check_num_workers", "counts_of", "merge_states", "saved_num_workers",
            "state_after_epoch", "stateful_loader_class", "steps_since_snapshot",
@@ -194,13 +196,19 @@ def _finished_loader_states(found: Any) -> Iterator[dict[str, Any]]:
 
 def _end_unshown(worker: Any) -> bool:
     """A worker's state in a finished loader's snapshot that may be from before the worker's
-    end: torch does not say its iterator ended, nor does every reader state in it."""
+    end: torch does not say its iterator ended, nor does every reader in it (each ran out, or
+    the mix it feeds had ended)."""
     if not isinstance(worker, dict):
         return False
     fetcher = worker.get(_FETCHER_STATE)
     if isinstance(fetcher, dict) and fetcher.get(_FETCHER_ENDED) is True:
         return False
-    return not totals.readers_finished(worker.get(_DATASET_STATE))
+    return not totals.readers_ended(worker.get(_DATASET_STATE))
+
+
+def _holds_mix(worker: Any) -> bool:
+    return isinstance(worker, dict) and any(
+        find_nodes(worker.get(_DATASET_STATE), (MixStage.STAGE,)))
 
 
 def counts_of(state: Any) -> dict[str, int]:
@@ -210,10 +218,12 @@ def counts_of(state: Any) -> dict[str, int]:
     every rank's, or a merged state (`streamds.resume.totals.counts_of` says how far a state
     taken mid-epoch counts).
 
-    After an epoch the counts hold every line read. Refused (ValueError naming the fix): the
+    After an epoch the counts hold every line read (a stop="first" mix's sources that had not
+    run out: up to where they would resume). Refused (ValueError naming the fix): the
     state of torchdata's own StatefulDataLoader after its epoch that holds a worker's state
-    from its last batch, before the lines after that batch; the loaders streamds builds keep
-    each worker's end.
+    from its last batch, before the lines after that batch (counted where the worker's state
+    shows its end: torch marks its fetcher ended, every reader ran out, or the mix it feeds
+    had ended); the loaders streamds builds keep each worker's end.
 
     Example::
 
@@ -225,13 +235,17 @@ def counts_of(state: Any) -> dict[str, int]:
         workers = loader_state[_SNAPSHOT].get(_WORKER_SNAPSHOTS) or {}
         unshown = [key for key, worker in workers.items() if _end_unshown(worker)]
         if unshown:
+            mix = ("; a streamds.Mix reads on after its last record: the next draw reads the "
+                   "drawn source's last lines until it runs out, and a state shows that only "
+                   "where a short last batch (of .batch or .pack) follows"
+                   if any(_holds_mix(workers[key]) for key in unshown) else "")
             raise ValueError(
                 f"counts_of cannot count this StatefulDataLoader's epoch exactly: it ended, but "
                 f"its state holds each of {', '.join(sorted(unshown))} as of the last batch it "
                 "made, not the lines it read after that batch (skipped or filtered out), which "
-                "torchdata's StatefulDataLoader keeps in no state when no batch follows; build "
-                "the loader with streamds.stateful_loader(...) or ds.loader(...) (their state "
-                "after an epoch holds every worker's end), or read each worker's 'epoch N "
-                "done' log line"
+                "torchdata's StatefulDataLoader keeps in no state when no batch follows"
+                f"{mix}; build the loader with streamds.stateful_loader(...) or ds.loader(...) "
+                "(their state after an epoch holds every worker's end), or read each worker's "
+                "'epoch N done' log line"
             )
     return totals.counts_of(state)
