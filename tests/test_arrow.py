@@ -229,6 +229,41 @@ def test_a_batch_header_that_is_not_a_record_batch_is_refused(tmp_path):
         StreamingJsonl(tmp_path / "broken.arrow")
 
 
+def _batch_table(data: bytes, index: int) -> tuple[int, int]:
+    """(position in the file of batch `index`'s RecordBatch table, of its field list)."""
+    def table(buf: bytes, at: int) -> tuple[int, int]:
+        return at, at - int.from_bytes(buf[at : at + 4], "little", signed=True)
+
+    def field(buf: bytes, tbl: tuple[int, int], i: int) -> int:
+        at, vtable = tbl
+        return at + int.from_bytes(buf[vtable + 4 + 2 * i : vtable + 6 + 2 * i], "little")
+
+    group = from_footer(data).groups[index]
+    message = data[group.start + 8 :]  # after the continuation marker and the length
+    root = table(message, int.from_bytes(message[:4], "little"))
+    header = field(message, root, 2)  # Message.header: the RecordBatch
+    at, vtable = table(message, header + int.from_bytes(message[header : header + 4], "little"))
+    return group.start + 8 + at, group.start + 8 + vtable
+
+
+@pytest.mark.parametrize("damage", ["length left out", "length 34", "length 2**40 + 50"])
+def test_a_damaged_row_count_in_a_batch_header_is_refused(tmp_path, damage):
+    """A row count that disagrees with the batch's columns is the header's damage: planning
+    it would lose the batch's rows (a count left out reads as 0) or count rows not there."""
+    data = bytearray(file_bytes([50, 50, 50]))
+    at, vtable = _batch_table(bytes(data), 1)
+    if damage == "length left out":
+        data[vtable] = 4  # the field list holds no field: every field at its default
+    else:
+        length = at + int.from_bytes(data[vtable + 4 : vtable + 6], "little")
+        data[length : length + 8] = (34 if damage == "length 34" else 2**40 + 50).to_bytes(
+            8, "little")
+    (tmp_path / "broken.arrow").write_bytes(bytes(data))
+    with pytest.raises(CorruptShardError, match=r"broken\.arrow: damaged Arrow IPC file "
+                       r"\(record batch 1's header\)"):
+        StreamingJsonl(tmp_path / "broken.arrow")
+
+
 def test_stream_format_files_are_still_counted_by_reading(tmp_path):
     whole = rows_table(0, 90)
     sink = io.BytesIO()

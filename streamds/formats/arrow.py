@@ -57,6 +57,7 @@ HEADER_GAP = 1 << 20
 HEADER_RUN = 8 << 20  # bytes one such request spans at most
 _BLOCK = struct.Struct("<qi4xq")  # a footer's Block: offset, metaDataLength, (pad), bodyLength
 _RECORD_BATCH = 3  # MessageHeader.RecordBatch, the union's type tag in a Message
+_FIELD_NODE = struct.Struct("<qq")  # a RecordBatch's FieldNode: length, null count
 
 
 def _one_line(err: Exception) -> str:
@@ -169,9 +170,12 @@ def _root(data: bytes) -> _Table:
     return _Table(data, _unpack("<I", data, 0))
 
 
-def _batch_rows(header: bytes, body: int) -> int:
+def _batch_rows(header: bytes, body: int, fields: int) -> int:
     """The row count in a record batch's encapsulated message (a continuation marker and the
-    metadata's length, or the length alone in files before Arrow 0.15, then a `Message`)."""
+    metadata's length, or the length alone in files before Arrow 0.15, then a `Message`), of
+    a schema of `fields` top-level fields. The count must agree with the first column's: a
+    damaged count (a length a writer left out reads as 0) would otherwise plan rows that are
+    not there, or none of those that are, before pyarrow reads the batch and refuses it."""
     prefix = 8 if header[:4] == b"\xff" * 4 else 4
     size = _unpack("<i", header, prefix - 4)
     if not 0 < size <= len(header) - prefix:
@@ -189,6 +193,12 @@ def _batch_rows(header: bytes, body: int) -> int:
     rows = batch.scalar(0, "<q")
     if rows < 0:
         raise ValueError(f"the record batch has {rows} rows")
+    if fields:
+        nodes = batch.structs(1, _FIELD_NODE)  # one per column and nested child, in order
+        if not nodes or nodes[0][0] != rows:
+            first = nodes[0][0] if nodes else "no"
+            raise ValueError(f"the record batch has {rows} rows and its first column "
+                             f"{first} values")
     return rows
 
 
@@ -249,7 +259,7 @@ def footer_layout(read_exact: Callable[[int, int], bytes], size: int, url: str) 
     groups = []
     for index, (offset, meta, body) in enumerate(blocks):
         try:
-            rows = _batch_rows(headers[offset], body)
+            rows = _batch_rows(headers[offset], body, len(checked.schema))
         except ValueError as err:
             raise _damaged(url, f"record batch {index}'s header", err, offset=offset,
                            skips=False) from err
