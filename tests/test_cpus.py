@@ -23,6 +23,7 @@ from streamds.stages.cpus import (
     TuneCpus,
     cpu_quota,
     plan_cpus,
+    threads,
 )
 
 
@@ -413,3 +414,87 @@ def test_a_rank_bound_to_part_of_the_machine_plans_for_itself(monkeypatch):
     monkeypatch.setattr(cpus, "_STARTED_ON", None)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "eight")  # a speed hint: never an error
     assert cpus.worker_plan(workers=2).main == {0}
+
+
+def test_the_main_process_keeps_the_cpu_its_workers_keep_off(monkeypatch):
+    import streamds.stages.cpus as cpus
+
+    def machine(every: set[int], local: int | None = None, rank: int | None = None) -> None:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: every)
+        monkeypatch.setattr(os, "cpu_count", lambda: len(every))
+        for name, value in (("LOCAL_WORLD_SIZE", local), ("LOCAL_RANK", rank)):
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, str(value))
+
+    machine({0, 1})
+    assert cpus.main_cpus(2) == {0} and cpus.main_cpus(1) == {0}  # TUNE, FIT
+    assert cpus.main_cpus(0) is None
+    machine({3})
+    assert cpus.main_cpus(2) is None  # one CPU: nothing to keep
+    machine(set(range(4)), local=2, rank=1)
+    assert cpus.main_cpus(1) == {1}  # each local rank its own
+    machine(set(range(4)), local=2)
+    assert cpus.main_cpus(1) is None  # which rank this is, unknown
+    machine({0, 1})
+    monkeypatch.setattr(cpus, "cpu_quota", lambda: 1.5)
+    assert cpus.main_cpus(2) is None  # under a quota the workers are left as they are
+
+
+def test_workers_that_leave_the_parsing_to_the_main_process_start_off_its_cpu(monkeypatch):
+    import streamds.stages.cpus as cpus
+
+    moved: list[frozenset[int]] = []
+    monkeypatch.setattr(cpus, "set_cpus", lambda cpus_: moved.append(frozenset(cpus_)))
+    plan = CpuPlan(TUNE, frozenset({0, 1}), frozenset({0}))
+    cpus.on_planned_cpus([], plan)
+    assert moved == []  # tuned from every CPU, as before
+    cpus.on_planned_cpus([], plan, main_heavy=True)
+    assert moved == [frozenset({1})]
+
+
+class _Recorded:
+    """A loader whose batches say which CPUs the thread that took them was on."""
+
+    def __init__(self) -> None:
+        self.num_workers = 2
+
+    def __iter__(self):
+        return (sorted(os.sched_getaffinity(0)) for _ in range(3))
+
+    def state_dict(self) -> dict:
+        return {"at": 1}
+
+
+@needs_two_cpus
+def test_a_loader_on_the_main_cpu_takes_each_batch_there_and_leaves_the_step_where_it_was(
+        two_cpus):
+    from streamds.train.loader import OnMainCpu
+
+    loader = OnMainCpu(_Recorded(), frozenset(two_cpus[:1]))
+    for taken_on in loader:
+        assert taken_on == two_cpus[:1]
+        assert sorted(os.sched_getaffinity(0)) == two_cpus  # the step: where it was
+    assert loader.state_dict() == {"at": 1} and loader.num_workers == 2
+
+
+@needs_two_cpus
+def test_ds_loader_over_plain_lines_keeps_the_main_cpu_to_itself(tmp_path, monkeypatch, two_cpus):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b"".join(orjson.dumps({"i": i, "t": "x" * 2000}) + b"\n"
+                             for i in range(600)))
+    loader = StreamingJsonl(str(path)).loader(16, num_workers=2)
+    got = []
+    workers_on = set()
+    main_threads_on = set()
+    for batch in loader:
+        got += [r["i"] for r in batch]
+        for worker in loader.loader._iterator._workers:
+            workers_on.add(tuple(sorted(os.sched_getaffinity(worker.pid))))
+        main_threads_on |= {tuple(sorted(os.sched_getaffinity(t))) for t in threads()}
+        assert sorted(os.sched_getaffinity(0)) == two_cpus  # the step: where it was
+    assert sorted(got) == list(range(600))
+    assert workers_on == {tuple(two_cpus[1:])}  # from their first batch on
+    assert tuple(two_cpus[:1]) in main_threads_on  # the loader's own threads here: moved

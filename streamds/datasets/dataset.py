@@ -15,6 +15,7 @@ Mix replays); what every dataset type shares is `base.StreamdsDataset`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -35,6 +36,7 @@ from ..stages.buckets import RULES, LengthBuckets, TokenBudget
 from ..stages.cpus import WORKER_CPUS
 from ..stages.description import ReaderDescription
 from ..stages.parse import ON_ERROR
+from ..stages.parse_later import lines_for_main
 from ..stages.pipeline import Reader
 from ..stages.record_cache import RecordsCache
 from ..stages.state import ReaderState
@@ -199,6 +201,23 @@ class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, Streamd
             self.buffer_size, self.retry, opener, batch=self._batch, readahead=self.readahead,
             cache=self._cache, worker_cpus=self.worker_cpus, records_cache=self._records_cache,
             even_ranks=self.even_ranks)
+
+    def leaves_parsing_to_main(self) -> bool:
+        """Whether its DataLoader workers hand their batches over as JSON lines for the main
+        process to parse (`streamds.stages.parse_later`), placed by streamds
+        (``worker_cpus="auto"``)."""
+        batch = self._batch
+        return (self.worker_cpus == "auto" and batch is not None
+                and lines_for_main(self._spec(), batch.collate))
+
+    def _taken_on_main_cpu(self) -> StreamingJsonl:
+        """A copy (of a dataset that `leaves_parsing_to_main`) whose workers keep off the
+        main process's CPU from their start, where a loader takes its batches on that CPU
+        (`streamds.train.loader.OnMainCpu`)."""
+        assert self._batch is not None
+        clone = self._copy()
+        clone._batch = dataclasses.replace(self._batch, main_cpu=True)
+        return clone
 
     def _with_step(self, step: Step) -> StreamingJsonl:
         if step.kind == "filter" and self.even_ranks == "drop":

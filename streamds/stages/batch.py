@@ -164,6 +164,9 @@ class BatchSettings:
     # early once its lines hold this many bytes (None: `size` records); parsed records are
     # not measured
     max_bytes: int | None = None
+    # the main process takes the batches on a CPU its workers keep off from their start
+    # (`streamds.train.loader.OnMainCpu`: ds.loader, where the main process parses them)
+    main_cpu: bool = False
 
 
 class Batch:

@@ -37,11 +37,13 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FIT", "KEEP", "TUNE", "CpuPlan", "TuneCpus", "cpu_quota", "on_planned_cpus",
-           "plan_cpus", "set_cpus", "worker_plan"]
+__all__ = ["FIT", "KEEP", "TUNE", "CpuPlan", "TuneCpus", "cpu_quota", "main_cpus",
+           "move_threads", "on_planned_cpus", "plan_cpus", "set_cpus", "thread_on_cpus",
+           "threads", "worker_plan"]
 
 log = logging.getLogger(__name__)
 
@@ -297,11 +299,75 @@ class TuneCpus:
                 return
 
 
-def on_planned_cpus(items: Iterable[Any], plan: CpuPlan) -> Iterable[Any]:
-    """`items` as they are, handed out on the CPUs `plan` gives (in a DataLoader worker)."""
-    if plan.how == FIT:
+def on_planned_cpus(items: Iterable[Any], plan: CpuPlan, *, main_heavy: bool = False
+                    ) -> Iterable[Any]:
+    """`items` as they are, handed out on the CPUs `plan` gives (in a DataLoader worker).
+    `main_heavy`: the main process does most of the work per item (it parses lines the
+    workers only copy): a TUNE plan starts on the spare CPUs, as FIT does, until it measures
+    (the main process takes its batches on its own CPU meanwhile: `main_cpus`)."""
+    if plan.how == FIT or (plan.how == TUNE and main_heavy):
         set_cpus(plan.spare)
     return TuneCpus(items, plan) if plan.how == TUNE else items
+
+
+def main_cpus(workers: int) -> frozenset[int] | None:
+    """The CPU this main process's thread takes its batches on while `workers` DataLoader
+    workers that leave the parsing to it keep off that CPU (`on_planned_cpus` with
+    `main_heavy`: the same plan, made here from this process's CPUs); None: where the
+    workers do not keep off one (one CPU, a CPU quota, not Linux) or this rank's CPU is not
+    known (several local processes without LOCAL_RANK)."""
+    if workers < 1 or not hasattr(os, "sched_getaffinity"):
+        return None
+    every = frozenset(os.sched_getaffinity(0))
+    whole_machine = len(every) == os.cpu_count()
+    local = _local_processes() if whole_machine else 1
+    quota = cpu_quota()
+    if quota is not None and (quota if whole_machine else quota / local) < len(every):
+        return None
+    plan = plan_cpus(workers, local, every)
+    if plan.how == KEEP:
+        return None
+    try:
+        rank = int(os.environ["LOCAL_RANK"]) if local > 1 else 0
+    except (KeyError, ValueError):
+        return None
+    main = sorted(plan.main)
+    return frozenset({main[rank]}) if 0 <= rank < len(main) else None
+
+
+@contextmanager
+def thread_on_cpus(cpus: frozenset[int] | None) -> Iterator[None]:
+    """The calling thread runs on `cpus` inside the block and where it ran before after it
+    (None, or a set the system refuses: left as it is)."""
+    if cpus is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError:
+        before = None
+    try:
+        yield
+    finally:
+        if before is not None:
+            with suppress(OSError):
+                os.sched_setaffinity(0, before)
+
+
+def threads() -> set[int]:
+    """The ids of this process's threads (empty without /proc)."""
+    try:
+        return {int(task) for task in os.listdir("/proc/self/task")}
+    except OSError:
+        return set()
+
+
+def move_threads(ids: Iterable[int], cpus: Iterable[int]) -> None:
+    """Run the threads `ids` of this process on `cpus` (one that ended meanwhile is left)."""
+    for thread in ids:
+        with suppress(OSError):
+            os.sched_setaffinity(thread, set(cpus))
 
 
 def _for(items: Iterator[Any], clock: Callable[[], float], seconds: float,

@@ -53,19 +53,25 @@ from .parse import BLANK, BOM, LineNumbers, Parse, cut_bom, describe_bad, starts
 if TYPE_CHECKING:
     from .description import ReaderDescription
 
-__all__ = ["LineBatch", "MalformedLine", "ParseLater", "parse_payload", "parses_later",
-           "payload_pieces"]
+__all__ = ["LineBatch", "MalformedLine", "ParseLater", "lines_for_main", "parse_payload",
+           "parses_later", "payload_pieces"]
 
 
 def parses_later(spec: ReaderDescription, collate: Any) -> bool:
     """Whether a reader with `spec` leaves its lines for the main process to parse: in a
-    DataLoader worker, making batches of plain records (`RecordBatch`) of JSON lines shards, with
-    nothing that needs a record's value in the worker (map, filter, a length rule, counting
-    malformed lines under on_error='skip'): shards whose records are lines at byte offsets."""
+    DataLoader worker (`lines_for_main`)."""
+    return get_worker_info() is not None and lines_for_main(spec, collate)
+
+
+def lines_for_main(spec: ReaderDescription, collate: Any) -> bool:
+    """Whether a reader with `spec` in a DataLoader worker leaves its lines for the main
+    process to parse: it makes batches of plain records (`RecordBatch`) of JSON lines shards,
+    with nothing that needs a record's value in the worker (map, filter, a length rule,
+    counting malformed lines under on_error='skip'): shards whose records are lines at byte
+    offsets."""
     batch = spec.batch
     return (
-        get_worker_info() is not None
-        and batch is not None and batch.rule is None and collate is RecordBatch
+        batch is not None and batch.rule is None and collate is RecordBatch
         and not spec.steps and spec.on_error == "raise" and spec.records_cache is None
         and all(shard.format.line_positions for shard in spec.shards)
     )

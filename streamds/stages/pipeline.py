@@ -249,7 +249,7 @@ class Reader:
         self.cache = None if cached is None else BlockCache(
             cached, late=self.late, where=where, compute=self._compute)
         collate = None if spec.batch is None else spec.batch.collate
-        later = parses_later(spec, collate)
+        later = self.later = parses_later(spec, collate)
         # -> chunks of the user's records after map and filter (none where the steps run
         #    after the shuffle buffer, `late`), from this reader's blocks (`reading_front`)
         self.lines, self.parse, self.transform = reading_front(
@@ -371,7 +371,9 @@ class Reader:
         items, batch = self.out, self.spec.batch
         plan = worker_plan(info.num_workers)
         if self.spec.worker_cpus == "auto" and (plan.how != TUNE or batch is not None):
-            items = on_planned_cpus(self.out, plan)  # (timing every record would cost)
+            # (timing every record would cost)
+            main_heavy = self.later and batch is not None and batch.main_cpu
+            items = on_planned_cpus(self.out, plan, main_heavy=main_heavy)
         depth = 0 if batch is None else batch.ahead
         if depth == "auto":  # where workers and main processes outnumber whole CPUs (TUNE;
             depth = AHEAD if plan.how == TUNE else 0  # not one CPU, not under a CPU quota)

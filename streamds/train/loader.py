@@ -34,6 +34,7 @@ from typing import Any
 
 from ..checks import check_bool, check_int
 from ..stages.batch import Batch
+from ..stages.cpus import main_cpus, move_threads, thread_on_cpus, threads
 from .collate import as_list
 from .loader_state import check_num_workers, stateful_loader_class
 from .rebatch import Rebatch
@@ -143,6 +144,63 @@ def _messages(dataset: Any, records: int) -> Any:
     return dataset.batch(-(-records // piece) * piece, max_bytes=MESSAGE_BYTES)
 
 
+def _main_cpu_of(batches: Any, workers: int) -> tuple[Any, frozenset[int] | None]:
+    """(`batches`, the CPU the main process takes them on): where its `workers` leave the
+    parsing to the main process, a copy whose workers keep off that CPU from their start
+    (`streamds.stages.cpus.main_cpus`); else `batches` and None."""
+    if not getattr(batches, "leaves_parsing_to_main", lambda: False)():
+        return batches, None
+    cpus = main_cpus(workers)
+    return (batches, None) if cpus is None else (batches._taken_on_main_cpu(), cpus)
+
+
+def _on(loader: Any, cpus: frozenset[int] | None) -> Any:
+    return loader if cpus is None else OnMainCpu(loader, cpus)
+
+
+class OnMainCpu:
+    """A loader whose batches the calling thread takes on `cpus`, the CPU its workers keep
+    off from their start (`streamds.stages.cpus.on_planned_cpus`): where the workers only
+    copy lines and this process parses them, the parsing is the bottleneck, and each
+    worker's message wakes this thread on the worker's CPU (a pipe's wake-up), behind the
+    workers, unless the thread is bound to its own. It is bound while it waits for and
+    parses each batch, and runs where it ran in between (the training step: the model's
+    threads are left alone); the threads the loader starts in this process (its queues')
+    are moved there for good. Everything else is the loader's."""
+
+    def __init__(self, loader: Any, cpus: frozenset[int]) -> None:
+        self.loader = loader
+        self.cpus = cpus
+
+    def __iter__(self) -> Iterator[Any]:
+        before = threads()
+        batches = iter(self.loader)  # (its workers start from this thread's CPUs: all of them)
+        move_threads(threads() - before, self.cpus)  # the threads it started here (queues)
+        return self._taken(batches)
+
+    def _taken(self, batches: Iterator[Any]) -> Iterator[Any]:
+        while True:
+            with thread_on_cpus(self.cpus):
+                batch = next(batches, _END)
+            if batch is _END:
+                return
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+
+    def __getattr__(self, name: str) -> Any:  # num_workers, dataset, ...
+        if name == "loader":  # (not set yet: unpickling)
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+
+_END = object()
+
+
 class Loader:
     """Batches of `batch_size` records of `dataset`; iterate it once per epoch.
     `state_dict()` after any batch, loaded into a `Loader` made the same way, continues
@@ -192,21 +250,23 @@ class Loader:
         if small_records:  # big messages; training batches cut and collated here
             if size is None:
                 size = _record_bytes(dataset)
-            big = _messages(dataset, _message_records(size, batch_size))
-            self.loader = stateful_loader(big, batch_size=None, num_workers=num_workers,
+            batches, cpus = _main_cpu_of(_messages(dataset, _message_records(size, batch_size)),
+                                         num_workers)
+            self.loader = stateful_loader(batches, batch_size=None, num_workers=num_workers,
                                           **loader_options)
-            self._batches = Rebatch(self.loader, batch_size, collate=collate,
+            self._batches = Rebatch(_on(self.loader, cpus), batch_size, collate=collate,
                                     drop_last=drop_last)
         else:  # training batches made and collated in the workers, handed on as made
             # no collate: a RecordBatch, which crosses from a worker in its shared-memory ring
             # (plain records as their lines, parsed here), handed on as its list; a list
             # would be pickled through the pipe
-            batches = dataset.batch(batch_size, collate=collate, drop_last=drop_last)
+            batches, cpus = _main_cpu_of(
+                dataset.batch(batch_size, collate=collate, drop_last=drop_last), num_workers)
             # collate_fn=as_list: not torch's default conversion, which copies every record
             # and walks every value of a batch (thousands of calls a batch of large records)
             self.loader = stateful_loader(batches, batch_size=None, collate_fn=as_list,
                                           num_workers=num_workers, **loader_options)
-            self._batches = self.loader
+            self._batches = _on(self.loader, cpus)
         self._record_batches = not small_records and collate is None
 
     def __iter__(self) -> Iterator[Any]:
