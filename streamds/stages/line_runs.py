@@ -106,7 +106,7 @@ class LineRuns(Sequence[bytes]):
             self.runs.append(run)
 
     def pieces(self, offsets: Sequence[int]) -> tuple[list[bytes | memoryview], np.ndarray]:
-        """The lines joined with "\n", as pieces to write one after another (slices of the
+        """The lines joined with "\\n", as pieces to write one after another (slices of the
         read buffers, views: nothing copied; loose lines joined), and where each line ends in
         them. `offsets`: each line's offset in its file (a run's lines lie as far apart in its
         buffer as in the file)."""

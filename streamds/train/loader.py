@@ -19,9 +19,11 @@ says it (`record_bytes()`: a converted corpus's manifest, or lines sampled acros
   stays in the CPU's caches faster than a big one (`benchmarks/workers_vs_none.py`).
 
 Either way a state taken after any batch resumes exactly, and batches are handed on as the
-collate made them (no torch conversion walks them). The collate defaults to a list of
-records: torch's default collate fails on records of strings and lists of unequal length (most
-text corpora), and a list never does.
+collate made them (no torch conversion walks them). Where the workers only copy lines and the
+main process parses them (no map, no collate), the workers keep off a CPU from their start and
+the main process's thread takes each batch there (`OnMainCpu`). The collate defaults to a
+list of records: torch's default collate fails on records of strings and lists of unequal
+length (most text corpora), and a list never does.
 """
 
 from __future__ import annotations
