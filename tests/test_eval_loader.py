@@ -225,10 +225,9 @@ class MirrorRanks:
         return batch
 
 
-def test_eval_speed_metrics_count_the_rows_of_every_rank(tmp_path: Path, monkeypatch) -> None:
-    """eval_samples_per_second divides every rank's real rows (what the gathers keep), not
-    this rank's: here two ranks of 29 rows each evaluate 58."""
-    import transformers.trainer
+def two_rank_trainer(tmp_path: Path, monkeypatch: Any, ranks: type) -> tuple[Any, list]:
+    """An evaluating Trainer of two ranks in one process (`ranks`: this rank's view of the
+    other), its gathers doubled as the other rank's, and the ids each evaluation saw."""
     from accelerate.utils import recursively_apply
 
     import streamds.integrations.transformers as integration
@@ -236,9 +235,18 @@ def test_eval_speed_metrics_count_the_rows_of_every_rank(tmp_path: Path, monkeyp
     source = write_eval_set(tmp_path / "eval", SIZES)
     seen: list[list[int]] = []
     trainer = eval_trainer(tmp_path, StreamingJsonl(source), seen)
-    monkeypatch.setattr(integration, "AccelerateRanks", MirrorRanks)
+    monkeypatch.setattr(integration, "AccelerateRanks", ranks)
     monkeypatch.setattr(trainer.accelerator, "gather", lambda data: recursively_apply(
         lambda tensor: torch.cat([tensor, tensor]), data))
+    return trainer, seen
+
+
+def test_eval_speed_metrics_count_the_rows_of_every_rank(tmp_path: Path, monkeypatch) -> None:
+    """eval_samples_per_second divides every rank's real rows (what the gathers keep), not
+    this rank's: here two ranks of 29 rows each evaluate 58."""
+    import transformers.trainer
+
+    trainer, seen = two_rank_trainer(tmp_path, monkeypatch, MirrorRanks)
     speeds: list[dict[str, Any]] = []
     measure = transformers.trainer.speed_metrics
 
@@ -273,16 +281,7 @@ def test_eval_steps_per_second_counts_the_steps_of_the_rank_with_the_most_batche
         tmp_path: Path, monkeypatch) -> None:
     """This rank reads 29 rows (8 batches of 4), the other 12 rows in 12 batches of 1: the
     loop makes 12 steps, where Trainer's formula (41 rows over batches of 4) would say 11."""
-    from accelerate.utils import recursively_apply
-
-    import streamds.integrations.transformers as integration
-
-    source = write_eval_set(tmp_path / "eval", SIZES)
-    seen: list[list[int]] = []
-    trainer = eval_trainer(tmp_path, StreamingJsonl(source), seen)
-    monkeypatch.setattr(integration, "AccelerateRanks", LongerOtherRank)
-    monkeypatch.setattr(trainer.accelerator, "gather", lambda data: recursively_apply(
-        lambda tensor: torch.cat([tensor, tensor]), data))
+    trainer, _ = two_rank_trainer(tmp_path, monkeypatch, LongerOtherRank)
     steps = len(LongerOtherRank.OTHER)
     assert steps != -(-(sum(SIZES) + steps) // (BATCH * trainer.args.world_size))
     metrics = trainer.evaluate()
@@ -291,7 +290,7 @@ def test_eval_steps_per_second_counts_the_steps_of_the_rank_with_the_most_batche
     # rows per step, as the two speeds say (each over a runtime rounded to 0.1 ms)
     assert metrics["eval_samples_per_second"] / metrics["eval_steps_per_second"] == (
         pytest.approx((sum(SIZES) + steps) / steps, rel=0.03))
-    predicted = trainer.predict(StreamingJsonl(source)).metrics
+    predicted = trainer.predict(StreamingJsonl(str(tmp_path / "eval"))).metrics
     assert predicted["test_steps_per_second"] == round(steps / predicted["test_runtime"], 3)
 
 
