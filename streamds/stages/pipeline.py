@@ -370,8 +370,9 @@ class Reader:
             return iter(self.out)
         items, batch = self.out, self.spec.batch
         plan = worker_plan(info.num_workers)
+        # (a per-record reader is not tuned: timing every record would cost)
         if self.spec.worker_cpus == "auto" and (plan.how != TUNE or batch is not None):
-            # (timing every record would cost)
+            # workers that only copy lines for a loader that parses them on its own CPU
             main_heavy = self.later and batch is not None and batch.main_cpu
             items = on_planned_cpus(self.out, plan, main_heavy=main_heavy)
         depth = 0 if batch is None else batch.ahead
