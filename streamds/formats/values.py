@@ -178,7 +178,7 @@ def big_int_lines(data: bytes | memoryview, ends: Sequence[int]) -> list[int]:
 
 def big_int_lines_of(pieces: Sequence[bytes | memoryview], ends: Sequence[int]) -> list[int]:
     """`big_int_lines` of the pieces joined, each searched where it lies (a piece of
-    ``b"\n"``, between lines, holds no run)."""
+    ``b"\\n"``, between lines, holds no run)."""
     starts: list[int] = []
     at = 0
     for piece in pieces:
