@@ -18,14 +18,35 @@ import numpy as np
 
 from .protocol import Block, Cursor, Format, LineChunk, Opener, Piece
 
-__all__ = ["FORMAT", "CutLines", "Jsonl", "byte_ranges", "line_chunks"]
+__all__ = ["FORMAT", "CutLines", "Jsonl", "LazyLines", "byte_ranges", "line_chunks"]
 
 _PROBE = 64 << 10  # bytes read past a block's end (or before its start) to find a newline
 _FEW_LINES = 64  # lines a read buffer may hold to be found one by one (more: numpy finds them)
 _NEWLINE = 0x0A
 
 
-class CutLines(Sequence[bytes]):
+class LazyLines(Sequence[bytes]):
+    """Lines held in some other form, cut out into a list (`_list`) only when first asked
+    for as a sequence; equal to the list they stand for."""
+
+    __slots__ = ()
+
+    def _list(self) -> list[bytes]:
+        raise NotImplementedError
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._list()[index]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._list())
+
+    def __eq__(self, other: object) -> bool:
+        return self._list() == (list(other) if isinstance(other, LazyLines) else other)
+
+    __hash__ = None  # type: ignore[assignment]  # like the list it stands for
+
+
+class CutLines(LazyLines):
     """The lines of a read buffer, as a list that is cut out of it only when first asked for,
     so a parser that reads them in place (`ends`, through a memoryview) never copies them.
     Line i is ``data[ends[i - 1] + 1 : ends[i]]`` (the first from 0)."""
@@ -49,17 +70,6 @@ class CutLines(Sequence[bytes]):
 
     def __len__(self) -> int:
         return len(self.ends)
-
-    def __getitem__(self, index: Any) -> Any:
-        return self._list()[index]
-
-    def __iter__(self) -> Iterator[bytes]:
-        return iter(self._list())
-
-    def __eq__(self, other: object) -> bool:
-        return self._list() == (list(other) if isinstance(other, CutLines) else other)
-
-    __hash__ = None  # type: ignore[assignment]  # like the list it stands for
 
     def __repr__(self) -> str:
         return f"CutLines({self._list()!r})"

@@ -13,11 +13,11 @@ lines around a blank one) are kept as a list and joined, as before.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
+from ..formats.jsonl import LazyLines
 from .chunks import Chunk
 
 __all__ = ["LineRuns"]
@@ -25,7 +25,7 @@ __all__ = ["LineRuns"]
 _NEWLINE = 0x0A
 
 
-class LineRuns(Sequence[bytes]):
+class LineRuns(LazyLines):
     """The lines of a batch, in order: a list of runs, each either a slice ``(data, start,
     stop, count)`` of a read buffer holding `count` consecutive lines (``data[start:stop]``
     is the lines joined with "\\n"), or a list of loose lines. Cut into a list of bytes only
@@ -150,17 +150,6 @@ class LineRuns(Sequence[bytes]):
 
     def __len__(self) -> int:
         return self.count
-
-    def __getitem__(self, index: Any) -> Any:
-        return self._list()[index]
-
-    def __iter__(self) -> Iterator[bytes]:
-        return iter(self._list())
-
-    def __eq__(self, other: object) -> bool:
-        return self._list() == (list(other) if isinstance(other, LineRuns) else other)
-
-    __hash__ = None  # type: ignore[assignment]  # like the list it stands for
 
     def __repr__(self) -> str:
         return f"LineRuns({len(self.runs)} runs, {self.count} lines)"
