@@ -366,3 +366,33 @@ def test_storage_errors_are_retried_through_every_codec(
         assert list(ds) == records
     retried = [r for r in caplog.records if "; retry " in r.getMessage()]
     assert counter[0] > 5 and len(retried) >= 3  # the errors were hit, and waited out
+
+
+@pytest.mark.parametrize("remote_mount", [False, True], ids=["local disk", "remote mount"])
+def test_a_file_on_a_local_disk_is_read_a_read_at_a_time_and_handed_on_uncopied(
+        tmp_path, monkeypatch, remote_mount):
+    """A local disk is asked for a line reader's read at a time, and a read of all a request
+    fetched is the request's own bytes; a network or FUSE mount keeps big requests (each is
+    a round trip)."""
+    import streamds.storage.ranges as ranges
+    from streamds.storage.shards import resolve_shards
+
+    path = tmp_path / "a.jsonl"
+    corpus.write_plain(path, corpus.jsonl(corpus.make_records(30_000)))  # ~1.7 MB
+    monkeypatch.setattr(ranges, "on_remote_mount", lambda paths: remote_mount)
+    fetched: list[bytes] = []
+    real = RangeReader._read_once
+
+    def read_once(self, shard, start, end):
+        fetched.append(real(self, shard, start, end))
+        return fetched[-1]
+
+    monkeypatch.setattr(RangeReader, "_read_once", read_once)
+    (shard,) = resolve_shards(str(path))
+    file = ranges.RangeFile(RangeReader(), shard, 0)  # nothing planned: the storage's size
+    first = file.read(ranges.LOCAL_REQUEST)
+    assert len(fetched) == 1
+    size = path.stat().st_size
+    assert len(fetched[0]) == (size if remote_mount else ranges.LOCAL_REQUEST) < 2 << 20
+    assert (first is fetched[0]) is not remote_mount  # all of a request: not a copy of it
+    assert first + file.read(1 << 30) == path.read_bytes()
