@@ -498,3 +498,14 @@ def test_ds_loader_over_plain_lines_keeps_the_main_cpu_to_itself(tmp_path, monke
     assert sorted(got) == list(range(600))
     assert workers_on == {tuple(two_cpus[1:])}  # from their first batch on
     assert tuple(two_cpus[:1]) in main_threads_on  # the loader's own threads here: moved
+
+
+def test_only_workers_that_copy_lines_in_order_want_the_main_cpu(tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b'{"i": 0}\n')
+    ds = StreamingJsonl(str(path))
+    assert ds.batch(16).wants_main_cpu()
+    assert not StreamingJsonl(str(path), shuffle=True).batch(16).wants_main_cpu()  # draws
+    assert not ds.map(dict).batch(16).wants_main_cpu()  # the map's work is the workers'
+    assert not ds.batch(16, collate=list).wants_main_cpu()
+    assert not ds.batch(16, worker_cpus="all").wants_main_cpu()

@@ -202,16 +202,18 @@ class StreamingJsonl(ReaderLength, ReaderCheckpoints, PlainLoaderResume, Streamd
             cache=self._cache, worker_cpus=self.worker_cpus, records_cache=self._records_cache,
             even_ranks=self.even_ranks)
 
-    def leaves_parsing_to_main(self) -> bool:
-        """Whether its DataLoader workers hand their batches over as JSON lines for the main
-        process to parse (`streamds.stages.parse_later`), placed by streamds
-        (``worker_cpus="auto"``)."""
+    def wants_main_cpu(self) -> bool:
+        """Whether its DataLoader workers, placed by streamds (``worker_cpus="auto"``), only
+        copy lines in order for the main process to parse (`streamds.stages.parse_later`):
+        the main process then does most of the work and gains from a CPU of its own. A
+        shuffle's workers do enough (the buffer's draws) to gain from every CPU instead
+        (`benchmarks/workers_vs_none.py` measures the in-order case)."""
         batch = self._batch
-        return (self.worker_cpus == "auto" and batch is not None
+        return (self.worker_cpus == "auto" and batch is not None and not self.shuffle
                 and lines_for_main(self._spec(), batch.collate))
 
     def _taken_on_main_cpu(self) -> StreamingJsonl:
-        """A copy (of a dataset that `leaves_parsing_to_main`) whose workers keep off the
+        """A copy (of a dataset that `wants_main_cpu`) whose workers keep off the
         main process's CPU from their start, where a loader takes its batches on that CPU
         (`streamds.train.loader.OnMainCpu`)."""
         assert self._batch is not None

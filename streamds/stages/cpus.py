@@ -15,11 +15,13 @@ both settings. With ``worker_cpus="auto"``:
   after WARM_UP seconds, keeps the spare set only when it was MARGIN faster, and measures again
   every RETUNE seconds (`TuneCpus`). The workers start together and hand out items in turn,
   so each one sees the loader's whole rate and they decide alike.
-- workers that only copy lines for the main process to parse (`streamds.stages.parse_later`)
-  under ``ds.loader`` start on the spare CPUs and tune from there (``main_heavy``): the main
-  process, which does most of the work, takes its batches with its thread bound to the CPU
-  they keep off (`main_cpus`, `streamds.train.loader.OnMainCpu`); a worker's message would
-  otherwise wake it on the worker's CPU, behind the workers.
+- workers that only copy lines, in order, for the main process to parse
+  (`streamds.stages.parse_later`) under ``ds.loader`` start on the spare CPUs and tune from
+  there (``main_heavy``): the main process, which does most of the work, takes its batches
+  with its thread bound to the CPU they keep off (`main_cpus`,
+  `streamds.train.loader.OnMainCpu`); a worker's message would otherwise wake it on the
+  worker's CPU, behind the workers. A shuffle's workers start on every CPU: the buffer's
+  draws are work enough to use them.
 - a worker whose CPUs differ from its parent's was placed by someone (a `worker_init_fn`,
   a launcher): it is left as it is (KEEP), as on a system without `sched_setaffinity`.
 - the process's cgroup has a CPU quota below its CPU count (a container's ``--cpus``, a

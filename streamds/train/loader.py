@@ -19,11 +19,11 @@ says it (`record_bytes()`: a converted corpus's manifest, or lines sampled acros
   stays in the CPU's caches faster than a big one (`benchmarks/workers_vs_none.py`).
 
 Either way a state taken after any batch resumes exactly, and batches are handed on as the
-collate made them (no torch conversion walks them). Where the workers only copy lines and the
-main process parses them (no map, no collate), the workers keep off a CPU from their start and
-the main process's thread takes each batch there (`OnMainCpu`). The collate defaults to a
-list of records: torch's default collate fails on records of strings and lists of unequal
-length (most text corpora), and a list never does.
+collate made them (no torch conversion walks them). Where the workers only copy lines in order
+and the main process parses them (no map, collate or shuffle), the workers keep off a CPU from
+their start and the main process's thread takes each batch there (`OnMainCpu`). The collate
+defaults to a list of records: torch's default collate fails on records of strings and lists
+of unequal length (most text corpora), and a list never does.
 """
 
 from __future__ import annotations
@@ -147,10 +147,10 @@ def _messages(dataset: Any, records: int) -> Any:
 
 
 def _main_cpu_of(batches: Any, workers: int) -> tuple[Any, frozenset[int] | None]:
-    """(`batches`, the CPU the main process takes them on): where its `workers` leave the
-    parsing to the main process, a copy whose workers keep off that CPU from their start
-    (`streamds.stages.cpus.main_cpus`); else `batches` and None."""
-    if not getattr(batches, "leaves_parsing_to_main", lambda: False)():
+    """(`batches`, the CPU the main process takes them on): where its `workers` only copy
+    lines in order for the main process to parse, a copy whose workers keep off that CPU
+    from their start (`streamds.stages.cpus.main_cpus`); else `batches` and None."""
+    if not getattr(batches, "wants_main_cpu", lambda: False)():
         return batches, None
     cpus = main_cpus(workers)
     return (batches, None) if cpus is None else (batches._taken_on_main_cpu(), cpus)
